@@ -1,0 +1,41 @@
+// Command schedule-consumer consumes the main topic and hands each user's
+// messages, in order, to the business Handler.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+)
+
+func main() {
+	ctx, stop := daemon.SignalContext()
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "schedule-consumer: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	flags, err := daemon.ParseFlags("schedule-consumer", args)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.LoadConsumer(flags.Config)
+	if err != nil {
+		return err
+	}
+	base, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Ops.ShutdownTimeout)
+	defer cancel()
+	return base.Close(sctx)
+}

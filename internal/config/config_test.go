@@ -1,0 +1,275 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeYAML(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func repoConfig(name string) string { return filepath.Join("..", "..", "config", name) }
+
+func TestShippedConfigsLoad(t *testing.T) {
+	for _, f := range []string{"development.yaml", "test.yaml", "production.yaml"} {
+		t.Run(f, func(t *testing.T) {
+			// production.yaml takes its secrets from the environment.
+			t.Setenv("KFPIPE_CALLBACK_TOKEN", "tok")
+			t.Setenv("KFPIPE_CALLBACK_ENCODING_AES_KEY", strings.Repeat("a", 43))
+			t.Setenv("KFPIPE_WECOM_CORP_ID", "corp")
+			t.Setenv("KFPIPE_WECOM_SECRET", "secret")
+			if _, err := LoadProducer(repoConfig(f)); err != nil {
+				t.Errorf("producer: %v", err)
+			}
+			if _, err := LoadConsumer(repoConfig(f)); err != nil {
+				t.Errorf("consumer: %v", err)
+			}
+			if _, err := LoadDLQConsumer(repoConfig(f)); err != nil {
+				t.Errorf("dlq-consumer: %v", err)
+			}
+		})
+	}
+}
+
+func TestEnvironmentTopicDefaults(t *testing.T) {
+	cases := []struct {
+		env                    string
+		mainP, mainRF, mainISR int
+		dlqP, dlqRF, dlqISR    int
+	}{
+		{EnvDevelopment, 4, 1, 1, 2, 1, 1},
+		{EnvProduction, 12, 3, 2, 6, 3, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.env, func(t *testing.T) {
+			t.Setenv("KFPIPE_ENV", c.env)
+			cfg, err := LoadConsumer("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, d := cfg.Kafka.Topics.Main, cfg.Kafka.Topics.DLQ
+			if m.Partitions != c.mainP || m.ReplicationFactor != c.mainRF || m.MinInsyncReplicas != c.mainISR {
+				t.Errorf("main = %d/%d/%d, want %d/%d/%d", m.Partitions, m.ReplicationFactor, m.MinInsyncReplicas, c.mainP, c.mainRF, c.mainISR)
+			}
+			if d.Partitions != c.dlqP || d.ReplicationFactor != c.dlqRF || d.MinInsyncReplicas != c.dlqISR {
+				t.Errorf("dlq = %d/%d/%d, want %d/%d/%d", d.Partitions, d.ReplicationFactor, d.MinInsyncReplicas, c.dlqP, c.dlqRF, c.dlqISR)
+			}
+			if m.Name != "qywx-chat-messages" || d.Name != "qywx-dead-letter-queue" || m.RetentionMs != 604800000 ||
+				m.CompressionType != "lz4" || m.MaxMessageBytes != 1048576 {
+				t.Errorf("main topic %+v", m)
+			}
+		})
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	t.Setenv("KFPIPE_KAFKA_BROKERS", "10.0.0.1:9092,10.0.0.2:9092")
+	t.Setenv("KFPIPE_PROCESSOR_MAILBOX_SIZE", "17")
+	t.Setenv("KFPIPE_OPS_SHUTDOWN_TIMEOUT", "3s")
+	t.Setenv("KFPIPE_REDIS_MODE", "sentinel")
+	t.Setenv("KFPIPE_REDIS_SENTINEL_ADDRS", "s1:26379,s2:26379")
+	p := writeYAML(t, "kafka:\n  brokers: file:9092\n")
+	cfg, err := LoadConsumer(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Kafka.Brokers != "10.0.0.1:9092,10.0.0.2:9092" {
+		t.Errorf("brokers = %q (env must win over file)", cfg.Kafka.Brokers)
+	}
+	if cfg.Processor.MailboxSize != 17 || cfg.Ops.ShutdownTimeout != 3*time.Second {
+		t.Errorf("mailbox=%d shutdown=%s", cfg.Processor.MailboxSize, cfg.Ops.ShutdownTimeout)
+	}
+	if len(cfg.Redis.SentinelAddrs) != 2 || cfg.Redis.SentinelAddrs[1] != "s2:26379" {
+		t.Errorf("sentinel addrs = %q", cfg.Redis.SentinelAddrs)
+	}
+}
+
+func TestFileOverridesDefaults(t *testing.T) {
+	p := writeYAML(t, `
+rate_limit:
+  groups:
+    vip: {window_seconds: 10, max_messages: 30, penalty_threshold: 10, block_hours: 0.5}
+processor:
+  idle_timeout: 90s
+`)
+	cfg, err := LoadConsumer(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Processor.IdleTimeout != 90*time.Second {
+		t.Errorf("idle_timeout = %s", cfg.Processor.IdleTimeout)
+	}
+	if g := cfg.RateLimit.Groups["vip"]; g.MaxMessages != 30 {
+		t.Errorf("vip = %+v", g)
+	}
+	if g := cfg.RateLimit.Groups["normal"]; g.MaxMessages != 5 || g.PenaltyThreshold != 3 {
+		t.Errorf("normal group lost its defaults: %+v", g)
+	}
+}
+
+func TestUnknownKeyRejected(t *testing.T) {
+	p := writeYAML(t, "kafka:\n  brokerz: x:9092\nprocesor:\n  mailbox_size: 3\n")
+	_, err := LoadConsumer(p)
+	if err == nil {
+		t.Fatal("unknown keys accepted")
+	}
+	for _, want := range []string{"unknown key", "kafka.brokerz", "procesor"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}
+
+func TestOtherDaemonsKeysAccepted(t *testing.T) {
+	// One file serves all daemons: the consumer must accept admin keys.
+	p := writeYAML(t, "admin:\n  addr: \":9999\"\ncallback:\n  path: /cb\n")
+	if _, err := LoadConsumer(p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestValidationNamesKey(t *testing.T) {
+	cases := []struct {
+		yaml string
+		want string
+	}{
+		{"kafka:\n  topics:\n    main:\n      partitions: 0\n", "kafka.topics.main.partitions must be in [1, 10000], got 0"},
+		{"kafka:\n  topics:\n    dlq:\n      replication_factor: 0\n", "kafka.topics.dlq.replication_factor must be in [1, 16], got 0"},
+		{"kafka:\n  topics:\n    main:\n      min_insync_replicas: 2\n", "kafka.topics.main.min_insync_replicas must be in [1, 1], got 2"},
+		{"kafka:\n  topics:\n    main:\n      compression_type: brotli\n", "kafka.topics.main.compression_type must be one of"},
+		{"kafka:\n  topics:\n    dlq:\n      name: qywx-chat-messages\n", "kafka.topics.dlq.name must differ"},
+		{"kafka:\n  brokers: \"\"\n", "kafka.brokers must not be empty"},
+		{"kafka:\n  producer:\n    linger_ms: 5000\n", "kafka.producer.linger_ms must be in [0, 1000], got 5000"},
+		{"kafka:\n  consumer:\n    group_id: \"\"\n", "kafka.consumer.group_id must not be empty"},
+		{"kafka:\n  overrides:\n    acks: \"1\"\n", "kafka.overrides.acks may not be overridden"},
+		{"redis:\n  mode: cluster\n", "redis.mode must be one of single|sentinel, got \"cluster\""},
+		{"redis:\n  mode: sentinel\n", "redis.sentinel_addrs must list at least one sentinel"},
+		{"log:\n  level: loud\n", "log.level must be one of"},
+		{"processor:\n  mailbox_size: 0\n", "processor.mailbox_size must be in [1, 1048576], got 0"},
+		{"processor:\n  resume_below: 50000\n", "processor.resume_below must be in [0, 19999], got 50000"},
+		{"dedup:\n  ttl: 24h\n", "dedup.ttl must be >= 72h0m0s, got 24h0m0s"},
+		{"rate_limit:\n  default_group: gold\n", "rate_limit.default_group must name a group"},
+		{"rate_limit:\n  groups:\n    vip: {window_seconds: 0, max_messages: 1, penalty_threshold: 1}\n", "rate_limit.groups.vip.window_seconds must be > 0, got 0"},
+		{"breaker:\n  failure_threshold: 0\n", "breaker.failure_threshold must be >= 1, got 0"},
+		{"handler:\n  type: http\n", "handler.http.url must not be empty"},
+		{"handler:\n  type: grpc\n", "handler.type must be one of log|http|noop, got \"grpc\""},
+		{"ops:\n  shutdown_timeout: 10m\n", "ops.shutdown_timeout must be in [1s, 5m0s], got 10m0s"},
+		{"env: staging\n", "env must be one of development|test|production, got \"staging\""},
+	}
+	for _, c := range cases {
+		t.Run(c.want, func(t *testing.T) {
+			_, err := LoadConsumer(writeYAML(t, c.yaml))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestProducerValidation(t *testing.T) {
+	cases := []struct{ yaml, want string }{
+		{"callback:\n  token: \"\"\n", "callback.token must not be empty"},
+		{"callback:\n  encoding_aes_key: short\n", "callback.encoding_aes_key must be 43 characters, got 5"},
+		{"callback:\n  path: cb\n", "callback.path must start with /"},
+		{"wecom:\n  page_limit: 5000\n", "wecom.page_limit must be in [1, 1000], got 5000"},
+		{"idgen:\n  allocator:\n    max_id: 2000\n", "idgen.allocator.max_id must be in [1, 1024], got 2000"},
+		{"idgen:\n  datacenter_id: 3\n  allocator:\n    max_id: 100\n", "idgen.allocator.max_id must be in [1, 32], got 100"},
+		{"idgen:\n  allocator:\n    backend: zk\n", "idgen.allocator.backend must be one of redis|etcd"},
+		{"idgen:\n  allocator:\n    backend: etcd\n", "idgen.allocator.etcd_endpoints must list at least one endpoint"},
+		{"idgen:\n  sequencer:\n    driver: mysql\n", "idgen.sequencer.driver must be one of redis, got \"mysql\""},
+		{"idgen:\n  epoch: yesterday\n", "idgen.epoch must be an RFC 3339 time"},
+	}
+	base := "callback:\n  token: t\n  encoding_aes_key: " + strings.Repeat("k", 43) + "\nwecom:\n  corp_id: c\n  secret: s\n"
+	if _, err := LoadProducer(writeYAML(t, base)); err != nil {
+		t.Fatalf("base config invalid: %v", err)
+	}
+	for _, c := range cases {
+		t.Run(c.want, func(t *testing.T) {
+			_, err := LoadProducer(writeYAML(t, mergeYAML(base, c.yaml)))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestDLQConsumerValidation(t *testing.T) {
+	cases := []struct{ yaml, want string }{
+		{"admin:\n  tokens:\n    - {name: a, token: short, role: operator}\n", "admin.tokens[0].token must be at least 16 characters"},
+		{"admin:\n  tokens:\n    - {name: a, token: aaaaaaaaaaaaaaaaaaaa, role: root}\n", "admin.tokens[0].role must be one of viewer|operator"},
+		{"recovery:\n  max_delay: 1s\n", "recovery.max_delay must be in [1m0s, 168h0m0s], got 1s"},
+		{"recovery:\n  max_retries:\n    rate_limited: -1\n", "recovery.max_retries.rate_limited must be in [0, 1000], got -1"},
+	}
+	for _, c := range cases {
+		t.Run(c.want, func(t *testing.T) {
+			_, err := LoadDLQConsumer(writeYAML(t, c.yaml))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error = %v\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestAllErrorsReportedAtOnce(t *testing.T) {
+	_, err := LoadConsumer(writeYAML(t, "processor:\n  mailbox_size: 0\nbreaker:\n  half_open_max: 0\n"))
+	if err == nil || !strings.Contains(err.Error(), "processor.mailbox_size") || !strings.Contains(err.Error(), "breaker.half_open_max") {
+		t.Fatalf("want both keys named, got %v", err)
+	}
+}
+
+func TestMissingFile(t *testing.T) {
+	_, err := LoadConsumer(filepath.Join(t.TempDir(), "nope.yaml"))
+	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// mergeYAML appends overrides to a base document; later top-level sections
+// are merged by key so the test reads naturally.
+func mergeYAML(base, extra string) string {
+	sections := map[string][]string{}
+	var order []string
+	for _, doc := range []string{base, extra} {
+		var cur string
+		for _, line := range strings.Split(doc, "\n") {
+			if line == "" {
+				continue
+			}
+			if line[0] != ' ' {
+				cur = line
+				if _, ok := sections[cur]; !ok {
+					order = append(order, cur)
+				}
+				sections[cur] = sections[cur]
+				continue
+			}
+			key := strings.SplitN(strings.TrimSpace(line), ":", 2)[0]
+			replaced := false
+			for i, old := range sections[cur] {
+				if strings.SplitN(strings.TrimSpace(old), ":", 2)[0] == key && !strings.HasSuffix(old, ":") {
+					sections[cur][i], replaced = line, true
+				}
+			}
+			if !replaced {
+				sections[cur] = append(sections[cur], line)
+			}
+		}
+	}
+	var b strings.Builder
+	for _, s := range order {
+		b.WriteString(s + "\n")
+		for _, l := range sections[s] {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}

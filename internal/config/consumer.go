@@ -1,0 +1,184 @@
+package config
+
+import (
+	"sort"
+	"time"
+)
+
+// Consumer is the schedule-consumer daemon's configuration.
+type Consumer struct {
+	Common    `mapstructure:",squash"`
+	Processor Processor `mapstructure:"processor"`
+	Dedup     Dedup     `mapstructure:"dedup"`
+	RateLimit RateLimit `mapstructure:"rate_limit"`
+	Breaker   Breaker   `mapstructure:"breaker"`
+	Handler   Handler   `mapstructure:"handler"`
+	DLQ       DLQ       `mapstructure:"dlq"`
+}
+
+// Processor configures per-user actors and per-partition flow control.
+type Processor struct {
+	MailboxSize        int           `mapstructure:"mailbox_size"`
+	IdleTimeout        time.Duration `mapstructure:"idle_timeout"`
+	MaxInFlight        int           `mapstructure:"max_in_flight"` // per partition; pause above
+	ResumeBelow        int           `mapstructure:"resume_below"`  // per partition; resume below
+	RetryAttempts      int           `mapstructure:"retry_attempts"`
+	RetryBase          time.Duration `mapstructure:"retry_base"`
+	RetryMax           time.Duration `mapstructure:"retry_max"`
+	AttemptTimeout     time.Duration `mapstructure:"attempt_timeout"`
+	MaxMessageBytes    int           `mapstructure:"max_message_bytes"`
+	PipelineFlush      time.Duration `mapstructure:"pipeline_flush"` // Redis batching window
+	PipelineMaxBatched int           `mapstructure:"pipeline_max_batched"`
+}
+
+// Dedup configures the idempotency keys (I3).
+type Dedup struct {
+	TTL   time.Duration `mapstructure:"ttl"`   // >= 3 days: WeChat's re-pull window
+	Lease time.Duration `mapstructure:"lease"` // how long a "processing" claim lives
+}
+
+// RateLimit configures the sliding-window limiter (seed §10.5).
+type RateLimit struct {
+	Enabled      bool                 `mapstructure:"enabled"`
+	DefaultGroup string               `mapstructure:"default_group"`
+	Groups       map[string]RateGroup `mapstructure:"groups"`
+	Progressive  Progressive          `mapstructure:"progressive"`
+}
+
+// RateGroup is one group's window rule.
+type RateGroup struct {
+	WindowSeconds    float64 `mapstructure:"window_seconds"`
+	MaxMessages      int     `mapstructure:"max_messages"`
+	PenaltyThreshold int     `mapstructure:"penalty_threshold"`
+	BlockHours       float64 `mapstructure:"block_hours"`
+}
+
+// Progressive configures the optional escalating block.
+type Progressive struct {
+	Enabled bool          `mapstructure:"enabled"`
+	Base    time.Duration `mapstructure:"base"`
+	Max     time.Duration `mapstructure:"max"`
+	History time.Duration `mapstructure:"history"`
+}
+
+// Breaker configures the per-user circuit breaker.
+type Breaker struct {
+	FailureThreshold int           `mapstructure:"failure_threshold"`
+	OpenTimeout      time.Duration `mapstructure:"open_timeout"`
+	HalfOpenMax      int           `mapstructure:"half_open_max"`
+}
+
+// Handler selects the business handler.
+type Handler struct {
+	Type string      `mapstructure:"type"` // log|http|noop
+	HTTP HTTPHandler `mapstructure:"http"`
+}
+
+// HTTPHandler posts each message to a URL.
+type HTTPHandler struct {
+	URL     string        `mapstructure:"url"`
+	Timeout time.Duration `mapstructure:"timeout"`
+}
+
+// DLQ configures the dead-letter producer side (I6).
+type DLQ struct {
+	EmergencyFile   string        `mapstructure:"emergency_file"`
+	ReplayInterval  time.Duration `mapstructure:"replay_interval"`
+	ProduceTimeout  time.Duration `mapstructure:"produce_timeout"`
+	BreakerFailures int           `mapstructure:"breaker_failures"`
+	BreakerOpen     time.Duration `mapstructure:"breaker_open"`
+}
+
+func defaultRateGroups() map[string]RateGroup {
+	return map[string]RateGroup{
+		"normal":     {WindowSeconds: 10, MaxMessages: 5, PenaltyThreshold: 3, BlockHours: 1},
+		"vip":        {WindowSeconds: 10, MaxMessages: 20, PenaltyThreshold: 10, BlockHours: 0.5},
+		"suspicious": {WindowSeconds: 30, MaxMessages: 3, PenaltyThreshold: 1, BlockHours: 24},
+		"whitelist":  {WindowSeconds: 1, MaxMessages: 9999, PenaltyThreshold: 9999, BlockHours: 0},
+	}
+}
+
+func defaultDLQ() DLQ {
+	return DLQ{EmergencyFile: "/var/lib/kfpipe/dlq-emergency.jsonl", ReplayInterval: 5 * time.Second,
+		ProduceTimeout: 10 * time.Second, BreakerFailures: 5, BreakerOpen: 10 * time.Second}
+}
+
+func defaultConsumer(env string) Consumer {
+	return Consumer{
+		Common: defaultCommon(env, "consumer"),
+		Processor: Processor{MailboxSize: 256, IdleTimeout: 2 * time.Minute, MaxInFlight: 20000, ResumeBelow: 10000,
+			RetryAttempts: 3, RetryBase: 100 * time.Millisecond, RetryMax: 2 * time.Second, AttemptTimeout: 10 * time.Second,
+			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256},
+		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: 5 * time.Minute},
+		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
+		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
+		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second}},
+		DLQ:       defaultDLQ(),
+	}
+}
+
+// Validate reports every invalid key.
+func (c *Consumer) Validate() error {
+	v := &validator{}
+	c.Common.validate(v)
+	p := c.Processor
+	v.between("processor.mailbox_size", p.MailboxSize, 1, 1<<20)
+	v.durationBetween("processor.idle_timeout", p.IdleTimeout, 100*time.Millisecond, 24*time.Hour)
+	v.atLeast("processor.max_in_flight", p.MaxInFlight, 1)
+	v.between("processor.resume_below", p.ResumeBelow, 0, p.MaxInFlight-1)
+	v.between("processor.retry_attempts", p.RetryAttempts, 1, 100)
+	v.durationBetween("processor.retry_base", p.RetryBase, 0, time.Minute)
+	v.durationBetween("processor.retry_max", p.RetryMax, p.RetryBase, time.Hour)
+	v.durationBetween("processor.attempt_timeout", p.AttemptTimeout, time.Millisecond, time.Hour)
+	v.between("processor.max_message_bytes", p.MaxMessageBytes, 1024, 100<<20)
+	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, time.Second)
+	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, 100000)
+	// I3: WeChat may hand a message out again for 3 days.
+	v.durationAtLeast("dedup.ttl", c.Dedup.TTL, 72*time.Hour)
+	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, 24*time.Hour)
+	c.RateLimit.validate(v)
+	b := c.Breaker
+	v.atLeast("breaker.failure_threshold", b.FailureThreshold, 1)
+	v.durationBetween("breaker.open_timeout", b.OpenTimeout, 10*time.Millisecond, 24*time.Hour)
+	v.atLeast("breaker.half_open_max", b.HalfOpenMax, 1)
+	v.oneOf("handler.type", c.Handler.Type, "log", "http", "noop")
+	if c.Handler.Type == "http" {
+		v.nonEmpty("handler.http.url", c.Handler.HTTP.URL)
+	}
+	v.durationBetween("handler.http.timeout", c.Handler.HTTP.Timeout, time.Millisecond, 5*time.Minute)
+	c.DLQ.validate(v)
+	return v.err()
+}
+
+func (r RateLimit) validate(v *validator) {
+	if _, ok := r.Groups[r.DefaultGroup]; !ok {
+		v.addf("rate_limit.default_group", "must name a group in rate_limit.groups, got %q", r.DefaultGroup)
+	}
+	names := make([]string, 0, len(r.Groups))
+	for n := range r.Groups {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		g, key := r.Groups[n], "rate_limit.groups."+n
+		v.positiveFloat(key+".window_seconds", g.WindowSeconds)
+		v.atLeast(key+".max_messages", g.MaxMessages, 1)
+		v.atLeast(key+".penalty_threshold", g.PenaltyThreshold, 1)
+		if g.BlockHours < 0 {
+			v.addf(key+".block_hours", "must be >= 0, got %g", g.BlockHours)
+		}
+	}
+	if r.Progressive.Enabled {
+		v.durationAtLeast("rate_limit.progressive.base", r.Progressive.Base, time.Second)
+		v.durationAtLeast("rate_limit.progressive.max", r.Progressive.Max, r.Progressive.Base)
+		v.durationAtLeast("rate_limit.progressive.history", r.Progressive.History, time.Minute)
+	}
+}
+
+func (d DLQ) validate(v *validator) {
+	v.nonEmpty("dlq.emergency_file", d.EmergencyFile)
+	v.durationBetween("dlq.replay_interval", d.ReplayInterval, 10*time.Millisecond, time.Hour)
+	v.durationBetween("dlq.produce_timeout", d.ProduceTimeout, 100*time.Millisecond, 10*time.Minute)
+	v.atLeast("dlq.breaker_failures", d.BreakerFailures, 1)
+	v.durationBetween("dlq.breaker_open", d.BreakerOpen, 10*time.Millisecond, time.Hour)
+}

@@ -1,0 +1,95 @@
+package config
+
+import (
+	"sort"
+	"time"
+)
+
+// DLQConsumer is the dlq-consumer daemon's configuration.
+type DLQConsumer struct {
+	Common    `mapstructure:",squash"`
+	DLQ       DLQ       `mapstructure:"dlq"`
+	Recovery  Recovery  `mapstructure:"recovery"`
+	Admin     Admin     `mapstructure:"admin"`
+	RateLimit RateLimit `mapstructure:"rate_limit"` // to pace re-injection inside a user's limit
+}
+
+// Recovery configures delayed retries (ARCHITECTURE §7).
+type Recovery struct {
+	BaseDelay    time.Duration            `mapstructure:"base_delay"`
+	MaxDelay     time.Duration            `mapstructure:"max_delay"`
+	ScanInterval time.Duration            `mapstructure:"scan_interval"`
+	MaxRetries   map[string]int           `mapstructure:"max_retries"` // by reason
+	TTL          map[string]time.Duration `mapstructure:"ttl"`         // by reason
+	DefaultTTL   time.Duration            `mapstructure:"default_ttl"`
+	LockTTL      time.Duration            `mapstructure:"lock_ttl"`
+}
+
+// Admin configures the admin API and console.
+type Admin struct {
+	Addr         string       `mapstructure:"addr"`
+	Tokens       []AdminToken `mapstructure:"tokens"`
+	MaxBodyBytes int          `mapstructure:"max_body_bytes"`
+}
+
+// AdminToken is one bearer token and its role.
+type AdminToken struct {
+	Name  string `mapstructure:"name"`
+	Token string `mapstructure:"token"`
+	Role  string `mapstructure:"role"` // viewer|operator
+}
+
+func defaultDLQConsumer(env string) DLQConsumer {
+	c := DLQConsumer{
+		Common: defaultCommon(env, "dlq"),
+		DLQ:    defaultDLQ(),
+		Recovery: Recovery{BaseDelay: time.Minute, MaxDelay: time.Hour, ScanInterval: time.Second,
+			MaxRetries: map[string]int{"rate_limited": 5, "user_blocked": 3, "circuit_open": 5, "queue_full": 5,
+				"downstream_error": 5, "process_timeout": 5, "invalid_message": 0},
+			TTL: map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
+		Admin:     Admin{Addr: ":8090", MaxBodyBytes: 64 << 10},
+		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
+	}
+	c.Kafka.Consumer.GroupID = "kfpipe-dlq"
+	return c
+}
+
+// Validate reports every invalid key.
+func (c *DLQConsumer) Validate() error {
+	v := &validator{}
+	c.Common.validate(v)
+	c.DLQ.validate(v)
+	r := c.Recovery
+	v.durationBetween("recovery.base_delay", r.BaseDelay, time.Millisecond, 24*time.Hour)
+	v.durationBetween("recovery.max_delay", r.MaxDelay, r.BaseDelay, 7*24*time.Hour)
+	v.durationBetween("recovery.scan_interval", r.ScanInterval, 10*time.Millisecond, time.Minute)
+	v.durationAtLeast("recovery.default_ttl", r.DefaultTTL, time.Minute)
+	v.durationBetween("recovery.lock_ttl", r.LockTTL, time.Second, 10*time.Minute)
+	for _, k := range sortedKeys(r.MaxRetries) {
+		v.between("recovery.max_retries."+k, r.MaxRetries[k], 0, 1000)
+	}
+	for _, k := range sortedKeys(r.TTL) {
+		v.durationAtLeast("recovery.ttl."+k, r.TTL[k], time.Minute)
+	}
+	v.nonEmpty("admin.addr", c.Admin.Addr)
+	v.between("admin.max_body_bytes", c.Admin.MaxBodyBytes, 1024, 16<<20)
+	for i, t := range c.Admin.Tokens {
+		key := "admin.tokens[" + itoa(i) + "]"
+		v.nonEmpty(key+".name", t.Name)
+		if len(t.Token) < 16 {
+			v.addf(key+".token", "must be at least 16 characters, got %d", len(t.Token))
+		}
+		v.oneOf(key+".role", t.Role, "viewer", "operator")
+	}
+	c.RateLimit.validate(v)
+	return v.err()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,153 @@
+package config
+
+import (
+	"fmt"
+	"time"
+)
+
+// Producer is the kf-producer daemon's configuration.
+type Producer struct {
+	Common   `mapstructure:",squash"`
+	Callback Callback `mapstructure:"callback"`
+	WeCom    WeCom    `mapstructure:"wecom"`
+	Sync     Sync     `mapstructure:"sync"`
+	IDGen    IDGen    `mapstructure:"idgen"`
+}
+
+// Callback configures the WeChat callback endpoint (I7, I8).
+type Callback struct {
+	Addr            string        `mapstructure:"addr"`
+	Path            string        `mapstructure:"path"`
+	Token           string        `mapstructure:"token"`
+	EncodingAESKey  string        `mapstructure:"encoding_aes_key"`
+	MaxBodyBytes    int           `mapstructure:"max_body_bytes"`
+	TimestampWindow time.Duration `mapstructure:"timestamp_window"`
+	ReplayWindow    time.Duration `mapstructure:"replay_window"`
+}
+
+// WeCom configures the WeChat Work API client.
+type WeCom struct {
+	BaseURL        string        `mapstructure:"base_url"`
+	CorpID         string        `mapstructure:"corp_id"`
+	Secret         string        `mapstructure:"secret"`
+	OpenKfIDs      []string      `mapstructure:"open_kfids"` // synced periodically even without callbacks
+	RequestTimeout time.Duration `mapstructure:"request_timeout"`
+	PageLimit      int           `mapstructure:"page_limit"`
+}
+
+// Sync configures the per-open_kfid sync loop.
+type Sync struct {
+	LockTTL        time.Duration `mapstructure:"lock_ttl"`
+	SafetyInterval time.Duration `mapstructure:"safety_interval"`
+	RetryBase      time.Duration `mapstructure:"retry_base"`
+	RetryMax       time.Duration `mapstructure:"retry_max"`
+	Workers        int           `mapstructure:"workers"`
+	DeliveryWait   time.Duration `mapstructure:"delivery_wait"`
+}
+
+// IDGen configures Snowflake IDs and the worker-ID allocator.
+type IDGen struct {
+	Epoch        string    `mapstructure:"epoch"` // RFC 3339
+	DatacenterID int       `mapstructure:"datacenter_id"`
+	Allocator    Allocator `mapstructure:"allocator"`
+	Sequencer    Sequencer `mapstructure:"sequencer"`
+}
+
+// Allocator configures worker-ID allocation.
+type Allocator struct {
+	Backend       string        `mapstructure:"backend"` // redis|etcd
+	MaxID         int           `mapstructure:"max_id"`
+	TTL           time.Duration `mapstructure:"ttl"`
+	EtcdEndpoints []string      `mapstructure:"etcd_endpoints"`
+}
+
+// Sequencer configures the Redis sequencer.
+type Sequencer struct {
+	Driver   string        `mapstructure:"driver"`
+	Step     int64         `mapstructure:"step"`
+	MaxValue int64         `mapstructure:"max_value"`
+	TTL      time.Duration `mapstructure:"ttl"`
+}
+
+func defaultProducer(env string) Producer {
+	return Producer{
+		Common: defaultCommon(env, "producer"),
+		Callback: Callback{Addr: ":8081", Path: "/wecom/callback", MaxBodyBytes: 1 << 20,
+			TimestampWindow: 5 * time.Minute, ReplayWindow: 10 * time.Minute},
+		WeCom: WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
+		Sync: Sync{LockTTL: 10 * time.Second, SafetyInterval: time.Minute, RetryBase: 200 * time.Millisecond,
+			RetryMax: 30 * time.Second, Workers: 8, DeliveryWait: 30 * time.Second},
+		IDGen: IDGen{Epoch: "2024-01-01T00:00:00Z",
+			Allocator: Allocator{Backend: "redis", MaxID: 1024, TTL: 30 * time.Second},
+			Sequencer: Sequencer{Driver: "redis", Step: 1, MaxValue: 0, TTL: 24 * time.Hour}},
+	}
+}
+
+// Validate reports every invalid key.
+func (c *Producer) Validate() error {
+	v := &validator{}
+	c.Common.validate(v)
+	cb := c.Callback
+	v.nonEmpty("callback.addr", cb.Addr)
+	if len(cb.Path) == 0 || cb.Path[0] != '/' {
+		v.addf("callback.path", "must start with /, got %q", cb.Path)
+	}
+	v.nonEmpty("callback.token", cb.Token)
+	if len(cb.EncodingAESKey) != 43 {
+		v.addf("callback.encoding_aes_key", "must be 43 characters, got %d", len(cb.EncodingAESKey))
+	}
+	v.between("callback.max_body_bytes", cb.MaxBodyBytes, 1024, 16<<20)
+	v.durationBetween("callback.timestamp_window", cb.TimestampWindow, 0, 24*time.Hour)
+	v.durationBetween("callback.replay_window", cb.ReplayWindow, time.Second, 24*time.Hour)
+	w := c.WeCom
+	v.nonEmpty("wecom.base_url", w.BaseURL)
+	v.nonEmpty("wecom.corp_id", w.CorpID)
+	v.nonEmpty("wecom.secret", w.Secret)
+	v.durationBetween("wecom.request_timeout", w.RequestTimeout, 100*time.Millisecond, time.Minute)
+	v.between("wecom.page_limit", w.PageLimit, 1, 1000)
+	s := c.Sync
+	v.durationBetween("sync.lock_ttl", s.LockTTL, time.Second, 10*time.Minute)
+	v.durationBetween("sync.safety_interval", s.SafetyInterval, 0, 24*time.Hour)
+	v.durationBetween("sync.retry_base", s.RetryBase, time.Millisecond, time.Minute)
+	v.durationBetween("sync.retry_max", s.RetryMax, s.RetryBase, time.Hour)
+	v.between("sync.workers", s.Workers, 1, 1024)
+	v.durationBetween("sync.delivery_wait", s.DeliveryWait, time.Second, 10*time.Minute)
+	c.IDGen.validate(v)
+	return v.err()
+}
+
+func (g IDGen) validate(v *validator) {
+	if _, err := time.Parse(time.RFC3339, g.Epoch); err != nil {
+		v.addf("idgen.epoch", "must be an RFC 3339 time, got %q", g.Epoch)
+	}
+	v.between("idgen.datacenter_id", g.DatacenterID, 0, 31)
+	a := g.Allocator
+	v.oneOf("idgen.allocator.backend", a.Backend, "redis", "etcd")
+	maxID := 1024
+	if g.DatacenterID != 0 {
+		maxID = 32 // 5+5 bit layout
+	}
+	v.between("idgen.allocator.max_id", a.MaxID, 1, maxID)
+	v.durationBetween("idgen.allocator.ttl", a.TTL, time.Second, time.Hour)
+	if a.Backend == "etcd" && len(a.EtcdEndpoints) == 0 {
+		v.addf("idgen.allocator.etcd_endpoints", "must list at least one endpoint when idgen.allocator.backend is etcd")
+	}
+	q := g.Sequencer
+	v.oneOf("idgen.sequencer.driver", q.Driver, "redis")
+	if q.Step < 1 {
+		v.addf("idgen.sequencer.step", "must be >= 1, got %d", q.Step)
+	}
+	if q.MaxValue < 0 {
+		v.addf("idgen.sequencer.max_value", "must be >= 0 (0 = no wrap), got %d", q.MaxValue)
+	}
+	v.durationAtLeast("idgen.sequencer.ttl", q.TTL, 0)
+}
+
+// EpochTime returns the parsed Snowflake epoch; Validate has checked it.
+func (g IDGen) EpochTime() time.Time {
+	t, err := time.Parse(time.RFC3339, g.Epoch)
+	if err != nil {
+		panic(fmt.Sprintf("idgen.epoch not validated: %v", err))
+	}
+	return t
+}
