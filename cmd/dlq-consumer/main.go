@@ -15,7 +15,7 @@ func main() {
 	ctx, stop := daemon.SignalContext()
 	err := run(ctx, os.Args[1:])
 	stop()
-	if err != nil {
+	if daemon.Failed(ctx, err) {
 		fmt.Fprintf(os.Stderr, "dlq-consumer: %v\n", err)
 		os.Exit(1)
 	}

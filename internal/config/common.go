@@ -108,6 +108,9 @@ func defaultCommon(env, daemon string) Common {
 		RetentionMs: week.Milliseconds(), CompressionType: "lz4", MaxMessageBytes: 1 << 20}
 	dlq := Topic{Name: "qywx-dead-letter-queue", Partitions: 2, ReplicationFactor: 1, MinInsyncReplicas: 1,
 		RetentionMs: week.Milliseconds(), CompressionType: "lz4", MaxMessageBytes: 1 << 20}
+	// Distinct ops ports per daemon, so one shared file runs all three on a
+	// host.
+	opsAddr := map[string]string{"producer": ":9100", "consumer": ":9101", "dlq": ":9102"}[daemon]
 	logFormat := "console"
 	brokers := "127.0.0.1:9092"
 	if env == EnvProduction {
@@ -119,7 +122,7 @@ func defaultCommon(env, daemon string) Common {
 	return Common{
 		Env: env,
 		Log: Log{Level: "info", Format: logFormat},
-		Ops: Ops{Addr: ":8080", ShutdownTimeout: 8 * time.Second, ReadyTimeout: 2 * time.Second},
+		Ops: Ops{Addr: opsAddr, ShutdownTimeout: 8 * time.Second, ReadyTimeout: 2 * time.Second},
 		Kafka: Kafka{
 			Brokers:  brokers,
 			ClientID: "kfpipe-" + daemon,

@@ -121,3 +121,12 @@ func (b *Base) Close(ctx context.Context) error {
 func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
+
+// Failed reports whether err is a real failure, as opposed to a shutdown
+// requested by a signal while the daemon was still starting.
+func Failed(ctx context.Context, err error) bool {
+	if err == nil {
+		return false
+	}
+	return ctx.Err() == nil || !errors.Is(err, context.Canceled)
+}

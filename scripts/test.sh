@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# What `make test` runs: start the services (those not already running), run
+# `go vet ./...` and the Go tests against them, stop what this script started.
+#
+#   scripts/test.sh                  go test -race -count=1 -timeout 15m ./...
+#   scripts/test.sh ./internal/foo/  go test $GO_TEST_FLAGS ./internal/foo/
+#   GO_TEST_FLAGS='-count=1 -run TestX' scripts/test.sh ./...
+#   KFPIPE_SKIP_VET=1                skip go vet
+#   KFPIPE_KEEP_SERVICES=1           leave the services running afterwards
+# Output is also written to .run/test.log.
+set -euo pipefail
+LOG_TAG=test
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+cd "$REPO_ROOT"
+mkdir -p "$RUN_DIR"
+
+started=()
+cleanup() {
+  local rc=$? s
+  if [[ ${KFPIPE_KEEP_SERVICES:-} != 1 ]]; then
+    for s in "${started[@]}"; do "$SCRIPTS_DIR/$s.sh" stop || true; done
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+for s in kafka redis etcd; do
+  "$SCRIPTS_DIR/$s.sh" status 2>/dev/null || started+=("$s")
+done
+eval "$("$SCRIPTS_DIR/services.sh" up)"
+export KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS KFPIPE_TEST_ETCD
+export KFPIPE_REPO_ROOT="$REPO_ROOT"
+log "KFPIPE_TEST_KAFKA=$KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS=$KFPIPE_TEST_REDIS KFPIPE_TEST_ETCD=$KFPIPE_TEST_ETCD"
+
+if [[ ${KFPIPE_SKIP_VET:-} != 1 ]]; then
+  log "go vet ./..."
+  go vet ./...
+fi
+
+# shellcheck disable=SC2206
+flags=(${GO_TEST_FLAGS:--race -count=1 -timeout 15m})
+(($#)) || set -- ./...
+log "go test ${flags[*]} $*"
+set +e
+go test "${flags[@]}" "$@" 2>&1 | tee "$RUN_DIR/test.log"
+status=${PIPESTATUS[0]}
+set -e
+exit "$status"
