@@ -1,0 +1,281 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+)
+
+// ConsumerConfig configures the DLQ consumer.
+type ConsumerConfig struct {
+	Kafka config.Kafka // brokers, DLQ topic, consumer group (kafka.consumer.group_id)
+	// CommitEvery commits after this many indexed records (default 100);
+	// an idle poll, a revoke and shutdown commit too.
+	CommitEvery int
+}
+
+// Validate names the first invalid key.
+func (c ConsumerConfig) Validate() error {
+	switch {
+	case c.Kafka.Brokers == "":
+		return errors.New("kafka.brokers must not be empty")
+	case c.Kafka.Topics.DLQ.Name == "":
+		return errors.New("kafka.topics.dlq.name must not be empty")
+	case c.Kafka.Consumer.GroupID == "":
+		return errors.New("kafka.consumer.group_id must not be empty")
+	}
+	return nil
+}
+
+// Consumer reads the DLQ topic into the Index (ARCHITECTURE §7). Records
+// are indexed one by one in the poll goroutine, so when a poll returns,
+// everything polled before is indexed; offsets are committed only for
+// indexed records (I2 for the DLQ itself). Indexing is idempotent, so
+// re-reading after a crash is harmless.
+type Consumer struct {
+	cfg    ConsumerConfig
+	idx    *Index
+	policy *Policy
+	clock  Clock
+	log    *zap.Logger
+	m      consumerMetrics
+}
+
+type consumerMetrics struct {
+	unrecoverable prometheus.Counter
+	undecodable   prometheus.Counter
+	reviewPending prometheus.Gauge
+}
+
+// NewConsumer builds a DLQ consumer; Run runs it. Options: WithLogger,
+// WithRegisterer, WithClock.
+func NewConsumer(cfg ConsumerConfig, idx *Index, policy *Policy, opts ...Option) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.CommitEvery <= 0 {
+		cfg.CommitEvery = 100
+	}
+	o := buildOptions(opts)
+	return &Consumer{cfg: cfg, idx: idx, policy: policy, clock: o.clock, log: o.log.Named("dlq-consumer"),
+		m: consumerMetrics{
+			unrecoverable: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "kfpipe_dlq_messages_unrecoverable_total", Help: "Dead letters placed in manual review (not recoverable or retries exhausted)."})),
+			undecodable: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "kfpipe_dlq_undecodable_total", Help: "DLQ records that did not decode; indexed raw for review."})),
+			reviewPending: newReviewGauge(o.reg),
+		}}, nil
+}
+
+// Run consumes until ctx is cancelled, then commits what was indexed and
+// leaves the group. It returns nil on cancellation.
+func (c *Consumer) Run(ctx context.Context) error {
+	kc, err := kafka.NewConsumer(kafkaclient.Consumer(c.cfg.Kafka, c.cfg.Kafka.Consumer.GroupID))
+	if err != nil {
+		return fmt.Errorf("dlq consumer: %w", err)
+	}
+	defer kc.Close()
+	pending := map[int32]kafka.TopicPartition{} // next offset to commit, per partition
+	commit := func() {
+		if len(pending) == 0 {
+			return
+		}
+		tps := make([]kafka.TopicPartition, 0, len(pending))
+		for _, tp := range pending {
+			tps = append(tps, tp)
+		}
+		if _, err := kc.CommitOffsets(tps); err != nil {
+			// Not fatal: the records are indexed and re-indexing is a no-op.
+			c.log.Warn("dlq commit failed", zap.Error(err))
+			return
+		}
+		clear(pending)
+	}
+	err = kc.SubscribeTopics([]string{c.cfg.Kafka.Topics.DLQ.Name}, func(_ *kafka.Consumer, ev kafka.Event) error {
+		if _, ok := ev.(kafka.RevokedPartitions); ok {
+			commit() // everything polled is indexed already
+		}
+		return nil // the library does the (incremental) assign itself
+	})
+	if err != nil {
+		return fmt.Errorf("dlq subscribe: %w", err)
+	}
+	n := 0
+	lastGauge := time.Time{}
+	for ctx.Err() == nil {
+		ev := kc.Poll(100)
+		switch e := ev.(type) {
+		case nil:
+			commit()
+			n = 0
+		case *kafka.Message:
+			if err := c.applyWithRetry(ctx, e); err != nil {
+				commit()
+				return nil // cancelled while Redis was failing: not committed
+			}
+			tp := e.TopicPartition
+			tp.Offset++
+			pending[tp.Partition] = tp
+			if n++; n >= c.cfg.CommitEvery {
+				commit()
+				n = 0
+			}
+		case kafka.Error:
+			c.log.Warn("dlq consumer error", zap.Error(e))
+		}
+		if now := time.Now(); now.Sub(lastGauge) > time.Second {
+			lastGauge = now
+			if v, err := c.idx.reviewCount(ctx); err == nil {
+				c.m.reviewPending.Set(float64(v))
+			}
+		}
+	}
+	commit()
+	return nil
+}
+
+// applyWithRetry indexes one record, retrying while Redis fails: a record
+// is never skipped, and the offset waits.
+func (c *Consumer) applyWithRetry(ctx context.Context, m *kafka.Message) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := c.apply(ctx, m)
+		if err == nil {
+			return nil
+		}
+		c.log.Warn("indexing dead letter failed; retrying", zap.Int32("partition", m.TopicPartition.Partition),
+			zap.Int64("offset", int64(m.TopicPartition.Offset)), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// apply decodes, places and indexes one DLQ record.
+func (c *Consumer) apply(ctx context.Context, m *kafka.Message) error {
+	dl, err := Decode(m.Value)
+	if err == nil && dl.Event == "" && dl.Reason == "" {
+		err = errors.New("no failure_reason")
+	}
+	if err != nil {
+		// Never crash, never skip: keep the raw bytes for an operator.
+		c.m.undecodable.Inc()
+		c.log.Error("undecodable DLQ record; indexed for manual review",
+			zap.Int32("partition", m.TopicPartition.Partition), zap.Int64("offset", int64(m.TopicPartition.Offset)), zap.Error(err))
+		dl = c.undecodable(m, err)
+	}
+	if dl.Event != "" {
+		_, err := c.idx.Index(ctx, dl)
+		return err
+	}
+	dl.EnsureID()
+	c.policy.Place(ctx, dl)
+	res, err := c.idx.Index(ctx, dl)
+	if err != nil {
+		return err
+	}
+	if res == IndexNew && dl.ManualReview {
+		c.m.unrecoverable.Inc()
+	}
+	return nil
+}
+
+// undecodable builds a review entry from a DLQ record that did not decode;
+// its ID comes from the record's own DLQ coordinates.
+func (c *Consumer) undecodable(m *kafka.Message, err error) *DeadLetterMessage {
+	hs := make([]Header, len(m.Headers))
+	for i, h := range m.Headers {
+		hs[i] = Header{Key: h.Key, Value: h.Value}
+	}
+	topic := ""
+	if m.TopicPartition.Topic != nil {
+		topic = *m.TopicPartition.Topic
+	}
+	ts := m.Timestamp
+	if ts.IsZero() {
+		ts = c.clock.Now()
+	}
+	dl := New(Source{Topic: topic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
+		Timestamp: m.Timestamp, Key: m.Key, Value: m.Value, Headers: hs}, ReasonInvalidMessage,
+		"undecodable DLQ record: "+err.Error(), ts)
+	dl.Original = nil
+	dl.ManualReview, dl.Recoverable = true, false
+	return dl
+}
+
+// Rebuild resets the index and re-reads the DLQ topic from the beginning
+// up to the high watermark seen at the start (a throw-away group; no
+// commits). It may run while Run is running: both index idempotently.
+// It returns how many records it applied.
+func (c *Consumer) Rebuild(ctx context.Context) (int, error) {
+	if err := c.idx.Reset(ctx); err != nil {
+		return 0, err
+	}
+	topic := c.cfg.Kafka.Topics.DLQ.Name
+	kc, err := kafka.NewConsumer(kafkaclient.Consumer(c.cfg.Kafka, c.cfg.Kafka.Consumer.GroupID+"-rebuild-"+uuid.NewString()))
+	if err != nil {
+		return 0, fmt.Errorf("dlq rebuild: %w", err)
+	}
+	defer kc.Close()
+	md, err := kc.GetMetadata(&topic, false, 10000)
+	if err != nil {
+		return 0, fmt.Errorf("dlq rebuild metadata: %w", err)
+	}
+	tm, ok := md.Topics[topic]
+	if !ok || tm.Error.Code() != kafka.ErrNoError {
+		return 0, fmt.Errorf("dlq rebuild: topic %s: %v", topic, tm.Error)
+	}
+	high := map[int32]int64{}
+	var assign []kafka.TopicPartition
+	for _, p := range tm.Partitions {
+		lo, hi, err := kc.QueryWatermarkOffsets(topic, p.ID, 10000)
+		if err != nil {
+			return 0, fmt.Errorf("dlq rebuild watermarks: %w", err)
+		}
+		if hi > lo {
+			high[p.ID] = hi
+			assign = append(assign, kafka.TopicPartition{Topic: &topic, Partition: p.ID, Offset: kafka.OffsetBeginning})
+		}
+	}
+	if len(assign) == 0 {
+		return 0, nil
+	}
+	if err := kc.Assign(assign); err != nil {
+		return 0, fmt.Errorf("dlq rebuild assign: %w", err)
+	}
+	n := 0
+	for len(high) > 0 {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		switch e := kc.Poll(100).(type) {
+		case *kafka.Message:
+			p, off := e.TopicPartition.Partition, int64(e.TopicPartition.Offset)
+			if hi, ok := high[p]; !ok || off >= hi {
+				continue // written after the rebuild began: Run indexes it
+			}
+			if err := c.applyWithRetry(ctx, e); err != nil {
+				return n, err
+			}
+			n++
+			if off+1 >= high[p] {
+				delete(high, p)
+			}
+		case kafka.Error:
+			c.log.Warn("dlq rebuild consumer error", zap.Error(e))
+		}
+	}
+	return n, nil
+}

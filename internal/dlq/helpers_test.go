@@ -1,0 +1,184 @@
+package dlq
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// manualClock is a Clock tests move by hand.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *manualClock {
+	return &manualClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// testConfig is the dlq-consumer default configuration pointed at the test
+// broker with fresh topics.
+func testConfig(t *testing.T, brokers, mainTopic, dlqTopic string) *config.DLQConsumer {
+	t.Helper()
+	cfg, err := config.LoadDLQConsumer("")
+	if err != nil {
+		t.Fatalf("default config: %v", err)
+	}
+	cfg.Kafka.Brokers = brokers
+	cfg.Kafka.Topics.Main.Name = mainTopic
+	cfg.Kafka.Topics.DLQ.Name = dlqTopic
+	cfg.Kafka.Producer.LingerMs = 1
+	cfg.Kafka.Producer.DeliveryTimeout = 5 * time.Second
+	cfg.Kafka.Consumer.GroupID = testenv.Name(t, "grp")
+	cfg.Kafka.Consumer.SessionTimeout = 6 * time.Second
+	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency/dlq.jsonl"
+	cfg.DLQ.ProduceTimeout = 5 * time.Second
+	cfg.DLQ.ReplayInterval = 0
+	cfg.Recovery.ScanInterval = 20 * time.Millisecond
+	cfg.Recovery.LockTTL = time.Second
+	return cfg
+}
+
+// chat returns a main-topic payload of user.
+func chat(user string, n int) []byte {
+	b, _ := chatmsg.Encode(&chatmsg.ChatMessage{MessageID: int64(n), UpstreamMsgID: fmt.Sprintf("up-%d", n),
+		OpenKfID: "wk-1", ExternalUserID: user, MsgType: "text", SendTime: 1, Content: []byte(`{"text":"hi"}`)})
+	return b
+}
+
+// deadLetter builds a dead letter of user for source offset off.
+func deadLetter(user string, reason Reason, off int64, at time.Time) *DeadLetterMessage {
+	return New(Source{Topic: "src-main", Partition: 1, Offset: off, Timestamp: at, Key: []byte(user), Value: chat(user, int(off)),
+		Headers: []Header{{Key: chatmsg.HeaderMsgType, Value: []byte("text")}}}, reason, "test failure", at)
+}
+
+// readTopic reads every partition of topic from the beginning until n
+// records arrived, then keeps reading for linger to catch extras.
+func readTopic(t *testing.T, brokers, topic string, n int, linger time.Duration) []*kafka.Message {
+	t.Helper()
+	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": brokers, "group.id": testenv.Name(t, "read"),
+		"enable.auto.commit": false, "go.logs.channel.enable": false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	md, err := c.GetMetadata(&topic, false, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tps []kafka.TopicPartition
+	for _, p := range md.Topics[topic].Partitions {
+		tps = append(tps, kafka.TopicPartition{Topic: &topic, Partition: p.ID, Offset: kafka.OffsetBeginning})
+	}
+	if err := c.Assign(tps); err != nil {
+		t.Fatal(err)
+	}
+	var out []*kafka.Message
+	deadline := time.Now().Add(20 * time.Second)
+	var until time.Time
+	for time.Now().Before(deadline) {
+		if len(out) >= n && until.IsZero() {
+			until = time.Now().Add(linger)
+		}
+		if !until.IsZero() && time.Now().After(until) {
+			break
+		}
+		if m, ok := c.Poll(50).(*kafka.Message); ok {
+			out = append(out, m)
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("read %d records from %s, want %d", len(out), topic, n)
+	}
+	return out
+}
+
+func header(m *kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// sendSync sends dl and waits for done.
+func sendSync(t *testing.T, p *Producer, dl *DeadLetterMessage) {
+	t.Helper()
+	ch := make(chan error, 1)
+	p.Send(dl, func(err error) { ch <- err })
+	select {
+	case err := <-ch:
+		if err != nil {
+			t.Fatalf("send %s: %v", dl.ID, err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("send %s: done not called", dl.ID)
+	}
+}
+
+func closeProducer(t *testing.T, p *Producer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Errorf("close producer: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// sinkWaiter is an EventSink that forwards to the producer and lets the
+// test wait until every event is durable.
+type sinkWaiter struct {
+	p  *Producer
+	wg sync.WaitGroup
+}
+
+func (s *sinkWaiter) Send(dl *DeadLetterMessage, done func(error)) {
+	s.wg.Add(1)
+	s.p.Send(dl, func(err error) { done(err); s.wg.Done() })
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(m prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		return -1
+	}
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	return d.Gauge.GetValue()
+}

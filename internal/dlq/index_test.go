@@ -1,0 +1,283 @@
+package dlq
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+func testRecovery() config.Recovery {
+	return config.Recovery{BaseDelay: time.Minute, MaxDelay: time.Hour, ScanInterval: 20 * time.Millisecond,
+		MaxRetries: map[string]int{"rate_limited": 5, "user_blocked": 3, "circuit_open": 5, "queue_full": 5,
+			"downstream_error": 5, "process_timeout": 5, "invalid_message": 0},
+		TTL: map[string]time.Duration{"rate_limited": time.Hour}, DefaultTTL: 24 * time.Hour, LockTTL: time.Second}
+}
+
+func TestIndexIdempotent(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk))
+	pol := NewPolicy(testRecovery())
+	ctx := context.Background()
+	dl := deadLetter("u1", ReasonRateLimited, 7, clk.Now())
+	pol.Place(ctx, dl)
+	if res, err := idx.Index(ctx, dl); err != nil || res != IndexNew {
+		t.Fatalf("first index: %v %v", res, err)
+	}
+	before, _ := idx.Stats(ctx)
+	// The same source record dead-lettered again (consumer crash before
+	// commit) and the same record re-read from the topic.
+	again := deadLetter("u1", ReasonRateLimited, 7, clk.Now().Add(time.Second))
+	pol.Place(ctx, again)
+	for _, d := range []*DeadLetterMessage{dl, again} {
+		if res, err := idx.Index(ctx, d); err != nil || res != IndexDuplicate {
+			t.Fatalf("re-index: %v %v", res, err)
+		}
+	}
+	after, _ := idx.Stats(ctx)
+	if fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Fatalf("stats changed on re-index: %+v -> %+v", before, after)
+	}
+	if after.Total != 1 || after.ByReason["rate_limited"] != 1 || after.Due != 1 || after.Review != 0 {
+		t.Fatalf("stats %+v", after)
+	}
+	// The same retried event twice counts once.
+	for range 2 {
+		if _, err := idx.MarkRetried(ctx, dl.ID, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, _ := idx.Stats(ctx)
+	if s.Retried != 1 || s.Due != 0 {
+		t.Fatalf("after retried twice: %+v", s)
+	}
+	e, err := idx.Get(ctx, dl.ID)
+	if err != nil || e.State != StateRetried || e.Attempts != 1 || e.RetriedAt == nil {
+		t.Fatalf("entry %+v %v", e, err)
+	}
+	if _, err := idx.Get(ctx, "nope"); err != ErrNotFound {
+		t.Fatalf("missing get: %v", err)
+	}
+}
+
+func TestIndexListPaginationAndFilters(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk))
+	pol := NewPolicy(testRecovery())
+	ctx := context.Background()
+	users := []string{"ann", "ben", "cat"}
+	reasons := []Reason{ReasonRateLimited, ReasonInvalidMessage}
+	want := map[string]*DeadLetterMessage{}
+	for i := range 25 {
+		// Several share a failure millisecond, to exercise the cursor's tie break.
+		dl := deadLetter(users[i%3], reasons[i%2], int64(i), clk.Now().Add(time.Duration(i/3)*time.Millisecond))
+		pol.Place(ctx, dl)
+		if _, err := idx.Index(ctx, dl); err != nil {
+			t.Fatal(err)
+		}
+		want[dl.ID] = dl
+	}
+	yes, no := true, false
+	count := func(f Filter) []*Entry {
+		t.Helper()
+		var all []*Entry
+		seen := map[string]bool{}
+		f.Limit = 4
+		for page := 0; ; page++ {
+			es, next, err := idx.List(ctx, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(es) > 4 || page > 30 {
+				t.Fatalf("page of %d (page %d)", len(es), page)
+			}
+			for _, e := range es {
+				if seen[e.ID] {
+					t.Fatalf("%s listed twice", e.ID)
+				}
+				seen[e.ID] = true
+				if len(all) > 0 && e.FailureTime.After(all[len(all)-1].FailureTime) {
+					t.Fatalf("not newest first")
+				}
+				all = append(all, e)
+			}
+			if next == "" {
+				return all
+			}
+			f.Cursor = next
+		}
+	}
+	tests := []struct {
+		name string
+		f    Filter
+		pred func(*DeadLetterMessage) bool
+	}{
+		{"all", Filter{}, func(*DeadLetterMessage) bool { return true }},
+		{"user", Filter{User: "ben"}, func(d *DeadLetterMessage) bool { return d.UserID == "ben" }},
+		{"reason", Filter{Reason: "invalid_message"}, func(d *DeadLetterMessage) bool { return d.Reason == ReasonInvalidMessage }},
+		{"review", Filter{Review: &yes}, func(d *DeadLetterMessage) bool { return d.ManualReview }},
+		{"not review", Filter{Review: &no}, func(d *DeadLetterMessage) bool { return !d.ManualReview }},
+		{"user+reason", Filter{User: "ann", Reason: "rate_limited"}, func(d *DeadLetterMessage) bool {
+			return d.UserID == "ann" && d.Reason == ReasonRateLimited
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := count(tt.f)
+			n := 0
+			for _, d := range want {
+				if tt.pred(d) {
+					n++
+				}
+			}
+			if len(got) != n || n == 0 {
+				t.Fatalf("listed %d, want %d", len(got), n)
+			}
+			for _, e := range got {
+				if !tt.pred(want[e.ID]) {
+					t.Fatalf("%s does not match", e.ID)
+				}
+			}
+		})
+	}
+	var exported int
+	if err := idx.Export(ctx, Filter{User: "cat"}, func(*DeadLetterMessage) error { exported++; return nil }); err != nil || exported != 8 {
+		t.Fatalf("export %d %v", exported, err)
+	}
+	if _, _, err := idx.List(ctx, Filter{Cursor: "garbage"}); err == nil {
+		t.Fatal("bad cursor accepted")
+	}
+	n, err := idx.Purge(ctx, Filter{User: "cat"})
+	if err != nil || n != 8 {
+		t.Fatalf("purge %d %v", n, err)
+	}
+	s, _ := idx.Stats(ctx)
+	if s.Total != 17 || s.ByReason["rate_limited"]+s.ByReason["invalid_message"] != 17 || s.Due+s.Review != 17 {
+		t.Fatalf("stats after purge %+v", s)
+	}
+}
+
+func TestPurgeExpiredByReasonTTL(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk))
+	pol := NewPolicy(testRecovery()) // rate_limited 1h, others 24h
+	ctx := context.Background()
+	var short, long []*DeadLetterMessage
+	for i := range 6 {
+		r := ReasonRateLimited
+		if i%2 == 1 {
+			r = ReasonDownstreamError
+		}
+		dl := deadLetter("fay", r, int64(i), clk.Now())
+		pol.Place(ctx, dl)
+		if _, err := idx.Index(ctx, dl); err != nil {
+			t.Fatal(err)
+		}
+		if r == ReasonRateLimited {
+			short = append(short, dl)
+		} else {
+			long = append(long, dl)
+		}
+	}
+	if n, err := idx.PurgeExpired(ctx, clk.Now().Add(59*time.Minute)); err != nil || n != 0 {
+		t.Fatalf("early purge %d %v", n, err)
+	}
+	n, err := idx.PurgeExpired(ctx, clk.Now().Add(2*time.Hour))
+	if err != nil || n != 3 {
+		t.Fatalf("purge %d %v", n, err)
+	}
+	for _, dl := range short {
+		if _, err := idx.Get(ctx, dl.ID); err != ErrNotFound {
+			t.Errorf("%s still there", dl.ID)
+		}
+	}
+	s, _ := idx.Stats(ctx)
+	if s.Total != 3 || s.ByReason["rate_limited"] != 0 || s.ByReason["downstream_error"] != 3 || s.Due != 3 {
+		t.Fatalf("stats %+v", s)
+	}
+	es, _, _ := idx.List(ctx, Filter{Reason: "rate_limited"})
+	if len(es) != 0 {
+		t.Fatalf("reason set still lists %d", len(es))
+	}
+	// An already expired dead letter (a rebuild of old records) is not indexed.
+	clk.Add(48 * time.Hour)
+	old := deadLetter("fay", ReasonDownstreamError, 99, clk.Now().Add(-25*time.Hour))
+	pol.Place(ctx, old)
+	if res, err := idx.Index(ctx, old); err != nil || res != IndexExpired {
+		t.Fatalf("expired index: %v %v", res, err)
+	}
+	_ = long
+}
+
+func TestPlacement(t *testing.T) {
+	ctx := context.Background()
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	blockedUntil := at.Add(3 * time.Hour)
+	pol := NewPolicy(testRecovery(), WithBlockLookup(blockFunc(func(string) (time.Time, bool) { return blockedUntil, true })))
+	tests := []struct {
+		name       string
+		reason     Reason
+		retry      int
+		wantReview bool
+		wantDelay  time.Duration
+	}{
+		{"first retry after base", ReasonRateLimited, 0, false, time.Minute},
+		{"doubles", ReasonRateLimited, 2, false, 4 * time.Minute},
+		{"capped at max", ReasonDownstreamError, 4, false, 16 * time.Minute},
+		{"exhausted goes to review", ReasonRateLimited, 5, true, 0},
+		{"invalid goes to review", ReasonInvalidMessage, 0, true, 0},
+		{"blocked waits for the block", ReasonUserBlocked, 0, false, 3*time.Hour + time.Second},
+		{"unknown reason default retries", Reason("weird"), 2, false, 4 * time.Minute},
+		{"unknown reason exhausted", Reason("weird"), DefaultMaxRetries, true, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dl := deadLetter("gus", tt.reason, 1, at)
+			dl.RetryCount = tt.retry
+			pol.Place(ctx, dl)
+			if dl.ManualReview != tt.wantReview {
+				t.Fatalf("review = %v, want %v", dl.ManualReview, tt.wantReview)
+			}
+			if !tt.wantReview && dl.NextRetryTime.Sub(at) != tt.wantDelay {
+				t.Fatalf("delay %s, want %s", dl.NextRetryTime.Sub(at), tt.wantDelay)
+			}
+		})
+	}
+	// The cap: base 1m × 2^10 is capped at max 1h.
+	b := pol.Strategy(ReasonDownstreamError).(*backoff)
+	if d := b.CalculateRetryDelay(ctx, &DeadLetterMessage{RetryCount: 10}); d != time.Hour {
+		t.Fatalf("capped delay %s", d)
+	}
+	if CalculatePriority("vip", ReasonUserBlocked) != 5 || CalculatePriority("normal", ReasonRateLimited) != 4 ||
+		CalculatePriority("vip", ReasonQueueFull) != 8 {
+		t.Fatal("priority policy")
+	}
+}
+
+type blockFunc func(string) (time.Time, bool)
+
+func (f blockFunc) BlockedUntil(_ context.Context, u string) (time.Time, bool, error) {
+	t, ok := f(u)
+	return t, ok, nil
+}
+
+func TestIDStable(t *testing.T) {
+	a := deadLetter("h", ReasonQueueFull, 5, time.Now())
+	b := deadLetter("h", ReasonDownstreamError, 5, time.Now().Add(time.Hour))
+	c := deadLetter("h", ReasonQueueFull, 6, time.Now())
+	if a.ID != b.ID || a.ID == c.ID || a.ID != ID("src-main", 1, 5) {
+		t.Fatalf("ids %s %s %s", a.ID, b.ID, c.ID)
+	}
+	// retry_count travels in the header of a retried record.
+	d := New(Source{Topic: "m", Value: []byte("not json"), Key: []byte("k"),
+		Headers: []Header{{Key: "retry_count", Value: []byte("3")}}}, ReasonInvalidMessage, "", time.Now())
+	if d.RetryCount != 3 || d.Original != nil || d.UserID != "k" || d.Recoverable || !d.ManualReview {
+		t.Fatalf("%+v", d)
+	}
+}

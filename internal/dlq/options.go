@@ -1,0 +1,80 @@
+package dlq
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Clock is the time source; tests inject a manual one.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// SystemClock is the wall clock.
+var SystemClock Clock = systemClock{}
+
+// Option configures a Producer, Consumer, Index or Scheduler. An option
+// that does not apply to a constructor is ignored by it.
+type Option func(*options)
+
+type options struct {
+	log    *zap.Logger
+	reg    prometheus.Registerer
+	clock  Clock
+	blocks BlockLookup
+	events EventSink
+}
+
+// WithLogger sets the logger (default: no logging).
+func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithRegisterer registers the metrics with r (default: not registered).
+func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { o.reg = r } }
+
+// WithClock sets the clock (default: wall clock).
+func WithClock(c Clock) Option { return func(o *options) { o.clock = c } }
+
+// WithBlockLookup lets user_blocked retries wait until the block ends.
+func WithBlockLookup(b BlockLookup) Option { return func(o *options) { o.blocks = b } }
+
+// WithEventSink makes the scheduler record sent retries in the DLQ topic
+// (normally the DLQ Producer), so that Rebuild does not send them again.
+func WithEventSink(s EventSink) Option { return func(o *options) { o.events = s } }
+
+func buildOptions(opts []Option) options {
+	o := options{log: zap.NewNop(), clock: SystemClock}
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.log == nil {
+		o.log = zap.NewNop()
+	}
+	if o.clock == nil {
+		o.clock = SystemClock
+	}
+	return o
+}
+
+// register registers c with reg, reusing an equal collector registered
+// before (two producers in one process share their counters).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if reg == nil {
+		return c
+	}
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}
