@@ -1,0 +1,67 @@
+package wecom
+
+import (
+	"errors"
+	"fmt"
+)
+
+// WeChat Work error codes the pipeline reacts to.
+const (
+	CodeSystemBusy         = -1    // transient; retried with backoff
+	CodeInvalidCredential  = 40001 // wrong secret
+	CodeInvalidCorpID      = 40013
+	CodeInvalidAccessToken = 40014 // token unknown: refetch once
+	CodeInvalidParameter   = 40058
+	CodeMissingAccessToken = 41001
+	CodeAccessTokenExpired = 42001 // token expired: refetch once
+	CodeRateLimited        = 45009 // API frequency limit reached
+	CodeInvalidOpenKfID    = 95000
+	CodeInvalidMsgToken    = 95007 // the callback token is expired or unknown
+)
+
+// APIError is a non-zero errcode returned by the WeChat Work API. Client
+// methods return it (wrapped with context), so test with errors.As or the
+// Is… helpers.
+type APIError struct {
+	Code int
+	Msg  string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("wecom: errcode %d: %s", e.Code, e.Msg)
+}
+
+func apiCode(err error) (int, bool) {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae.Code, true
+	}
+	return 0, false
+}
+
+// IsTokenExpired reports whether err is 95007: the callback token passed
+// to sync_msg is no longer valid. Sync again without it (or with a newer one).
+func IsTokenExpired(err error) bool {
+	c, ok := apiCode(err)
+	return ok && c == CodeInvalidMsgToken
+}
+
+// IsRateLimited reports whether err is 45009, WeChat's frequency limit.
+func IsRateLimited(err error) bool {
+	c, ok := apiCode(err)
+	return ok && c == CodeRateLimited
+}
+
+// IsInvalidOpenKfID reports whether err is 95000: the open_kfid is not one
+// of this corp's customer-service accounts. Retrying will not help.
+func IsInvalidOpenKfID(err error) bool {
+	c, ok := apiCode(err)
+	return ok && c == CodeInvalidOpenKfID
+}
+
+// IsAccessTokenInvalid reports whether err is 40014 or 42001. The client
+// already refetched the token once before returning it.
+func IsAccessTokenInvalid(err error) bool {
+	c, ok := apiCode(err)
+	return ok && (c == CodeInvalidAccessToken || c == CodeAccessTokenExpired)
+}
