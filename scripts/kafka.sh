@@ -192,7 +192,10 @@ wait_ready() {
 }
 
 new_cluster_id() { # 16 random bytes, base64url without padding (Kafka Uuid format)
-  head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n'
+  local id
+  # An id starting with '-' would be read as an option by the format tool.
+  while id=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n'); [[ $id == -* ]]; do :; done
+  echo "$id"
 }
 
 # ---------------------------------------------------------------- commands

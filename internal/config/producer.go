@@ -76,7 +76,7 @@ func defaultProducer(env string) Producer {
 			TimestampWindow: 5 * time.Minute, ReplayWindow: 10 * time.Minute},
 		WeCom: WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
 		Sync: Sync{LockTTL: 10 * time.Second, SafetyInterval: time.Minute, RetryBase: 200 * time.Millisecond,
-			RetryMax: 30 * time.Second, Workers: 8, DeliveryWait: 30 * time.Second},
+			RetryMax: 30 * time.Second, Workers: 8, DeliveryWait: 45 * time.Second},
 		IDGen: IDGen{Epoch: "2024-01-01T00:00:00Z",
 			Allocator: Allocator{Backend: "redis", MaxID: 1024, TTL: 30 * time.Second},
 			Sequencer: Sequencer{Driver: "redis", Step: 1, MaxValue: 0, TTL: 24 * time.Hour}},
@@ -112,6 +112,11 @@ func (c *Producer) Validate() error {
 	v.durationBetween("sync.retry_max", s.RetryMax, s.RetryBase, time.Hour)
 	v.between("sync.workers", s.Workers, 1, 1024)
 	v.durationBetween("sync.delivery_wait", s.DeliveryWait, time.Second, 10*time.Minute)
+	// Waiting less than librdkafka may still deliver would re-send a page
+	// that is still queued.
+	if s.DeliveryWait <= c.Kafka.Producer.DeliveryTimeout {
+		v.addf("sync.delivery_wait", "must be > kafka.producer.delivery_timeout (%s), got %s", c.Kafka.Producer.DeliveryTimeout, s.DeliveryWait)
+	}
 	c.IDGen.validate(v)
 	return v.err()
 }

@@ -1,0 +1,302 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bwmarrin/snowflake"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/wecom"
+)
+
+// This file holds the real-service helpers of the integration tests: a
+// Redis lock with the semantics of internal/lock (the test's own, so this
+// package's tests do not depend on it), the adapter from the wecom client to
+// Source, and a plain consumer that reads a topic back.
+
+func kafkaCfg(brokers string) config.Kafka {
+	return config.Kafka{
+		Brokers:  brokers,
+		ClientID: "kfpipe-producer-test",
+		Producer: config.KafkaProducer{LingerMs: 5, BatchSize: 1 << 20, QueueMaxMsgs: 100000,
+			Compression: "lz4", DeliveryTimeout: 30 * time.Second},
+		Overrides: map[string]string{},
+	}
+}
+
+// redisLocker: SET NX PX to take, a Lua compare-and-pexpire every ttl/3 to
+// extend (Lost closes when that fails), Lua compare-and-del to release and
+// Lua compare-and-set for the fenced cursor write.
+type redisLocker struct{ c redis.UniversalClient }
+
+var (
+	extendScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("PEXPIRE", KEYS[1], ARGV[2]) end return 0`)
+	unlockScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
+	fencedSet    = redis.NewScript(`if redis.call("GET", KEYS[1]) ~= ARGV[1] then return 0 end
+if tonumber(ARGV[3]) > 0 then redis.call("SET", KEYS[2], ARGV[2], "PX", ARGV[3]) else redis.call("SET", KEYS[2], ARGV[2]) end
+return 1`)
+)
+
+type redisMutex struct {
+	c     redis.UniversalClient
+	name  string
+	value string
+	lost  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+}
+
+func (l redisLocker) TryLock(ctx context.Context, name string, ttl time.Duration) (Mutex, error) {
+	value := uuid.NewString()
+	ok, err := l.c.SetNX(ctx, name, value, ttl).Result()
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, ErrLockBusy
+	}
+	m := &redisMutex{c: l.c, name: name, value: value, lost: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go m.extend(ttl)
+	return m, nil
+}
+
+func (m *redisMutex) extend(ttl time.Duration) {
+	defer close(m.done)
+	t := time.NewTicker(ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
+			n, err := extendScript.Run(ctx, m.c, []string{m.name}, m.value, ttl.Milliseconds()).Int()
+			cancel()
+			if err != nil || n == 0 {
+				close(m.lost)
+				return
+			}
+		}
+	}
+}
+
+func (m *redisMutex) Lost() <-chan struct{} { return m.lost }
+
+func (m *redisMutex) Unlock(ctx context.Context) error {
+	m.once.Do(func() { close(m.stop) })
+	<-m.done
+	n, err := unlockScript.Run(ctx, m.c, []string{m.name}, m.value).Int()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+func (m *redisMutex) SetIfHeld(ctx context.Context, key, value string, ttl time.Duration) error {
+	n, err := fencedSet.Run(ctx, m.c, []string{m.name, key}, m.value, value, ttl.Milliseconds()).Int()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// wecomSource adapts the real wecom client: the shape the daemon uses.
+type wecomSource struct{ c *wecom.Client }
+
+func (w wecomSource) SyncMsg(ctx context.Context, req SyncRequest) (*SyncResponse, error) {
+	resp, err := w.c.SyncMsg(ctx, wecom.SyncRequest{Cursor: req.Cursor, Token: req.Token, Limit: req.Limit, OpenKfID: req.OpenKfID})
+	switch {
+	case err == nil:
+	case wecom.IsTokenExpired(err):
+		return nil, fmt.Errorf("%w: %w", ErrTokenInvalid, err)
+	case wecom.IsRateLimited(err):
+		return nil, fmt.Errorf("%w: %w", ErrRateLimited, err)
+	default:
+		return nil, err
+	}
+	out := &SyncResponse{NextCursor: resp.NextCursor, HasMore: resp.HasMore, MsgList: make([]UpstreamMessage, len(resp.MsgList))}
+	for i, m := range resp.MsgList {
+		out.MsgList[i] = UpstreamMessage{MsgID: m.MsgID, OpenKfID: m.OpenKfID, ExternalUserID: m.ExternalUserID,
+			SendTime: m.SendTime, Origin: m.Origin, ServicerUserID: m.ServicerUserID, MsgType: m.MsgType, Raw: m.Raw}
+	}
+	return out, nil
+}
+
+type snowIDs struct{ n *snowflake.Node }
+
+func newSnowIDs(t testing.TB, node int64) snowIDs {
+	n, err := snowflake.NewNode(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snowIDs{n}
+}
+
+func (s snowIDs) Next() (int64, error) { return s.n.Generate().Int64(), nil }
+
+// readTopic reads every record of topic (up to the high watermarks taken
+// when called) with a plain assign-based consumer.
+func readTopic(t testing.TB, brokers, topic string) []*kafka.Message {
+	t.Helper()
+	c, err := kafka.NewConsumer(&kafka.ConfigMap{
+		"bootstrap.servers": brokers, "group.id": "reader-" + uuid.NewString(),
+		"enable.auto.commit": false, "auto.offset.reset": "earliest",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	md, err := c.GetMetadata(&topic, false, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tps []kafka.TopicPartition
+	want := map[int32]int64{}
+	var total int64
+	for _, p := range md.Topics[topic].Partitions {
+		_, high, err := c.QueryWatermarkOffsets(topic, p.ID, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if high > 0 {
+			want[p.ID] = high
+			total += high
+		}
+		tps = append(tps, kafka.TopicPartition{Topic: &topic, Partition: p.ID, Offset: kafka.OffsetBeginning})
+	}
+	if err := c.Assign(tps); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]*kafka.Message, 0, total)
+	deadline := time.Now().Add(60 * time.Second)
+	for len(want) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("reading %s: %d records read, partitions not finished: %v", topic, len(out), want)
+		}
+		m, err := c.ReadMessage(time.Second)
+		if err != nil {
+			var ke kafka.Error
+			if errors.As(err, &ke) && ke.Code() == kafka.ErrTimedOut {
+				continue
+			}
+			t.Fatal(err)
+		}
+		out = append(out, m)
+		if hw, ok := want[m.TopicPartition.Partition]; ok && int64(m.TopicPartition.Offset) >= hw-1 {
+			delete(want, m.TopicPartition.Partition)
+		}
+	}
+	return out
+}
+
+func header(m *kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// checkRecords verifies the records against the WeChat logs: every message
+// of logs present (exactly once when exact), each user in one partition, and
+// each user's first occurrences in log order. logs maps open_kfid to its
+// message log in WeChat order.
+func checkRecords(t *testing.T, recs []*kafka.Message, logs map[string][]wecom.Message, exact bool) {
+	t.Helper()
+	type pos struct {
+		kf  string
+		idx int
+	}
+	where := map[string]pos{}
+	total := 0
+	for kf, log := range logs {
+		for i, m := range log {
+			where[m.MsgID] = pos{kf, i}
+		}
+		total += len(log)
+	}
+	seen := map[string]int{}
+	userPart := map[string]int32{}
+	lastIdx := map[string]int{}
+	dups := 0
+	for _, r := range recs {
+		cm, err := chatmsg.Decode(r.Value)
+		if err != nil {
+			t.Fatalf("record %v: %v", r.TopicPartition, err)
+		}
+		p, ok := where[cm.UpstreamMsgID]
+		if !ok {
+			t.Fatalf("record for unknown msgid %q", cm.UpstreamMsgID)
+		}
+		if string(r.Key) != cm.ExternalUserID || cm.OpenKfID != p.kf {
+			t.Fatalf("record %s: key %q open_kfid %q, want %q %q", cm.UpstreamMsgID, r.Key, cm.OpenKfID, cm.ExternalUserID, p.kf)
+		}
+		if header(r, chatmsg.HeaderUpstreamMsgID) != cm.UpstreamMsgID || header(r, chatmsg.HeaderOpenKfID) != cm.OpenKfID ||
+			header(r, chatmsg.HeaderMsgID) != strconv.FormatInt(cm.MessageID, 10) || header(r, chatmsg.HeaderMsgType) != cm.MsgType ||
+			header(r, chatmsg.HeaderTimestamp) == "" || cm.ProducedAt == 0 {
+			t.Fatalf("record %s: headers %v do not match the payload", cm.UpstreamMsgID, r.Headers)
+		}
+		seen[cm.UpstreamMsgID]++
+		if seen[cm.UpstreamMsgID] > 1 {
+			dups++
+			continue
+		}
+		u := cm.ExternalUserID
+		if part, ok := userPart[u]; ok && part != r.TopicPartition.Partition {
+			t.Fatalf("user %s in partitions %d and %d", u, part, r.TopicPartition.Partition)
+		}
+		userPart[u] = r.TopicPartition.Partition
+		if last, ok := lastIdx[u]; ok && p.idx <= last {
+			t.Fatalf("user %s: message %d of the log after message %d", u, p.idx, last)
+		}
+		lastIdx[u] = p.idx
+	}
+	if len(seen) != total {
+		t.Fatalf("%d distinct messages in Kafka, want %d", len(seen), total)
+	}
+	if exact && dups > 0 {
+		t.Fatalf("%d duplicate records, want none", dups)
+	}
+	t.Logf("%d records, %d distinct, %d duplicates, %d users", len(recs), len(seen), dups, len(userPart))
+}
+
+// freePortPair returns a loopback port p with p+1 also free (Kafka broker
+// and controller).
+func freePortPair(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
+		_ = l.Close()
+		if err == nil {
+			_ = l2.Close()
+			return p
+		}
+	}
+	t.Fatal("no free port pair")
+	return 0
+}

@@ -1,0 +1,524 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func unitCfg() SyncerConfig {
+	return SyncerConfig{Topic: "t", KeyPrefix: "p:", PageLimit: 100, LockTTL: time.Second,
+		RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond, Workers: 2, DeliveryWait: time.Second}
+}
+
+type rig struct {
+	s   *Syncer
+	st  *memStore
+	lk  *fakeLocker
+	src *pageSource
+	pub *recPublisher
+}
+
+// newRig builds a started Syncer on the given fakes (new ones when nil).
+func newRig(t *testing.T, cfg SyncerConfig, st *memStore, src *pageSource) *rig {
+	t.Helper()
+	if st == nil {
+		st = newMemStore()
+	}
+	if src == nil {
+		src = &pageSource{}
+	}
+	r := &rig{st: st, lk: &fakeLocker{s: st}, src: src, pub: &recPublisher{}}
+	s, err := NewSyncer(cfg, SyncerDeps{Source: src, Locker: r.lk, State: st, Publisher: r.pub, IDs: &seqIDs{}},
+		WithRegisterer(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.s = s
+	s.Start()
+	t.Cleanup(func() {
+		if err := s.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}
+
+func (s *Syncer) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.kfs) == 0
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func ids(ms []UpstreamMessage) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.MsgID)
+	}
+	return out
+}
+
+func TestSyncPaging(t *testing.T) {
+	a, b, c := msgs("kf", "a", 3), msgs("kf", "b", 2), msgs("kf", "c", 1)
+	tests := []struct {
+		name       string
+		pages      map[string]SyncResponse
+		wantIDs    []string
+		wantWrites []string
+	}{
+		{
+			name:       "one page",
+			pages:      map[string]SyncResponse{"": {NextCursor: "c1", MsgList: a}},
+			wantIDs:    ids(a),
+			wantWrites: []string{"c1"},
+		},
+		{
+			name: "has_more with empty pages keeps paging",
+			pages: map[string]SyncResponse{
+				"":   {NextCursor: "c1", HasMore: 1, MsgList: a},
+				"c1": {NextCursor: "c2", HasMore: 1},
+				"c2": {NextCursor: "c3", HasMore: 1},
+				"c3": {NextCursor: "c4", HasMore: 0, MsgList: b},
+			},
+			wantIDs:    append(ids(a), ids(b)...),
+			wantWrites: []string{"c1", "c2", "c3", "c4"},
+		},
+		{
+			name: "unchanged or empty next_cursor is not written",
+			pages: map[string]SyncResponse{
+				"":   {NextCursor: "c1", HasMore: 1, MsgList: c},
+				"c1": {NextCursor: "", HasMore: 0},
+			},
+			wantIDs:    ids(c),
+			wantWrites: []string{"c1"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := &pageSource{}
+			for cur, p := range tt.pages {
+				src.set("kf", cur, p)
+			}
+			r := newRig(t, unitCfg(), nil, src)
+			if err := r.s.Trigger("kf", ""); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "sync done", r.s.idle)
+			if got := r.pub.ids(); !slices.Equal(got, tt.wantIDs) {
+				t.Errorf("produced %v, want %v", got, tt.wantIDs)
+			}
+			if !slices.Equal(r.st.writes, tt.wantWrites) {
+				t.Errorf("cursor writes %v, want %v", r.st.writes, tt.wantWrites)
+			}
+			for _, req := range src.requests() {
+				if req.OpenKfID != "kf" || req.Limit != 100 {
+					t.Errorf("request %+v: open_kfid and limit must always be set", req)
+				}
+			}
+			if r.lk.held("p:lock:sync:kf") {
+				t.Error("lock still held after the sync")
+			}
+		})
+	}
+}
+
+func TestProduceFailureKeepsCursor(t *testing.T) {
+	src := &pageSource{}
+	a := msgs("kf", "a", 2)
+	src.set("kf", "", SyncResponse{NextCursor: "c1", HasMore: 1, MsgList: a})
+	src.set("kf", "c1", SyncResponse{NextCursor: "c2", MsgList: msgs("kf", "b", 1)})
+	r := newRig(t, unitCfg(), nil, src)
+	var failing atomic.Bool
+	failing.Store(true)
+	r.pub.fail = func(int) error {
+		if failing.Load() {
+			return fmt.Errorf("%w: broker down", ErrDelivery)
+		}
+		return nil
+	}
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "three failed produce attempts", func() bool {
+		r.pub.mu.Lock()
+		defer r.pub.mu.Unlock()
+		return r.pub.calls >= 3
+	})
+	if c := r.st.cursor("kf"); c != "" {
+		t.Fatalf("cursor advanced to %q although nothing was acknowledged", c)
+	}
+	if err := r.s.Healthy(); !errors.Is(err, ErrDelivery) {
+		t.Fatalf("Healthy() = %v, want an ErrDelivery", err)
+	}
+	for _, req := range src.requests() {
+		if req.Cursor != "" {
+			t.Fatalf("retry did not restart from the stored cursor: %+v", req)
+		}
+	}
+	failing.Store(false)
+	waitFor(t, "sync done", r.s.idle)
+	if c := r.st.cursor("kf"); c != "c2" {
+		t.Fatalf("cursor = %q, want c2", c)
+	}
+	if err := r.s.Healthy(); err != nil {
+		t.Fatalf("Healthy() after recovery = %v", err)
+	}
+	if got, want := r.pub.ids(), []string{"a-0", "a-1", "b-0"}; !slices.Equal(got, want) {
+		t.Fatalf("produced %v, want %v", got, want)
+	}
+}
+
+func TestInvalidTokenRetriesWithoutToken(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		err  error
+	}{
+		{"sentinel", fmt.Errorf("wecom: %w", ErrTokenInvalid)},
+		{"errcode", fmt.Errorf("wecom: %w", codeErr(95007))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			src := &pageSource{hook: func(req SyncRequest) error {
+				if req.Token != "" {
+					return tt.err
+				}
+				return nil
+			}}
+			src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: msgs("kf", "a", 1)})
+			r := newRig(t, unitCfg(), nil, src)
+			if err := r.s.Trigger("kf", "tok"); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "sync done", r.s.idle)
+			reqs := src.requests()
+			if len(reqs) != 2 || reqs[0].Token != "tok" || reqs[1].Token != "" || reqs[1].Cursor != "" {
+				t.Fatalf("requests %+v: want the token once, then the same cursor without it", reqs)
+			}
+			if c := r.st.cursor("kf"); c != "c1" {
+				t.Fatalf("cursor = %q, want c1", c)
+			}
+			if n := counterValue(r.s.m.runs.WithLabelValues("source_error")); n != 0 {
+				t.Fatalf("95007 counted as %v source errors; it must be retried at once", n)
+			}
+		})
+	}
+}
+
+func TestTokenOnlyOnFirstPage(t *testing.T) {
+	src := &pageSource{}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", HasMore: 1, MsgList: msgs("kf", "a", 1)})
+	src.set("kf", "c1", SyncResponse{NextCursor: "c2", MsgList: msgs("kf", "b", 1)})
+	r := newRig(t, unitCfg(), nil, src)
+	if err := r.s.Trigger("kf", "tok"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "sync done", r.s.idle)
+	reqs := src.requests()
+	if len(reqs) != 2 || reqs[0].Token != "tok" || reqs[1].Token != "" {
+		t.Fatalf("requests %+v", reqs)
+	}
+}
+
+func TestRateLimitedBacksOff(t *testing.T) {
+	var calls atomic.Int32
+	src := &pageSource{hook: func(SyncRequest) error {
+		if calls.Add(1) <= 2 {
+			return codeErr(45009)
+		}
+		return nil
+	}}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: msgs("kf", "a", 1)})
+	r := newRig(t, unitCfg(), nil, src)
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "sync done", r.s.idle)
+	if n := counterValue(r.s.m.runs.WithLabelValues("rate_limited")); n != 2 {
+		t.Fatalf("rate_limited runs = %v, want 2", n)
+	}
+	if c := r.st.cursor("kf"); c != "c1" {
+		t.Fatalf("cursor = %q, want c1", c)
+	}
+}
+
+// A trigger that arrives while another instance holds the lock must make
+// that holder run a second pass that sees the new messages.
+func TestPendingFlagMakesHolderLoop(t *testing.T) {
+	st := newMemStore()
+	src := &pageSource{}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: msgs("kf", "a", 2)})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	src.hook = func(SyncRequest) error {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+		return nil
+	}
+	holder := newRig(t, unitCfg(), st, src)
+	other := newRig(t, unitCfg(), st, src)
+
+	if err := holder.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	<-entered // holder has the lock and is inside its first sync_msg call
+	// New messages arrive after the holder's pass started; their callback
+	// reaches the other instance.
+	src.set("kf", "c1", SyncResponse{NextCursor: "c2", MsgList: msgs("kf", "b", 1)})
+	if err := other.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "other instance gave up", other.s.idle)
+	if p, _ := st.HasPending(context.Background(), "kf"); !p {
+		t.Fatal("busy trigger did not leave the pending flag")
+	}
+	if n := counterValue(other.s.m.busy); n != 1 {
+		t.Fatalf("lock_busy = %v, want 1", n)
+	}
+	close(release)
+	waitFor(t, "holder done", holder.s.idle)
+	if got, want := holder.pub.ids(), []string{"a-0", "a-1", "b-0"}; !slices.Equal(got, want) {
+		t.Fatalf("holder produced %v, want %v", got, want)
+	}
+	if len(other.pub.ids()) != 0 {
+		t.Fatalf("busy instance produced %v", other.pub.ids())
+	}
+	if c := st.cursor("kf"); c != "c2" {
+		t.Fatalf("cursor = %q, want c2", c)
+	}
+	if n := counterValue(holder.s.m.pending); n != 1 {
+		t.Fatalf("pending passes = %v, want 1", n)
+	}
+	if p, _ := st.HasPending(context.Background(), "kf"); p {
+		t.Fatal("pending flag left behind")
+	}
+}
+
+// When the lock frees up between the busy answer and the flag, the
+// triggering worker must sync itself rather than leave the flag to nobody.
+func TestBusyThenFreeSyncsItself(t *testing.T) {
+	src := &pageSource{}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: msgs("kf", "a", 1)})
+	r := newRig(t, unitCfg(), nil, src)
+	r.lk.busyFor.Store(1)
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "sync done", r.s.idle)
+	if got := r.pub.ids(); !slices.Equal(got, []string{"a-0"}) {
+		t.Fatalf("produced %v", got)
+	}
+	if p, _ := r.st.HasPending(context.Background(), "kf"); p {
+		t.Fatal("pending flag left behind with no holder")
+	}
+	if r.lk.tries.Load() != 2 {
+		t.Fatalf("TryLock calls = %d, want 2", r.lk.tries.Load())
+	}
+}
+
+// A holder whose lock expired mid-page must not write the cursor; the page
+// is produced again under a fresh lock and the cursor written once.
+func TestLostLockIsFenced(t *testing.T) {
+	src := &pageSource{}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: msgs("kf", "a", 2)})
+	r := newRig(t, unitCfg(), nil, src)
+	r.pub.fail = func(call int) error {
+		if call == 1 {
+			r.st.mu.Lock()
+			m := r.st.locks["p:lock:sync:kf"]
+			r.st.mu.Unlock()
+			m.lose()
+		}
+		return nil
+	}
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "sync done", r.s.idle)
+	if !slices.Equal(r.st.writes, []string{"c1"}) {
+		t.Fatalf("cursor writes %v, want exactly one c1", r.st.writes)
+	}
+	if n := counterValue(r.s.m.runs.WithLabelValues("lock_lost")); n != 1 {
+		t.Fatalf("lock_lost runs = %v, want 1", n)
+	}
+	r.pub.mu.Lock()
+	calls := r.pub.calls
+	r.pub.mu.Unlock()
+	if calls != 2 {
+		t.Fatalf("ProduceBatch calls = %d, want 2 (lost pass, then retry)", calls)
+	}
+}
+
+func TestTriggerBounds(t *testing.T) {
+	cfg := unitCfg()
+	cfg.MaxPending = 1
+	st := newMemStore()
+	s, err := NewSyncer(cfg, SyncerDeps{Source: &pageSource{}, Locker: &fakeLocker{s: st}, State: st,
+		Publisher: &recPublisher{}, IDs: &seqIDs{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not started: triggers queue up.
+	if err := s.Trigger("kf1", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Trigger("kf1", "tok"); err != nil {
+		t.Fatalf("a repeated trigger must coalesce: %v", err)
+	}
+	if err := s.Trigger("kf2", ""); !errors.Is(err, ErrOverloaded) {
+		t.Fatalf("Trigger beyond MaxPending = %v, want ErrOverloaded", err)
+	}
+	if err := s.Trigger("", ""); err == nil {
+		t.Fatal("empty open_kfid accepted")
+	}
+	if len(s.queue) != 1 {
+		t.Fatalf("queue holds %d entries, want 1", len(s.queue))
+	}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Trigger("kf1", ""); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Trigger after Stop = %v, want ErrStopped", err)
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	src := &pageSource{}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: msgs("kf", "a", 1)})
+	r := newRig(t, unitCfg(), nil, src)
+	reason := errors.New("worker id keep-alive failed")
+	r.s.Pause(reason)
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := len(src.requests()); n != 0 {
+		t.Fatalf("%d sync_msg calls while paused", n)
+	}
+	if err := r.s.Healthy(); !errors.Is(err, reason) || !errors.Is(err, ErrPaused) {
+		t.Fatalf("Healthy() while paused = %v", err)
+	}
+	r.s.Resume()
+	waitFor(t, "sync after resume", r.s.idle)
+	if c := r.st.cursor("kf"); c != "c1" {
+		t.Fatalf("cursor = %q, want c1", c)
+	}
+	if err := r.s.Healthy(); err != nil {
+		t.Fatalf("Healthy() = %v", err)
+	}
+}
+
+func TestPauseMidPassReleasesLock(t *testing.T) {
+	src := &pageSource{}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", HasMore: 1, MsgList: msgs("kf", "a", 1)})
+	src.set("kf", "c1", SyncResponse{NextCursor: "c2", MsgList: msgs("kf", "b", 1)})
+	r := newRig(t, unitCfg(), nil, src)
+	r.pub.fail = func(call int) error {
+		if call == 1 {
+			r.s.Pause(nil) // takes effect before the next page
+		}
+		return nil
+	}
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "lock released", func() bool { return r.st.cursor("kf") == "c1" && !r.lk.held("p:lock:sync:kf") })
+	time.Sleep(20 * time.Millisecond)
+	if c := r.st.cursor("kf"); c != "c1" {
+		t.Fatalf("cursor = %q while paused, want c1", c)
+	}
+	r.s.Resume()
+	waitFor(t, "sync done", r.s.idle)
+	if c := r.st.cursor("kf"); c != "c2" {
+		t.Fatalf("cursor = %q, want c2", c)
+	}
+}
+
+func TestSafetySync(t *testing.T) {
+	cfg := unitCfg()
+	cfg.OpenKfIDs = []string{"kf1", "kf2"}
+	cfg.SafetyInterval = 10 * time.Millisecond
+	src := &pageSource{}
+	src.set("kf1", "", SyncResponse{NextCursor: "x1", MsgList: msgs("kf1", "a", 1)})
+	src.set("kf2", "", SyncResponse{NextCursor: "y1", MsgList: msgs("kf2", "b", 1)})
+	r := newRig(t, cfg, nil, src)
+	waitFor(t, "both synced without a callback", func() bool {
+		return r.st.cursor("kf1") == "x1" && r.st.cursor("kf2") == "y1"
+	})
+	src.set("kf1", "x1", SyncResponse{NextCursor: "x2", MsgList: msgs("kf1", "c", 1)})
+	waitFor(t, "a later message picked up by the periodic sync", func() bool { return r.st.cursor("kf1") == "x2" })
+}
+
+func TestBackoff(t *testing.T) {
+	s := &Syncer{cfg: SyncerConfig{RetryBase: 100 * time.Millisecond, RetryMax: time.Second}}
+	for _, tt := range []struct {
+		attempt int
+		ceil    time.Duration
+	}{
+		{0, 100 * time.Millisecond}, {1, 200 * time.Millisecond}, {2, 400 * time.Millisecond},
+		{3, 800 * time.Millisecond}, {4, time.Second}, {60, time.Second},
+	} {
+		for range 50 {
+			got := s.backoff(tt.attempt)
+			if got > tt.ceil || got < tt.ceil/2 {
+				t.Fatalf("backoff(%d) = %s, want in [%s, %s]", tt.attempt, got, tt.ceil/2, tt.ceil)
+			}
+		}
+	}
+}
+
+func TestSyncerConfigValidate(t *testing.T) {
+	for _, tt := range []struct {
+		key    string
+		mutate func(*SyncerConfig)
+	}{
+		{"kafka.topics.main.name", func(c *SyncerConfig) { c.Topic = "" }},
+		{"wecom.page_limit", func(c *SyncerConfig) { c.PageLimit = 1001 }},
+		{"wecom.open_kfids[1]", func(c *SyncerConfig) { c.OpenKfIDs = []string{"a", ""} }},
+		{"sync.retry_max", func(c *SyncerConfig) { c.RetryMax = c.RetryBase / 2 }},
+		{"sync.workers", func(c *SyncerConfig) { c.Workers = 0 }},
+		{"sync.lock_ttl", func(c *SyncerConfig) { c.LockTTL = 0 }},
+	} {
+		c := unitCfg()
+		c.setDefaults()
+		if err := c.Validate(); err != nil {
+			t.Fatalf("base config invalid: %v", err)
+		}
+		tt.mutate(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.key) {
+			t.Errorf("Validate() = %v, want an error naming %s", err, tt.key)
+		}
+	}
+}
