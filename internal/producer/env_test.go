@@ -1,7 +1,6 @@
 package producer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -33,112 +32,6 @@ func kafkaCfg(brokers string) config.Kafka {
 			Compression: "lz4", DeliveryTimeout: 30 * time.Second},
 		Overrides: map[string]string{},
 	}
-}
-
-// redisLocker: SET NX PX to take, a Lua compare-and-pexpire every ttl/3 to
-// extend (Lost closes when that fails), Lua compare-and-del to release and
-// Lua compare-and-set for the fenced cursor write.
-type redisLocker struct{ c redis.UniversalClient }
-
-var (
-	extendScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("PEXPIRE", KEYS[1], ARGV[2]) end return 0`)
-	unlockScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
-	fencedSet    = redis.NewScript(`if redis.call("GET", KEYS[1]) ~= ARGV[1] then return 0 end
-if tonumber(ARGV[3]) > 0 then redis.call("SET", KEYS[2], ARGV[2], "PX", ARGV[3]) else redis.call("SET", KEYS[2], ARGV[2]) end
-return 1`)
-)
-
-type redisMutex struct {
-	c     redis.UniversalClient
-	name  string
-	value string
-	lost  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
-}
-
-func (l redisLocker) TryLock(ctx context.Context, name string, ttl time.Duration) (Mutex, error) {
-	value := uuid.NewString()
-	ok, err := l.c.SetNX(ctx, name, value, ttl).Result()
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, ErrLockBusy
-	}
-	m := &redisMutex{c: l.c, name: name, value: value, lost: make(chan struct{}),
-		stop: make(chan struct{}), done: make(chan struct{})}
-	go m.extend(ttl)
-	return m, nil
-}
-
-func (m *redisMutex) extend(ttl time.Duration) {
-	defer close(m.done)
-	t := time.NewTicker(ttl / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.stop:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
-			n, err := extendScript.Run(ctx, m.c, []string{m.name}, m.value, ttl.Milliseconds()).Int()
-			cancel()
-			if err != nil || n == 0 {
-				close(m.lost)
-				return
-			}
-		}
-	}
-}
-
-func (m *redisMutex) Lost() <-chan struct{} { return m.lost }
-
-func (m *redisMutex) Unlock(ctx context.Context) error {
-	m.once.Do(func() { close(m.stop) })
-	<-m.done
-	n, err := unlockScript.Run(ctx, m.c, []string{m.name}, m.value).Int()
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return ErrNotHeld
-	}
-	return nil
-}
-
-func (m *redisMutex) SetIfHeld(ctx context.Context, key, value string, ttl time.Duration) error {
-	n, err := fencedSet.Run(ctx, m.c, []string{m.name, key}, m.value, value, ttl.Milliseconds()).Int()
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return ErrNotHeld
-	}
-	return nil
-}
-
-// wecomSource adapts the real wecom client: the shape the daemon uses.
-type wecomSource struct{ c *wecom.Client }
-
-func (w wecomSource) SyncMsg(ctx context.Context, req SyncRequest) (*SyncResponse, error) {
-	resp, err := w.c.SyncMsg(ctx, wecom.SyncRequest{Cursor: req.Cursor, Token: req.Token, Limit: req.Limit, OpenKfID: req.OpenKfID})
-	switch {
-	case err == nil:
-	case wecom.IsTokenExpired(err):
-		return nil, fmt.Errorf("%w: %w", ErrTokenInvalid, err)
-	case wecom.IsRateLimited(err):
-		return nil, fmt.Errorf("%w: %w", ErrRateLimited, err)
-	default:
-		return nil, err
-	}
-	out := &SyncResponse{NextCursor: resp.NextCursor, HasMore: resp.HasMore, MsgList: make([]UpstreamMessage, len(resp.MsgList))}
-	for i, m := range resp.MsgList {
-		out.MsgList[i] = UpstreamMessage{MsgID: m.MsgID, OpenKfID: m.OpenKfID, ExternalUserID: m.ExternalUserID,
-			SendTime: m.SendTime, Origin: m.Origin, ServicerUserID: m.ServicerUserID, MsgType: m.MsgType, Raw: m.Raw}
-	}
-	return out, nil
 }
 
 type snowIDs struct{ n *snowflake.Node }

@@ -3,6 +3,7 @@ package producer
 import (
 	"context"
 	"fmt"
+	"github.com/kfpipe/kfpipe/internal/lock"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +41,7 @@ func newInstance(t *testing.T, node int64, brokers string, kcfg func(*SyncerConf
 	if kcfg != nil {
 		kcfg(&cfg)
 	}
-	s, err := NewSyncer(cfg, SyncerDeps{Source: wecomSource{wc}, Locker: redisLocker{rdb}, State: NewRedisState(rdb, prefix),
+	s, err := NewSyncer(cfg, SyncerDeps{Source: WeComSource{wc}, Locker: LockAdapter{lock.New(rdb, "")}, State: NewRedisState(rdb, prefix),
 		Publisher: kp, IDs: newSnowIDs(t, node)}, WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,5 @@
+//go:build race
+
+package idgen
+
+const raceEnabled = true
