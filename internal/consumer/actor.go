@@ -1,0 +1,156 @@
+package consumer
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+)
+
+// Actor states (seed §10.1): Active accepts messages; Dying is the short
+// moment, under the actor's lock, between deciding to die and leaving the
+// registry; Dead never accepts a message again.
+const (
+	stateActive uint32 = iota
+	stateDying
+	stateDead
+)
+
+// envelope is one message on its way through a user's actor.
+type envelope struct {
+	km   *kafka.Message
+	msg  *chatmsg.ChatMessage // nil when the record could not be decoded
+	part *partition
+	// breakerDone reports the outcome to the user's breaker; nil when no
+	// breaker is configured.
+	breakerDone func(success bool)
+}
+
+// actor is the self-managing processor of one external_userid (seed §10).
+//
+// It owns no goroutine while idle: enqueue starts one when the mailbox goes
+// from empty to non-empty and that goroutine exits when the mailbox is
+// empty again. An idle actor is therefore a few hundred bytes (a lock, an
+// empty queue and an idle timer), which is what lets a node keep 100k known
+// users (measured by TestActorMemory).
+//
+// The send/die race (seed §10.3 scenario 2) is closed by the actor's mutex:
+// enqueue and the decision to die both happen under mu, and an actor only
+// decides to die with an empty mailbox and no running goroutine. So a
+// message is either in this actor's mailbox before it dies, and is handled
+// by it, or is refused and goes to a fresh actor; a dying actor never holds
+// a message, so the fresh actor cannot overtake an older message (I4).
+type actor struct {
+	user string
+	reg  *registry
+
+	mu      sync.Mutex
+	state   atomic.Uint32 // written under mu; read without it by observers
+	running bool          // a goroutine is draining the mailbox
+	queue   []*envelope   // mailbox; queue[head:] are pending
+	head    int
+	idleAt  time.Time // when the mailbox last became empty
+	timer   Timer     // idle expiry; nil until the first message is done
+}
+
+type enqueueResult int
+
+const (
+	enqueued enqueueResult = iota
+	mailboxFull
+	actorGone
+)
+
+// enqueue appends env to the mailbox, starting the actor's goroutine when
+// it is not running.
+func (a *actor) enqueue(env *envelope) enqueueResult {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state.Load() != stateActive {
+		return actorGone
+	}
+	if len(a.queue)-a.head >= a.reg.mailbox {
+		return mailboxFull
+	}
+	a.queue = append(a.queue, env)
+	if !a.running {
+		a.running = true
+		a.reg.wg.Add(1)
+		go a.run()
+	}
+	return enqueued
+}
+
+// run handles the mailbox until it is empty, then arms the idle timer and
+// exits.
+func (a *actor) run() {
+	defer a.reg.wg.Done()
+	for {
+		a.mu.Lock()
+		if a.head == len(a.queue) {
+			// Keep a small backing array for the next burst, drop a
+			// large one so a burst does not pin memory while idle.
+			if cap(a.queue) > 8 {
+				a.queue = nil
+			} else {
+				clear(a.queue)
+				a.queue = a.queue[:0]
+			}
+			a.head = 0
+			a.running = false
+			a.idleAt = a.reg.clock.Now()
+			if a.state.Load() == stateActive {
+				if a.timer == nil {
+					a.timer = a.reg.clock.AfterFunc(a.reg.idle, a.expire)
+				} else {
+					a.timer.Reset(a.reg.idle)
+				}
+			}
+			a.mu.Unlock()
+			return
+		}
+		env := a.queue[a.head]
+		a.queue[a.head] = nil
+		a.head++
+		a.mu.Unlock()
+		a.reg.handle(env)
+	}
+}
+
+// expire runs when the idle timer fires: an actor idle for the whole idle
+// timeout leaves the registry and dies; a busy one lets run re-arm it.
+func (a *actor) expire() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state.Load() != stateActive || a.running || a.head < len(a.queue) {
+		return
+	}
+	if left := a.reg.idle - a.reg.clock.Now().Sub(a.idleAt); left > 0 {
+		a.timer.Reset(left)
+		return
+	}
+	a.state.Store(stateDying)
+	// CompareAndDelete: a fresh actor for the same user may already be
+	// registered (after a refused send); it must stay.
+	a.reg.actors.CompareAndDelete(a.user, a)
+	a.state.Store(stateDead)
+	a.reg.died()
+}
+
+// kill marks the actor dead at shutdown; pending messages stay unhandled
+// (their offsets are not finished, so they are not committed).
+func (a *actor) kill() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state.Load() == stateDead {
+		return
+	}
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	a.state.Store(stateDead)
+	a.reg.died()
+}

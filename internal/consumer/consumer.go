@@ -1,0 +1,600 @@
+// Package consumer is the schedule-consumer's core: the Kafka consumer-group
+// loop, the per-partition offset trackers, the per-user actors and the
+// Handler that business code plugs in.
+//
+// One goroutine owns the confluent-kafka-go consumer (poll, rebalance,
+// pause/resume). It decodes each record and applies the per-user protection
+// in the order of I5 — circuit breaker, then limiter, then the bounded
+// mailbox — and routes the message to its user's actor. The limiter runs on
+// this dispatch goroutine, not in the actor: a refused message then never
+// takes a mailbox slot, refusals happen in partition order, and a flood is
+// answered with rate_limited rather than filling the mailbox into
+// queue_full. Actors dedup, handle with retry, and finish the message (or
+// hand it to the DLQ and finish it when the dead letter is durable).
+// Commits come only from the offset trackers' contiguous finished prefix
+// (I2): periodically from a committer goroutine, and synchronously on
+// revoke and on shutdown. No user goroutine ever commits.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/internal/offsets"
+)
+
+// Errors returned by New and Close.
+var (
+	// ErrNoHandler is returned by New when the handler is nil.
+	ErrNoHandler = errors.New("consumer: handler is nil")
+	// ErrNoDeadLetters is returned by New when the DLQ sender is nil: without
+	// it refusals could only be dropped, which I6 forbids.
+	ErrNoDeadLetters = errors.New("consumer: dead-letter sender is nil")
+	// ErrDrainTimeout is returned by Close when in-flight messages were not
+	// finished before its context ended; their offsets stay uncommitted.
+	ErrDrainTimeout = errors.New("consumer: in-flight messages not finished before close deadline")
+)
+
+// Option configures a Consumer.
+type Option func(*Consumer)
+
+// WithLogger sets the logger (default: no logging).
+func WithLogger(l *zap.Logger) Option { return func(c *Consumer) { c.log = l } }
+
+// WithRegisterer registers the consumer's metrics (default: not registered).
+func WithRegisterer(r prometheus.Registerer) Option { return func(c *Consumer) { c.reg = r } }
+
+// WithClock sets the time source (default: the system clock).
+func WithClock(clk Clock) Option { return func(c *Consumer) { c.clock = clk } }
+
+// WithDeduper sets the idempotency guard (I3). Without one every message is
+// handled, so redeliveries after a crash repeat effects.
+func WithDeduper(d Deduper) Option { return func(c *Consumer) { c.dedup = d } }
+
+// WithLimiter sets the per-user rate limiter (default: none).
+func WithLimiter(l Limiter) Option { return func(c *Consumer) { c.limiter = l } }
+
+// WithBreaker sets the per-user circuit breaker (default: none).
+func WithBreaker(b Breaker) Option { return func(c *Consumer) { c.breaker = b } }
+
+// WithGroup overrides kafka.consumer.group_id.
+func WithGroup(g string) Option { return func(c *Consumer) { c.group = g } }
+
+// partition is the consumer's state for one assigned partition.
+type partition struct {
+	topic   string
+	id      int32
+	tracker *offsets.Tracker
+	// committed is the last committed offset (guarded by Consumer.commitMu).
+	committed int64
+	paused    bool // owned by the poll goroutine
+	// dropped is set when the partition is revoked or lost: actors skip its
+	// remaining messages, which the next owner reads again.
+	dropped atomic.Bool
+	label   string
+}
+
+type tpKey struct {
+	topic string
+	id    int32
+}
+
+// Consumer reads the main topic in a consumer group and drives the
+// per-user actors. Start begins consuming; Close stops gracefully.
+type Consumer struct {
+	cfg     config.Consumer
+	topic   string
+	group   string
+	handler Handler
+	dlq     DeadLetters
+	dedup   Deduper
+	limiter Limiter
+	breaker Breaker
+	log     *zap.Logger
+	reg     prometheus.Registerer
+	clock   Clock
+	m       *metrics
+
+	kc   *kafka.Consumer
+	acts *registry
+
+	// runCtx is handed to handlers and the limiter; cancelled when the
+	// consumer gives up waiting (Close deadline, abort).
+	runCtx    context.Context
+	cancelRun context.CancelFunc
+
+	mu    sync.Mutex // guards parts for readers other than the poll goroutine
+	parts map[tpKey]*partition
+
+	commitMu sync.Mutex // serialises commits with revoke and shutdown
+	aborted  bool       // guarded by commitMu: no commit after a simulated crash
+
+	sinceCommit atomic.Int64
+	kick        chan struct{} // cap 1: a pending "commit now" is enough
+
+	stopPoll   chan struct{}
+	pollDone   chan struct{}
+	stopCommit chan struct{}
+	commitDone chan struct{}
+	closing    atomic.Bool
+	started    bool
+	closeOnce  sync.Once
+	closeErr   error
+
+	// commitPerMessage reproduces the seed's strategy (commit each
+	// message's own offset when it finishes, from the actor). Tests only:
+	// it exists to show that it loses messages on a crash (I2).
+	commitPerMessage bool
+}
+
+// New creates the consumer and its Kafka client; it does not consume until
+// Start.
+func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Consumer, error) {
+	if h == nil {
+		return nil, ErrNoHandler
+	}
+	if dlq == nil {
+		return nil, ErrNoDeadLetters
+	}
+	c := &Consumer{
+		cfg: cfg, topic: cfg.Kafka.Topics.Main.Name, group: cfg.Kafka.Consumer.GroupID,
+		handler: h, dlq: dlq, parts: map[tpKey]*partition{}, kick: make(chan struct{}, 1),
+		stopPoll: make(chan struct{}), pollDone: make(chan struct{}),
+		stopCommit: make(chan struct{}), commitDone: make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.log == nil {
+		c.log = zap.NewNop()
+	}
+	if c.clock == nil {
+		c.clock = realClock{}
+	}
+	if err := validate(cfg, c.topic, c.group); err != nil {
+		return nil, err
+	}
+	c.m = newMetrics(c.reg)
+	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
+	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
+		func(d int) { c.m.active.Add(float64(d)) })
+	kc, err := kafka.NewConsumer(kafkaclient.Consumer(cfg.Kafka, c.group))
+	if err != nil {
+		c.cancelRun()
+		return nil, fmt.Errorf("consumer: create kafka consumer: %w", err)
+	}
+	c.kc = kc
+	return c, nil
+}
+
+// validate checks the keys this package depends on; the full check is
+// config.Consumer.Validate.
+func validate(cfg config.Consumer, topic, group string) error {
+	p, k := cfg.Processor, cfg.Kafka.Consumer
+	switch {
+	case topic == "":
+		return errors.New("kafka.topics.main.name must be set")
+	case group == "":
+		return errors.New("kafka.consumer.group_id must be set")
+	case p.MailboxSize < 1:
+		return fmt.Errorf("processor.mailbox_size must be >= 1, got %d", p.MailboxSize)
+	case p.IdleTimeout <= 0:
+		return fmt.Errorf("processor.idle_timeout must be > 0, got %s", p.IdleTimeout)
+	case p.MaxInFlight < 1:
+		return fmt.Errorf("processor.max_in_flight must be >= 1, got %d", p.MaxInFlight)
+	case p.ResumeBelow < 0 || p.ResumeBelow >= p.MaxInFlight:
+		return fmt.Errorf("processor.resume_below must be in [0, %d), got %d", p.MaxInFlight, p.ResumeBelow)
+	case p.RetryAttempts < 1:
+		return fmt.Errorf("processor.retry_attempts must be >= 1, got %d", p.RetryAttempts)
+	case p.AttemptTimeout <= 0:
+		return fmt.Errorf("processor.attempt_timeout must be > 0, got %s", p.AttemptTimeout)
+	case p.MaxMessageBytes < 1:
+		return fmt.Errorf("processor.max_message_bytes must be >= 1, got %d", p.MaxMessageBytes)
+	case k.CommitInterval <= 0:
+		return fmt.Errorf("kafka.consumer.commit_interval must be > 0, got %s", k.CommitInterval)
+	case k.CommitEveryN < 1:
+		return fmt.Errorf("kafka.consumer.commit_every_n must be >= 1, got %d", k.CommitEveryN)
+	}
+	return nil
+}
+
+// Start subscribes to the main topic and starts the poll and commit
+// goroutines.
+func (c *Consumer) Start() error {
+	if c.started {
+		return errors.New("consumer: already started")
+	}
+	if err := c.kc.SubscribeTopics([]string{c.topic}, c.rebalance); err != nil {
+		return fmt.Errorf("consumer: subscribe %s: %w", c.topic, err)
+	}
+	c.started = true
+	go c.pollLoop()
+	go c.commitLoop()
+	return nil
+}
+
+// ActiveProcessors returns the number of live per-user actors.
+func (c *Consumer) ActiveProcessors() int { return c.acts.len() }
+
+// InFlight returns the number of messages read but not yet finished.
+func (c *Consumer) InFlight() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, p := range c.parts {
+		n += p.tracker.InFlight()
+	}
+	return n
+}
+
+func (c *Consumer) pollLoop() {
+	defer close(c.pollDone)
+	lagEvery := c.cfg.Kafka.Consumer.CommitInterval
+	nextLag := c.clock.Now().Add(lagEvery)
+	for {
+		select {
+		case <-c.stopPoll:
+			return
+		default:
+		}
+		switch e := c.kc.Poll(100).(type) {
+		case *kafka.Message:
+			c.dispatch(e)
+		case kafka.Error:
+			if e.IsFatal() {
+				c.log.Error("kafka consumer fatal error", zap.Error(e))
+			} else {
+				c.log.Warn("kafka consumer error", zap.Error(e))
+			}
+		}
+		c.flowControl()
+		if now := c.clock.Now(); !now.Before(nextLag) {
+			c.updateLag()
+			nextLag = now.Add(lagEvery)
+		}
+	}
+}
+
+// dispatch tracks, decodes and routes one record (poll goroutine only).
+func (c *Consumer) dispatch(km *kafka.Message) {
+	if km.TopicPartition.Error != nil {
+		c.log.Warn("record with partition error", zap.Error(km.TopicPartition.Error))
+		return
+	}
+	p := c.parts[tpKey{*km.TopicPartition.Topic, km.TopicPartition.Partition}]
+	if p == nil || p.dropped.Load() {
+		return // not ours (any more); the owner reads it
+	}
+	off := int64(km.TopicPartition.Offset)
+	if !p.tracker.Add(off) {
+		return // redelivered below what we already track (after a seek); ignore
+	}
+	c.m.consumed.Inc()
+	env := &envelope{km: km, part: p}
+	if max := c.cfg.Processor.MaxMessageBytes; len(km.Value) > max {
+		c.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), false, 0)
+		return
+	}
+	msg, err := chatmsg.Decode(km.Value)
+	if err != nil {
+		c.deadLetter(env, ReasonInvalidMessage, err.Error(), false, 0)
+		return
+	}
+	env.msg = msg
+	user := msg.ExternalUserID
+	if c.breaker != nil {
+		done, err := c.breaker.Allow(user)
+		if err != nil {
+			c.deadLetter(env, ReasonCircuitOpen, err.Error(), true, 0)
+			return
+		}
+		env.breakerDone = done
+	}
+	if c.limiter != nil {
+		if v := c.limiter.Allow(c.runCtx, user, c.clock.Now()); !v.Allowed {
+			reason := v.Reason
+			if reason == "" {
+				reason = ReasonRateLimited
+			}
+			c.deadLetter(env, reason, v.Details, true, 0)
+			return
+		}
+	}
+	if !c.acts.send(user, env) {
+		if env.breakerDone != nil {
+			env.breakerDone(false)
+		}
+		c.deadLetter(env, ReasonQueueFull, fmt.Sprintf("mailbox of %d messages is full", c.cfg.Processor.MailboxSize), true, 0)
+	}
+}
+
+// flowControl pauses a partition whose in-flight count reached
+// processor.max_in_flight and resumes it below processor.resume_below. It
+// is the node-overload valve: one user can hold at most mailbox_size
+// messages, so a single user cannot trigger it (I5).
+func (c *Consumer) flowControl() {
+	pc := c.cfg.Processor
+	for _, p := range c.parts {
+		if p.dropped.Load() {
+			continue
+		}
+		n := p.tracker.InFlight()
+		tp := []kafka.TopicPartition{{Topic: &p.topic, Partition: p.id}}
+		switch {
+		case !p.paused && n >= pc.MaxInFlight:
+			if err := c.kc.Pause(tp); err != nil {
+				c.log.Warn("pause partition", zap.Int32("partition", p.id), zap.Error(err))
+				continue
+			}
+			p.paused = true
+			c.m.paused.Inc()
+			c.log.Info("partition paused: in-flight cap", zap.Int32("partition", p.id), zap.Int("in_flight", n))
+		case p.paused && n < pc.ResumeBelow:
+			if err := c.kc.Resume(tp); err != nil {
+				c.log.Warn("resume partition", zap.Int32("partition", p.id), zap.Error(err))
+				continue
+			}
+			p.paused = false
+			c.m.paused.Dec()
+			c.log.Info("partition resumed", zap.Int32("partition", p.id), zap.Int("in_flight", n))
+		}
+	}
+}
+
+// updateLag sets consumer lag from the cached high watermark (poll
+// goroutine only; no broker round trip).
+func (c *Consumer) updateLag() {
+	for _, p := range c.parts {
+		next, ok := p.tracker.Committable()
+		if !ok {
+			continue
+		}
+		_, high, err := c.kc.GetWatermarkOffsets(p.topic, p.id)
+		if err != nil || high < 0 {
+			continue
+		}
+		c.m.lag.WithLabelValues(p.label).Set(float64(max(high-next, 0)))
+	}
+}
+
+// rebalance handles cooperative assign and revoke (called inside Poll, on
+// the poll goroutine, or inside kafka.Consumer.Close).
+func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
+	switch e := ev.(type) {
+	case kafka.AssignedPartitions:
+		c.mu.Lock()
+		for _, tp := range e.Partitions {
+			k := tpKey{*tp.Topic, tp.Partition}
+			c.parts[k] = &partition{topic: k.topic, id: k.id, tracker: offsets.NewTracker(k.id), committed: -1,
+				label: strconv.Itoa(int(k.id))}
+		}
+		c.mu.Unlock()
+		c.m.rebalances.WithLabelValues("assign").Inc()
+		c.log.Info("partitions assigned", zap.Any("partitions", e.Partitions))
+		if err := kc.IncrementalAssign(e.Partitions); err != nil {
+			c.log.Error("incremental assign", zap.Error(err))
+			return err
+		}
+	case kafka.RevokedPartitions:
+		var ps []*partition
+		for _, tp := range e.Partitions {
+			if p := c.parts[tpKey{*tp.Topic, tp.Partition}]; p != nil {
+				ps = append(ps, p)
+			}
+		}
+		if kc.AssignmentLost() {
+			// Someone else may own them already: committing now could move
+			// their offsets backwards. Drop without committing.
+			c.m.rebalances.WithLabelValues("lost").Inc()
+			c.log.Warn("partitions lost", zap.Any("partitions", e.Partitions))
+		} else {
+			c.m.rebalances.WithLabelValues("revoke").Inc()
+			c.log.Info("partitions revoked", zap.Any("partitions", e.Partitions))
+			if !c.closing.Load() {
+				c.drain(ps, c.cfg.Kafka.Consumer.RevokeDrainLimit)
+			}
+			if err := c.commit(ps); err != nil {
+				c.log.Warn("commit on revoke", zap.Error(err))
+			}
+		}
+		c.mu.Lock()
+		for _, p := range ps {
+			p.dropped.Store(true)
+			if p.paused {
+				c.m.paused.Dec()
+			}
+			delete(c.parts, tpKey{p.topic, p.id})
+			c.m.lag.DeleteLabelValues(p.label)
+		}
+		c.mu.Unlock()
+		if err := kc.IncrementalUnassign(e.Partitions); err != nil {
+			c.log.Error("incremental unassign", zap.Error(err))
+			return err
+		}
+	}
+	return nil
+}
+
+// drain waits until ps have no in-flight messages or limit passes.
+func (c *Consumer) drain(ps []*partition, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		n := 0
+		for _, p := range ps {
+			n += p.tracker.InFlight()
+		}
+		if n == 0 {
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			c.log.Warn("drain limit reached; unfinished messages will be read again by the next owner", zap.Int("in_flight", n))
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (c *Consumer) commitLoop() {
+	defer close(c.commitDone)
+	t := time.NewTicker(c.cfg.Kafka.Consumer.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stopCommit:
+			return
+		case <-t.C:
+		case <-c.kick:
+		}
+		c.sinceCommit.Store(0)
+		if err := c.commit(nil); err != nil {
+			c.log.Warn("periodic commit", zap.Error(err))
+		}
+	}
+}
+
+// commit commits the committable offsets of ps (all partitions when ps is
+// nil) that moved since their last commit. It is synchronous; the periodic
+// caller is the commit goroutine, so the poll loop never waits for it.
+func (c *Consumer) commit(ps []*partition) error {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	if c.aborted || c.commitPerMessage {
+		return nil
+	}
+	if ps == nil {
+		c.mu.Lock()
+		for _, p := range c.parts {
+			ps = append(ps, p)
+		}
+		c.mu.Unlock()
+	}
+	var list []kafka.TopicPartition
+	var moved []*partition
+	var nexts []int64
+	for _, p := range ps {
+		next, ok := p.tracker.Committable()
+		if !ok || next <= p.committed {
+			continue
+		}
+		list = append(list, kafka.TopicPartition{Topic: &p.topic, Partition: p.id, Offset: kafka.Offset(next)})
+		moved = append(moved, p)
+		nexts = append(nexts, next)
+	}
+	if len(list) == 0 {
+		return nil
+	}
+	res, err := c.kc.CommitOffsets(list)
+	if err == nil {
+		for _, tp := range res {
+			if tp.Error != nil {
+				err = fmt.Errorf("partition %d: %w", tp.Partition, tp.Error)
+				break
+			}
+		}
+	}
+	if err != nil {
+		c.m.commits.WithLabelValues("error").Inc()
+		return fmt.Errorf("commit offsets: %w", err)
+	}
+	c.m.commits.WithLabelValues("ok").Inc()
+	for i, p := range moved {
+		p.committed = nexts[i]
+	}
+	return nil
+}
+
+// finish marks env's offset finished (handled, duplicate, or durably
+// dead-lettered).
+func (c *Consumer) finish(env *envelope) {
+	p, off := env.part, int64(env.km.TopicPartition.Offset)
+	if c.commitPerMessage {
+		// The seed's strategy, kept only for the test that shows it loses
+		// messages: commit this message's own offset, whatever is before it.
+		c.commitMu.Lock()
+		if !c.aborted {
+			_, _ = c.kc.CommitOffsets([]kafka.TopicPartition{{Topic: &p.topic, Partition: p.id, Offset: kafka.Offset(off + 1)}})
+		}
+		c.commitMu.Unlock()
+	}
+	p.tracker.Done(off)
+	if n := c.sinceCommit.Add(1); n >= int64(c.cfg.Kafka.Consumer.CommitEveryN) {
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Close stops consuming, waits (until ctx ends) for in-flight messages to
+// finish, commits the finished prefix synchronously and closes the Kafka
+// consumer (leaving the group). When ctx ends first, handlers are
+// cancelled, unfinished messages stay uncommitted (they are read again)
+// and Close returns ErrDrainTimeout.
+func (c *Consumer) Close(ctx context.Context) error {
+	c.closeOnce.Do(func() { c.closeErr = c.shutdown(ctx, false) })
+	return c.closeErr
+}
+
+// abort simulates a crash for tests: it stops everything without draining
+// and without committing anything more.
+func (c *Consumer) abort() {
+	c.closeOnce.Do(func() { c.closeErr = c.shutdown(context.Background(), true) })
+}
+
+func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
+	c.closing.Store(true)
+	if crash {
+		c.commitMu.Lock()
+		c.aborted = true
+		c.commitMu.Unlock()
+		c.cancelRun()
+	}
+	var err error
+	if c.started {
+		close(c.stopPoll)
+		<-c.pollDone
+		if !crash && !c.waitIdle(ctx) {
+			err = ErrDrainTimeout
+		}
+	}
+	c.cancelRun()
+	c.acts.close()
+	if c.started {
+		close(c.stopCommit)
+		<-c.commitDone
+		if !crash {
+			if cerr := c.commit(nil); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+		}
+	}
+	if cerr := c.kc.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("close kafka consumer: %w", cerr))
+	}
+	return err
+}
+
+// waitIdle waits until no message is in flight or ctx ends.
+func (c *Consumer) waitIdle(ctx context.Context) bool {
+	for c.InFlight() > 0 {
+		select {
+		case <-ctx.Done():
+			c.log.Warn("close: in-flight messages left unfinished", zap.Int("in_flight", c.InFlight()))
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return true
+}

@@ -1,0 +1,324 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestRoundTrip: 5000 messages over 100 users on 4 partitions; every
+// upstream message has exactly one effect, per-user order holds, and the
+// committed offsets reach the end of every partition.
+func TestRoundTrip(t *testing.T) {
+	const users, perUser, parts = 100, 50, 4
+	topic := testenv.Topic(t, parts)
+	rdb, prefix := testenv.Redis(t)
+	var msgs []*chatmsg.ChatMessage
+	for i := 0; i < perUser; i++ {
+		for u := 0; u < users; u++ {
+			msgs = append(msgs, chat(fmt.Sprintf("user-%03d", u), i))
+		}
+	}
+	produce(t, topic, msgs)
+
+	var mu sync.Mutex
+	effects := map[string]int{}
+	order := map[string][]int{}
+	var seq atomic.Int64
+	h := HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		if seq.Add(1)%97 == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		var i int
+		fmt.Sscanf(m.UpstreamMsgID[len(m.UpstreamMsgID)-6:], "%d", &i)
+		mu.Lock()
+		defer mu.Unlock()
+		effects[m.UpstreamMsgID]++
+		order[m.ExternalUserID] = append(order[m.ExternalUserID], i)
+		return nil
+	})
+	cfg := testConfig(t, topic)
+	reg := prometheus.NewRegistry()
+	dlq := &memDLQ{}
+	c := startConsumer(t, cfg, h, dlq, WithDeduper(&redisDeduper{rdb: rdb, prefix: prefix, lease: 30 * time.Second}),
+		WithRegisterer(reg))
+	waitFor(t, 60*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(effects) == len(msgs)
+	})
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	for id, n := range effects {
+		if n != 1 {
+			t.Errorf("%s had %d effects", id, n)
+		}
+	}
+	for u, s := range order {
+		for i, v := range s {
+			if v != i {
+				t.Fatalf("user %s out of order at %d: %v", u, i, s[:i+1])
+			}
+		}
+	}
+	if n := len(dlq.all()); n != 0 {
+		t.Fatalf("%d unexpected dead letters: %v", n, dlq.byReason())
+	}
+	got := committed(t, cfg.Kafka.Consumer.GroupID, topic, parts)
+	var total int64
+	for _, o := range got {
+		total += o
+	}
+	if total != int64(len(msgs)) {
+		t.Fatalf("committed offsets %v sum to %d, want %d", got, total, len(msgs))
+	}
+	if v := metricValue(t, c.m.processed.WithLabelValues("ok")); v != float64(len(msgs)) {
+		t.Fatalf("processed{ok} = %v", v)
+	}
+}
+
+// TestCrashDoesNotLoseSlowMessage is the test the seed's strategy fails:
+// slow user A's message sits at offset 0, fast user B's messages follow in
+// the same partition and finish first. The consumer "crashes" (no drain, no
+// final commit) while A is in flight; a new consumer in the group must
+// handle A. With the seed's per-message commit the committed offset is
+// already past A, and A is lost.
+func TestCrashDoesNotLoseSlowMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		perMessage bool
+		wantLoss   bool
+	}{
+		{"offset tracker", false, false},
+		{"seed per-message commit loses A", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			topic := testenv.Topic(t, 1)
+			msgs := []*chatmsg.ChatMessage{chat("A", 0)}
+			for i := 0; i < 10; i++ {
+				msgs = append(msgs, chat("B", i))
+			}
+			produce(t, topic, msgs)
+			cfg := testConfig(t, topic)
+
+			var bDone atomic.Int64
+			aStarted := make(chan struct{}, 1)
+			first := HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+				if m.ExternalUserID == "A" {
+					aStarted <- struct{}{}
+					<-ctx.Done() // slow: still in flight at the crash
+					return ctx.Err()
+				}
+				bDone.Add(1)
+				return nil
+			})
+			c1, err := New(cfg, first, &memDLQ{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c1.commitPerMessage = tc.perMessage
+			if err := c1.Start(); err != nil {
+				t.Fatal(err)
+			}
+			<-aStarted
+			waitFor(t, 30*time.Second, func() bool { return bDone.Load() == 10 })
+			time.Sleep(3 * cfg.Kafka.Consumer.CommitInterval) // periodic commits happen
+			c1.abort()
+
+			got := committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0]
+			t.Logf("committed offset after crash: %d (A is at 0)", got)
+
+			var aHandled atomic.Bool
+			second := HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+				if m.ExternalUserID == "A" {
+					aHandled.Store(true)
+				}
+				return nil
+			})
+			startConsumer(t, cfg, second, &memDLQ{})
+			if tc.wantLoss {
+				if got <= 0 {
+					t.Fatalf("seed strategy should have committed past A, committed %d", got)
+				}
+				time.Sleep(5 * time.Second)
+				if aHandled.Load() {
+					t.Fatalf("A was redelivered although the seed strategy committed past it")
+				}
+				return
+			}
+			if got > 0 {
+				t.Fatalf("committed offset %d passes unfinished A at 0 (I2)", got)
+			}
+			waitFor(t, 30*time.Second, aHandled.Load)
+		})
+	}
+}
+
+// TestInvalidMessageDeadLettered: a malformed record in the middle of a
+// partition goes to the DLQ as invalid_message, the partition keeps
+// flowing, and the offset is committed past it only once the dead letter
+// is durable.
+func TestInvalidMessageDeadLettered(t *testing.T) {
+	topic := testenv.Topic(t, 1)
+	var recs [][2][]byte
+	for i := 0; i < 11; i++ {
+		v, _ := chatmsg.Encode(chat("u1", i))
+		if i == 5 {
+			v = []byte(`{"upstream_msgid": not json`)
+		}
+		recs = append(recs, [2][]byte{[]byte("u1"), v})
+	}
+	produceRaw(t, topic, recs)
+	cfg := testConfig(t, topic)
+	var handled atomic.Int64
+	dlq := &memDLQ{gate: make(chan struct{})}
+	c := startConsumer(t, cfg, HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error {
+		handled.Add(1)
+		return nil
+	}), dlq)
+	waitFor(t, 30*time.Second, func() bool { return handled.Load() == 10 })
+	time.Sleep(5 * cfg.Kafka.Consumer.CommitInterval)
+	if got := committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0]; got != 5 {
+		t.Fatalf("committed %d while the dead letter at 5 is not durable; want 5", got)
+	}
+	close(dlq.gate)
+	waitFor(t, 10*time.Second, func() bool { return c.InFlight() == 0 })
+	waitFor(t, 10*time.Second, func() bool { return committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0] == 11 })
+	letters := dlq.all()
+	if len(letters) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(letters))
+	}
+	if l := letters[0]; l.Reason != ReasonInvalidMessage || l.Recoverable || l.Offset != 5 || l.Msg != nil || l.UserID != "u1" || l.Topic != topic {
+		t.Fatalf("dead letter %+v", l)
+	}
+}
+
+// fakeBreaker counts outcomes; it never opens.
+type fakeBreaker struct{ ok, failed atomic.Int64 }
+
+func (b *fakeBreaker) Allow(string) (func(bool), error) {
+	return func(s bool) {
+		if s {
+			b.ok.Add(1)
+		} else {
+			b.failed.Add(1)
+		}
+	}, nil
+}
+
+// TestMailboxFullDeadLettered: a user whose handler is stuck overflows its
+// own mailbox: the overflow goes to the DLQ as queue_full and counts as a
+// breaker failure; another user in the same partition is unaffected.
+func TestMailboxFullDeadLettered(t *testing.T) {
+	topic := testenv.Topic(t, 1)
+	var msgs []*chatmsg.ChatMessage
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, chat("stuck", i))
+	}
+	for i := 0; i < 2; i++ { // fits the other user's mailbox of 2
+		msgs = append(msgs, chat("other", i))
+	}
+	produce(t, topic, msgs)
+	cfg := testConfig(t, topic)
+	cfg.Processor.MailboxSize = 2
+	gate := make(chan struct{})
+	var closeGate sync.Once
+	t.Cleanup(func() { closeGate.Do(func() { close(gate) }) })
+	var stuck, other atomic.Int64
+	dlq := &memDLQ{}
+	br := &fakeBreaker{}
+	c := startConsumer(t, cfg, HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		if m.ExternalUserID == "stuck" {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			stuck.Add(1)
+			return nil
+		}
+		other.Add(1)
+		return nil
+	}), dlq, WithBreaker(br))
+	waitFor(t, 30*time.Second, func() bool { return other.Load() == 2 })
+	full := dlq.byReason()[ReasonQueueFull]
+	if full < 7 || full > 8 {
+		t.Fatalf("%d queue_full dead letters, want 7 or 8 (mailbox 2 + maybe one in progress)", full)
+	}
+	if br.failed.Load() != int64(full) {
+		t.Fatalf("breaker failures %d, want %d", br.failed.Load(), full)
+	}
+	closeGate.Do(func() { close(gate) })
+	waitFor(t, 10*time.Second, func() bool { return stuck.Load() == int64(10-full) })
+	waitFor(t, 10*time.Second, func() bool { return committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0] == 12 })
+	if c.InFlight() != 0 {
+		t.Fatalf("in flight %d", c.InFlight())
+	}
+}
+
+// TestPauseResume: when a partition's in-flight count reaches
+// max_in_flight it is paused (no more records read), and resumed below
+// resume_below; all messages are processed in the end.
+func TestPauseResume(t *testing.T) {
+	topic := testenv.Topic(t, 1)
+	const n = 300
+	var msgs []*chatmsg.ChatMessage
+	for i := 0; i < n; i++ {
+		msgs = append(msgs, chat(fmt.Sprintf("u%03d", i%100), i/100))
+	}
+	produce(t, topic, msgs)
+	cfg := testConfig(t, topic)
+	cfg.Processor.MaxInFlight, cfg.Processor.ResumeBelow = 40, 10
+	gate := make(chan struct{})
+	var closeGate sync.Once
+	t.Cleanup(func() { closeGate.Do(func() { close(gate) }) })
+	var handled atomic.Int64
+	reg := prometheus.NewRegistry()
+	c := startConsumer(t, cfg, HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		handled.Add(1)
+		return nil
+	}), &memDLQ{}, WithRegisterer(reg))
+	waitFor(t, 30*time.Second, func() bool { return metricValue(t, c.m.paused) == 1 })
+	time.Sleep(500 * time.Millisecond)
+	if got := metricValue(t, c.m.consumed); got != 40 {
+		t.Fatalf("consumed %v records while paused at max_in_flight 40", got)
+	}
+	closeGate.Do(func() { close(gate) })
+	waitFor(t, 30*time.Second, func() bool { return handled.Load() == n })
+	waitFor(t, 5*time.Second, func() bool { return metricValue(t, c.m.paused) == 0 })
+	if got := metricValue(t, c.m.consumed); got != n {
+		t.Fatalf("consumed %v, want %d", got, n)
+	}
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(t testing.TB, m prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case d.Counter != nil:
+		return d.Counter.GetValue()
+	case d.Gauge != nil:
+		return d.Gauge.GetValue()
+	}
+	t.Fatalf("not a counter or gauge")
+	return 0
+}

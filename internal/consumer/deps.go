@@ -1,0 +1,129 @@
+package consumer
+
+import (
+	"context"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+)
+
+// Reasons a message goes to the DLQ (I6). They are the wire values of the
+// DLQ's reason field.
+const (
+	ReasonInvalidMessage  = "invalid_message"
+	ReasonCircuitOpen     = "circuit_open"
+	ReasonRateLimited     = "rate_limited"
+	ReasonUserBlocked     = "user_blocked"
+	ReasonQueueFull       = "queue_full"
+	ReasonDownstreamError = "downstream_error"
+	ReasonProcessTimeout  = "process_timeout"
+)
+
+// Deduper runs f at most once per key (I3): claim the key, run f, mark the
+// key done for ttl; when f fails the key is released so that a later retry
+// (from the DLQ) can run it. A key already done returns duplicate=true
+// without calling f. A key claimed by someone else is waited on, never
+// treated as done. Errors other than f's own mean the dedup store failed.
+type Deduper interface {
+	Do(ctx context.Context, key string, ttl time.Duration, f func(context.Context) error) (duplicate bool, err error)
+}
+
+// Verdict is a Limiter's answer for one message.
+type Verdict struct {
+	Allowed bool
+	// Reason is ReasonRateLimited or ReasonUserBlocked when not allowed;
+	// empty means ReasonRateLimited.
+	Reason string
+	// Details is a human-readable explanation recorded in the dead letter.
+	Details string
+}
+
+// Limiter is the per-user sliding-window limiter (seed §10.5). It is called
+// from the consumer's single dispatch goroutine, in partition order, so it
+// must answer from memory (no network round trip on the hot path).
+type Limiter interface {
+	Allow(ctx context.Context, user string, now time.Time) Verdict
+}
+
+// Breaker is the per-user circuit breaker. Allow returns a non-nil error
+// when the user's breaker is open; otherwise done must be called once with
+// the outcome of the message (true: handled or duplicate; false: mailbox
+// full, handler failed or panicked). done is not called for a message the
+// limiter refused: that is neither a success nor a failure of the user's
+// processing.
+type Breaker interface {
+	Allow(user string) (done func(success bool), err error)
+}
+
+// DeadLetter is what the consumer hands to the DLQ.
+type DeadLetter struct {
+	Reason  string
+	Details string
+	// Recoverable is false for reasons a retry cannot fix (invalid_message,
+	// permanent handler errors).
+	Recoverable bool
+	// Msg is the decoded record, nil when it could not be decoded.
+	Msg *chatmsg.ChatMessage
+	// Raw, Key and Headers are the Kafka record as read.
+	Raw       []byte
+	Key       []byte
+	Headers   []kafka.Header
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Timestamp is the Kafka record's timestamp.
+	Timestamp time.Time
+	// UserID is the external_userid (from the record, or its key when the
+	// record could not be decoded).
+	UserID string
+	// Attempts is how many times the handler ran (0 when it never ran).
+	Attempts int
+	// FailedAt is when the consumer gave up on the message.
+	FailedAt time.Time
+}
+
+// DeadLetters sends dead letters asynchronously. done(nil) means the dead
+// letter is durable (acknowledged by Kafka or fsync'd to the emergency
+// file); only then does the consumer count the message finished and let
+// its offset be committed. done(err) means it is not durable; the consumer
+// sends it again after a backoff.
+type DeadLetters interface {
+	Send(dl *DeadLetter, done func(error))
+}
+
+// Clock is the time source; tests may inject their own.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine after d.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a stoppable, resettable timer from Clock.AfterFunc.
+type Timer interface {
+	Stop() bool
+	Reset(d time.Duration) bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                            { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// sleep waits d on clock or until ctx is done; it reports whether the full
+// time elapsed.
+func sleep(ctx context.Context, clock Clock, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	ch := make(chan struct{})
+	t := clock.AfterFunc(d, func() { close(ch) })
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		t.Stop()
+		return false
+	}
+}

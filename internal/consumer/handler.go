@@ -1,0 +1,131 @@
+package consumer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+)
+
+// Handler is the business logic plugged into the consumer. Handle is called
+// from the user's actor, one message at a time per user, in partition order
+// (I4). A nil error finishes the message. An error is retried in place
+// (processor.retry_attempts, exponential backoff) unless it is Permanent;
+// after the last attempt the message goes to the DLQ. ctx ends at
+// processor.attempt_timeout or when the consumer stops. Handle must be
+// idempotent for a message whose previous attempt timed out, because the
+// handler may have had an effect before the timeout fired.
+type Handler interface {
+	Handle(ctx context.Context, m *chatmsg.ChatMessage) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, m *chatmsg.ChatMessage) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, m *chatmsg.ChatMessage) error { return f(ctx, m) }
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as not retryable: the message goes straight to the
+// DLQ as invalid_message, not recoverable. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err (or an error it wraps) was made by
+// Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+// NoopHandler accepts every message and does nothing.
+var NoopHandler Handler = HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { return nil })
+
+// LogHandler logs every message at info level.
+func LogHandler(logger *zap.Logger) Handler {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	return HandlerFunc(func(_ context.Context, m *chatmsg.ChatMessage) error {
+		logger.Info("message",
+			zap.String("user_id", m.ExternalUserID), zap.String("open_kfid", m.OpenKfID),
+			zap.Int64("msg_id", m.MessageID), zap.String("upstream_msgid", m.UpstreamMsgID),
+			zap.String("msg_type", m.MsgType))
+		return nil
+	})
+}
+
+// HTTPHandler POSTs each message as JSON to url. A 2xx answer finishes the
+// message; 4xx is Permanent (the receiver rejects this message, retrying
+// cannot help); 5xx, transport errors and timeouts are retried. client nil
+// means a client with the given timeout.
+func HTTPHandler(url string, timeout time.Duration, client *http.Client) Handler {
+	if client == nil {
+		client = &http.Client{Timeout: timeout}
+	}
+	return HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		body, err := chatmsg.Encode(m)
+		if err != nil {
+			return Permanent(fmt.Errorf("encode: %w", err))
+		}
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return Permanent(fmt.Errorf("http handler request: %w", err))
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", m.DedupKey())
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("http handler: %w", err)
+		}
+		defer resp.Body.Close()
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		_, _ = io.Copy(io.Discard, resp.Body) // reuse the connection
+		switch {
+		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			return nil
+		case resp.StatusCode >= 400 && resp.StatusCode < 500:
+			return Permanent(fmt.Errorf("http handler: %s: %s", resp.Status, bytes.TrimSpace(snippet)))
+		default:
+			return fmt.Errorf("http handler: %s: %s", resp.Status, bytes.TrimSpace(snippet))
+		}
+	})
+}
+
+// NewHandler returns the built-in handler that cfg names.
+func NewHandler(cfg config.Handler, logger *zap.Logger) (Handler, error) {
+	switch cfg.Type {
+	case "log":
+		return LogHandler(logger), nil
+	case "noop":
+		return NoopHandler, nil
+	case "http":
+		if cfg.HTTP.URL == "" {
+			return nil, errors.New("handler.http.url must be set when handler.type is http")
+		}
+		return HTTPHandler(cfg.HTTP.URL, cfg.HTTP.Timeout, nil), nil
+	default:
+		return nil, fmt.Errorf("handler.type must be one of log, http, noop, got %q", cfg.Type)
+	}
+}

@@ -1,0 +1,218 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// testConfig is a consumer configuration for the test broker with short
+// intervals.
+func testConfig(t testing.TB, topic string) config.Consumer {
+	var c config.Consumer
+	c.Env = config.EnvTest
+	c.Kafka = config.Kafka{
+		Brokers: testenv.KafkaBrokers(t), ClientID: "kfpipe-consumer-test",
+		Topics: config.Topics{Main: config.Topic{Name: topic}},
+		Consumer: config.KafkaConsumer{GroupID: testenv.Name(t, "group"), SessionTimeout: 6 * time.Second,
+			MaxPollInterval: time.Minute, AutoOffsetReset: "earliest", FetchMaxBytes: 50 << 20,
+			CommitInterval: 100 * time.Millisecond, CommitEveryN: 100, RevokeDrainLimit: 5 * time.Second},
+		Overrides: map[string]string{},
+	}
+	c.Processor = config.Processor{MailboxSize: 256, IdleTimeout: time.Second, MaxInFlight: 10000, ResumeBelow: 5000,
+		RetryAttempts: 3, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, AttemptTimeout: 2 * time.Second,
+		MaxMessageBytes: 1 << 20}
+	c.Dedup = config.Dedup{TTL: time.Hour, Lease: 30 * time.Second}
+	return c
+}
+
+// produce writes msgs keyed by user and waits for every delivery.
+func produce(t testing.TB, topic string, msgs []*chatmsg.ChatMessage) {
+	t.Helper()
+	recs := make([][2][]byte, len(msgs))
+	for i, m := range msgs {
+		b, err := chatmsg.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs[i] = [2][]byte{[]byte(m.ExternalUserID), b}
+	}
+	produceRaw(t, topic, recs)
+}
+
+// produceRaw writes key/value records in order and waits for delivery.
+func produceRaw(t testing.TB, topic string, recs [][2][]byte) {
+	t.Helper()
+	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t), "acks": "all",
+		"enable.idempotence": true, "linger.ms": 5, "partitioner": "murmur2_random"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dr := make(chan kafka.Event, len(recs))
+	for _, r := range recs {
+		for {
+			err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
+				Key: r[0], Value: r[1]}, dr)
+			if err == nil {
+				break
+			}
+			if kerr, ok := err.(kafka.Error); ok && kerr.Code() == kafka.ErrQueueFull {
+				p.Flush(100)
+				continue
+			}
+			t.Fatalf("produce: %v", err)
+		}
+	}
+	for range recs {
+		if m := (<-dr).(*kafka.Message); m.TopicPartition.Error != nil {
+			t.Fatalf("delivery: %v", m.TopicPartition.Error)
+		}
+	}
+}
+
+func chat(user string, i int) *chatmsg.ChatMessage {
+	return &chatmsg.ChatMessage{MessageID: int64(i + 1), UpstreamMsgID: fmt.Sprintf("msg-%s-%06d", user, i),
+		OpenKfID: "wkTEST", ExternalUserID: user, MsgType: "text", SendTime: time.Now().Unix(),
+		ProducedAt: time.Now().UnixMilli(), Content: []byte(fmt.Sprintf(`{"seq":%d}`, i))}
+}
+
+// committed returns the group's committed offset for each partition of
+// topic (-1 when none).
+func committed(t testing.TB, group, topic string, partitions int) []int64 {
+	t.Helper()
+	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t), "group.id": group})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var tps []kafka.TopicPartition
+	for p := 0; p < partitions; p++ {
+		tps = append(tps, kafka.TopicPartition{Topic: &topic, Partition: int32(p)})
+	}
+	res, err := c.Committed(tps, 10000)
+	if err != nil {
+		t.Fatalf("committed: %v", err)
+	}
+	out := make([]int64, partitions)
+	for _, tp := range res {
+		out[tp.Partition] = int64(tp.Offset)
+		if tp.Offset < 0 {
+			out[tp.Partition] = -1
+		}
+	}
+	return out
+}
+
+// memDLQ is an in-memory DeadLetters; while gate is non-nil, confirmations
+// wait for it to be closed.
+type memDLQ struct {
+	mu      sync.Mutex
+	letters []*DeadLetter
+	gate    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func (d *memDLQ) Send(dl *DeadLetter, done func(error)) {
+	d.mu.Lock()
+	d.letters = append(d.letters, dl)
+	gate := d.gate
+	d.mu.Unlock()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if gate != nil {
+			<-gate
+		}
+		done(nil)
+	}()
+}
+
+func (d *memDLQ) byReason() map[string]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := map[string]int{}
+	for _, l := range d.letters {
+		m[l.Reason]++
+	}
+	return m
+}
+
+func (d *memDLQ) all() []*DeadLetter {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*DeadLetter(nil), d.letters...)
+}
+
+// redisDeduper is the I3 protocol on real Redis: claim with SET NX PX
+// lease, run f, mark done with SET PX ttl; DEL on failure; a key another
+// worker is processing is waited on.
+type redisDeduper struct {
+	rdb    *redis.Client
+	prefix string
+	lease  time.Duration
+}
+
+func (d *redisDeduper) Do(ctx context.Context, key string, ttl time.Duration, f func(context.Context) error) (bool, error) {
+	k := d.prefix + "dedup:" + key
+	for {
+		ok, err := d.rdb.SetNX(ctx, k, "processing", d.lease).Result()
+		if err != nil {
+			return false, fmt.Errorf("dedup claim: %w", err)
+		}
+		if ok {
+			break
+		}
+		v, err := d.rdb.Get(ctx, k).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("dedup get: %w", err)
+		}
+		if v == "done" {
+			return true, nil
+		}
+		select { // someone else is processing it: wait, never treat as done
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := f(ctx); err != nil {
+		d.rdb.Del(context.WithoutCancel(ctx), k)
+		return false, err
+	}
+	if err := d.rdb.Set(context.WithoutCancel(ctx), k, "done", ttl).Err(); err != nil {
+		return false, fmt.Errorf("dedup done: %w", err)
+	}
+	return false, nil
+}
+
+// startConsumer creates and starts a consumer, closing it at cleanup.
+func startConsumer(t testing.TB, cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) *Consumer {
+	t.Helper()
+	c, err := New(cfg, h, dlq, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.Close(ctx)
+	})
+	return c
+}

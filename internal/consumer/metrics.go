@@ -1,0 +1,47 @@
+package consumer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the consumer's Prometheus series (ARCHITECTURE §8).
+type metrics struct {
+	consumed   prometheus.Counter
+	processed  *prometheus.CounterVec // result: ok, duplicate, or a DLQ reason
+	duplicates prometheus.Counter
+	active     prometheus.Gauge
+	latency    prometheus.Histogram
+	lag        *prometheus.GaugeVec // partition
+	paused     prometheus.Gauge
+	rebalances *prometheus.CounterVec // type: assign, revoke, lost
+	commits    *prometheus.CounterVec // result: ok, error
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		consumed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_messages_consumed_total", Help: "Records read from the main topic."}),
+		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_messages_processed_total",
+			Help: "Messages finished, by result: ok, duplicate, or the dead-letter reason."}, []string{"result"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_messages_duplicate_total", Help: "Messages skipped because their dedup key was done."}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kfpipe_active_processors", Help: "Live per-user actors."}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kfpipe_processing_latency_seconds", Help: "From produce (produced_at) to handled.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kfpipe_consumer_lag", Help: "High watermark minus the committable offset, per partition."},
+			[]string{"partition"}),
+		paused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kfpipe_partitions_paused", Help: "Partitions paused by the in-flight cap."}),
+		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_rebalances_total", Help: "Rebalance events by type: assign, revoke, lost."}, []string{"type"}),
+		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_commits_total", Help: "Offset commits by result: ok, error."}, []string{"result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,
+			m.rebalances, m.commits)
+	}
+	return m
+}

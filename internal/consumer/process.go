@@ -1,0 +1,206 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+)
+
+// handlerFailure carries the handler's last error out of Deduper.Do so that
+// a failure of the handler can be told from a failure of the dedup store.
+type handlerFailure struct {
+	err      error
+	attempts int
+	timedOut bool
+}
+
+func (h *handlerFailure) Error() string { return h.err.Error() }
+func (h *handlerFailure) Unwrap() error { return h.err }
+
+// errStopping means the consumer is stopping: the message is left
+// unfinished, so its offset is not committed and it is read again.
+var errStopping = errors.New("consumer stopping")
+
+// process runs in the user's actor goroutine: dedup, handle with retry,
+// then finish the message or dead-letter it.
+func (c *Consumer) process(env *envelope) {
+	defer func() {
+		// A bug here must not kill the daemon; the message stays
+		// unfinished (never committed) and is read again after a restart.
+		if r := recover(); r != nil {
+			c.log.Error("actor panic", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
+	if env.part.dropped.Load() || c.runCtx.Err() != nil {
+		return // revoked past the drain limit, or stopping: the next reader handles it
+	}
+	m := env.msg
+	var dup bool
+	var err error
+	for backoff := c.cfg.Processor.RetryBase; ; {
+		dup, err = c.handleOnce(m)
+		var hf *handlerFailure
+		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || c.runCtx.Err() != nil {
+			break
+		}
+		// The dedup store failed (not the handler): the message is fine,
+		// so no dead letter; wait and try again. The user's later messages
+		// wait behind it (I4) and the partition's in-flight cap bounds how
+		// much piles up.
+		c.log.Warn("dedup store failed; retrying", zap.String("user_id", m.ExternalUserID),
+			zap.String("dedup_key", m.DedupKey()), zap.Error(err))
+		if !sleep(c.runCtx, c.clock, backoff) {
+			return
+		}
+		backoff = min(2*backoff+time.Millisecond, c.cfg.Processor.RetryMax)
+	}
+	if c.runCtx.Err() != nil || errors.Is(err, errStopping) {
+		return
+	}
+	var hf *handlerFailure
+	switch {
+	case err == nil && dup:
+		c.m.duplicates.Inc()
+		c.m.processed.WithLabelValues("duplicate").Inc()
+		c.breakerOutcome(env, true)
+		c.finish(env)
+	case err == nil:
+		c.m.processed.WithLabelValues("ok").Inc()
+		if m.ProducedAt > 0 {
+			c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
+		}
+		c.breakerOutcome(env, true)
+		c.finish(env)
+	case errors.As(err, &hf):
+		c.breakerOutcome(env, false)
+		reason, recoverable := ReasonDownstreamError, true
+		switch {
+		case IsPermanent(hf.err):
+			reason, recoverable = ReasonInvalidMessage, false
+		case hf.timedOut:
+			reason = ReasonProcessTimeout
+		}
+		c.deadLetter(env, reason, hf.err.Error(), recoverable, hf.attempts)
+	}
+}
+
+func (c *Consumer) breakerOutcome(env *envelope, ok bool) {
+	if env.breakerDone != nil {
+		env.breakerDone(ok)
+		env.breakerDone = nil
+	}
+}
+
+// handleOnce runs the handler with retries inside the dedup guard.
+func (c *Consumer) handleOnce(m *chatmsg.ChatMessage) (dup bool, err error) {
+	run := func(ctx context.Context) error {
+		attempts, timedOut, err := c.handleWithRetry(ctx, m)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, errStopping) {
+			return err
+		}
+		return &handlerFailure{err: err, attempts: attempts, timedOut: timedOut}
+	}
+	if c.dedup == nil {
+		return false, run(c.runCtx)
+	}
+	return c.dedup.Do(c.runCtx, m.DedupKey(), c.cfg.Dedup.TTL, run)
+}
+
+// handleWithRetry calls the handler up to processor.retry_attempts times
+// with exponential backoff, each attempt bounded by
+// processor.attempt_timeout. It reports the attempts made and whether the
+// last one timed out.
+func (c *Consumer) handleWithRetry(ctx context.Context, m *chatmsg.ChatMessage) (attempts int, timedOut bool, err error) {
+	pc := c.cfg.Processor
+	backoff := pc.RetryBase
+	for attempts < pc.RetryAttempts {
+		if attempts > 0 {
+			if !sleep(ctx, c.clock, backoff) {
+				return attempts, false, errStopping
+			}
+			backoff = min(2*backoff, pc.RetryMax)
+		}
+		attempts++
+		actx, cancel := context.WithTimeout(ctx, pc.AttemptTimeout)
+		err = c.safeHandle(actx, m)
+		timedOut = err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)
+		cancel()
+		if err == nil {
+			return attempts, false, nil
+		}
+		if ctx.Err() != nil {
+			return attempts, false, errStopping
+		}
+		if IsPermanent(err) {
+			return attempts, false, err
+		}
+		c.log.Debug("handler failed", zap.String("user_id", m.ExternalUserID),
+			zap.String("upstream_msgid", m.UpstreamMsgID), zap.Int("attempt", attempts), zap.Error(err))
+	}
+	return attempts, timedOut, err
+}
+
+// safeHandle turns a handler panic into an error: counted as a failed
+// attempt, never a dead daemon.
+func (c *Consumer) safeHandle(ctx context.Context, m *chatmsg.ChatMessage) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("handler panic", zap.String("user_id", m.ExternalUserID), zap.Any("panic", r),
+				zap.ByteString("stack", debug.Stack()))
+			err = fmt.Errorf("handler panic: %v", r)
+		}
+	}()
+	return c.handler.Handle(ctx, m)
+}
+
+// deadLetter hands env to the DLQ; the message is finished only when the
+// dead letter is durable (I6). A failed send is repeated after a backoff
+// until it succeeds or the consumer stops (then the offset stays
+// uncommitted and the record is read again).
+func (c *Consumer) deadLetter(env *envelope, reason, details string, recoverable bool, attempts int) {
+	km := env.km
+	dl := &DeadLetter{
+		Reason: reason, Details: details, Recoverable: recoverable, Msg: env.msg,
+		Raw: km.Value, Key: km.Key, Headers: km.Headers,
+		Topic: env.part.topic, Partition: env.part.id, Offset: int64(km.TopicPartition.Offset),
+		Timestamp: km.Timestamp, Attempts: attempts, FailedAt: c.clock.Now(),
+	}
+	if env.msg != nil {
+		dl.UserID = env.msg.ExternalUserID
+	} else {
+		dl.UserID = string(km.Key)
+	}
+	c.log.Info("dead letter", zap.String("reason", reason), zap.String("user_id", dl.UserID),
+		zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.String("details", details))
+	c.sendDead(dl, env, c.cfg.Processor.RetryBase)
+}
+
+func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration) {
+	c.dlq.Send(dl, func(err error) {
+		if err == nil {
+			c.m.processed.WithLabelValues(dl.Reason).Inc()
+			c.finish(env)
+			return
+		}
+		if c.runCtx.Err() != nil {
+			return
+		}
+		c.log.Error("dead letter not durable; retrying", zap.String("reason", dl.Reason),
+			zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.Error(err))
+		next := min(2*backoff+time.Millisecond, max(c.cfg.Processor.RetryMax, time.Millisecond))
+		c.clock.AfterFunc(backoff, func() {
+			if c.runCtx.Err() == nil {
+				c.sendDead(dl, env, next)
+			}
+		})
+	})
+}

@@ -1,0 +1,168 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/offsets"
+)
+
+// memDeduper is an in-memory Deduper with the I3 protocol.
+type memDeduper struct{ done map[string]bool }
+
+func (d *memDeduper) Do(ctx context.Context, key string, _ time.Duration, f func(context.Context) error) (bool, error) {
+	if d.done[key] {
+		return true, nil
+	}
+	if err := f(ctx); err != nil {
+		return false, err // released: not marked
+	}
+	d.done[key] = true
+	return false, nil
+}
+
+// unitConsumer is a Consumer without Kafka for exercising process.
+func unitConsumer(h Handler, dlq DeadLetters, d Deduper) (*Consumer, *partition) {
+	c := &Consumer{handler: h, dlq: dlq, dedup: d, log: zap.NewNop(), clock: realClock{}, m: newMetrics(nil),
+		kick: make(chan struct{}, 1)}
+	c.cfg.Processor = config.Processor{RetryAttempts: 3, RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond,
+		AttemptTimeout: 50 * time.Millisecond}
+	c.cfg.Kafka.Consumer.CommitEveryN = 1000
+	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
+	return c, &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0)}
+}
+
+func TestProcessOutcomes(t *testing.T) {
+	tests := []struct {
+		name         string
+		h            func(calls *atomic.Int64) HandlerFunc
+		wantReason   string // "" = finished without dead letter
+		recoverable  bool
+		wantAttempts int64
+	}{
+		{"ok", func(*atomic.Int64) HandlerFunc {
+			return func(context.Context, *chatmsg.ChatMessage) error { return nil }
+		}, "", false, 1},
+		{"retried then ok", func(n *atomic.Int64) HandlerFunc {
+			return func(context.Context, *chatmsg.ChatMessage) error {
+				if n.Load() < 3 {
+					return errors.New("flaky")
+				}
+				return nil
+			}
+		}, "", false, 3},
+		{"downstream error after retries", func(*atomic.Int64) HandlerFunc {
+			return func(context.Context, *chatmsg.ChatMessage) error { return errors.New("boom") }
+		}, ReasonDownstreamError, true, 3},
+		{"permanent is not retried", func(*atomic.Int64) HandlerFunc {
+			return func(context.Context, *chatmsg.ChatMessage) error { return Permanent(errors.New("bad")) }
+		}, ReasonInvalidMessage, false, 1},
+		{"timeout", func(*atomic.Int64) HandlerFunc {
+			return func(ctx context.Context, _ *chatmsg.ChatMessage) error { <-ctx.Done(); return ctx.Err() }
+		}, ReasonProcessTimeout, true, 3},
+		{"panic is a failure", func(*atomic.Int64) HandlerFunc {
+			return func(context.Context, *chatmsg.ChatMessage) error { panic("oops") }
+		}, ReasonDownstreamError, true, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var calls atomic.Int64
+			inner := tt.h(&calls)
+			h := HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+				calls.Add(1)
+				return inner(ctx, m)
+			})
+			dlq := &memDLQ{}
+			dd := &memDeduper{done: map[string]bool{}}
+			c, p := unitConsumer(h, dlq, dd)
+			p.tracker.Add(7)
+			br := &fakeBreaker{}
+			done, _ := br.Allow("u")
+			msg := chat("u", 1)
+			env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 7}}, msg: msg, part: p, breakerDone: done}
+			c.process(env)
+			dlq.wg.Wait()
+			if calls.Load() != tt.wantAttempts {
+				t.Fatalf("handler called %d times, want %d", calls.Load(), tt.wantAttempts)
+			}
+			if next, ok := p.tracker.Committable(); !ok || next != 8 {
+				t.Fatalf("offset not finished: %d %v", next, ok)
+			}
+			letters := dlq.all()
+			if tt.wantReason == "" {
+				if len(letters) != 0 || !dd.done[msg.DedupKey()] || br.ok.Load() != 1 {
+					t.Fatalf("letters %v, dedup done %v, breaker ok %d", letters, dd.done, br.ok.Load())
+				}
+				return
+			}
+			if len(letters) != 1 || letters[0].Reason != tt.wantReason || letters[0].Recoverable != tt.recoverable ||
+				letters[0].Attempts != int(tt.wantAttempts) || letters[0].Offset != 7 || letters[0].Details == "" {
+				t.Fatalf("dead letters %+v", letters)
+			}
+			if dd.done[msg.DedupKey()] {
+				t.Fatalf("dedup key marked done after a failure; a DLQ retry could never run it")
+			}
+			if br.failed.Load() != 1 {
+				t.Fatalf("breaker failures %d, want 1", br.failed.Load())
+			}
+		})
+	}
+}
+
+func TestProcessDuplicate(t *testing.T) {
+	var calls atomic.Int64
+	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { calls.Add(1); return nil })
+	msg := chat("u", 1)
+	c, p := unitConsumer(h, &memDLQ{}, &memDeduper{done: map[string]bool{msg.DedupKey(): true}})
+	p.tracker.Add(0)
+	c.process(&envelope{km: &kafka.Message{}, msg: msg, part: p})
+	if calls.Load() != 0 {
+		t.Fatalf("duplicate handled")
+	}
+	if next, ok := p.tracker.Committable(); !ok || next != 1 {
+		t.Fatalf("duplicate not finished")
+	}
+}
+
+func TestHTTPHandler(t *testing.T) {
+	var status atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.Header.Get("Idempotency-Key") == "" {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		if status.Load() == 0 { // slower than the handler's timeout
+			time.Sleep(200 * time.Millisecond)
+			return
+		}
+		w.WriteHeader(int(status.Load()))
+	}))
+	defer srv.Close()
+	h, err := NewHandler(config.Handler{Type: "http", HTTP: config.HTTPHandler{URL: srv.URL, Timeout: 50 * time.Millisecond}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		status          int64
+		wantErr, wantPm bool
+	}{{200, false, false}, {204, false, false}, {400, true, true}, {422, true, true}, {500, true, false}, {503, true, false}, {0, true, false}} {
+		status.Store(tc.status)
+		err := h.Handle(context.Background(), chat("u", 1))
+		if (err != nil) != tc.wantErr || IsPermanent(err) != tc.wantPm {
+			t.Errorf("status %d: err %v (permanent %v)", tc.status, err, IsPermanent(err))
+		}
+	}
+	if _, err := NewHandler(config.Handler{Type: "nope"}, nil); err == nil {
+		t.Fatal("unknown handler type accepted")
+	}
+}

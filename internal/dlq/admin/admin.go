@@ -1,0 +1,255 @@
+// Package admin is the dlq-consumer's authenticated admin HTTP API and its
+// small web console (seed §3.4 管理界面 and §10.5 运维管理接口; ARCHITECTURE
+// I7, I8).
+//
+// Every API request carries `Authorization: Bearer <token>`; a token has the
+// role viewer (GET only) or operator (everything). Every write names a
+// reason and is audited: one entry in the Redis stream <prefix>audit and one
+// log line, whatever its result. Client mistakes get a JSON error with the
+// offending field and a 4xx status, never a 5xx. The console under /admin/ui/
+// is static (embedded) and holds no data: it calls the API with the token
+// the operator typed in.
+package admin
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Roles a token may have.
+const (
+	RoleViewer   = "viewer"
+	RoleOperator = "operator"
+)
+
+// Clock gives the audit entries their time.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config configures the admin API. Tokens and MaxBodyBytes come from
+// config.Admin; Prefix is the Redis key prefix (the audit stream is
+// Prefix+"audit").
+type Config struct {
+	Tokens       []config.AdminToken
+	MaxBodyBytes int
+	Prefix       string
+	// Groups, when set, are the rate-limit groups PUT .../group accepts;
+	// otherwise the RateLimitAdmin decides (ErrUnknownGroup).
+	Groups []string
+	// Reasons, when set, are the failure reasons the DLQ filters accept.
+	Reasons []string
+	// AuditMaxLen caps the audit stream (approximate trim); 0 means 100000.
+	AuditMaxLen int64
+	// Clock stamps audit entries; nil means the system clock.
+	Clock Clock
+}
+
+// FromConfig returns the Config for the daemon's admin section.
+func FromConfig(c config.Admin, prefix string) Config {
+	return Config{Tokens: c.Tokens, MaxBodyBytes: c.MaxBodyBytes, Prefix: prefix}
+}
+
+// Validate reports every invalid key, named as in the config file.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 16<<20 {
+		errs = append(errs, fmt.Errorf("admin.max_body_bytes must be in [1024, %d], got %d", 16<<20, c.MaxBodyBytes))
+	}
+	if c.AuditMaxLen < 0 {
+		errs = append(errs, fmt.Errorf("admin.audit_max_len must be >= 0, got %d", c.AuditMaxLen))
+	}
+	names, tokens := map[string]bool{}, map[string]bool{}
+	for i, t := range c.Tokens {
+		key := fmt.Sprintf("admin.tokens[%d]", i)
+		switch {
+		case t.Name == "":
+			errs = append(errs, fmt.Errorf("%s.name must not be empty", key))
+		case names[t.Name]:
+			errs = append(errs, fmt.Errorf("%s.name %q is used twice: audit entries would not say who", key, t.Name))
+		}
+		names[t.Name] = true
+		switch {
+		case len(t.Token) < 16:
+			errs = append(errs, fmt.Errorf("%s.token must be at least 16 characters, got %d", key, len(t.Token)))
+		case tokens[t.Token]:
+			errs = append(errs, fmt.Errorf("%s.token is used twice", key))
+		}
+		tokens[t.Token] = true
+		if t.Role != RoleViewer && t.Role != RoleOperator {
+			errs = append(errs, fmt.Errorf("%s.role must be one of viewer, operator, got %q", key, t.Role))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Server is the admin API and console; it is an http.Handler.
+type Server struct {
+	cfg    Config
+	dlq    DLQStore
+	rl     RateLimitAdmin
+	rdb    redis.UniversalClient
+	log    *zap.Logger
+	clock  Clock
+	auth   *authenticator
+	mux    *http.ServeMux
+	routes []string
+	m      metrics
+}
+
+// New returns the admin server. rdb holds the audit stream; dlq and rl must
+// not be nil.
+func New(cfg Config, dlq DLQStore, rl RateLimitAdmin, rdb redis.UniversalClient, logger *zap.Logger, reg prometheus.Registerer) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if dlq == nil || rl == nil || rdb == nil {
+		return nil, errors.New("admin: nil DLQStore, RateLimitAdmin or redis client")
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	if cfg.AuditMaxLen == 0 {
+		cfg.AuditMaxLen = 100000
+	}
+	s := &Server{cfg: cfg, dlq: dlq, rl: rl, rdb: rdb, log: logger.Named("admin"), clock: cfg.Clock,
+		auth: newAuthenticator(cfg.Tokens), mux: http.NewServeMux(), m: newMetrics(reg)}
+	if s.clock == nil {
+		s.clock = systemClock{}
+	}
+	s.register()
+	return s, nil
+}
+
+func (s *Server) register() {
+	// Reads.
+	s.read("GET /admin/dlq/stats", s.dlqStats)
+	s.read("GET /admin/dlq/messages", s.dlqList)
+	s.read("GET /admin/dlq/messages/{id}", s.dlqGet)
+	s.read("GET /admin/dlq/export", s.dlqExport)
+	s.read("GET /admin/ratelimit/status/{user}", s.rlStatus)
+	s.read("GET /admin/ratelimit/blocked", s.rlBlocked)
+	// Writes: each is audited under its action name.
+	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.dlqRetry)
+	s.write("POST /admin/dlq/batch-retry", "dlq.batch_retry", s.dlqBatchRetry)
+	s.write("POST /admin/dlq/purge", "dlq.purge", s.dlqPurge)
+	s.write("POST /admin/ratelimit/unblock/{user}", "ratelimit.unblock", s.rlUnblock)
+	s.write("POST /admin/ratelimit/block/{user}", "ratelimit.block", s.rlBlock)
+	s.write("POST /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_add", s.rlWhitelistAdd)
+	s.write("DELETE /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_remove", s.rlWhitelistRemove)
+	s.write("PUT /admin/ratelimit/group/{user}", "ratelimit.set_group", s.rlSetGroup)
+	// The console: static, unauthenticated, no data.
+	s.mux.Handle("GET /admin/ui/", uiHandler())
+	s.mux.Handle("GET /admin/ui", http.RedirectHandler("/admin/ui/", http.StatusMovedPermanently))
+}
+
+// Routes lists the API's "METHOD /path" patterns (the console excluded).
+func (s *Server) Routes() []string { return slices.Clone(s.routes) }
+
+// ServeHTTP authenticates API requests, then dispatches. Authentication
+// comes before routing so an anonymous caller learns nothing about which
+// paths exist.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sw := &statusWriter{ResponseWriter: w}
+	h, pattern := s.mux.Handler(r)
+	defer func() { s.m.requests.WithLabelValues(routeLabel(pattern), fmt.Sprint(sw.status())).Inc() }()
+	if r.URL.Path == "/admin/ui" || strings.HasPrefix(r.URL.Path, "/admin/ui/") {
+		s.mux.ServeHTTP(sw, r)
+		return
+	}
+	sw.Header().Set("Cache-Control", "no-store")
+	sw.Header().Set("X-Content-Type-Options", "nosniff")
+	p, aerr := s.auth.authenticate(r)
+	if aerr != nil {
+		s.log.Warn("admin auth failed", zap.String("remote", r.RemoteAddr), zap.String("method", r.Method),
+			zap.String("path", r.URL.Path), zap.String("error", aerr.Msg))
+		writeError(sw, aerr)
+		return
+	}
+	if pattern == "" {
+		// The mux's own 404/405 answers are text; give them the JSON shape
+		// and keep the Allow header it computed.
+		rec := &discardWriter{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		if allow := rec.header.Get("Allow"); allow != "" {
+			sw.Header().Set("Allow", allow)
+		}
+		if rec.code == http.StatusMethodNotAllowed {
+			writeError(sw, &apiError{Status: http.StatusMethodNotAllowed, Msg: "method " + r.Method + " not allowed"})
+			return
+		}
+		writeError(sw, &apiError{Status: http.StatusNotFound, Msg: "no such endpoint"})
+		return
+	}
+	// Through the mux again (not h) so the path values get set.
+	s.mux.ServeHTTP(sw, r.WithContext(withPrincipal(r.Context(), p)))
+}
+
+func routeLabel(pattern string) string {
+	if pattern == "" {
+		return "unmatched"
+	}
+	if strings.HasPrefix(pattern, "GET /admin/ui") {
+		return "ui"
+	}
+	return pattern
+}
+
+// read registers a GET route any authenticated token may call.
+func (s *Server) read(pattern string, h http.HandlerFunc) {
+	s.routes = append(s.routes, pattern)
+	s.mux.HandleFunc(pattern, h)
+}
+
+// writeOp is a validated write, ready to run: target and reason go to the
+// audit stream, do performs it and returns the response body.
+type writeOp struct {
+	target string
+	reason string
+	do     func(r *http.Request) (any, error)
+}
+
+// write registers an operator-only route. parse validates the request and
+// returns the operation; a parse error is answered without an audit entry
+// (nothing was attempted), every attempted operation is audited once.
+func (s *Server) write(pattern, action string, parse func(r *http.Request) (writeOp, *apiError)) {
+	s.routes = append(s.routes, pattern)
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		p := principalFrom(r.Context())
+		if p.role != RoleOperator {
+			s.log.Warn("admin write refused: role", zap.String("who", p.name), zap.String("role", p.role),
+				zap.String("action", action), zap.String("path", r.URL.Path))
+			writeError(w, &apiError{Status: http.StatusForbidden, Msg: "role " + p.role + " may not " + action})
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes))
+		op, aerr := parse(r)
+		if aerr != nil {
+			writeError(w, aerr)
+			return
+		}
+		resp, err := op.do(r)
+		aerr = s.storeError(err, action)
+		result := "ok"
+		if aerr != nil {
+			result = resultOf(err)
+		}
+		s.audit(r.Context(), auditEntry{Who: p.name, Action: action, Target: op.target, Reason: op.reason, Result: result})
+		if aerr != nil {
+			writeError(w, aerr)
+			return
+		}
+		writeJSON(w, http.StatusOK, resp)
+	})
+}

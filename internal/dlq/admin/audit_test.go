@@ -1,0 +1,93 @@
+package admin
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap/zaptest"
+)
+
+// TestAuditStream runs a session of reads and writes on the real Redis and
+// checks the stream holds exactly one entry per attempted write, in order,
+// with who, action, target, reason, time and result; refused requests and
+// reads leave nothing.
+func TestAuditStream(t *testing.T) {
+	f := newFixture(t)
+	steps := []struct {
+		auth, method, path, body string
+		status                   int
+		entry                    string // "action|target|reason|result"; "" = no entry
+	}{
+		{vw, "GET", "/admin/dlq/stats", "", 200, ""},
+		{op, "POST", "/admin/dlq/retry/m4", `{"reason":"handler fixed"}`, 200, "dlq.retry|dlq:m4|handler fixed|ok"},
+		{vw, "POST", "/admin/dlq/retry/m4", `{"reason":"viewer try"}`, 403, ""},
+		{"", "POST", "/admin/dlq/retry/m4", `{"reason":"anon"}`, 401, ""},
+		{op, "POST", "/admin/dlq/retry/m4", ``, 422, ""},
+		{op, "POST", "/admin/dlq/retry/m4", `{"reason":"again"}`, 409, "dlq.retry|dlq:m4|again|conflict"},
+		{op, "POST", "/admin/dlq/batch-retry", `{"filter":{"user":"u2"},"reason":"bulk"}`, 200, "dlq.batch_retry|dlq:filter user=u2|bulk|ok"},
+		{op, "POST", "/admin/dlq/purge", `{"filter":{"reason":"invalid_message","review":true},"reason":"junk"}`, 200,
+			"dlq.purge|dlq:filter reason=invalid_message review=true|junk|ok"},
+		{op, "POST", "/admin/ratelimit/block/u9", `{"reason":"spam","duration":"90m"}`, 200, "ratelimit.block|user:u9 for=1h30m0s|spam|ok"},
+		{op, "PUT", "/admin/ratelimit/group/u9", `{"group":"suspicious","reason":"watch"}`, 200, "ratelimit.set_group|user:u9 group=suspicious|watch|ok"},
+		{op, "POST", "/admin/ratelimit/whitelist/u9", `{"reason":"partner"}`, 200, "ratelimit.whitelist_add|user:u9|partner|ok"},
+		{op, "DELETE", "/admin/ratelimit/whitelist/u9?reason=ended", ``, 200, "ratelimit.whitelist_remove|user:u9|ended|ok"},
+		{op, "POST", "/admin/ratelimit/unblock/bad1", `{"reason":"appeal"}`, 200, "ratelimit.unblock|user:bad1|appeal|ok"},
+		{vw, "GET", "/admin/ratelimit/blocked", "", 200, ""},
+	}
+	var want []string
+	for i, s := range steps {
+		r := f.do(t, s.auth, s.method, s.path, s.body)
+		if r.status != s.status {
+			t.Fatalf("step %d %s %s: status %d, want %d (%s)", i, s.method, s.path, r.status, s.status, r.body)
+		}
+		if s.entry != "" {
+			want = append(want, s.entry)
+		}
+	}
+	var got []string
+	for _, e := range f.auditEntries(t) {
+		if e["who"] != "alice" || e["time"] != t0.Format(time.RFC3339Nano) {
+			t.Errorf("entry %v: who/time", e)
+		}
+		got = append(got, fmt.Sprintf("%v|%v|%v|%v", e["action"], e["target"], e["reason"], e["result"]))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("audit stream:\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestAuditFailureKeepsTheAnswer: with the audit stream unwritable the
+// write still answers its real result (it happened) and the miss is counted.
+func TestAuditFailureKeepsTheAnswer(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	rdb := nopRedis()
+	d := newMemDLQ(t0, sampleMessages()...)
+	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 4096}, d, newMemRL(t0), rdb, zaptest.NewLogger(t), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{srv: srv, dlq: d}
+	f.http = newHTTPServer(t, srv)
+	r := f.do(t, op, "POST", "/admin/dlq/retry/m4", `{"reason":"x"}`)
+	if r.status != 200 || !slices.Equal(d.retriedIDs(), []string{"m4"}) {
+		t.Fatalf("status %d retried %v", r.status, d.retriedIDs())
+	}
+	if n := counterValue(srv.m.auditFailures); n != 1 {
+		t.Errorf("audit failures = %v, want 1", n)
+	}
+	if n := counterValue(srv.m.requests.WithLabelValues("POST /admin/dlq/retry/{id}", "200")); n != 1 {
+		t.Errorf("requests metric = %v", n)
+	}
+}
+
+func counterValue(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	var m dto.Metric
+	_ = (<-ch).Write(&m)
+	return m.GetCounter().GetValue()
+}

@@ -1,0 +1,316 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// memDLQ is an in-memory DLQStore for handler tests. Its Retry rules are
+// the ones the interface documents: unknown ⇒ ErrNotFound, invalid_message
+// or already due now ⇒ ErrConflict.
+type memDLQ struct {
+	mu      sync.Mutex
+	now     time.Time
+	msgs    []*DLQMessage // newest first
+	retried []string      // IDs passed to Retry successfully, in order
+	fail    error         // returned by every call when set
+}
+
+func newMemDLQ(now time.Time, msgs ...DLQMessage) *memDLQ {
+	d := &memDLQ{now: now}
+	for i := range msgs {
+		m := msgs[i]
+		d.msgs = append(d.msgs, &m)
+	}
+	return d
+}
+
+func (d *memDLQ) match(f DLQFilter, m *DLQMessage) bool {
+	return (f.User == "" || m.User == f.User) && (f.Reason == "" || m.Reason == f.Reason) &&
+		(f.Review == nil || (m.State == "review") == *f.Review)
+}
+
+func (d *memDLQ) Stats(context.Context) (DLQStats, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return DLQStats{}, d.fail
+	}
+	s := DLQStats{ByReason: map[string]int64{}}
+	for _, m := range d.msgs {
+		s.Total++
+		s.ByReason[m.Reason]++
+		switch m.State {
+		case "due":
+			s.Due++
+			if !m.NextRetryTime.After(d.now) {
+				s.DueNow++
+			}
+		case "review":
+			s.Review++
+		}
+	}
+	return s, nil
+}
+
+func (d *memDLQ) List(_ context.Context, f DLQFilter) ([]DLQMessage, string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return nil, "", d.fail
+	}
+	start := 0
+	if f.Cursor != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(f.Cursor, "c"))
+		if err != nil || !strings.HasPrefix(f.Cursor, "c") || n < 0 || n > len(d.msgs) {
+			return nil, "", fmt.Errorf("list: %w", ErrBadCursor)
+		}
+		start = n
+	}
+	var out []DLQMessage
+	for i := start; i < len(d.msgs); i++ {
+		if !d.match(f, d.msgs[i]) {
+			continue
+		}
+		out = append(out, *d.msgs[i])
+		if len(out) == f.Limit && i+1 < len(d.msgs) {
+			return out, "c" + strconv.Itoa(i+1), nil
+		}
+	}
+	return out, "", nil
+}
+
+func (d *memDLQ) find(id string) *DLQMessage {
+	for _, m := range d.msgs {
+		if m.ID == id {
+			return m
+		}
+	}
+	return nil
+}
+
+func (d *memDLQ) Get(_ context.Context, id string) (DLQMessage, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return DLQMessage{}, d.fail
+	}
+	if m := d.find(id); m != nil {
+		return *m, nil
+	}
+	return DLQMessage{}, ErrNotFound
+}
+
+func (d *memDLQ) retryLocked(m *DLQMessage) error {
+	if m.Reason == "invalid_message" {
+		return fmt.Errorf("%w: reason invalid_message is not retryable", ErrConflict)
+	}
+	if m.State == "due" && !m.NextRetryTime.After(d.now) {
+		return fmt.Errorf("%w: already due for a retry", ErrConflict)
+	}
+	now := d.now
+	m.State, m.NextRetryTime = "due", &now
+	d.retried = append(d.retried, m.ID)
+	return nil
+}
+
+func (d *memDLQ) Retry(_ context.Context, id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return d.fail
+	}
+	m := d.find(id)
+	if m == nil {
+		return fmt.Errorf("retry %s: %w", id, ErrNotFound)
+	}
+	return d.retryLocked(m)
+}
+
+func (d *memDLQ) BatchRetry(_ context.Context, f DLQFilter) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return 0, d.fail
+	}
+	n := 0
+	for _, m := range d.msgs {
+		if d.match(f, m) && d.retryLocked(m) == nil {
+			if n++; n == f.Limit {
+				break
+			}
+		}
+	}
+	return n, nil
+}
+
+func (d *memDLQ) Purge(_ context.Context, f DLQFilter) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return 0, d.fail
+	}
+	n := 0
+	d.msgs = slices.DeleteFunc(d.msgs, func(m *DLQMessage) bool {
+		if (f.Limit == 0 || n < f.Limit) && d.match(f, m) {
+			n++
+			return true
+		}
+		return false
+	})
+	return n, nil
+}
+
+func (d *memDLQ) Export(ctx context.Context, f DLQFilter, fn func(DLQMessage) error) error {
+	d.mu.Lock()
+	msgs := make([]DLQMessage, 0, len(d.msgs))
+	for _, m := range d.msgs {
+		if d.match(f, m) {
+			msgs = append(msgs, *m)
+		}
+	}
+	fail := d.fail
+	d.mu.Unlock()
+	if fail != nil {
+		return fail
+	}
+	for _, m := range msgs {
+		if err := fn(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *memDLQ) retriedIDs() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.retried)
+}
+
+// memRL is an in-memory RateLimitAdmin.
+type memRL struct {
+	mu     sync.Mutex
+	now    time.Time
+	groups map[string]bool
+	group  map[string]string
+	block  map[string]time.Duration // 0 = permanent
+	fail   error
+}
+
+func newMemRL(now time.Time) *memRL {
+	return &memRL{now: now, groups: map[string]bool{"normal": true, "vip": true, "suspicious": true, "whitelist": true},
+		group: map[string]string{}, block: map[string]time.Duration{}}
+}
+
+func (r *memRL) Status(_ context.Context, user string) (RateLimitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return RateLimitStatus{}, r.fail
+	}
+	st := RateLimitStatus{User: user, Group: r.group[user]}
+	if st.Group == "" {
+		st.Group = "normal"
+	}
+	if d, ok := r.block[user]; ok {
+		st.Blocked, st.Permanent = true, d == 0
+		if d > 0 {
+			t := r.now.Add(d)
+			st.BlockedUntil = &t
+		}
+	}
+	return st, nil
+}
+
+func (r *memRL) Unblock(_ context.Context, user string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return r.fail
+	}
+	delete(r.block, user)
+	return nil
+}
+
+func (r *memRL) Block(_ context.Context, user string, d time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return r.fail
+	}
+	r.block[user] = d
+	return nil
+}
+
+func (r *memRL) SetGroup(_ context.Context, user, group string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return r.fail
+	}
+	if !r.groups[group] {
+		return fmt.Errorf("%w: %q", ErrUnknownGroup, group)
+	}
+	r.group[user] = group
+	return nil
+}
+
+func (r *memRL) Whitelist(_ context.Context, user string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return r.fail
+	}
+	r.group[user] = "whitelist"
+	delete(r.block, user)
+	return nil
+}
+
+func (r *memRL) RemoveWhitelist(_ context.Context, user string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return r.fail
+	}
+	if r.group[user] != "whitelist" {
+		return fmt.Errorf("%w: %s is not whitelisted", ErrConflict, user)
+	}
+	delete(r.group, user)
+	return nil
+}
+
+func (r *memRL) ListBlocked(_ context.Context, cursor, limit int) ([]BlockedUser, int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return nil, 0, r.fail
+	}
+	users := make([]string, 0, len(r.block))
+	for u := range r.block {
+		users = append(users, u)
+	}
+	slices.Sort(users)
+	var out []BlockedUser
+	for i := cursor; i < len(users) && len(out) < limit; i++ {
+		b := BlockedUser{User: users[i], Permanent: r.block[users[i]] == 0}
+		if !b.Permanent {
+			t := r.now.Add(r.block[users[i]])
+			b.BlockedUntil = &t
+		}
+		out = append(out, b)
+	}
+	next := 0
+	if cursor+len(out) < len(users) {
+		next = cursor + len(out)
+	}
+	return out, next, nil
+}
+
+var errStoreDown = errors.New("dial tcp 10.9.9.9:6379: connection refused")

@@ -1,0 +1,145 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap/zaptest"
+)
+
+const (
+	operatorToken = "op-token-0123456789abcdef"
+	viewerToken   = "view-token-0123456789abcdef"
+)
+
+var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+type fixedClock struct{ t time.Time }
+
+func (c fixedClock) Now() time.Time { return c.t }
+
+func testTokens() []config.AdminToken {
+	return []config.AdminToken{
+		{Name: "alice", Token: operatorToken, Role: RoleOperator},
+		{Name: "bob", Token: viewerToken, Role: RoleViewer},
+	}
+}
+
+func sampleMessages() []DLQMessage {
+	next := t0.Add(time.Hour)
+	return []DLQMessage{
+		{ID: "m1", User: "u1", Reason: "rate_limited", State: "due", FailureTime: t0, NextRetryTime: &next,
+			SourceTopic: "qywx-chat-messages", SourceOffset: 10, Message: json.RawMessage(`{"text":"hi"}`)},
+		{ID: "m2", User: "u2", Reason: "downstream_error", State: "review", FailureTime: t0.Add(-time.Minute), RetryCount: 5,
+			Details: "=HYPERLINK(\"x\")"},
+		{ID: "m3", User: "u1", Reason: "invalid_message", State: "review", FailureTime: t0.Add(-2 * time.Minute)},
+		{ID: "m4", User: "u3", Reason: "rate_limited", State: "retried", FailureTime: t0.Add(-3 * time.Minute)},
+	}
+}
+
+type fixture struct {
+	srv    *Server
+	http   *httptest.Server
+	dlq    *memDLQ
+	rl     *memRL
+	rdb    *redis.Client
+	prefix string
+}
+
+// newFixture serves the admin API on a real HTTP server, with in-memory
+// stores and the audit stream on the real Redis.
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	f := &fixture{dlq: newMemDLQ(t0, sampleMessages()...), rl: newMemRL(t0), rdb: rdb, prefix: prefix}
+	f.rl.block["bad1"] = 0
+	f.rl.block["bad2"] = time.Hour
+	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 2048, Prefix: prefix, Clock: fixedClock{t0}},
+		f.dlq, f.rl, rdb, zaptest.NewLogger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv = srv
+	f.http = httptest.NewServer(srv)
+	t.Cleanup(f.http.Close)
+	return f
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) json(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("body %q is not a JSON object: %v", r.body, err)
+	}
+	return m
+}
+
+// do sends a request with the given Authorization value ("" for none).
+func (f *fixture) do(t *testing.T, auth, method, path, body string) response {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(context.Background(), method, f.http.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := f.http.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// auditEntries reads the whole audit stream.
+func (f *fixture) auditEntries(t *testing.T) []map[string]any {
+	t.Helper()
+	msgs, err := f.rdb.XRange(context.Background(), f.prefix+"audit", "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]map[string]any, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.Values
+	}
+	return out
+}
+
+// nopRedis is a client for a port nobody listens on: for tests that never
+// write (or ignore) the audit stream.
+func nopRedis() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+}
+
+func newHTTPServer(t *testing.T, h http.Handler) *httptest.Server {
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s
+}

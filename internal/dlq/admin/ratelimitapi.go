@@ -1,0 +1,180 @@
+package admin
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func (s *Server) pathUser(r *http.Request) (string, *apiError) {
+	u := r.PathValue("user")
+	return u, identifier("user", u, maxUserLen)
+}
+
+func (s *Server) rlStatus(w http.ResponseWriter, r *http.Request) {
+	user, e := s.pathUser(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	st, err := s.rl.Status(r.Context(), user)
+	if e := s.storeError(err, "ratelimit.status"); e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// blockedPage is the answer of GET /admin/ratelimit/blocked; next_cursor
+// is "" after the last page.
+type blockedPage struct {
+	Users      []BlockedUser `json:"users"`
+	NextCursor string        `json:"next_cursor"`
+}
+
+func (s *Server) rlBlocked(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	cursor := 0
+	if v := q.Get("cursor"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, badRequest("cursor", "cursor must be a non-negative integer from next_cursor"))
+			return
+		}
+		cursor = n
+	}
+	limit, e := queryLimit(q)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	users, next, err := s.rl.ListBlocked(r.Context(), cursor, limit)
+	if e := s.storeError(err, "ratelimit.blocked"); e != nil {
+		writeError(w, e)
+		return
+	}
+	page := blockedPage{Users: users}
+	if page.Users == nil {
+		page.Users = []BlockedUser{}
+	}
+	if next > 0 {
+		page.NextCursor = strconv.Itoa(next)
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+// userOp is the shape of the per-user writes that take only a reason.
+func (s *Server) userOp(r *http.Request, run func(r *http.Request, user string) error) (writeOp, *apiError) {
+	user, e := s.pathUser(r)
+	if e != nil {
+		return writeOp{}, e
+	}
+	var b reasonBody
+	if e := decodeBody(r, &b); e != nil {
+		return writeOp{}, e
+	}
+	reason, e := auditReason(b.Reason, r.URL.Query())
+	if e != nil {
+		return writeOp{}, e
+	}
+	return writeOp{target: "user:" + user, reason: reason, do: func(r *http.Request) (any, error) {
+		return okResponse{OK: true}, run(r, user)
+	}}, nil
+}
+
+func (s *Server) rlUnblock(r *http.Request) (writeOp, *apiError) {
+	return s.userOp(r, func(r *http.Request, u string) error { return s.rl.Unblock(r.Context(), u) })
+}
+
+func (s *Server) rlWhitelistAdd(r *http.Request) (writeOp, *apiError) {
+	return s.userOp(r, func(r *http.Request, u string) error { return s.rl.Whitelist(r.Context(), u) })
+}
+
+func (s *Server) rlWhitelistRemove(r *http.Request) (writeOp, *apiError) {
+	return s.userOp(r, func(r *http.Request, u string) error { return s.rl.RemoveWhitelist(r.Context(), u) })
+}
+
+type groupBody struct {
+	Group  string `json:"group"`
+	Reason string `json:"reason"`
+}
+
+func (s *Server) rlSetGroup(r *http.Request) (writeOp, *apiError) {
+	user, e := s.pathUser(r)
+	if e != nil {
+		return writeOp{}, e
+	}
+	var b groupBody
+	if e := decodeBody(r, &b); e != nil {
+		return writeOp{}, e
+	}
+	reason, e := auditReason(b.Reason, r.URL.Query())
+	if e != nil {
+		return writeOp{}, e
+	}
+	switch {
+	case b.Group == "":
+		return writeOp{}, unprocessable("group", "group is required")
+	case len(s.cfg.Groups) > 0 && !slices.Contains(s.cfg.Groups, b.Group):
+		return writeOp{}, unprocessable("group", "unknown group: must be one of "+strings.Join(s.cfg.Groups, ", "))
+	case len(b.Group) > maxFilterLen:
+		return writeOp{}, unprocessable("group", "unknown group")
+	}
+	return writeOp{target: "user:" + user + " group=" + b.Group, reason: reason, do: func(r *http.Request) (any, error) {
+		return okResponse{OK: true}, s.rl.SetGroup(r.Context(), user, b.Group)
+	}}, nil
+}
+
+// blockBody's duration is a Go duration ("90m", "24h"); empty or "0"
+// blocks permanently.
+type blockBody struct {
+	Reason   string `json:"reason"`
+	Duration string `json:"duration"`
+}
+
+// blockResponse says what block was set.
+type blockResponse struct {
+	OK        bool   `json:"ok"`
+	Permanent bool   `json:"permanent"`
+	Duration  string `json:"duration,omitempty"`
+}
+
+func (s *Server) rlBlock(r *http.Request) (writeOp, *apiError) {
+	user, e := s.pathUser(r)
+	if e != nil {
+		return writeOp{}, e
+	}
+	var b blockBody
+	if e := decodeBody(r, &b); e != nil {
+		return writeOp{}, e
+	}
+	reason, e := auditReason(b.Reason, r.URL.Query())
+	if e != nil {
+		return writeOp{}, e
+	}
+	var d time.Duration
+	if b.Duration != "" && b.Duration != "0" {
+		var err error
+		d, err = time.ParseDuration(b.Duration)
+		if err != nil {
+			return writeOp{}, unprocessable("duration", `duration must be a duration such as "2h" or "90m" (empty: permanent)`)
+		}
+		if d < time.Second || d > maxBlockPeriod {
+			return writeOp{}, unprocessable("duration", fmt.Sprintf("duration must be in [1s, %s] (empty: permanent)", maxBlockPeriod))
+		}
+	}
+	target := "user:" + user + " permanent"
+	resp := blockResponse{OK: true, Permanent: d == 0}
+	if d > 0 {
+		target = "user:" + user + " for=" + d.String()
+		resp.Duration = d.String()
+	}
+	return writeOp{target: target, reason: reason, do: func(r *http.Request) (any, error) {
+		return resp, s.rl.Block(r.Context(), user, d)
+	}}, nil
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,0 +1,119 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// The admin API depends only on these two small interfaces, so the DLQ
+// index and the rate-limit admin can change without touching the HTTP
+// layer; the daemon adapts the concrete types to them.
+
+// DLQStore is the DLQ Redis index as the admin API uses it.
+//
+// Errors: ErrNotFound for an unknown ID, ErrConflict when the message
+// cannot be retried in its state (already due now, or a reason that can
+// never succeed again such as invalid_message), ErrBadCursor for a cursor
+// the store did not issue. Any other error is a store failure (503).
+type DLQStore interface {
+	Stats(ctx context.Context) (DLQStats, error)
+	// List returns one page matching f and the cursor of the next page
+	// ("" after the last).
+	List(ctx context.Context, f DLQFilter) ([]DLQMessage, string, error)
+	Get(ctx context.Context, id string) (DLQMessage, error)
+	// Retry schedules the message for a retry now.
+	Retry(ctx context.Context, id string) error
+	// BatchRetry schedules up to f.Limit (0: all) matching messages now
+	// and returns how many.
+	BatchRetry(ctx context.Context, f DLQFilter) (int, error)
+	// Purge deletes up to f.Limit (0: all) matching messages from the
+	// index and returns how many.
+	Purge(ctx context.Context, f DLQFilter) (int, error)
+	// Export calls fn for every message matching f (Cursor and Limit
+	// ignored), stopping at the first error fn returns.
+	Export(ctx context.Context, f DLQFilter, fn func(DLQMessage) error) error
+}
+
+// RateLimitAdmin is the rate limiter's operator interface (seed §10.5).
+//
+// Errors: ErrUnknownGroup from SetGroup, ErrConflict from RemoveWhitelist
+// for a user who is not whitelisted. Unblock of a user who is not blocked
+// succeeds (the operator's intent holds).
+type RateLimitAdmin interface {
+	Status(ctx context.Context, user string) (RateLimitStatus, error)
+	Unblock(ctx context.Context, user string) error
+	// Block blocks user for d; d == 0 blocks permanently.
+	Block(ctx context.Context, user string, d time.Duration) error
+	SetGroup(ctx context.Context, user, group string) error
+	Whitelist(ctx context.Context, user string) error
+	RemoveWhitelist(ctx context.Context, user string) error
+	// ListBlocked returns one page from cursor (0 first) and the next
+	// cursor (0 after the last page).
+	ListBlocked(ctx context.Context, cursor, limit int) ([]BlockedUser, int, error)
+}
+
+// Store errors the handlers map to HTTP statuses; adapters wrap theirs.
+var (
+	// ErrNotFound is returned for an unknown message ID (404).
+	ErrNotFound = errors.New("admin: not found")
+	// ErrConflict is returned when the target's state forbids the write (409).
+	ErrConflict = errors.New("admin: conflict")
+	// ErrBadCursor is returned by List for a cursor it did not issue (400).
+	ErrBadCursor = errors.New("admin: bad cursor")
+	// ErrUnknownGroup is returned by SetGroup for a group not in the rules (422).
+	ErrUnknownGroup = errors.New("admin: unknown group")
+)
+
+// DLQStats summarises the DLQ index.
+type DLQStats struct {
+	Total    int64            `json:"total"`
+	ByReason map[string]int64 `json:"by_reason"`
+	Due      int64            `json:"due"`
+	DueNow   int64            `json:"due_now"`
+	Review   int64            `json:"review"`
+	Retried  int64            `json:"retried"`
+}
+
+// DLQFilter selects DLQ messages; empty fields match everything.
+type DLQFilter struct {
+	User   string
+	Reason string // failure reason, not the audit reason
+	Review *bool  // true: only in manual review; false: only not in review
+	Cursor string
+	Limit  int
+}
+
+// DLQMessage is one dead letter as the API shows it.
+type DLQMessage struct {
+	ID              string          `json:"id"`
+	User            string          `json:"user"`
+	OpenKfID        string          `json:"open_kfid,omitempty"`
+	Reason          string          `json:"reason"`
+	Details         string          `json:"details,omitempty"`
+	State           string          `json:"state"`
+	FailureTime     time.Time       `json:"failure_time"`
+	RetryCount      int             `json:"retry_count"`
+	NextRetryTime   *time.Time      `json:"next_retry_time,omitempty"`
+	SourceTopic     string          `json:"source_topic,omitempty"`
+	SourcePartition int32           `json:"source_partition"`
+	SourceOffset    int64           `json:"source_offset"`
+	Message         json.RawMessage `json:"message,omitempty"` // the original message, as stored
+}
+
+// RateLimitStatus is what an operator sees of one user.
+type RateLimitStatus struct {
+	User         string     `json:"user"`
+	Group        string     `json:"group"`
+	Blocked      bool       `json:"blocked"`
+	BlockedUntil *time.Time `json:"blocked_until,omitempty"`
+	Permanent    bool       `json:"permanent"`
+}
+
+// BlockedUser is one entry of the blocked list.
+type BlockedUser struct {
+	User         string     `json:"user"`
+	BlockedUntil *time.Time `json:"blocked_until,omitempty"`
+	Permanent    bool       `json:"permanent"`
+}
