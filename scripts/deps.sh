@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the service scripts need (Debian/Ubuntu), in one
 # apt call and only when something is missing; checks that java (17+) and mvn exist.
-#   redis-server redis-sentinel etcd-server etcd-client kcat
+#   redis-server redis-sentinel etcd-server etcd-client kcat chromium prometheus (promtool)
 # Set KFPIPE_NO_APT=1 to only check.
 set -euo pipefail
 LOG_TAG=deps
@@ -16,10 +16,12 @@ declare -A PKG=(
   [etcd]=etcd-server
   [etcdctl]=etcd-client
   [kcat]=kcat
+  [chromium]=chromium
+  [promtool]=prometheus
 )
 
 missing=()
-for cmd in redis-server redis-cli redis-sentinel etcd etcdctl kcat; do
+for cmd in redis-server redis-cli redis-sentinel etcd etcdctl kcat chromium promtool; do
   command -v "$cmd" >/dev/null || missing+=("${PKG[$cmd]}")
 done
 

@@ -4,11 +4,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
+	"go.uber.org/zap"
+
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/service"
 )
 
 func main() {
@@ -34,8 +38,14 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	svc, err := service.StartConsumer(ctx, cfg, base, nil)
+	if err != nil {
+		_ = base.Close(context.Background())
+		return err
+	}
 	<-ctx.Done()
+	base.Log.Info("shutting down", zap.Duration("deadline", cfg.Ops.ShutdownTimeout))
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Ops.ShutdownTimeout)
 	defer cancel()
-	return base.Close(sctx)
+	return errors.Join(svc.Close(sctx), base.Close(sctx))
 }

@@ -1,0 +1,146 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/once"
+	"github.com/kfpipe/kfpipe/internal/ratelimit"
+)
+
+// deduper adapts once.Client to consumer.Deduper.
+type deduper struct{ c *once.Client }
+
+func (d deduper) Do(ctx context.Context, key string, ttl time.Duration, f func(context.Context) error) (bool, error) {
+	st, err := d.c.DoStatus(ctx, key, ttl, f)
+	return st == once.StatusDuplicate, err
+}
+
+// limiter adapts ratelimit.Limiter to consumer.Limiter.
+type limiter struct{ l *ratelimit.Limiter }
+
+func (l limiter) Allow(ctx context.Context, user string, now time.Time) consumer.Verdict {
+	d := l.l.Allow(ctx, user, now)
+	if d.Allowed {
+		return consumer.Verdict{Allowed: true}
+	}
+	details := fmt.Sprintf("group %s: %d consecutive violations", d.Group, d.Violations)
+	switch {
+	case d.Permanent:
+		details = fmt.Sprintf("group %s: blocked permanently", d.Group)
+	case !d.BlockedUntil.IsZero():
+		details = fmt.Sprintf("group %s: blocked until %s", d.Group, d.BlockedUntil.UTC().Format(time.RFC3339))
+	}
+	return consumer.Verdict{Reason: d.Reason, Details: details}
+}
+
+// deadLetters adapts dlq.Producer to consumer.DeadLetters.
+type deadLetters struct {
+	p    *dlq.Producer
+	node string
+}
+
+func (d deadLetters) Send(cdl *consumer.DeadLetter, done func(error)) {
+	headers := make([]dlq.Header, len(cdl.Headers))
+	for i, h := range cdl.Headers {
+		headers[i] = dlq.Header{Key: h.Key, Value: h.Value}
+	}
+	dl := dlq.New(dlq.Source{Topic: cdl.Topic, Partition: cdl.Partition, Offset: cdl.Offset, Timestamp: cdl.Timestamp,
+		Key: cdl.Key, Value: cdl.Raw, Headers: headers}, dlq.Reason(cdl.Reason), cdl.Details, cdl.FailedAt)
+	if cdl.UserID != "" {
+		dl.UserID = cdl.UserID
+	}
+	if !cdl.Recoverable {
+		dl.Recoverable, dl.ManualReview = false, true
+	}
+	dl.NodeID = d.node
+	d.p.Send(dl, done)
+}
+
+// Consumer is a running schedule-consumer.
+type Consumer struct {
+	C        *consumer.Consumer
+	once     *once.Client
+	limiter  *ratelimit.Limiter
+	producer *dlq.Producer
+}
+
+// StartConsumer starts the schedule-consumer's parts on base's clients
+// with handler h (nil: the one selected by handler.type).
+func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h consumer.Handler) (*Consumer, error) {
+	log, reg := base.Log, base.Registry
+	prefix := cfg.Redis.KeyPrefix
+	if h == nil {
+		var err error
+		if h, err = consumer.NewHandler(cfg.Handler, log); err != nil {
+			return nil, err
+		}
+	}
+	oc, err := once.New(ctx, "schedule-consumer", once.Config{Client: base.Redis, KeyPrefix: prefix + "dedup:",
+		Lease: cfg.Dedup.Lease, Batch: once.BatchConfig{Enabled: true, FlushInterval: cfg.Processor.PipelineFlush,
+			MaxBatch: cfg.Processor.PipelineMaxBatched}}, once.WithLogger(log), once.WithRegisterer(reg))
+	if err != nil {
+		return nil, fmt.Errorf("dedup: %w", err)
+	}
+	s := &Consumer{once: oc}
+	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg), consumer.WithDeduper(deduper{oc})}
+	if cfg.RateLimit.Enabled {
+		s.limiter, err = ratelimit.New(cfg.RateLimit, ratelimit.NewStore(base.Redis, prefix),
+			ratelimit.WithLogger(log), ratelimit.WithRegisterer(reg))
+		if err != nil {
+			_ = s.close(ctx)
+			return nil, fmt.Errorf("rate limiter: %w", err)
+		}
+		opts = append(opts, consumer.WithLimiter(limiter{s.limiter}))
+	}
+	breakers, err := ratelimit.NewBreakers(cfg.Breaker, ratelimit.WithLogger(log), ratelimit.WithRegisterer(reg))
+	if err != nil {
+		_ = s.close(ctx)
+		return nil, fmt.Errorf("breakers: %w", err)
+	}
+	opts = append(opts, consumer.WithBreaker(breakers))
+	s.producer, err = dlq.NewProducer(dlq.ProducerConfig{Kafka: cfg.Kafka, DLQ: cfg.DLQ}, dlq.WithLogger(log), dlq.WithRegisterer(reg))
+	if err != nil {
+		_ = s.close(ctx)
+		return nil, fmt.Errorf("dlq producer: %w", err)
+	}
+	s.C, err = consumer.New(*cfg, h, deadLetters{p: s.producer, node: nodeName()}, opts...)
+	if err != nil {
+		_ = s.close(ctx)
+		return nil, err
+	}
+	if err := s.C.Start(); err != nil {
+		_ = s.close(ctx)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close drains the actors and commits, then closes the DLQ producer (after
+// the consumer: its last dead letters must become durable first), the
+// limiter and the dedup client.
+func (s *Consumer) Close(ctx context.Context) error {
+	var errs []error
+	if s.C != nil {
+		errs = append(errs, s.C.Close(ctx))
+	}
+	return errors.Join(append(errs, s.close(ctx))...)
+}
+
+func (s *Consumer) close(ctx context.Context) error {
+	var errs []error
+	if s.producer != nil {
+		errs = append(errs, s.producer.Close(ctx))
+	}
+	if s.limiter != nil {
+		errs = append(errs, s.limiter.Close())
+	}
+	errs = append(errs, s.once.Close())
+	return errors.Join(errs...)
+}

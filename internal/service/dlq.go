@@ -1,0 +1,156 @@
+// Package service wires each daemon's parts together from its typed
+// configuration. The cmd mains and the all-in-one demo both call it, so
+// the demo runs exactly the code the daemons run.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/ratelimit"
+)
+
+// blockLookup adapts the rate-limit admin to the DLQ's BlockLookup, so a
+// user_blocked retry waits until the block ends.
+type blockLookup struct{ a *ratelimit.Admin }
+
+func (b blockLookup) BlockedUntil(ctx context.Context, user string) (time.Time, bool, error) {
+	s, err := b.a.Status(ctx, user)
+	if err != nil || !s.Blocked {
+		return time.Time{}, false, err
+	}
+	if s.Permanent {
+		return time.Now().Add(100 * 365 * 24 * time.Hour), true, nil
+	}
+	return s.BlockedUntil, true, nil
+}
+
+// DLQ is a running dlq-consumer: the DLQ topic consumer feeding the Redis
+// index, the delayed-retry scheduler and the admin API.
+type DLQ struct {
+	Index    *dlq.Index
+	Admin    *ratelimit.Admin
+	AdminURL string
+
+	log       *zap.Logger
+	producer  *dlq.Producer
+	scheduler *dlq.Scheduler
+	http      *http.Server
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	runErr    error
+}
+
+// StartDLQ starts the dlq-consumer's parts on base's clients.
+func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (*DLQ, error) {
+	opts := []dlq.Option{dlq.WithLogger(base.Log), dlq.WithRegisterer(base.Registry)}
+	prefix := cfg.Redis.KeyPrefix
+	rlAdmin, err := ratelimit.NewAdmin(ratelimit.NewStore(base.Redis, prefix), cfg.RateLimit,
+		ratelimit.WithLogger(base.Log))
+	if err != nil {
+		return nil, fmt.Errorf("rate-limit admin: %w", err)
+	}
+	opts = append(opts, dlq.WithBlockLookup(blockLookup{rlAdmin}))
+	idx := dlq.NewIndex(base.Redis, prefix, opts...)
+	policy := dlq.NewPolicy(cfg.Recovery, opts...)
+	producer, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: cfg.Kafka, DLQ: cfg.DLQ}, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq producer: %w", err)
+	}
+	sched, err := dlq.NewScheduler(dlq.SchedulerConfig{Kafka: cfg.Kafka, Recovery: cfg.Recovery, RateLimit: cfg.RateLimit, Prefix: prefix},
+		base.Redis, idx, policy, append(opts, dlq.WithEventSink(producer))...)
+	if err != nil {
+		_ = producer.Close(context.Background())
+		return nil, fmt.Errorf("dlq scheduler: %w", err)
+	}
+	cons, err := dlq.NewConsumer(dlq.ConsumerConfig{Kafka: cfg.Kafka}, idx, policy, opts...)
+	if err != nil {
+		_ = sched.Close(context.Background())
+		_ = producer.Close(context.Background())
+		return nil, fmt.Errorf("dlq consumer: %w", err)
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d := &DLQ{Index: idx, Admin: rlAdmin, log: base.Log, producer: producer, scheduler: sched, cancel: cancel}
+	sched.Start()
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		if err := cons.Run(rctx); err != nil {
+			d.log.Error("dlq consumer stopped", zap.Error(err))
+			d.runErr = err
+		}
+	}()
+	go func() {
+		defer d.wg.Done()
+		d.purgeLoop(rctx, idx)
+	}()
+	if err := d.startAdmin(cfg, base); err != nil {
+		_ = d.Close(context.Background())
+		return nil, err
+	}
+	return d, nil
+}
+
+// purgeLoop removes expired entries from every index once a minute.
+func (d *DLQ) purgeLoop(ctx context.Context, idx *dlq.Index) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if n, err := idx.PurgeExpired(ctx, now); err != nil {
+				d.log.Warn("purge expired dead letters", zap.Error(err))
+			} else if n > 0 {
+				d.log.Info("purged expired dead letters", zap.Int("count", n))
+			}
+		}
+	}
+}
+
+func (d *DLQ) startAdmin(cfg *config.DLQConsumer, base *daemon.Base) error {
+	h, err := adminHandler(cfg, base, d)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Admin.Addr)
+	if err != nil {
+		return fmt.Errorf("admin listen %s: %w", cfg.Admin.Addr, err)
+	}
+	d.AdminURL = "http://" + ln.Addr().String()
+	d.http = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := d.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("admin server", zap.Error(err))
+		}
+	}()
+	base.Log.Info("admin API listening", zap.String("url", d.AdminURL+"/admin/ui/"))
+	return nil
+}
+
+// Close stops the admin API, the scheduler and the consumer (which commits
+// what it indexed), then flushes the DLQ producer.
+func (d *DLQ) Close(ctx context.Context) error {
+	var errs []error
+	if d.http != nil {
+		errs = append(errs, d.http.Shutdown(ctx))
+	}
+	errs = append(errs, d.scheduler.Close(ctx))
+	d.cancel()
+	d.wg.Wait()
+	errs = append(errs, d.producer.Close(ctx), d.runErr)
+	return errors.Join(errs...)
+}
