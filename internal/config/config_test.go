@@ -117,12 +117,12 @@ processor:
 }
 
 func TestUnknownKeyRejected(t *testing.T) {
-	p := writeYAML(t, "kafka:\n  brokerz: x:9092\nprocesor:\n  mailbox_size: 3\n")
+	p := writeYAML(t, "kafka:\n  brokerz: x:9092\nprocesor: {}\nprocessor:\n  mailbox_siz: 3\n")
 	_, err := LoadConsumer(p)
 	if err == nil {
 		t.Fatal("unknown keys accepted")
 	}
-	for _, want := range []string{"unknown key", "kafka.brokerz", "procesor"} {
+	for _, want := range []string{"unknown key", "kafka.brokerz", "procesor", "processor.mailbox_siz"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/viper"
+	"go.yaml.in/yaml/v3"
 )
 
 // EnvPrefix prefixes every environment override: kafka.brokers is
@@ -126,28 +127,60 @@ func describe(path string) string {
 }
 
 // checkKnownKeys reads the file alone (no defaults, no environment) and
-// reports every key that no daemon's configuration has, by full path.
+// reports every key that no daemon's configuration has, by full path. It
+// walks the YAML itself because viper drops empty sections ("procesor: {}").
 func checkKnownKeys(path string) error {
-	fv := viper.New()
-	fv.SetConfigFile(path)
-	fv.SetConfigType("yaml")
-	if err := fv.ReadInConfig(); err != nil {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
 		return err
 	}
 	known, maps := map[string]bool{}, []string{}
+	sections := map[string]bool{}
 	schemaKeys("", reflect.TypeOf(union{}), known, &maps)
-	var unknown []string
-	for _, k := range fv.AllKeys() {
-		if known[k] || underMap(k, maps) {
-			continue
+	for k := range known {
+		for i := strings.IndexByte(k, '.'); i >= 0; i = nextDot(k, i) {
+			sections[k[:i]] = true
 		}
-		unknown = append(unknown, k)
 	}
+	var unknown []string
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			key := strings.ToLower(k)
+			if prefix != "" {
+				key = prefix + "." + key
+			}
+			switch {
+			case known[key] || underMap(key, maps):
+			case sections[key]:
+				if sub, ok := v.(map[string]any); ok {
+					walk(key, sub)
+				} else {
+					unknown = append(unknown, key+" (a section, not a value)")
+				}
+			default:
+				unknown = append(unknown, key)
+			}
+		}
+	}
+	walk("", doc)
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
 		return fmt.Errorf("unknown key(s) %s (typo? config/development.yaml lists the known keys)", strings.Join(unknown, ", "))
 	}
 	return nil
+}
+
+func nextDot(s string, i int) int {
+	j := strings.IndexByte(s[i+1:], '.')
+	if j < 0 {
+		return -1
+	}
+	return i + 1 + j
 }
 
 // schemaKeys lists every leaf key of t; map-typed keys go to maps, since

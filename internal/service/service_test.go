@@ -1,0 +1,246 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// common points a loaded config at the test services with fresh names.
+func common(t *testing.T, c *config.Common, mainTopic, dlqTopic, prefix, group string) {
+	c.Kafka.Brokers = testenv.KafkaBrokers(t)
+	c.Kafka.Topics.Main.Name, c.Kafka.Topics.DLQ.Name = mainTopic, dlqTopic
+	c.Kafka.Consumer.GroupID = group
+	c.Redis.Addr = testenv.RedisAddr(t)
+	c.Redis.KeyPrefix = prefix
+	c.Ops.Addr = freeAddr(t)
+}
+
+type recorder struct {
+	mu    sync.Mutex
+	byKey map[string]int
+	order map[string][]string
+}
+
+func (r *recorder) Handle(_ context.Context, m *chatmsg.ChatMessage) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.byKey[m.UpstreamMsgID]++
+	r.order[m.ExternalUserID] = append(r.order[m.ExternalUserID], m.UpstreamMsgID)
+	return nil
+}
+
+// TestPipelineEndToEnd runs the three daemons' wiring in one process on
+// the real broker and Redis, feeds messages through the signed callback
+// and the fake WeChat, and checks: every message handled once and in
+// order per user; a flooding user's excess dead-lettered and indexed by
+// the dlq-consumer; the admin API answers with the operator token only.
+func TestPipelineEndToEnd(t *testing.T) {
+	testenv.KafkaBrokers(t)
+	_, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const kf = "wk-e2e"
+
+	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{kf}})
+	defer fake.Close()
+
+	pcfg, err := config.LoadProducer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &pcfg.Common, mainTopic, dlqTopic, prefix, "unused")
+	pcfg.WeCom.BaseURL = fake.URL()
+	pcfg.WeCom.OpenKfIDs = []string{kf}
+	pcfg.Callback.Addr = freeAddr(t)
+
+	ccfg, err := config.LoadConsumer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &ccfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
+	ccfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+
+	dcfg, err := config.LoadDLQConsumer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &dcfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
+	dcfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	dcfg.Admin.Addr = freeAddr(t)
+
+	start := func(name string, c config.Common) *daemon.Base {
+		b, err := daemon.Start(ctx, name, c)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		t.Cleanup(func() { _ = b.Close(context.Background()) })
+		return b
+	}
+	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}}
+	cons, err := StartConsumer(ctx, ccfg, start("schedule-consumer", ccfg.Common), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := StartDLQ(ctx, dcfg, start("dlq-consumer", dcfg.Common))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := StartProducer(ctx, pcfg, start("kf-producer", pcfg.Common))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
+		defer c()
+		for _, err := range []error{prod.Close(sctx), cons.Close(sctx), d.Close(sctx)} {
+			if err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}
+	}()
+
+	// 40 users × 3 messages (inside the normal group's 5 per 10 s), and
+	// one flooder with 12 messages (5 pass, the rest are refused).
+	var want []string
+	order := map[string][]string{}
+	for round := 0; round < 3; round++ {
+		for u := 0; u < 40; u++ {
+			user := fmt.Sprintf("wm-user-%d", u)
+			id := fake.AddText(kf, user, fmt.Sprintf("hello %d", round))
+			want = append(want, id)
+			order[user] = append(order[user], id)
+		}
+	}
+	for i := 0; i < 12; i++ {
+		fake.AddText(kf, "wm-flooder", fmt.Sprintf("spam %d", i))
+	}
+	sender := &wecomtest.CallbackSender{URL: prod.CallbackURL, Token: pcfg.Callback.Token,
+		AESKey: pcfg.Callback.EncodingAESKey, CorpID: pcfg.WeCom.CorpID}
+	resp, err := sender.SendEvent(ctx, kf, fake.IssueToken(kf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "success" {
+		t.Fatalf("callback answered %d %q", resp.StatusCode, body)
+	}
+
+	waitFor(t, 90*time.Second, "all messages handled", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for _, id := range want {
+			if rec.byKey[id] == 0 {
+				return false
+			}
+		}
+		return len(rec.order["wm-flooder"]) == 5
+	})
+	rec.mu.Lock()
+	for _, id := range want {
+		if n := rec.byKey[id]; n != 1 {
+			t.Errorf("msg %s handled %d times", id, n)
+		}
+	}
+	for user, ids := range order {
+		if got := strings.Join(rec.order[user], ","); got != strings.Join(ids, ",") {
+			t.Errorf("user %s order %s, want %s", user, got, strings.Join(ids, ","))
+		}
+	}
+	rec.mu.Unlock()
+
+	// The flooder's 7 refusals reach the DLQ index through the topic.
+	op, viewer := dcfg.Admin.Tokens[0].Token, dcfg.Admin.Tokens[1].Token
+	var stats struct {
+		Total    int64            `json:"total"`
+		ByReason map[string]int64 `json:"by_reason"`
+	}
+	waitFor(t, 60*time.Second, "dead letters indexed", func() bool {
+		code, b := adminGet(t, d.AdminURL+"/admin/dlq/stats", viewer)
+		if code != 200 || json.Unmarshal(b, &stats) != nil {
+			return false
+		}
+		return stats.Total == 7
+	})
+	if stats.ByReason["rate_limited"]+stats.ByReason["user_blocked"] != 7 {
+		t.Fatalf("dead letters by reason %v", stats.ByReason)
+	}
+	code, b := adminGet(t, d.AdminURL+"/admin/dlq/messages?user=wm-flooder", viewer)
+	if code != 200 || !strings.Contains(string(b), "wm-flooder") {
+		t.Fatalf("list by user = %d %s", code, b)
+	}
+	if code, _ := adminGet(t, d.AdminURL+"/admin/dlq/stats", ""); code != 401 {
+		t.Fatalf("stats without token = %d, want 401", code)
+	}
+	req, _ := http.NewRequest("POST", d.AdminURL+"/admin/ratelimit/unblock/wm-flooder", strings.NewReader(`{"reason":"e2e"}`))
+	req.Header.Set("Authorization", "Bearer "+viewer)
+	if r, err := http.DefaultClient.Do(req); err != nil || r.StatusCode != 403 {
+		t.Fatalf("viewer unblock = %v %v, want 403", r.StatusCode, err)
+	}
+	req, _ = http.NewRequest("POST", d.AdminURL+"/admin/ratelimit/unblock/wm-flooder", strings.NewReader(`{"reason":"e2e"}`))
+	req.Header.Set("Authorization", "Bearer "+op)
+	req.Header.Set("Content-Type", "application/json")
+	if r, err := http.DefaultClient.Do(req); err != nil || r.StatusCode/100 != 2 {
+		t.Fatalf("operator unblock = %v %v", r, err)
+	}
+
+	// The cursor was stored only after delivery: it equals the fake's last.
+	rdb, _ := testenv.Redis(t)
+	waitFor(t, 10*time.Second, "cursor stored", func() bool {
+		return rdb.Get(ctx, prefix+"cursor:"+kf).Val() == fake.LastCursor(kf)
+	})
+}
+
+func adminGet(t *testing.T, url, token string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
