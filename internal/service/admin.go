@@ -58,6 +58,9 @@ func (s dlqStore) Stats(ctx context.Context) (admin.DLQStats, error) {
 
 func (s dlqStore) List(ctx context.Context, f admin.DLQFilter) ([]admin.DLQMessage, string, error) {
 	entries, next, err := s.x.List(ctx, toFilter(f))
+	if errors.Is(err, dlq.ErrBadCursor) {
+		return nil, "", fmt.Errorf("%w: %w", admin.ErrBadCursor, err)
+	}
 	if err != nil {
 		return nil, "", err
 	}

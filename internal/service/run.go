@@ -1,0 +1,73 @@
+package service
+
+import (
+	"context"
+	"errors"
+
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+)
+
+type closer interface {
+	Close(ctx context.Context) error
+}
+
+// run is every daemon's life: flags, config (refusing to start on a bad
+// key), the shared base, the daemon's own parts; then, on SIGINT/SIGTERM,
+// a graceful shutdown bounded by ops.shutdown_timeout.
+func run[C any](ctx context.Context, name string, args []string, load func(string) (*C, error),
+	common func(*C) config.Common, start func(context.Context, *C, *daemon.Base) (closer, error)) error {
+	flags, err := daemon.ParseFlags(name, args)
+	if err != nil {
+		return err
+	}
+	cfg, err := load(flags.Config)
+	if err != nil {
+		return err
+	}
+	c := common(cfg)
+	base, err := daemon.Start(ctx, name, c)
+	if err != nil {
+		return err
+	}
+	svc, err := start(ctx, cfg, base)
+	if err != nil {
+		_ = base.Close(context.Background())
+		return err
+	}
+	<-ctx.Done()
+	base.Log.Info("shutting down", zap.Duration("deadline", c.Ops.ShutdownTimeout))
+	sctx, cancel := context.WithTimeout(context.Background(), c.Ops.ShutdownTimeout)
+	defer cancel()
+	return errors.Join(svc.Close(sctx), base.Close(sctx))
+}
+
+// RunProducer runs kf-producer until ctx is cancelled.
+func RunProducer(ctx context.Context, args []string) error {
+	return run(ctx, "kf-producer", args, config.LoadProducer,
+		func(c *config.Producer) config.Common { return c.Common },
+		func(ctx context.Context, c *config.Producer, b *daemon.Base) (closer, error) {
+			return StartProducer(ctx, c, b)
+		})
+}
+
+// RunConsumer runs schedule-consumer with the configured handler until ctx
+// is cancelled.
+func RunConsumer(ctx context.Context, args []string) error {
+	return run(ctx, "schedule-consumer", args, config.LoadConsumer,
+		func(c *config.Consumer) config.Common { return c.Common },
+		func(ctx context.Context, c *config.Consumer, b *daemon.Base) (closer, error) {
+			return StartConsumer(ctx, c, b, nil)
+		})
+}
+
+// RunDLQ runs dlq-consumer until ctx is cancelled.
+func RunDLQ(ctx context.Context, args []string) error {
+	return run(ctx, "dlq-consumer", args, config.LoadDLQConsumer,
+		func(c *config.DLQConsumer) config.Common { return c.Common },
+		func(ctx context.Context, c *config.DLQConsumer, b *daemon.Base) (closer, error) {
+			return StartDLQ(ctx, c, b)
+		})
+}
