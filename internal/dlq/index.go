@@ -23,6 +23,10 @@ const (
 // index does not hold.
 var ErrNotFound = errors.New("dlq: entry not found")
 
+// ErrBadCursor is returned by List for a cursor it did not issue: the
+// caller's mistake, not a store failure.
+var ErrBadCursor = errors.New("dlq: bad cursor")
+
 // Index is the Redis view of the DLQ topic (ARCHITECTURE §6, §7). Every
 // write of an entry is one Lua script, so an entry, its sets and the
 // counters never disagree, and indexing the same ID twice is a no-op.
@@ -387,7 +391,7 @@ func (x *Index) List(ctx context.Context, f Filter) ([]*Entry, string, error) {
 		s, id, ok := strings.Cut(f.Cursor, ":")
 		n, err := strconv.ParseInt(s, 10, 64)
 		if !ok || err != nil || id == "" {
-			return nil, "", fmt.Errorf("dlq list: bad cursor %q", f.Cursor)
+			return nil, "", fmt.Errorf("dlq list: %w %q", ErrBadCursor, f.Cursor)
 		}
 		maxScore, curScore, curID = s, n, id
 	}

@@ -310,10 +310,14 @@ func (h *CallbackHandler) event(w http.ResponseWriter, r *http.Request) {
 	h.success(w, ResultOK)
 }
 
-// replayKey identifies a callback delivery. WeChat's own retries of one
-// delivery carry the same triple, so they are recognised too.
+// replayKey identifies a callback delivery by its verified signature
+// alone. WeChat's own retries of one delivery carry the same signature, so
+// they are recognised too. Keying on (timestamp, nonce, signature) would
+// not do: the signature hashes its parts sorted and concatenated, so the
+// same signature verifies for a request with timestamp and nonce swapped
+// (or the boundary between them moved) — a new triple, a second trigger.
 func replayKey(q query) string {
-	sum := sha1.Sum([]byte(q.timestamp + "|" + q.nonce + "|" + q.sig))
+	sum := sha1.Sum([]byte(q.sig))
 	return hex.EncodeToString(sum[:])
 }
 
