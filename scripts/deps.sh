@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the service scripts need (Debian/Ubuntu), in one
 # apt call and only when something is missing; checks that java (17+) and mvn exist.
-#   redis-server redis-sentinel etcd-server etcd-client kcat chromium prometheus (promtool)
+#   redis-server redis-sentinel etcd-server etcd-client kcat chromium prometheus (promtool) systemd (systemd-analyze)
 # Set KFPIPE_NO_APT=1 to only check.
 set -euo pipefail
 LOG_TAG=deps
@@ -18,10 +18,11 @@ declare -A PKG=(
   [kcat]=kcat
   [chromium]=chromium
   [promtool]=prometheus
+  [systemd-analyze]=systemd
 )
 
 missing=()
-for cmd in redis-server redis-cli redis-sentinel etcd etcdctl kcat chromium promtool; do
+for cmd in redis-server redis-cli redis-sentinel etcd etcdctl kcat chromium promtool systemd-analyze; do
   command -v "$cmd" >/dev/null || missing+=("${PKG[$cmd]}")
 done
 

@@ -273,3 +273,24 @@ func mergeYAML(base, extra string) string {
 	}
 	return b.String()
 }
+
+func TestAdminTokensFromEnv(t *testing.T) {
+	t.Setenv("KFPIPE_ADMIN_TOKENS", "ops:operator:0123456789abcdef01, dash:viewer:fedcba9876543210fe")
+	cfg, err := LoadDLQConsumer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []AdminToken{{Name: "ops", Role: "operator", Token: "0123456789abcdef01"}, {Name: "dash", Role: "viewer", Token: "fedcba9876543210fe"}}
+	if len(cfg.Admin.Tokens) != 2 || cfg.Admin.Tokens[0] != want[0] || cfg.Admin.Tokens[1] != want[1] {
+		t.Fatalf("tokens = %+v", cfg.Admin.Tokens)
+	}
+	t.Setenv("KFPIPE_ADMIN_TOKENS", "ops:operator")
+	_, err = LoadDLQConsumer("")
+	if err == nil || !strings.Contains(err.Error(), "admin.tokens") {
+		t.Fatalf("malformed tokens: %v", err)
+	}
+	t.Setenv("KFPIPE_ADMIN_TOKENS", "ops:root:0123456789abcdef01")
+	if _, err = LoadDLQConsumer(""); err == nil || !strings.Contains(err.Error(), "admin.tokens[0].role must be one of viewer|operator") || strings.Contains(err.Error(), "0123456789abcdef01") {
+		t.Fatalf("bad role: %v", err)
+	}
+}

@@ -81,6 +81,7 @@ func load[T any, PT interface {
 
 	hooks := func(dc *mapstructure.DecoderConfig) {
 		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(
+			adminTokensHook,
 			mapstructure.StringToTimeDurationHookFunc(),
 			mapstructure.StringToSliceHookFunc(","),
 		)
@@ -256,6 +257,39 @@ func setDefaults(v *viper.Viper, prefix string, rv reflect.Value) {
 			v.SetDefault(key, fv.Interface())
 		}
 	}
+}
+
+// adminTokensHook lets admin tokens come from one environment variable
+// (a Kubernetes Secret or a systemd EnvironmentFile), never from a
+// committed file: KFPIPE_ADMIN_TOKENS="name:role:token,name:role:token".
+func adminTokensHook(from, to reflect.Type, data any) (any, error) {
+	if from.Kind() != reflect.String || to != reflect.TypeOf([]AdminToken{}) {
+		return data, nil
+	}
+	var out []AdminToken
+	for _, item := range strings.Split(data.(string), ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		parts := strings.SplitN(item, ":", 3)
+		if len(parts) != 3 {
+			return nil, fmt.Errorf("admin.tokens: %q must be name:role:token", redact(item))
+		}
+		out = append(out, AdminToken{Name: parts[0], Role: parts[1], Token: parts[2]})
+	}
+	return out, nil
+}
+
+// redact keeps an error message from echoing a secret.
+func redact(s string) string {
+	if i := strings.LastIndexByte(s, ':'); i >= 0 {
+		return s[:i+1] + "…"
+	}
+	if len(s) > 4 {
+		return s[:4] + "…"
+	}
+	return "…"
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
