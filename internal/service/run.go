@@ -3,11 +3,13 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/dlq"
 )
 
 type closer interface {
@@ -63,11 +65,51 @@ func RunConsumer(ctx context.Context, args []string) error {
 		})
 }
 
-// RunDLQ runs dlq-consumer until ctx is cancelled.
+// RunDLQ runs dlq-consumer until ctx is cancelled; `dlq-consumer rebuild
+// --config …` instead rebuilds the Redis index from the DLQ topic and exits.
 func RunDLQ(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "rebuild" {
+		return rebuildDLQ(ctx, args[1:])
+	}
 	return run(ctx, "dlq-consumer", args, config.LoadDLQConsumer,
 		func(c *config.DLQConsumer) config.Common { return c.Common },
 		func(ctx context.Context, c *config.DLQConsumer, b *daemon.Base) (closer, error) {
 			return StartDLQ(ctx, c, b)
 		})
+}
+
+// rebuildDLQ empties the DLQ index and re-reads the DLQ topic from the
+// beginning into it (the topic is the source of truth, ARCHITECTURE §7).
+func rebuildDLQ(ctx context.Context, args []string) error {
+	flags, err := daemon.ParseFlags("dlq-consumer rebuild", args)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.LoadDLQConsumer(flags.Config)
+	if err != nil {
+		return err
+	}
+	cfg.Ops.Addr = "127.0.0.1:0" // a one-shot command; the daemon may run beside it
+	base, err := daemon.Start(ctx, "dlq-consumer", cfg.Common)
+	if err != nil {
+		return err
+	}
+	defer base.Close(context.Background())
+	opts := []dlq.Option{dlq.WithLogger(base.Log)}
+	idx := dlq.NewIndex(base.Redis, cfg.Redis.KeyPrefix, opts...)
+	cons, err := dlq.NewConsumer(dlq.ConsumerConfig{Kafka: cfg.Kafka}, idx, dlq.NewPolicy(cfg.Recovery, opts...), opts...)
+	if err != nil {
+		return err
+	}
+	n, err := cons.Rebuild(ctx)
+	if err != nil {
+		return fmt.Errorf("rebuild after %d records: %w", n, err)
+	}
+	st, err := idx.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("rebuilt from %d records: total=%d due=%d review=%d retried=%d by_reason=%v\n",
+		n, st.Total, st.Due, st.Review, st.Retried, st.ByReason)
+	return nil
 }

@@ -1,0 +1,466 @@
+// Package demo runs the whole pipeline in one process — a fake WeChat,
+// kf-producer, schedule-consumer and dlq-consumer, wired by
+// internal/service exactly as the daemons are — against embedded Kafka
+// (librdkafka's mock cluster) and Redis (miniredis) or real ones, plays a
+// scripted scenario through the real ingestion path and reports what came
+// out: processed, deduplicated, dead-lettered, recovered, lost, reordered.
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/service"
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+)
+
+// Options configures a run.
+type Options struct {
+	// ConfigPath is the YAML the three configurations start from; ""
+	// looks for config/development.yaml here and in parent directories,
+	// and falls back to the built-in defaults.
+	ConfigPath string
+	// Kafka and Redis are real services' addresses; "" embeds them.
+	Kafka, Redis string
+	Scenario     Scenario
+	Seed         uint64
+	// LogLevel of the daemons' loggers (stderr); "" is error, so the
+	// progress bar stays readable.
+	LogLevel string
+	// Out receives the report; Progress, when non-nil, the progress bar.
+	Out, Progress io.Writer
+	// Hold keeps everything up after the report until ctx ends; the
+	// notice saying so goes to Notice (stderr), so the report's last line
+	// stays the summary.
+	Hold   bool
+	Notice io.Writer
+	// DrainTimeout bounds the wait for the pipeline to settle after the
+	// scenario; 0 is 60 s.
+	DrainTimeout time.Duration
+}
+
+// Timing knobs of the demo's configuration; see configure.
+const (
+	recoveryBase = 4 * time.Second
+	// horizon: a DLQ entry due within it is still moving, so the run
+	// waits for it (two backoff steps cover the excited user's retries).
+	horizon = 3 * recoveryBase
+)
+
+// Run plays o.Scenario and returns the report, which it has also written
+// to o.Out.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	if o.Notice == nil {
+		o.Notice = io.Discard
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = 60 * time.Second
+	}
+	be, err := startBackends(o.Kafka, o.Redis)
+	if err != nil {
+		return nil, err
+	}
+	defer be.close()
+	tmp, err := os.MkdirTemp("", "kfpipe-demo-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+
+	// The fake WeChat listens first: its URL goes into the producer's
+	// configuration.
+	fakeLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("fake wechat listen: %w", err)
+	}
+	cfgs, err := configure(o, be, tmp, "http://"+fakeLn.Addr().String())
+	if err != nil {
+		fakeLn.Close()
+		return nil, err
+	}
+	fake := wecomtest.NewHandler(wecomtest.Options{CorpID: cfgs.producer.WeCom.CorpID, Secret: cfgs.producer.WeCom.Secret,
+		Accounts: cfgs.producer.WeCom.OpenKfIDs})
+	fakeSrv := &http.Server{Handler: fake, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = fakeSrv.Serve(fakeLn) }()
+	defer fakeSrv.Close()
+
+	if err := be.createMockTopics(cfgs.common.Kafka.Topics.Main, cfgs.common.Kafka.Topics.DLQ); err != nil {
+		return nil, err
+	}
+	if be.suffix != "" {
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := be.cleanup(cctx, []string{cfgs.common.Kafka.Topics.Main.Name, cfgs.common.Kafka.Topics.DLQ.Name},
+				cfgs.common.Redis.KeyPrefix); err != nil {
+				fmt.Fprintf(o.Notice, "demo: cleanup of real services incomplete: %v\n", err)
+			}
+		}()
+	}
+
+	rec := newRecorder()
+	pl, err := startPipeline(ctx, cfgs, rec)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), cfgs.common.Ops.ShutdownTimeout)
+		defer cancel()
+		if err := pl.close(sctx); err != nil {
+			fmt.Fprintf(o.Notice, "demo: shutdown: %v\n", err)
+		}
+	}()
+
+	rep := &Report{AdminURL: pl.dlq.AdminURL, OperatorToken: cfgs.operatorToken}
+	fmt.Fprintf(o.Out, "kfpipe demo: kafka %s (%s), redis %s (%s)\n", be.brokers, kind(be.embedded.kafka),
+		be.redisAddr, kind(be.embedded.redis))
+	fmt.Fprintf(o.Out, "admin console: %s/admin/ui/  operator token: %s\n", pl.dlq.AdminURL, cfgs.operatorToken)
+	fmt.Fprintf(o.Out, "callback: %s  fake WeChat: %s\n", pl.producer.CallbackURL, cfgs.producer.WeCom.BaseURL)
+
+	sender := &wecomtest.CallbackSender{URL: pl.producer.CallbackURL, Token: cfgs.producer.Callback.Token,
+		AESKey: cfgs.producer.Callback.EncodingAESKey, CorpID: cfgs.producer.WeCom.CorpID,
+		HTTPClient: &http.Client{Timeout: 5 * time.Second}}
+	if err := warmUp(ctx, fake, sender, rec); err != nil {
+		return nil, err
+	}
+
+	p := o.Scenario.build(o.Seed)
+	drv := &driver{plan: p, fake: fake, sender: sender, rec: rec}
+	fmt.Fprintf(o.Out, "scenario: %d messages over %.0f s (%d normal users, excited user, bot, outage, re-delivery, crowd of %d)\n",
+		len(p.msgs), p.duration.Seconds(), o.Scenario.Users, o.Scenario.CrowdUsers)
+	start := time.Now()
+	bar := newBar(o.Progress)
+	sctx, cancel := context.WithCancel(ctx)
+	drvDone := make(chan error, 1)
+	go func() { drvDone <- drv.run(sctx, start) }()
+	var sendErr error
+	for sending := true; sending; {
+		select {
+		case sendErr = <-drvDone:
+			sending = false
+		case <-time.After(250 * time.Millisecond):
+			// Approximate while the driver still writes the plan:
+			// processed plus what the DLQ holds.
+			done := rec.processed()
+			if st, err := pl.dlq.Index.Stats(ctx); err == nil {
+				done += int(st.Total - st.Retried)
+			}
+			bar.draw(done, len(p.msgs), fmt.Sprintf("t=%.0fs sending", time.Since(start).Seconds()))
+		}
+	}
+	cancel()
+	if sendErr != nil {
+		bar.done()
+		return nil, sendErr
+	}
+	rep.Settled = settle(ctx, pl, p, rec, bar, o.DrainTimeout)
+	bar.done()
+	now := time.Now()
+	rep.Elapsed = now.Sub(start)
+	view, err := loadDLQ(ctx, pl.dlq.Index)
+	if err != nil {
+		return nil, fmt.Errorf("read dlq index: %w", err)
+	}
+	rep.account(p, rec.snapshot(), view, now, start)
+	rep.Duplicates = int(counterValue(pl.consumerBase.Registry, "kfpipe_messages_duplicate_total"))
+	_, rep.Redelivered, rep.Callbacks, rep.CallbackErrors = drv.counts()
+	checkAdmin(ctx, rep)
+	rep.Write(o.Out)
+	if o.Hold {
+		fmt.Fprintf(o.Notice, "holding: admin console %s/admin/ui/ (token %s); Ctrl-C to stop\n", rep.AdminURL, rep.OperatorToken)
+		<-ctx.Done()
+	}
+	return rep, nil
+}
+
+func kind(embedded bool) string {
+	if embedded {
+		return "embedded"
+	}
+	return "real"
+}
+
+// settle waits until every message is processed or held in the DLQ with
+// no retry due soon, and the consumer has read nothing new for a second.
+func settle(ctx context.Context, pl *pipeline, p *plan, rec *recorder, bar *bar, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	var lastConsumed float64 = -1
+	stableSince := time.Now()
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(250 * time.Millisecond):
+		}
+		view, err := loadDLQ(ctx, pl.dlq.Index)
+		if err != nil {
+			continue
+		}
+		now := time.Now()
+		done, total := progress(p, rec.snapshot(), view, now, horizon)
+		bar.draw(done, total, "draining")
+		consumed := counterValue(pl.consumerBase.Registry, "kfpipe_messages_consumed_total")
+		if consumed != lastConsumed {
+			lastConsumed, stableSince = consumed, now
+		}
+		if done == total && now.Sub(stableSince) >= time.Second {
+			return true
+		}
+	}
+	return false
+}
+
+// warmUp sends one message through the whole path and waits for the
+// handler to see it, so the scenario starts with the consumer group
+// assigned (a backlog at the start would bunch users' messages together
+// and trip the limiter).
+func warmUp(ctx context.Context, fake *wecomtest.Server, sender *wecomtest.CallbackSender, rec *recorder) error {
+	acc := accountName(0)
+	fake.AddText(acc, warmupUser, "hello")
+	deadline := time.After(90 * time.Second)
+	for {
+		tok := fake.IssueToken(acc)
+		if resp, err := sender.SendEvent(ctx, acc, tok); err == nil {
+			resp.Body.Close()
+		}
+		select {
+		case <-rec.warm:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return errors.New("warm-up message not handled within 90 s: is the pipeline connected?")
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// checkAdmin asks the admin API what an operator would: the console, the
+// DLQ stats and the bot's rate-limit status.
+func checkAdmin(ctx context.Context, r *Report) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	get := func(path string, into any) int {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.AdminURL+path, nil)
+		if err != nil {
+			return 0
+		}
+		req.Header.Set("Authorization", "Bearer "+r.OperatorToken)
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		if into != nil {
+			_ = json.NewDecoder(resp.Body).Decode(into)
+		} else {
+			_, _ = io.Copy(io.Discard, resp.Body)
+		}
+		return resp.StatusCode
+	}
+	r.AdminUI = get("/admin/ui/", nil)
+	r.AdminDLQStats = get("/admin/dlq/stats", nil)
+	var st struct {
+		Blocked bool `json:"blocked"`
+	}
+	r.AdminBotStatus = get("/admin/ratelimit/status/"+botUser, &st)
+	r.BotBlocked = st.Blocked
+}
+
+// findConfig looks for config/development.yaml from the working directory
+// up, so the demo runs from the repository root and from a test's package
+// directory alike.
+func findConfig() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		p := filepath.Join(dir, "config", "development.yaml")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}
+
+// configs are the three daemons' configurations for one run.
+type configs struct {
+	common        config.Common
+	producer      *config.Producer
+	consumer      *config.Consumer
+	dlq           *config.DLQConsumer
+	operatorToken string
+}
+
+// configure loads the three configurations from the file and overrides
+// what the demo needs in Go: its backends, loopback ports picked by the
+// OS, its own tokens and files, and short timers so recovery happens
+// within the run.
+func configure(o Options, be *backends, tmp, fakeURL string) (*configs, error) {
+	path := o.ConfigPath
+	if path == "" {
+		path = findConfig()
+	}
+	prod, err := config.LoadProducer(path)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := config.LoadConsumer(path)
+	if err != nil {
+		return nil, err
+	}
+	dq, err := config.LoadDLQConsumer(path)
+	if err != nil {
+		return nil, err
+	}
+	level := o.LogLevel
+	if level == "" {
+		level = "error"
+	}
+	c := &configs{producer: prod, consumer: cons, dlq: dq, operatorToken: "demo-op-" + randHex(12)}
+	common := func(cm *config.Common) {
+		cm.Log.Level = level
+		cm.Ops.Addr = "127.0.0.1:0"
+		cm.Ops.Pprof = false
+		cm.Kafka.Brokers = be.brokers
+		cm.Redis.Mode = "single"
+		cm.Redis.Addr = be.redisAddr
+		if be.suffix != "" {
+			// Real services: nothing of an earlier run may be seen.
+			cm.Kafka.Topics.Main.Name += "-" + be.suffix
+			cm.Kafka.Topics.DLQ.Name += "-" + be.suffix
+			cm.Kafka.Consumer.GroupID += "-" + be.suffix
+			cm.Redis.KeyPrefix = "kfpipe-" + be.suffix + ":"
+		}
+		if be.embedded.kafka {
+			// One mock broker: every topic has one replica.
+			for _, t := range []*config.Topic{&cm.Kafka.Topics.Main, &cm.Kafka.Topics.DLQ} {
+				t.ReplicationFactor, t.MinInsyncReplicas = 1, 1
+			}
+			// The mock broker answers a fetch only when fetch.wait.max.ms
+			// (500 ms) ends, not when data arrives as a real broker does;
+			// without this every message would wait ~250 ms on average.
+			cm.Kafka.Overrides = map[string]string{"fetch.wait.max.ms": "20"}
+			if level != "debug" && level != "info" {
+				// Every producer and admin client would warn that
+				// fetch.wait.max.ms is a consumer property.
+				cm.Kafka.Overrides["log_level"] = "3"
+			}
+		}
+	}
+	common(&prod.Common)
+	common(&cons.Common)
+	common(&dq.Common)
+	c.common = prod.Common
+
+	accounts := make([]string, max(o.Scenario.Accounts, 1))
+	for i := range accounts {
+		accounts[i] = accountName(i)
+	}
+	prod.Callback.Addr = "127.0.0.1:0"
+	prod.WeCom.BaseURL = fakeURL
+	prod.WeCom.OpenKfIDs = accounts
+	prod.Sync.SafetyInterval = 5 * time.Second
+
+	cons.Handler.Type = "noop" // replaced by the recorder
+	cons.Dedup.Lease = 10 * time.Second
+	cons.DLQ.EmergencyFile = filepath.Join(tmp, "consumer-dlq-emergency.jsonl")
+
+	dq.DLQ.EmergencyFile = filepath.Join(tmp, "dlq-consumer-emergency.jsonl")
+	// recoveryBase > 10 s / 3: an excited user's rate-limited message is
+	// retried at +4 s (still limited) and +12 s (window slid), never so
+	// often that the retries themselves reach the penalty threshold.
+	dq.Recovery.BaseDelay = recoveryBase
+	dq.Recovery.ScanInterval = 250 * time.Millisecond
+	dq.Admin.Addr = "127.0.0.1:0"
+	dq.Admin.Tokens = []config.AdminToken{
+		{Name: "demo-operator", Token: c.operatorToken, Role: "operator"},
+		{Name: "demo-viewer", Token: "demo-view-" + randHex(12), Role: "viewer"},
+	}
+	for name, v := range map[string]interface{ Validate() error }{"kf-producer": prod, "schedule-consumer": cons, "dlq-consumer": dq} {
+		if err := v.Validate(); err != nil {
+			return nil, fmt.Errorf("demo %s config: %w", name, err)
+		}
+	}
+	return c, nil
+}
+
+// pipeline is the three daemons running in this process.
+type pipeline struct {
+	producerBase, consumerBase, dlqBase *daemon.Base
+	producer                            *service.Producer
+	consumer                            *service.Consumer
+	dlq                                 *service.DLQ
+}
+
+func startPipeline(ctx context.Context, c *configs, h *recorder) (*pipeline, error) {
+	pl := &pipeline{}
+	fail := func(err error) (*pipeline, error) {
+		sctx, cancel := context.WithTimeout(context.Background(), c.common.Ops.ShutdownTimeout)
+		defer cancel()
+		_ = pl.close(sctx)
+		return nil, err
+	}
+	var err error
+	if pl.dlqBase, err = daemon.Start(ctx, "dlq-consumer", c.dlq.Common); err != nil {
+		return fail(fmt.Errorf("dlq-consumer: %w", err))
+	}
+	if pl.dlq, err = service.StartDLQ(ctx, c.dlq, pl.dlqBase); err != nil {
+		return fail(fmt.Errorf("dlq-consumer: %w", err))
+	}
+	if pl.consumerBase, err = daemon.Start(ctx, "schedule-consumer", c.consumer.Common); err != nil {
+		return fail(fmt.Errorf("schedule-consumer: %w", err))
+	}
+	if pl.consumer, err = service.StartConsumer(ctx, c.consumer, pl.consumerBase, h); err != nil {
+		return fail(fmt.Errorf("schedule-consumer: %w", err))
+	}
+	if pl.producerBase, err = daemon.Start(ctx, "kf-producer", c.producer.Common); err != nil {
+		return fail(fmt.Errorf("kf-producer: %w", err))
+	}
+	if pl.producer, err = service.StartProducer(ctx, c.producer, pl.producerBase); err != nil {
+		return fail(fmt.Errorf("kf-producer: %w", err))
+	}
+	return pl, nil
+}
+
+// close stops ingestion first, then consumption, then the DLQ side, as an
+// operator would stop the daemons.
+func (pl *pipeline) close(ctx context.Context) error {
+	var errs []error
+	if pl.producer != nil {
+		errs = append(errs, pl.producer.Close(ctx))
+	}
+	if pl.producerBase != nil {
+		errs = append(errs, pl.producerBase.Close(ctx))
+	}
+	if pl.consumer != nil {
+		errs = append(errs, pl.consumer.Close(ctx))
+	}
+	if pl.consumerBase != nil {
+		errs = append(errs, pl.consumerBase.Close(ctx))
+	}
+	if pl.dlq != nil {
+		errs = append(errs, pl.dlq.Close(ctx))
+	}
+	if pl.dlqBase != nil {
+		errs = append(errs, pl.dlqBase.Close(ctx))
+	}
+	return errors.Join(errs...)
+}

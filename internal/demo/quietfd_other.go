@@ -1,0 +1,5 @@
+//go:build !unix
+
+package demo
+
+func withoutStderr(f func()) { f() }
