@@ -227,12 +227,13 @@ func TestPlacement(t *testing.T) {
 		wantReview bool
 		wantDelay  time.Duration
 	}{
-		{"first retry after base", ReasonRateLimited, 0, false, time.Minute},
-		{"doubles", ReasonRateLimited, 2, false, 4 * time.Minute},
+		{"first retry after base", ReasonQueueFull, 0, false, time.Minute},
+		{"doubles", ReasonQueueFull, 2, false, 4 * time.Minute},
 		{"capped at max", ReasonDownstreamError, 4, false, 16 * time.Minute},
 		{"exhausted goes to review", ReasonRateLimited, 5, true, 0},
 		{"invalid goes to review", ReasonInvalidMessage, 0, true, 0},
 		{"blocked waits for the block", ReasonUserBlocked, 0, false, 3*time.Hour + time.Second},
+		{"rate limited, now blocked, waits for the block", ReasonRateLimited, 0, false, 3*time.Hour + time.Second},
 		{"unknown reason default retries", Reason("weird"), 2, false, 4 * time.Minute},
 		{"unknown reason exhausted", Reason("weird"), DefaultMaxRetries, true, 0},
 	}

@@ -164,7 +164,10 @@ func NewPolicy(cfg config.Recovery, opts ...Option) *Policy {
 		switch r {
 		case ReasonInvalidMessage:
 			p.strategies[r] = &never{mk(r)}
-		case ReasonUserBlocked:
+		case ReasonUserBlocked, ReasonRateLimited:
+			// A rate-limited message of a user the limiter has since
+			// blocked would only be refused again as user_blocked: it
+			// waits for the block's end as well.
 			p.strategies[r] = &blocked{backoff: mk(r), lookup: o.blocks}
 		default:
 			b := mk(r)

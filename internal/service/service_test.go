@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -40,14 +41,25 @@ func common(t *testing.T, c *config.Common, mainTopic, dlqTopic, prefix, group s
 }
 
 type recorder struct {
-	mu    sync.Mutex
-	byKey map[string]int
-	order map[string][]string
+	mu       sync.Mutex
+	byKey    map[string]int
+	order    map[string][]string
+	attempts map[string]int
 }
 
+// Handle records effects; wm-flaky fails its first 3 attempts (the
+// in-place retries) so it goes through the DLQ and comes back; wm-broken
+// always fails.
 func (r *recorder) Handle(_ context.Context, m *chatmsg.ChatMessage) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.attempts[m.UpstreamMsgID]++
+	switch {
+	case m.ExternalUserID == "wm-broken":
+		return errors.New("downstream unavailable")
+	case m.ExternalUserID == "wm-flaky" && r.attempts[m.UpstreamMsgID] <= 3:
+		return errors.New("downstream hiccup")
+	}
 	r.byKey[m.UpstreamMsgID]++
 	r.order[m.ExternalUserID] = append(r.order[m.ExternalUserID], m.UpstreamMsgID)
 	return nil
@@ -95,6 +107,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	common(t, &dcfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
 	dcfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
 	dcfg.Admin.Addr = freeAddr(t)
+	dcfg.Recovery.MaxRetries["downstream_error"] = 1
 
 	start := func(name string, c config.Common) *daemon.Base {
 		b, err := daemon.Start(ctx, name, c)
@@ -104,7 +117,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 		t.Cleanup(func() { _ = b.Close(context.Background()) })
 		return b
 	}
-	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}}
+	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}, attempts: map[string]int{}}
 	cons, err := StartConsumer(ctx, ccfg, start("schedule-consumer", ccfg.Common), rec)
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +155,8 @@ func TestPipelineEndToEnd(t *testing.T) {
 	for i := 0; i < 12; i++ {
 		fake.AddText(kf, "wm-flooder", fmt.Sprintf("spam %d", i))
 	}
+	flaky := fake.AddText(kf, "wm-flaky", "first try fails")
+	broken := fake.AddText(kf, "wm-broken", "never works")
 	sender := &wecomtest.CallbackSender{URL: prod.CallbackURL, Token: pcfg.Callback.Token,
 		AESKey: pcfg.Callback.EncodingAESKey, CorpID: pcfg.WeCom.CorpID}
 	resp, err := sender.SendEvent(ctx, kf, fake.IssueToken(kf))
@@ -162,7 +177,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 				return false
 			}
 		}
-		return len(rec.order["wm-flooder"]) == 5
+		return len(rec.order["wm-flooder"]) == 5 && rec.byKey[flaky] == 1
 	})
 	rec.mu.Lock()
 	for _, id := range want {
@@ -177,21 +192,36 @@ func TestPipelineEndToEnd(t *testing.T) {
 	}
 	rec.mu.Unlock()
 
-	// The flooder's 7 refusals reach the DLQ index through the topic.
+	if rec.attempts[flaky] != 4 {
+		t.Errorf("flaky message attempts = %d, want 3 in place + 1 after the DLQ retry", rec.attempts[flaky])
+	}
+
+	// The flooder's 7 refusals reach the DLQ index through the topic, and
+	// the broken user's message ends in manual review after max retries.
 	op, viewer := dcfg.Admin.Tokens[0].Token, dcfg.Admin.Tokens[1].Token
 	var stats struct {
 		Total    int64            `json:"total"`
 		ByReason map[string]int64 `json:"by_reason"`
+		Review   int64            `json:"review"`
+		Retried  int64            `json:"retried"`
 	}
+	var lastList []byte
+	defer func() {
+		if t.Failed() {
+			t.Logf("last stats %+v\nlast review list %s", stats, lastList)
+		}
+	}()
 	waitFor(t, 60*time.Second, "dead letters indexed", func() bool {
 		code, b := adminGet(t, d.AdminURL+"/admin/dlq/stats", viewer)
 		if code != 200 || json.Unmarshal(b, &stats) != nil {
 			return false
 		}
-		return stats.Total == 7
+		code, b = adminGet(t, d.AdminURL+"/admin/dlq/messages?user=wm-broken&review=true", viewer)
+		lastList = b
+		return stats.ByReason["rate_limited"]+stats.ByReason["user_blocked"] == 7 && code == 200 && strings.Contains(string(b), broken)
 	})
-	if stats.ByReason["rate_limited"]+stats.ByReason["user_blocked"] != 7 {
-		t.Fatalf("dead letters by reason %v", stats.ByReason)
+	if n := stats.ByReason["downstream_error"]; n != 3 {
+		t.Errorf("downstream_error dead letters = %d, want 3 (flaky once, broken twice)", n)
 	}
 	code, b := adminGet(t, d.AdminURL+"/admin/dlq/messages?user=wm-flooder", viewer)
 	if code != 200 || !strings.Contains(string(b), "wm-flooder") {
@@ -210,6 +240,22 @@ func TestPipelineEndToEnd(t *testing.T) {
 	req.Header.Set("Content-Type", "application/json")
 	if r, err := http.DefaultClient.Do(req); err != nil || r.StatusCode/100 != 2 {
 		t.Fatalf("operator unblock = %v %v", r, err)
+	}
+
+	// Rebuilding the index from the DLQ topic gives the same counts.
+	t.Setenv("KFPIPE_KAFKA_BROKERS", dcfg.Kafka.Brokers)
+	t.Setenv("KFPIPE_KAFKA_TOPICS_MAIN_NAME", mainTopic)
+	t.Setenv("KFPIPE_KAFKA_TOPICS_DLQ_NAME", dlqTopic)
+	t.Setenv("KFPIPE_REDIS_ADDR", dcfg.Redis.Addr)
+	t.Setenv("KFPIPE_REDIS_KEY_PREFIX", prefix)
+	t.Setenv("KFPIPE_RECOVERY_MAX_RETRIES_DOWNSTREAM_ERROR", "1")
+	before := stats
+	if err := RunDLQ(ctx, []string{"rebuild", "--config", "../../config/test.yaml"}); err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	if code, b := adminGet(t, d.AdminURL+"/admin/dlq/stats", viewer); code != 200 || json.Unmarshal(b, &stats) != nil ||
+		fmt.Sprint(stats) != fmt.Sprint(before) || before.Review != 1 {
+		t.Fatalf("after rebuild %d %+v, before %+v", code, stats, before)
 	}
 
 	// The cursor was stored only after delivery: it equals the fake's last.

@@ -1,0 +1,129 @@
+// Command cmd is the pipeline benchmark harness that scripts/bench.sh runs
+// (`make bench`): one scenario per process, so that each one's RSS and heap
+// are its own, printing one JSON line per result on stdout.
+//
+//	go run ./internal/bench/cmd -scenario consumer -brokers 127.0.0.1:19092 -redis 127.0.0.1:16379
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+	"runtime/pprof"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/kfpipe/kfpipe/internal/bench"
+	"github.com/kfpipe/kfpipe/internal/config"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	scenario := flag.String("scenario", "", "producer|consumer|e2e|memory|isolation")
+	brokers := flag.String("brokers", envOr("KFPIPE_TEST_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap servers")
+	redisAddr := flag.String("redis", envOr("KFPIPE_TEST_REDIS", "127.0.0.1:16379"), "Redis address")
+	msgs := flag.Int("msgs", 0, "messages (0 = the scenario's default)")
+	users := flag.Int("users", 0, "users (0 = the scenario's default)")
+	partitions := flag.Int("partitions", 4, "partitions of the consumer scenario's topic")
+	duration := flag.Duration("duration", 0, "paced scenarios' run time (0 = default)")
+	variant := flag.String("variant", "", "consumer scenario diagnostics: no_limiter | no_flush_wait (processor.pipeline_flush=0) | bare (no dedup, limiter, breaker)")
+	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address while running")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the scenario to this file")
+	flag.Parse()
+
+	logCfg := zap.NewProductionConfig()
+	logCfg.Level = zap.NewAtomicLevelAt(zapcore.ErrorLevel)
+	logCfg.OutputPaths = []string{"stderr"}
+	log, err := logCfg.Build()
+	if err != nil {
+		return err
+	}
+	e, err := bench.NewEnv(*brokers, *redisAddr, log)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if *pprofAddr != "" {
+		go func() { _ = http.ListenAndServe(*pprofAddr, nil) }()
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	or := func(v, def int) int {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
+	ord := func(v, def time.Duration) time.Duration {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
+	var results []bench.Result
+	switch *scenario {
+	case "producer":
+		results, err = bench.Producer(e, bench.ProducerOptions{Msgs: or(*msgs, 300000), Streams: 4, Page: 1000})
+	case "consumer":
+		var r bench.Result
+		r, err = bench.Consumer(e, bench.ConsumerOptions{Msgs: or(*msgs, 300000), Users: or(*users, 10000), Partitions: *partitions, Bare: *variant == "bare",
+			Mutate: func(c *config.Consumer) {
+				switch *variant {
+				case "no_limiter":
+					c.RateLimit.Enabled = false
+				case "no_flush_wait":
+					c.Processor.PipelineFlush = 0
+				}
+			}})
+		results = []bench.Result{r}
+	case "e2e":
+		var r bench.Result
+		r, err = bench.E2ELatency(e, float64(or(*msgs, 5000)), ord(*duration, 20*time.Second), or(*users, 1000))
+		results = []bench.Result{r}
+	case "memory":
+		var r bench.Result
+		r, err = bench.Memory(e, or(*users, 100000), ord(*duration, 45*time.Second))
+		results = []bench.Result{r}
+	case "isolation":
+		var r bench.Result
+		r, err = bench.Isolation(e, or(*users, 1000), 10, ord(*duration, 30*time.Second))
+		results = []bench.Result{r}
+	default:
+		return fmt.Errorf("-scenario must be one of producer, consumer, e2e, memory, isolation; got %q", *scenario)
+	}
+	enc := json.NewEncoder(os.Stdout)
+	for _, r := range results {
+		if eerr := enc.Encode(r); eerr != nil {
+			return eerr
+		}
+	}
+	return err
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

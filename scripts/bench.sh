@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# What `make bench` runs: the pipeline benchmarks against the real single-node
+# broker and Redis (started by services.sh when not running). Each scenario
+# runs in its own process (so its RSS is its own) and prints one JSON line
+# per result; they are collected in .run/bench/results.jsonl, and the plots
+# docs/bench-throughput.png and docs/bench-latency.png are drawn from them
+# (matplotlib, installed with pip into .run/benchvenv on first use).
+#
+#   scripts/bench.sh                        all scenarios (about 5-8 minutes)
+#   scripts/bench.sh consumer e2e           some of: producer consumer e2e memory isolation
+#   KFPIPE_BENCH_NO_PLOT=1                  skip the plots
+#   KFPIPE_KEEP_SERVICES=1                  leave the services running afterwards
+set -euo pipefail
+LOG_TAG=bench
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+cd "$REPO_ROOT"
+out="$RUN_DIR/bench"
+mkdir -p docs
+mkdir -p "$out"
+
+started=()
+cleanup() {
+  local rc=$? s
+  if [[ ${KFPIPE_KEEP_SERVICES:-} != 1 ]]; then
+    for s in "${started[@]}"; do "$SCRIPTS_DIR/$s.sh" stop || true; done
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+for s in kafka redis; do
+  "$SCRIPTS_DIR/$s.sh" status 2>/dev/null || started+=("$s")
+done
+eval "$("$SCRIPTS_DIR/services.sh" up)"
+
+log "building the harness"
+go build -o "$out/kfpipe-bench" ./internal/bench/cmd
+
+(($#)) || set -- producer consumer e2e memory isolation
+results="$out/results.jsonl"
+: >"$results"
+log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(go version | cut -d' ' -f3), load $(cut -d' ' -f1-3 /proc/loadavg)"
+status=0
+for sc in "$@"; do
+  log "scenario $sc"
+  if ! timeout 300 "$out/kfpipe-bench" -scenario "$sc" -brokers "$KFPIPE_TEST_KAFKA" -redis "$KFPIPE_TEST_REDIS" \
+    2>"$out/$sc.stderr" | tee -a "$results"; then
+    log "scenario $sc failed: $(tail -n 5 "$out/$sc.stderr")"
+    status=1
+  fi
+done
+
+if [[ ${KFPIPE_BENCH_NO_PLOT:-} != 1 ]]; then
+  venv="$RUN_DIR/benchvenv"
+  if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    log "installing matplotlib into $venv"
+    python3 -m venv "$venv" && "$venv/bin/pip" install -q matplotlib || log "matplotlib not installable; no plots"
+  fi
+  if "$venv/bin/python" internal/bench/plot/plot.py "$results" docs; then
+    log "plots: docs/bench-throughput.png docs/bench-latency.png"
+  fi
+fi
+log "results: $results"
+exit "$status"
