@@ -1,0 +1,296 @@
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"sort"
+	"strings"
+	"time"
+)
+
+// DeadLetter is what the DLQ index holds for one message.
+type DeadLetter struct {
+	ID     string
+	MsgID  string
+	User   string
+	Reason string
+	State  string
+}
+
+// Evidence is everything a scenario is judged on, gathered from outside
+// the daemons.
+type Evidence struct {
+	Sent       []Sent
+	Deliveries []Delivery
+	DLQ        map[string][]DeadLetter // by upstream msgid
+	Kafka      map[string]int          // upstream msgid → records on the main topic
+	KafkaTotal int
+	Kills      []Kill
+	Lease      time.Duration
+	Crashes    []string
+}
+
+// DeadLetters reads the whole DLQ index through the admin API.
+func (p *Pipeline) DeadLetters(ctx context.Context) (map[string][]DeadLetter, error) {
+	out := map[string][]DeadLetter{}
+	cursor := ""
+	for {
+		q := url.Values{"limit": {"500"}}
+		if cursor != "" {
+			q.Set("cursor", cursor)
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.AdminURL+"/admin/dlq/messages?"+q.Encode(), nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+OperatorToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("dlq admin: %w", err)
+		}
+		var page struct {
+			Messages []struct {
+				ID      string          `json:"id"`
+				User    string          `json:"user"`
+				Reason  string          `json:"reason"`
+				State   string          `json:"state"`
+				Message json.RawMessage `json:"message"`
+			} `json:"messages"`
+			NextCursor string `json:"next_cursor"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil, fmt.Errorf("dlq admin: %s", resp.Status)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dlq admin: decode: %w", err)
+		}
+		for _, m := range page.Messages {
+			var orig struct {
+				UpstreamMsgID string `json:"upstream_msgid"`
+			}
+			_ = json.Unmarshal(m.Message, &orig)
+			out[orig.UpstreamMsgID] = append(out[orig.UpstreamMsgID],
+				DeadLetter{ID: m.ID, MsgID: orig.UpstreamMsgID, User: m.User, Reason: m.Reason, State: m.State})
+		}
+		if page.NextCursor == "" || len(page.Messages) == 0 {
+			return out, nil
+		}
+		cursor = page.NextCursor
+	}
+}
+
+// DumpMainTopic reads the whole main topic with kcat and counts the
+// records of each upstream msgid (from the upstream_msgid header).
+func (p *Pipeline) DumpMainTopic(ctx context.Context) (map[string]int, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, p.Opts.Kcat, "-b", p.Opts.Brokers, "-C", "-t", p.MainTopic, "-e", "-q",
+		"-X", "isolation.level=read_committed", "-f", "%p\t%o\t%k\t%h\n")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, 0, fmt.Errorf("kcat: %v: %s", err, stderr.String())
+	}
+	counts := map[string]int{}
+	total := 0
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), "\t", 4)
+		if len(parts) < 4 {
+			continue
+		}
+		total++
+		for _, h := range strings.Split(parts[3], ",") {
+			if v, ok := strings.CutPrefix(h, "upstream_msgid="); ok {
+				counts[v]++
+			}
+		}
+	}
+	return counts, total, sc.Err()
+}
+
+// Settle waits until every message fed has an effect or a dead letter,
+// then for a quiet period (the dedup lease plus 3 s, so a redelivery after
+// an expired claim would still show). It gives up at timeout; the
+// evidence then shows what is missing.
+func (p *Pipeline) Settle(ctx context.Context, f *Feeder, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	quiet := p.Opts.DedupLease + 3*time.Second
+	var missing []Sent
+	for {
+		missing = missing[:0]
+		for _, s := range f.Sent() {
+			if !p.Sink.Has(s.MsgID) {
+				missing = append(missing, s)
+			}
+		}
+		if len(missing) > 0 {
+			// Only ask the DLQ about what the Sink has not seen.
+			if dl, err := p.DeadLetters(ctx); err == nil {
+				kept := missing[:0]
+				for _, s := range missing {
+					if len(dl[s.MsgID]) == 0 {
+						kept = append(kept, s)
+					}
+				}
+				missing = kept
+			}
+		}
+		_, last := p.Sink.Len()
+		if len(missing) == 0 && time.Since(last) >= quiet {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not settled after %s: %d messages without effect or dead letter", timeout, len(missing))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// Collect gathers the evidence: the Sink's deliveries, the DLQ index, a
+// kcat dump of the main topic and the kills.
+func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
+	ev := &Evidence{Sent: f.Sent(), Deliveries: p.Sink.Deliveries(), Kills: p.Kills(), Lease: p.Opts.DedupLease,
+		Crashes: p.Crashes()}
+	var err error
+	if ev.DLQ, err = p.DeadLetters(ctx); err != nil {
+		return nil, err
+	}
+	if ev.Kafka, ev.KafkaTotal, err = p.DumpMainTopic(ctx); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// crashWindow is how long after a delivery a kill of the process that made
+// it explains a second delivery: the claim lease (the redelivery waits for
+// it) plus slack for the done mark that did not get written.
+func (e *Evidence) crashWindow() time.Duration { return e.Lease + 2*time.Second }
+
+// Report computes the counts. lost: sent, no effect and no dead letter.
+// dup: a second (or later) effect not explained by a kill -9 of the
+// process that made the previous one, within crashWindow after it.
+// reordered: per user, a first effect that comes after the first effect
+// of a message later in the WeChat order (messages that went through the
+// DLQ are left out: they leave the order with a recorded reason).
+func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
+	r := &Report{Name: name, Duration: elapsed, Sent: len(e.Sent)}
+	sent := make(map[string]Sent, len(e.Sent))
+	for _, s := range e.Sent {
+		sent[s.MsgID] = s
+	}
+	byMsg := map[string][]Delivery{}
+	for _, d := range e.Deliveries {
+		byMsg[d.MsgID] = append(byMsg[d.MsgID], d)
+	}
+	r.Deliveries = len(e.Deliveries)
+	killsByTag := map[string][]time.Time{}
+	for _, k := range e.Kills {
+		killsByTag[k.Tag] = append(killsByTag[k.Tag], k.At)
+	}
+	explained := func(prev Delivery) bool {
+		for _, at := range killsByTag[prev.Tag] {
+			// The kill came after the delivery reached the Sink (small
+			// slack: the Sink stamps after its sleep) and soon enough that
+			// the done mark can have been missing.
+			if !at.Before(prev.At.Add(-100*time.Millisecond)) && at.Sub(prev.At) <= e.crashWindow() {
+				return true
+			}
+		}
+		return false
+	}
+	for id, ds := range byMsg {
+		if _, ok := sent[id]; !ok {
+			r.Problem("effect for a message never sent: %s (from %s)", id, ds[0].Tag)
+			continue
+		}
+		r.Effects++
+		if len(ds) == 1 {
+			continue
+		}
+		unexplained := false
+		for i := 1; i < len(ds); i++ {
+			if !explained(ds[i-1]) {
+				unexplained = true
+			}
+		}
+		if unexplained {
+			r.Dup++
+			if r.Dup <= 5 {
+				r.note("dup %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
+			}
+		} else {
+			r.Redelivered++
+		}
+	}
+	for _, s := range e.Sent {
+		dl := e.DLQ[s.MsgID]
+		if len(dl) > 0 {
+			r.DLQ++
+		}
+		if len(byMsg[s.MsgID]) == 0 && len(dl) == 0 {
+			r.Lost++
+			if r.Lost <= 5 {
+				r.note("lost %s user %s account %s (kafka records %d)", s.MsgID, s.User, s.OpenKfID, e.Kafka[s.MsgID])
+			}
+		}
+		if e.Kafka[s.MsgID] > 0 {
+			r.InKafka++
+		}
+	}
+	r.KafkaRecords = e.KafkaTotal
+	r.Reordered = e.reordered(byMsg, r)
+	r.Kills = len(e.Kills)
+	for _, c := range e.Crashes {
+		r.Problem("daemon crash: %s", c)
+	}
+	return r
+}
+
+func (e *Evidence) reordered(byMsg map[string][]Delivery, r *Report) int {
+	perUser := map[string][]Sent{}
+	for _, s := range e.Sent {
+		if len(e.DLQ[s.MsgID]) > 0 || len(byMsg[s.MsgID]) == 0 {
+			continue
+		}
+		perUser[s.User] = append(perUser[s.User], s)
+	}
+	n := 0
+	for user, msgs := range perUser {
+		sort.Slice(msgs, func(i, j int) bool { return byMsg[msgs[i].MsgID][0].Seq < byMsg[msgs[j].MsgID][0].Seq })
+		maxIdx := -1
+		for _, s := range msgs {
+			if s.Index < maxIdx {
+				n++
+				if n <= 5 {
+					r.note("reordered %s user %s: WeChat index %d first handled after index %d", s.MsgID, user, s.Index, maxIdx)
+				}
+				continue
+			}
+			maxIdx = s.Index
+		}
+	}
+	return n
+}
+
+func describeDeliveries(ds []Delivery) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = fmt.Sprintf("%s@%s", d.Tag, d.At.Format("15:04:05.000"))
+	}
+	return strings.Join(parts, ", ")
+}

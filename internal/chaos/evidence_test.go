@@ -1,0 +1,112 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReportCounts checks the judge itself on hand-made evidence, so a
+// scenario that passes is known to be able to fail.
+func TestReportCounts(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	sent := []Sent{
+		{MsgID: "a1", User: "a", Index: 0}, {MsgID: "a2", User: "a", Index: 1}, {MsgID: "a3", User: "a", Index: 2},
+		{MsgID: "b1", User: "b", Index: 0}, {MsgID: "b2", User: "b", Index: 1},
+	}
+	d := func(seq int, id, tag string, ms int) Delivery {
+		return Delivery{Seq: seq, MsgID: id, User: id[:1], Tag: tag, At: at(ms)}
+	}
+	tests := []struct {
+		name       string
+		deliveries []Delivery
+		dlq        map[string][]DeadLetter
+		kills      []Kill
+		want       Report
+	}{
+		{
+			name:       "clean",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "b1", "c.1", 1), d(2, "a2", "c.1", 2), d(3, "a3", "c.1", 3), d(4, "b2", "c.1", 4)},
+			want:       Report{Effects: 5},
+		},
+		{
+			name:       "lost unless dead-lettered",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a3", "c.1", 3), d(2, "b1", "c.1", 4)},
+			dlq:        map[string][]DeadLetter{"a2": {{MsgID: "a2", Reason: "downstream_error"}}},
+			want:       Report{Effects: 3, DLQ: 1, Lost: 1}, // b2
+		},
+		{
+			name: "second effect right before a kill of its process is explained",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 1000), d(2, "a2", "c.2", 5000),
+				d(3, "a3", "c.2", 5001), d(4, "b1", "c.2", 5002), d(5, "b2", "c.2", 5003)},
+			kills: []Kill{{Tag: "c.1", At: at(1050)}},
+			want:  Report{Effects: 5, Redelivered: 1},
+		},
+		{
+			name: "second effect without a kill of the process that made the first is a dup",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 1000), d(2, "a2", "c.2", 5000),
+				d(3, "a3", "c.2", 5001), d(4, "b1", "c.2", 5002), d(5, "b2", "c.2", 5003)},
+			kills: []Kill{{Tag: "c.3", At: at(1050)}},
+			want:  Report{Effects: 5, Dup: 1},
+		},
+		{
+			name: "a kill long after the first effect does not explain a second",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 1000), d(2, "a2", "c.2", 20000),
+				d(3, "a3", "c.2", 20001), d(4, "b1", "c.2", 20002), d(5, "b2", "c.2", 20003)},
+			kills: []Kill{{Tag: "c.1", At: at(15000)}},
+			want:  Report{Effects: 5, Dup: 1},
+		},
+		{
+			name:       "first effects out of WeChat order",
+			deliveries: []Delivery{d(0, "a2", "c.1", 0), d(1, "a1", "c.1", 1), d(2, "a3", "c.1", 2), d(3, "b1", "c.1", 3), d(4, "b2", "c.1", 4)},
+			want:       Report{Effects: 5, Reordered: 1},
+		},
+		{
+			name:       "a dead-lettered message may leave the order",
+			deliveries: []Delivery{d(0, "a2", "c.1", 0), d(1, "a3", "c.1", 1), d(2, "a1", "c.1", 2), d(3, "b1", "c.1", 3), d(4, "b2", "c.1", 4)},
+			dlq:        map[string][]DeadLetter{"a1": {{MsgID: "a1", Reason: "rate_limited"}}},
+			want:       Report{Effects: 5, DLQ: 1},
+		},
+		{
+			name:       "a redelivery does not count as out of order",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 10), d(2, "a1", "c.2", 4000), d(3, "a3", "c.2", 4001), d(4, "b1", "c.2", 4002), d(5, "b2", "c.2", 4003)},
+			kills:      []Kill{{Tag: "c.1", At: at(20)}},
+			want:       Report{Effects: 5, Redelivered: 1},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev := &Evidence{Sent: sent, Deliveries: tt.deliveries, DLQ: tt.dlq, Kills: tt.kills, Lease: 3 * time.Second,
+				Kafka: map[string]int{}}
+			if ev.DLQ == nil {
+				ev.DLQ = map[string][]DeadLetter{}
+			}
+			r := ev.Report("t", time.Second)
+			got := Report{Effects: r.Effects, DLQ: r.DLQ, Lost: r.Lost, Dup: r.Dup, Reordered: r.Reordered, Redelivered: r.Redelivered}
+			want := tt.want
+			if got.Effects != want.Effects || got.DLQ != want.DLQ || got.Lost != want.Lost || got.Dup != want.Dup ||
+				got.Reordered != want.Reordered || got.Redelivered != want.Redelivered {
+				t.Fatalf("got %s\nwant effects=%d dlq=%d lost=%d dup=%d reordered=%d redelivered=%d\nnotes: %v",
+					r.Line(), want.Effects, want.DLQ, want.Lost, want.Dup, want.Reordered, want.Redelivered, r.notes)
+			}
+			if r.OK() != (want.Lost == 0 && want.Dup == 0 && want.Reordered == 0) {
+				t.Fatalf("OK() = %v for %s", r.OK(), r.Line())
+			}
+		})
+	}
+}
+
+func TestReportLine(t *testing.T) {
+	r := &Report{Name: "x", Sent: 3, Effects: 3, Duration: 1500 * time.Millisecond}
+	r.Extra("outage", "10s")
+	line := r.Line()
+	for _, want := range []string{"scenario=x sent=3 effects=3 dlq=0 lost=0 dup=0 reordered=0 duration=1.5s ", " redelivered_after_kill=0", " outage=10s"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("line %q lacks %q", line, want)
+		}
+	}
+	if strings.Count(line, "\n") != 0 {
+		t.Errorf("line has a newline: %q", line)
+	}
+}

@@ -1,0 +1,143 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/wecom"
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+)
+
+// Sent is one message the Feeder put into the fake WeChat's log.
+type Sent struct {
+	MsgID    string
+	OpenKfID string
+	User     string
+	Index    int // position in the user's WeChat order
+	At       time.Time
+}
+
+// Feeder writes known messages into the fake WeChat and tells kf-producer
+// about them with signed callbacks, as WeChat does. Users are spread over
+// the pipeline's accounts (a user belongs to one account).
+type Feeder struct {
+	p     *Pipeline
+	users []string
+
+	mu        sync.Mutex
+	sent      []Sent
+	perUser   map[string]int
+	callbacks int
+	cbFailed  int
+}
+
+// NewFeeder prepares users distinct users ("u0000"…).
+func NewFeeder(p *Pipeline, users int) *Feeder {
+	f := &Feeder{p: p, perUser: map[string]int{}}
+	for i := range users {
+		f.users = append(f.users, fmt.Sprintf("u%04d-%s", i, p.Prefix[len("chaos-"):len(p.Prefix)-1]))
+	}
+	return f
+}
+
+func (f *Feeder) account(userIdx int) string {
+	return f.p.OpenKfIDs[userIdx%len(f.p.OpenKfIDs)]
+}
+
+// Feed appends total messages from random users at about rate messages a
+// second, in bursts every 100 ms, and sends a callback for each account a
+// burst touched. It returns when all are appended or ctx ends.
+func (f *Feeder) Feed(ctx context.Context, total int, rate float64) error {
+	const tick = 100 * time.Millisecond
+	perTick := max(1, int(rate*tick.Seconds()))
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for done := 0; done < total; {
+		n := min(perTick, total-done)
+		byKf := map[string][]wecom.Message{}
+		var order []string
+		for range n {
+			ui := rand.IntN(len(f.users))
+			kf := f.account(ui)
+			if _, ok := byKf[kf]; !ok {
+				order = append(order, kf)
+			}
+			byKf[kf] = append(byKf[kf], wecom.Message{
+				ExternalUserID: f.users[ui], Origin: wecom.OriginCustomer, MsgType: "text",
+			})
+		}
+		now := time.Now()
+		for _, kf := range order {
+			msgs := byKf[kf]
+			// The log's order is the WeChat order; Append under the feeder's
+			// lock keeps our record in the same order.
+			f.mu.Lock()
+			ids := f.p.Fake.Append(kf, msgs...)
+			for i, id := range ids {
+				u := msgs[i].ExternalUserID
+				f.sent = append(f.sent, Sent{MsgID: id, OpenKfID: kf, User: u, Index: f.perUser[u], At: now})
+				f.perUser[u]++
+			}
+			f.mu.Unlock()
+		}
+		for _, kf := range order {
+			f.notify(ctx, kf)
+		}
+		done += n
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// notify sends one callback, retrying briefly like WeChat does; when
+// kf-producer stays unreachable the safety sync picks the messages up.
+func (f *Feeder) notify(ctx context.Context, kf string) {
+	for attempt := 0; attempt < 3; attempt++ {
+		tok := f.p.Fake.IssueToken(kf)
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		resp, err := f.sender().SendEvent(cctx, kf, tok)
+		cancel()
+		if err == nil {
+			ok := resp.StatusCode == http.StatusOK
+			_ = resp.Body.Close()
+			if ok {
+				f.mu.Lock()
+				f.callbacks++
+				f.mu.Unlock()
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	f.mu.Lock()
+	f.cbFailed++
+	f.mu.Unlock()
+}
+
+func (f *Feeder) sender() *wecomtest.CallbackSender { return f.p.sender }
+
+// Sent returns every message fed so far, in feeding order.
+func (f *Feeder) Sent() []Sent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Sent(nil), f.sent...)
+}
+
+// Callbacks returns the callbacks answered 200 and those given up.
+func (f *Feeder) Callbacks() (ok, failed int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.callbacks, f.cbFailed
+}

@@ -1,0 +1,106 @@
+package chaos
+
+import (
+	"encoding/json"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Delivery is one handler call that reached the Sink: one effect.
+type Delivery struct {
+	Seq      int // order of arrival at the Sink
+	MsgID    string
+	OpenKfID string
+	User     string
+	Tag      string // consumer incarnation that posted it
+	At       time.Time
+}
+
+// Sink is the business side of the consumers' http handler: it records
+// every delivery, after an optional random delay that stands for the
+// handler's work. It answers 200 to everything it can decode.
+type Sink struct {
+	srv      *httptest.Server
+	sleepMax time.Duration
+
+	mu         sync.Mutex
+	deliveries []Delivery
+	seen       map[string]int // msgid → deliveries
+	changed    time.Time
+}
+
+// NewSink starts a Sink on a loopback port; Close stops it.
+func NewSink(sleepMax time.Duration) *Sink {
+	s := &Sink{sleepMax: sleepMax, seen: map[string]int{}}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	return s
+}
+
+// URL is the handler URL for one consumer incarnation.
+func (s *Sink) URL(tag string) string { return s.srv.URL + "/deliver/" + tag }
+
+// Close stops the server.
+func (s *Sink) Close() { s.srv.Close() }
+
+// wireMsg is the part of the consumer's JSON body the Sink reads.
+type wireMsg struct {
+	UpstreamMsgID  string `json:"upstream_msgid"`
+	OpenKfID       string `json:"open_kfid"`
+	ExternalUserID string `json:"external_userid"`
+}
+
+func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
+	tag, ok := strings.CutPrefix(r.URL.Path, "/deliver/")
+	if !ok || r.Method != http.MethodPost {
+		http.NotFound(w, r)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	var m wireMsg
+	if err == nil {
+		err = json.Unmarshal(body, &m)
+	}
+	if err != nil || m.UpstreamMsgID == "" {
+		// 400 makes the consumer dead-letter it as invalid_message: such a
+		// message is visible in the DLQ, not silently accepted.
+		http.Error(w, "sink: undecodable message", http.StatusBadRequest)
+		return
+	}
+	if s.sleepMax > 0 {
+		time.Sleep(rand.N(s.sleepMax + 1))
+	}
+	now := time.Now()
+	s.mu.Lock()
+	s.deliveries = append(s.deliveries, Delivery{Seq: len(s.deliveries), MsgID: m.UpstreamMsgID, OpenKfID: m.OpenKfID,
+		User: m.ExternalUserID, Tag: tag, At: now})
+	s.seen[m.UpstreamMsgID]++
+	s.changed = now
+	s.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+}
+
+// Deliveries returns a copy of every delivery so far, in arrival order.
+func (s *Sink) Deliveries() []Delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Delivery(nil), s.deliveries...)
+}
+
+// Has reports whether msgid was delivered at least once.
+func (s *Sink) Has(msgid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[msgid] > 0
+}
+
+// Len returns the number of deliveries and the time of the last one.
+func (s *Sink) Len() (int, time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.deliveries), s.changed
+}

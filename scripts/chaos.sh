@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# What `make chaos` runs: the full fault-injection suite (internal/chaos)
+# against real services, with the full-size scenarios enabled. It starts
+# the services that are not running (and stops those it started), runs
+#   go test -v -run 'TestChaos' -count=1 -timeout 30m ./internal/chaos/...
+# with KFPIPE_CHAOS_FULL=1, and prints one line per scenario at the end:
+#   scenario=<name> sent=N effects=N dlq=N lost=0 dup=0 reordered=0 duration=… …
+#
+#   CHAOS_RUN='TestChaosRedisOutage'   run only the matching scenarios
+#   KFPIPE_CHAOS_FULL=0                the reduced sizes (as in make test)
+#   KFPIPE_KEEP_SERVICES=1             leave the services running afterwards
+# Output is also written to .run/chaos.log, the scenario lines to
+# .run/chaos-report.txt.
+set -euo pipefail
+LOG_TAG=chaos
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+cd "$REPO_ROOT"
+mkdir -p "$RUN_DIR"
+
+started=()
+cleanup() {
+  local rc=$? s
+  if [[ ${KFPIPE_KEEP_SERVICES:-} != 1 ]]; then
+    for s in "${started[@]}"; do "$SCRIPTS_DIR/$s.sh" stop || true; done
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+for s in kafka redis etcd; do
+  "$SCRIPTS_DIR/$s.sh" status 2>/dev/null || started+=("$s")
+done
+eval "$("$SCRIPTS_DIR/services.sh" up)"
+export KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS KFPIPE_TEST_ETCD
+export KFPIPE_REPO_ROOT="$REPO_ROOT"
+export KFPIPE_CHAOS_FULL="${KFPIPE_CHAOS_FULL:-1}"
+report="$RUN_DIR/chaos-report.txt"
+: >"$report"
+export KFPIPE_CHAOS_REPORT="$report"
+
+run=${CHAOS_RUN:-TestChaos}
+log "go test -v -run '$run' -count=1 -timeout 30m ./internal/chaos/... (KFPIPE_CHAOS_FULL=$KFPIPE_CHAOS_FULL)"
+set +e
+go test -v -run "$run" -count=1 -timeout 30m ./internal/chaos/... 2>&1 | tee "$RUN_DIR/chaos.log"
+status=${PIPESTATUS[0]}
+set -e
+echo
+echo "== chaos scenarios =="
+if [[ -s $report ]]; then cat "$report"; else echo "(no scenario line: see $RUN_DIR/chaos.log)"; fi
+grep -E '^--- (FAIL|SKIP)' "$RUN_DIR/chaos.log" || true
+exit "$status"
