@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,14 +28,27 @@ type Producer struct {
 
 	log      *zap.Logger
 	kp       *producer.KafkaProducer
-	alloc    idgen.Allocator
 	etcd     *clientv3.Client
 	http     *http.Server
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
+	newAlloc func() (idgen.Allocator, error)
+	newGen   func(workerID int) (*idgen.Generator, error)
+	ids      generator
+
 	allocMu  sync.Mutex
+	alloc    idgen.Allocator
 	allocErr error
 }
+
+// generator is the Snowflake generator behind an atomic pointer: when the
+// worker ID is lost and allocated anew, the generator is swapped under the
+// running Syncer.
+type generator struct {
+	p atomic.Pointer[idgen.Generator]
+}
+
+func (g *generator) Next() (int64, error) { return g.p.Load().Next() }
 
 // StartProducer starts the kf-producer: a worker ID from the allocator, the
 // Snowflake generator, the async Kafka producer, the sync loop and the
@@ -54,28 +68,30 @@ func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base)
 	// allocation stops the sync and makes the process unready.
 	acfg := idgen.AllocatorFromConfig(cfg.IDGen, prefix, nodeName())
 	var err error
-	switch cfg.IDGen.Allocator.Backend {
-	case "etcd":
+	if cfg.IDGen.Allocator.Backend == "etcd" {
 		p.etcd, err = clientv3.New(clientv3.Config{Endpoints: cfg.IDGen.Allocator.EtcdEndpoints, DialTimeout: 5 * time.Second})
 		if err != nil {
 			return fail(fmt.Errorf("etcd: %w", err))
 		}
-		p.alloc, err = idgen.NewEtcdAllocator(p.etcd, acfg, idgen.WithLogger(log), idgen.WithRegisterer(reg))
-	default:
-		p.alloc, err = idgen.NewRedisAllocator(base.Redis, acfg, idgen.WithLogger(log), idgen.WithRegisterer(reg))
 	}
-	if err != nil {
-		return fail(fmt.Errorf("worker-id allocator: %w", err))
+	// Metrics are registered by the first allocator and generator only: a
+	// re-allocation must not register them twice.
+	idOpts := []idgen.Option{idgen.WithLogger(log), idgen.WithRegisterer(reg)}
+	p.newAlloc = func() (idgen.Allocator, error) {
+		defer func() { idOpts = []idgen.Option{idgen.WithLogger(log)} }()
+		if p.etcd != nil {
+			return idgen.NewEtcdAllocator(p.etcd, acfg, idOpts...)
+		}
+		return idgen.NewRedisAllocator(base.Redis, acfg, idOpts...)
 	}
-	workerID, err := p.alloc.Allocate(ctx)
-	if err != nil {
-		return fail(fmt.Errorf("allocate worker id: %w", err))
+	genOpts := []idgen.Option{idgen.WithRegisterer(reg)}
+	p.newGen = func(workerID int) (*idgen.Generator, error) {
+		defer func() { genOpts = nil }()
+		return idgen.New(idgen.SnowflakeFromConfig(cfg.IDGen, workerID), genOpts...)
 	}
-	gen, err := idgen.New(idgen.SnowflakeFromConfig(cfg.IDGen, workerID), idgen.WithRegisterer(reg))
-	if err != nil {
+	if err := p.allocate(ctx); err != nil {
 		return fail(err)
 	}
-	log.Info("worker id allocated", zap.Int("worker_id", workerID))
 
 	p.kp, err = producer.NewKafkaProducer(cfg.Kafka, reg, log)
 	if err != nil {
@@ -92,7 +108,7 @@ func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base)
 		Locker:    producer.LockAdapter{Locker: lock.New(base.Redis, "", lock.WithLogger(log), lock.WithRegisterer(reg))},
 		State:     producer.NewRedisState(base.Redis, prefix),
 		Publisher: p.kp,
-		IDs:       gen,
+		IDs:       &p.ids,
 	}, producer.WithLogger(log), producer.WithRegisterer(reg))
 	if err != nil {
 		return fail(err)
@@ -147,18 +163,70 @@ func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base)
 	return p, nil
 }
 
-// keepAlive renews the worker ID; a fatal loss pauses the sync.
+// allocate takes a worker ID and installs a generator for it.
+func (p *Producer) allocate(ctx context.Context) error {
+	alloc, err := p.newAlloc()
+	if err != nil {
+		return fmt.Errorf("worker-id allocator: %w", err)
+	}
+	workerID, err := alloc.Allocate(ctx)
+	if err != nil {
+		return fmt.Errorf("allocate worker id: %w", err)
+	}
+	gen, err := p.newGen(workerID)
+	if err != nil {
+		_ = alloc.Stop(ctx)
+		return err
+	}
+	p.ids.p.Store(gen)
+	p.allocMu.Lock()
+	p.alloc, p.allocErr = alloc, nil
+	p.allocMu.Unlock()
+	p.log.Info("worker id allocated", zap.Int("worker_id", workerID))
+	return nil
+}
+
+// keepAlive renews the worker ID. When it is lost (expired during a Redis
+// or etcd outage, or taken over), the sync pauses — two producers with one
+// worker ID would collide Snowflake IDs — and a new ID is allocated as soon
+// as the store answers again; then the sync resumes.
 func (p *Producer) keepAlive(ctx context.Context) {
-	for err := range p.alloc.KeepAlive(ctx) {
-		if errors.Is(err, idgen.ErrKeyStolen) || errors.Is(err, idgen.ErrLeaseExpired) {
-			p.allocMu.Lock()
-			p.allocErr = fmt.Errorf("worker id lost: %w", err)
-			p.allocMu.Unlock()
-			p.log.Error("worker id lost; sync stopped (duplicate Snowflake IDs otherwise)", zap.Error(err))
-			p.Syncer.Pause(err)
+	for {
+		p.allocMu.Lock()
+		alloc := p.alloc
+		p.allocMu.Unlock()
+		var lost error
+		for err := range alloc.KeepAlive(ctx) {
+			if errors.Is(err, idgen.ErrKeyStolen) || errors.Is(err, idgen.ErrLeaseExpired) {
+				lost = err
+				break
+			}
+			p.log.Warn("worker id keep-alive", zap.Error(err))
+		}
+		if lost == nil || ctx.Err() != nil {
 			return
 		}
-		p.log.Warn("worker id keep-alive", zap.Error(err))
+		p.allocMu.Lock()
+		p.allocErr = fmt.Errorf("worker id lost: %w", lost)
+		p.allocMu.Unlock()
+		p.log.Error("worker id lost; sync paused until a new one is allocated", zap.Error(lost))
+		p.Syncer.Pause(lost)
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = alloc.Stop(sctx) // frees the key if it is still ours; usually it is gone
+		cancel()
+		for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+			err := p.allocate(ctx)
+			if err == nil {
+				p.Syncer.Resume()
+				break
+			}
+			p.log.Warn("worker id re-allocation failed; retrying", zap.Error(err), zap.Duration("in", wait))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
 	}
 }
 
@@ -178,8 +246,11 @@ func (p *Producer) Close(ctx context.Context) error {
 	}
 	p.cancel()
 	p.wg.Wait()
-	if p.alloc != nil {
-		if err := p.alloc.Stop(ctx); err != nil && !errors.Is(err, idgen.ErrNotAllocated) && !errors.Is(err, idgen.ErrStopped) {
+	p.allocMu.Lock()
+	alloc := p.alloc
+	p.allocMu.Unlock()
+	if alloc != nil {
+		if err := alloc.Stop(ctx); err != nil && !errors.Is(err, idgen.ErrNotAllocated) && !errors.Is(err, idgen.ErrStopped) {
 			errs = append(errs, err)
 		}
 	}

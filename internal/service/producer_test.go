@@ -1,0 +1,93 @@
+package service
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+)
+
+// TestProducerReallocatesLostWorkerID takes the producer's worker ID away
+// (as an expiry during a Redis outage would): the sync pauses, a new ID is
+// allocated, and syncing resumes with it without a restart.
+func TestProducerReallocatesLostWorkerID(t *testing.T) {
+	testenv.KafkaBrokers(t)
+	rdb, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() { _, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic}) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const kf = "wk-realloc"
+	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{kf}})
+	defer fake.Close()
+
+	cfg, err := config.LoadProducer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, "unused")
+	cfg.WeCom.BaseURL, cfg.WeCom.OpenKfIDs = fake.URL(), nil
+	cfg.Callback.Addr = freeAddr(t)
+	cfg.IDGen.Allocator.TTL = 3 * time.Second // renewed every second
+	base, err := daemon.Start(ctx, "kf-producer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer base.Close(context.Background())
+	p, err := StartProducer(ctx, cfg, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+
+	keys := func() map[string]string {
+		out := map[string]string{}
+		for _, k := range rdb.Keys(ctx, prefix+"idgen:worker:*").Val() {
+			out[k] = rdb.Get(ctx, k).Val()
+		}
+		return out
+	}
+	before := keys()
+	if len(before) != 1 {
+		t.Fatalf("worker keys %v, want one", before)
+	}
+	var stolen, owner string
+	for k, v := range before {
+		stolen, owner = k, v
+	}
+	rdb.Set(ctx, stolen, "another-producer", 0)
+
+	waitFor(t, 30*time.Second, "a new worker id", func() bool {
+		for k, v := range keys() {
+			if k != stolen && v == owner {
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, 10*time.Second, "ready again", func() bool {
+		fail := base.Ops.Ready(ctx)
+		_, lost := fail["worker_id"]
+		_, syncBad := fail["sync"]
+		return !lost && !syncBad
+	})
+	fake.AddText(kf, "wm-after", "still flowing")
+	sender := &wecomtest.CallbackSender{URL: p.CallbackURL, Token: cfg.Callback.Token,
+		AESKey: cfg.Callback.EncodingAESKey, CorpID: cfg.WeCom.CorpID}
+	resp, err := sender.SendEvent(ctx, kf, fake.IssueToken(kf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitFor(t, 30*time.Second, "cursor advanced after re-allocation", func() bool {
+		return rdb.Get(ctx, prefix+"cursor:"+kf).Val() == fake.LastCursor(kf)
+	})
+	if v := rdb.Get(ctx, stolen).Val(); !strings.Contains(v, "another-producer") {
+		t.Fatalf("the stolen key was overwritten: %q", v)
+	}
+}
