@@ -34,6 +34,12 @@ type Evidence struct {
 	Kills      []Kill
 	Lease      time.Duration
 	Crashes    []string
+	// Failovers are the kills of the Redis primary; a repeat whose
+	// previous effect lies in [Issued-FailoverWindow, Done+100ms] of one
+	// is explained by the asynchronous replication of its done mark (or a
+	// done mark the dying primary never answered).
+	Failovers      []Failover
+	FailoverWindow time.Duration
 }
 
 // DeadLetters reads the whole DLQ index through the admin API.
@@ -165,7 +171,7 @@ func (p *Pipeline) Settle(ctx context.Context, f *Feeder, timeout time.Duration)
 // kcat dump of the main topic and the kills.
 func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
 	ev := &Evidence{Sent: f.Sent(), Deliveries: p.Sink.Deliveries(), Kills: p.Kills(), Lease: p.Opts.DedupLease,
-		Crashes: p.Crashes()}
+		Crashes: p.Crashes(), Failovers: p.Failovers(), FailoverWindow: p.Opts.FailoverWindow}
 	var err error
 	if ev.DLQ, err = p.DeadLetters(ctx); err != nil {
 		return nil, err
@@ -174,6 +180,14 @@ func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
 		return nil, err
 	}
 	return ev, nil
+}
+
+// Failover is one kill of the Redis primary: the kill command was issued
+// at Issued and had returned by Done (the process is gone by then).
+type Failover struct{ Issued, Done time.Time }
+
+func (f Failover) covers(at time.Time, window time.Duration) bool {
+	return !at.Before(f.Issued.Add(-window)) && !at.After(f.Done.Add(100*time.Millisecond))
 }
 
 // crashWindow is how long after a delivery a kill of the process that made
@@ -213,6 +227,16 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		}
 		return false
 	}
+	// afterFailover: prev's done mark can have been acknowledged by the old
+	// primary and lost with it (or its write failed with the primary).
+	afterFailover := func(prev Delivery) bool {
+		for _, f := range e.Failovers {
+			if f.covers(prev.At, e.FailoverWindow) {
+				return true
+			}
+		}
+		return false
+	}
 	for id, ds := range byMsg {
 		if _, ok := sent[id]; !ok {
 			r.Problem("effect for a message never sent: %s (from %s)", id, ds[0].Tag)
@@ -222,18 +246,28 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		if len(ds) == 1 {
 			continue
 		}
-		unexplained := false
+		unexplained, failover := false, false
 		for i := 1; i < len(ds); i++ {
-			if !explained(ds[i-1]) {
+			switch {
+			case explained(ds[i-1]):
+			case afterFailover(ds[i-1]):
+				failover = true
+			default:
 				unexplained = true
 			}
 		}
-		if unexplained {
+		switch {
+		case unexplained:
 			r.Dup++
 			if r.Dup <= 5 {
 				r.note("dup %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
 			}
-		} else {
+		case failover:
+			r.DupAfterFailover++
+			if r.DupAfterFailover <= 5 {
+				r.note("dup after failover %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
+			}
+		default:
 			r.Redelivered++
 		}
 	}
@@ -255,6 +289,15 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 	r.KafkaRecords = e.KafkaTotal
 	r.Reordered = e.reordered(byMsg, r)
 	r.Kills = len(e.Kills)
+	r.Failovers = len(e.Failovers)
+	for _, f := range e.Failovers {
+		// The bound dup_after_failover is held to: effects in the window.
+		for _, d := range e.Deliveries {
+			if f.covers(d.At, e.FailoverWindow) {
+				r.FailoverWindowEffects++
+			}
+		}
+	}
 	for _, c := range e.Crashes {
 		r.Problem("daemon crash: %s", c)
 	}

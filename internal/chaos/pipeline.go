@@ -38,6 +38,13 @@ type Options struct {
 	SinkSleep  time.Duration // the Sink sleeps rand [0, SinkSleep] per delivery
 	DedupLease time.Duration // dedup.lease; default 3s so a killed claimer's keys free fast
 	PageLimit  int           // wecom.page_limit; default 1000
+	// SentinelAddrs and SentinelMaster, when set, put every daemon (and
+	// the suite's own Redis client) on Redis Sentinel; Redis is then only
+	// the address the shared defaults name.
+	SentinelAddrs  []string
+	SentinelMaster string
+	// FailoverWindow: see Pipeline.RecordFailover; default 1s.
+	FailoverWindow time.Duration
 	// Env is applied to every daemon after the defaults (KFPIPE_… keys).
 	Env map[string]string
 	// ProducerEnv, ConsumerEnv and DLQEnv are applied to one kind only.
@@ -59,6 +66,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.PageLimit == 0 {
 		o.PageLimit = 1000
+	}
+	if o.FailoverWindow == 0 {
+		o.FailoverWindow = time.Second
 	}
 }
 
@@ -84,8 +94,9 @@ type Pipeline struct {
 	sender *wecomtest.CallbackSender
 	rdb    *redis.Client
 
-	mu    sync.Mutex
-	kills []Kill
+	mu        sync.Mutex
+	kills     []Kill
+	failovers []Failover
 }
 
 // Start starts the producer, then the consumers and the dlq-consumer, and
@@ -127,7 +138,12 @@ func Start(t *testing.T, o Options) *Pipeline {
 	p.FakeURL = fakeSrv.URL
 	p.Sink = NewSink(o.SinkSleep)
 	t.Cleanup(p.Sink.Close)
-	p.rdb = redis.NewClient(&redis.Options{Addr: o.Redis, MaxRetries: -1})
+	if len(o.SentinelAddrs) > 0 {
+		p.rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: o.SentinelMaster,
+			SentinelAddrs: o.SentinelAddrs, MaxRetries: -1})
+	} else {
+		p.rdb = redis.NewClient(&redis.Options{Addr: o.Redis, MaxRetries: -1})
+	}
 	t.Cleanup(func() { _ = p.rdb.Close() })
 
 	aesKey := randomAESKey()
@@ -147,6 +163,11 @@ func Start(t *testing.T, o Options) *Pipeline {
 		"KFPIPE_REDIS_KEY_PREFIX":             p.Prefix,
 		// The broker's minimum: a killed member's partitions move after 6 s.
 		"KFPIPE_KAFKA_CONSUMER_SESSION_TIMEOUT": "6s",
+	}
+	if len(o.SentinelAddrs) > 0 {
+		common["KFPIPE_REDIS_MODE"] = "sentinel"
+		common["KFPIPE_REDIS_MASTER_NAME"] = o.SentinelMaster
+		common["KFPIPE_REDIS_SENTINEL_ADDRS"] = strings.Join(o.SentinelAddrs, ",")
 	}
 	producerEnv := map[string]string{
 		"KFPIPE_CALLBACK_ADDR":             fmt.Sprintf("127.0.0.1:%d", cbPort),
@@ -261,6 +282,24 @@ func (p *Pipeline) recordKill(k Kill) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.kills = append(p.kills, k)
+}
+
+// RecordFailover notes a kill of the Redis primary, issued at issued and
+// done by done: a second effect whose previous effect happened from
+// Options.FailoverWindow before issued until done (a done mark the old
+// primary acknowledged but had not replicated, or never answered) is
+// counted as dup_after_failover, not dup.
+func (p *Pipeline) RecordFailover(issued, done time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failovers = append(p.failovers, Failover{Issued: issued, Done: done})
+}
+
+// Failovers returns the failovers recorded so far.
+func (p *Pipeline) Failovers() []Failover {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Failover(nil), p.failovers...)
 }
 
 // Kills returns every kill -9 recorded so far.

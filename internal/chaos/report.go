@@ -24,6 +24,11 @@ type Report struct {
 	KafkaRecords int // records on the main topic (re-pulls after a crash add copies)
 	Kills        int
 	Duration     time.Duration
+	// With a Redis failover: repeats explained by it, and the effects in
+	// the failover window (the most that can be repeated).
+	Failovers             int
+	DupAfterFailover      int
+	FailoverWindowEffects int
 
 	extra    []string
 	problems []string
@@ -56,6 +61,10 @@ func (r *Report) Line() string {
 		r.Name, r.Sent, r.Effects, r.DLQ, r.Lost, r.Dup, r.Reordered, r.Duration.Round(100*time.Millisecond))
 	fmt.Fprintf(&b, " redelivered_after_kill=%d deliveries=%d kills=%d in_kafka=%d kafka_records=%d",
 		r.Redelivered, r.Deliveries, r.Kills, r.InKafka, r.KafkaRecords)
+	if r.Failovers > 0 {
+		fmt.Fprintf(&b, " failovers=%d dup_after_failover=%d failover_window_effects=%d",
+			r.Failovers, r.DupAfterFailover, r.FailoverWindowEffects)
+	}
 	for _, e := range r.extra {
 		b.WriteString(" " + e)
 	}

@@ -32,11 +32,13 @@ type Sink struct {
 	deliveries []Delivery
 	seen       map[string]int // msgid → deliveries
 	changed    time.Time
+	failUsers  map[string]bool
+	failures   map[string]int // user → 500 answers
 }
 
 // NewSink starts a Sink on a loopback port; Close stops it.
 func NewSink(sleepMax time.Duration) *Sink {
-	s := &Sink{sleepMax: sleepMax, seen: map[string]int{}}
+	s := &Sink{sleepMax: sleepMax, seen: map[string]int{}, failUsers: map[string]bool{}, failures: map[string]int{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	return s
 }
@@ -71,6 +73,16 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sink: undecodable message", http.StatusBadRequest)
 		return
 	}
+	s.mu.Lock()
+	if s.failUsers[m.ExternalUserID] {
+		// A broken downstream for this user: the consumer retries and then
+		// dead-letters it as downstream_error. Not an effect.
+		s.failures[m.ExternalUserID]++
+		s.mu.Unlock()
+		http.Error(w, "sink: downstream failure for this user", http.StatusInternalServerError)
+		return
+	}
+	s.mu.Unlock()
 	if s.sleepMax > 0 {
 		time.Sleep(rand.N(s.sleepMax + 1))
 	}
@@ -82,6 +94,22 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 	s.changed = now
 	s.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
+}
+
+// FailUser makes the Sink answer 500 to every message of user from now
+// on: the downstream is broken for that one user (a handler that keeps
+// failing or panicking for it takes the same retry → DLQ path).
+func (s *Sink) FailUser(user string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failUsers[user] = true
+}
+
+// Failures returns the number of 500 answers given to user.
+func (s *Sink) Failures(user string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failures[user]
 }
 
 // Deliveries returns a copy of every delivery so far, in arrival order.
