@@ -3,17 +3,22 @@ package once
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
-// batcher sends the scripts of concurrent calls in shared pipelines. One
-// collector goroutine gathers operations; Pipelines executor goroutines each
-// send one batch at a time. The collector keeps gathering while every
-// executor is busy, so batches grow with load and shrink to one operation
-// when idle.
+// batcher sends the commands of concurrent calls in shared pipelines.
+// Callers append to a queue under a mutex; Pipelines executor goroutines
+// each take up to MaxBatch queued operations, send them as one pipeline and
+// hand every caller its answer. The queue grows while every executor is
+// busy, so batches grow with load and shrink to one operation when idle.
+//
+// There is no collector goroutine between callers and executors: an
+// operation costs one wake-up (its answer), which matters when thousands of
+// actors each make two operations per message.
 type batcher struct {
 	rdb       redis.UniversalClient
 	maxBatch  int
@@ -21,17 +26,31 @@ type batcher struct {
 	opTimeout time.Duration
 	sizes     prometheus.Observer
 
-	in      chan *op   // unbuffered: a caller hands over to the collector directly
-	batches chan []*op // unbuffered: a batch is handed to a free executor
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	once    sync.Once
+	// inflight counts pipelines being sent: a batch lingers only while
+	// another one is out, since only then can waiting gather more.
+	inflight atomic.Int32
+
+	mu     sync.Mutex
+	queue  []*op
+	since  time.Time // when the queue became non-empty; only with linger
+	closed bool
+
+	// kick wakes one idle executor. It holds a token whenever the queue may
+	// be non-empty with no executor about to look at it: a caller that
+	// finds the queue empty sends one, and an executor that leaves
+	// operations behind passes one on.
+	kick chan struct{}
+	stop chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
 }
 
 type op struct {
+	// args is the whole command ("set", key, … or "evalsha", sha, 1, key, …).
+	args []any
+	// script, when set, is the script args runs by hash: it is sent again
+	// in full when Redis lost its script cache.
 	script *redis.Script
-	key    string
-	args   []any
 	res    any
 	err    error
 	// done has room for the one answer so the executor never blocks on a
@@ -48,32 +67,42 @@ func newBatcher(rdb redis.UniversalClient, cfg BatchConfig, opTimeout time.Durat
 		linger:    cfg.FlushInterval,
 		opTimeout: opTimeout,
 		sizes:     sizes,
-		in:        make(chan *op),
-		batches:   make(chan []*op),
+		kick:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
 	}
-	b.wg.Add(1 + cfg.Pipelines)
-	go b.collect()
+	b.wg.Add(cfg.Pipelines)
 	for range cfg.Pipelines {
 		go b.execute()
 	}
 	return b
 }
 
-// do runs s on key in the next pipeline. ctx bounds only the hand-over:
-// once the collector has the operation it is sent and its answer awaited,
-// so a claim that reached Redis is never abandoned unseen by its caller.
-func (b *batcher) do(ctx context.Context, s *redis.Script, key string, args []any) (any, error) {
+// do sends args (with script, the EVALSHA of that script) in the next
+// pipeline. ctx bounds only the hand-over: once queued the operation is sent
+// and its answer awaited, so a claim that reached Redis is never abandoned
+// unseen by its caller.
+func (b *batcher) do(ctx context.Context, script *redis.Script, args []any) (any, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	o := opPool.Get().(*op)
-	o.script, o.key, o.args = s, key, args
-	select {
-	case b.in <- o:
-	case <-ctx.Done():
-		b.put(o)
-		return nil, ctx.Err()
-	case <-b.stop:
+	o.script, o.args = script, args
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
 		b.put(o)
 		return nil, ErrClosed
+	}
+	b.queue = append(b.queue, o)
+	n := len(b.queue)
+	if n == 1 && b.linger > 0 {
+		b.since = time.Now()
+	}
+	b.mu.Unlock()
+	if n == 1 || n == b.maxBatch {
+		// The first operation wakes an executor; a full batch wakes another
+		// one in case the first is lingering.
+		b.wake()
 	}
 	<-o.done
 	res, err := o.res, o.err
@@ -81,85 +110,110 @@ func (b *batcher) do(ctx context.Context, s *redis.Script, key string, args []an
 	return res, err
 }
 
+func (b *batcher) wake() {
+	select {
+	case b.kick <- struct{}{}:
+	default: // a token is pending: an executor will look
+	}
+}
+
 func (b *batcher) put(o *op) {
-	o.script, o.key, o.args, o.res, o.err = nil, "", nil, nil, nil
+	o.script, o.args, o.res, o.err = nil, nil, nil, nil
 	opPool.Put(o)
 }
 
-// close stops accepting operations, sends the ones already gathered, and
+// close stops accepting operations, sends the ones already queued, and
 // waits for every pipeline to finish.
 func (b *batcher) close() {
-	b.once.Do(func() { close(b.stop) })
+	b.once.Do(func() {
+		b.mu.Lock()
+		b.closed = true
+		b.mu.Unlock()
+		close(b.stop)
+	})
 	b.wg.Wait()
 }
 
-func (b *batcher) collect() {
-	defer b.wg.Done()
-	defer close(b.batches)
-	var (
-		batch  []*op
-		timer  = time.NewTimer(time.Hour)
-		linger <-chan time.Time // non-nil while the current batch lingers
-	)
-	timer.Stop()
+// take removes the next batch from the queue; nil when it is empty. With a
+// linger, while the queue is shorter than a batch and another pipeline is in
+// flight, it waits until the oldest operation has waited the linger (or the
+// batcher stops). With every pipeline idle, waiting could only add latency.
+func (b *batcher) take(timer *time.Timer) []*op {
 	for {
-		if len(batch) == 0 {
-			select {
-			case o := <-b.in:
-				batch = append(make([]*op, 0, 16), o)
-				if b.linger > 0 {
-					timer.Reset(b.linger)
-					linger = timer.C
+		b.mu.Lock()
+		n := len(b.queue)
+		if n == 0 {
+			b.mu.Unlock()
+			return nil
+		}
+		if b.linger > 0 && n < b.maxBatch && !b.closed && b.inflight.Load() > 0 {
+			if wait := b.linger - time.Since(b.since); wait > 0 {
+				b.mu.Unlock()
+				timer.Reset(wait)
+				select {
+				case <-timer.C:
+				case <-b.stop:
+					timer.Stop()
 				}
-			case <-b.stop:
-				return
+				continue
 			}
-			continue
 		}
-		var in chan *op
-		if len(batch) < b.maxBatch {
-			in = b.in
+		n = min(n, b.maxBatch)
+		batch := make([]*op, n)
+		copy(batch, b.queue)
+		rest := copy(b.queue, b.queue[n:])
+		clear(b.queue[rest:])
+		b.queue = b.queue[:rest]
+		b.mu.Unlock()
+		if rest > 0 {
+			b.wake() // another idle executor takes the rest
 		}
-		var out chan []*op
-		if linger == nil || len(batch) >= b.maxBatch {
-			out = b.batches
-		}
-		select {
-		case o := <-in:
-			batch = append(batch, o)
-		case out <- batch:
-			batch = nil
-			timer.Stop()
-			linger = nil
-		case <-linger:
-			linger = nil
-		case <-b.stop:
-			b.batches <- batch // operations already accepted are sent
-			return
-		}
+		return batch
 	}
 }
 
 func (b *batcher) execute() {
 	defer b.wg.Done()
 	cmds := make([]*redis.Cmd, 0, b.maxBatch)
-	for batch := range b.batches {
-		b.sizes.Observe(float64(len(batch)))
-		ctx, cancel := context.WithTimeout(context.Background(), b.opTimeout)
-		pipe := b.rdb.Pipeline()
-		cmds = cmds[:0]
-		for _, o := range batch {
-			cmds = append(cmds, pipe.EvalSha(ctx, o.script.Hash(), []string{o.key}, o.args...))
-		}
-		_, _ = pipe.Exec(ctx) // errors are per command
-		for i, o := range batch {
-			o.res, o.err = cmds[i].Result()
-			if o.err != nil && redis.HasErrorPrefix(o.err, "NOSCRIPT") {
-				// Redis lost its script cache (restart, SCRIPT FLUSH).
-				o.res, o.err = o.script.Run(ctx, b.rdb, []string{o.key}, o.args...).Result()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		batch := b.take(timer)
+		if batch == nil {
+			select {
+			case <-b.kick:
+				continue
+			case <-b.stop:
+				// Closed: callers can no longer queue; send what is left.
+				if batch = b.take(timer); batch == nil {
+					return
+				}
 			}
-			o.done <- struct{}{}
 		}
-		cancel()
+		cmds = b.send(batch, cmds)
 	}
+}
+
+func (b *batcher) send(batch []*op, cmds []*redis.Cmd) []*redis.Cmd {
+	b.inflight.Add(1)
+	defer b.inflight.Add(-1)
+	b.sizes.Observe(float64(len(batch)))
+	ctx, cancel := context.WithTimeout(context.Background(), b.opTimeout)
+	defer cancel()
+	pipe := b.rdb.Pipeline()
+	cmds = cmds[:0]
+	for _, o := range batch {
+		cmds = append(cmds, pipe.Do(ctx, o.args...))
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	for i, o := range batch {
+		o.res, o.err = cmds[i].Result()
+		if o.err != nil && o.script != nil && redis.HasErrorPrefix(o.err, "NOSCRIPT") {
+			// Redis lost its script cache (restart, SCRIPT FLUSH).
+			o.res, o.err = runScript(ctx, b.rdb, o.script, o.args)
+		}
+		o.done <- struct{}{}
+		cmds[i] = nil
+	}
+	return cmds
 }

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // BenchmarkDo measures Do with a fresh key per call (claim + finish: two
@@ -15,24 +17,36 @@ import (
 //	go test -run '^$' -bench BenchmarkDo -benchtime 3s ./internal/once
 func BenchmarkDo(b *testing.B) {
 	for _, bc := range []struct {
-		name      string
-		batch     bool
-		parallel  bool
-		pipelines int
-		flush     time.Duration
+		name        string
+		batch       bool
+		parallel    bool
+		pipelines   int
+		flush       time.Duration
+		resp2       bool
+		scriptClaim bool
 	}{
-		{"serial", false, false, 0, 0},
-		{"serial/batch", true, false, 0, 0},
-		{"parallel32", false, true, 0, 0},
-		{"parallel32/batch", true, true, 0, 0},
-		{"parallel32/batch/pipelines=1", true, true, 1, 0},
-		{"parallel32/batch/pipelines=8", true, true, 8, 0},
-		{"parallel32/batch/flush=1ms", true, true, 0, time.Millisecond},
+		{"serial", false, false, 0, 0, false, false},
+		{"serial/batch", true, false, 0, 0, false, false},
+		{"parallel32", false, true, 0, 0, false, false},
+		{"parallel32/batch", true, true, 0, 0, false, false},
+		{"parallel32/batch/pipelines=1", true, true, 1, 0, false, false},
+		{"parallel32/batch/pipelines=8", true, true, 8, 0, false, false},
+		{"parallel32/batch/flush=1ms", true, true, 0, time.Millisecond, false, false},
+		{"parallel32/batch/resp2", true, true, 0, 0, true, false},
+		{"parallel32/batch/script_claim", true, true, 0, 0, false, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			fx := newFixture(b, bc.batch, func(c *Config) {
+			fx := newFixture(b, mode{batch: bc.batch, scriptClaim: bc.scriptClaim}, func(c *Config) {
 				c.Batch.Pipelines = bc.pipelines
 				c.Batch.FlushInterval = bc.flush
+				if bc.resp2 {
+					// The same server over RESP2 (go-redis defaults to RESP3).
+					opts := *c.Client.(*redis.Client).Options()
+					opts.Protocol = 2
+					rdb := redis.NewClient(&opts)
+					b.Cleanup(func() { _ = rdb.Close() })
+					c.Client = rdb
+				}
 			})
 			ctx := context.Background()
 			f := func(context.Context) error { return nil }

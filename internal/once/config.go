@@ -45,9 +45,11 @@ type BatchConfig struct {
 	// Enabled turns batching on.
 	Enabled bool
 	// FlushInterval is how long a batch may wait for more operations before
-	// it is sent. 0 (the default) sends a batch as soon as a pipeline is
-	// free: operations only queue up while all pipelines are busy, so an idle
-	// client adds no latency and a loaded one batches by itself.
+	// it is sent while another pipeline is in flight (with every pipeline
+	// idle a batch is sent at once). 0 (the default) sends a batch as soon
+	// as a pipeline is free: operations only queue up while all pipelines
+	// are busy, so an idle client adds no latency and a loaded one batches
+	// by itself.
 	FlushInterval time.Duration
 	// MaxBatch is the most operations in one pipeline. Default 256.
 	MaxBatch int
@@ -117,6 +119,9 @@ func (c Config) Validate() error {
 type options struct {
 	log *zap.Logger
 	reg prometheus.Registerer
+	// scriptClaim forces the Lua claim (as on Redis < 7.0); tests use it to
+	// cover that path on a newer server.
+	scriptClaim bool
 }
 
 // Option changes how New builds a Client.

@@ -8,9 +8,12 @@
 // treats a claim as done. A claimer that crashes blocks its key for at most
 // the lease.
 //
-// Every step that decides on a key's state is one Lua script, so the
-// check-and-set is atomic. With Config.Batch the scripts of concurrent calls
-// share pipelines.
+// Every step that decides on a key's state is one atomic Redis command. On
+// Redis 7.0+ the claim is SET NX PX GET and Do's done marker SET PX GET (the
+// old value tells the caller what it replaced); Execute's done marker, the
+// release and the lease extension are Lua scripts because they must compare
+// the stored claim before they write; older servers get scripts throughout.
+// With Config.Batch the commands of concurrent calls share pipelines.
 package once
 
 import (
@@ -85,6 +88,9 @@ type Client struct {
 	log       *zap.Logger
 	m         *metrics
 	b         *batcher // nil without batching
+	// setGet: the server accepts SET … NX GET, so a claim is one plain
+	// command instead of a script (detected once by New).
+	setGet bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -135,10 +141,39 @@ func New(ctx context.Context, serviceName string, cfg Config, opts ...Option) (*
 			return nil, fmt.Errorf("once: load scripts: %w", err)
 		}
 	}
+	if !o.scriptClaim {
+		ok, err := probeSetNXGet(ctx, c.rdb, c.prefix)
+		if err != nil {
+			if c.ownsRDB {
+				_ = c.rdb.Close()
+			}
+			return nil, fmt.Errorf("once: probe SET NX GET: %w", err)
+		}
+		c.setGet = ok
+		if !ok {
+			c.log.Info("once: Redis rejects SET NX GET (older than 7.0); claiming with a Lua script")
+		}
+	}
 	if cfg.Batch.Enabled {
 		c.b = newBatcher(c.rdb, cfg.Batch, cfg.OpTimeout, c.m.batchOps)
 	}
 	return c, nil
+}
+
+// probeSetNXGet reports whether the server accepts SET with both NX and
+// GET (Redis 7.0+). Before 7.0 the combination is a syntax error, which is
+// the answer "no"; any other error (e.g. the network) is returned.
+func probeSetNXGet(ctx context.Context, rdb redis.UniversalClient, prefix string) (bool, error) {
+	key := prefix + "once-probe:" + randomID()
+	err := rdb.Do(ctx, "set", key, "1", "px", 10000, "nx", "get").Err()
+	if err == nil || errors.Is(err, redis.Nil) {
+		return true, rdb.Del(ctx, key).Err()
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return false, nil
+	}
+	return false, err
 }
 
 func randomID() string {
@@ -178,17 +213,18 @@ func (c *Client) Execute(ctx context.Context, key string, ttl time.Duration, cal
 // duplicate, for callers that count duplicates. It is outside Idempotent so
 // that interface stays the two-method contract.
 func (c *Client) DoStatus(ctx context.Context, key string, ttl time.Duration, f func(ctx context.Context) error) (Status, error) {
-	_, st, err := c.run(ctx, key, ttl, func(ctx context.Context) ([]byte, error) { return nil, f(ctx) })
+	_, st, err := c.run(ctx, key, ttl, true, func(ctx context.Context) ([]byte, error) { return nil, f(ctx) })
 	return st, err
 }
 
 // ExecuteStatus is Execute that also reports whether callback ran or the
 // key was a duplicate.
 func (c *Client) ExecuteStatus(ctx context.Context, key string, ttl time.Duration, callback func(ctx context.Context) ([]byte, error)) ([]byte, Status, error) {
-	return c.run(ctx, key, ttl, callback)
+	return c.run(ctx, key, ttl, false, callback)
 }
 
-func (c *Client) run(ctx context.Context, key string, ttl time.Duration, f func(ctx context.Context) ([]byte, error)) ([]byte, Status, error) {
+// run is Do (noResult) and Execute.
+func (c *Client) run(ctx context.Context, key string, ttl time.Duration, noResult bool, f func(ctx context.Context) ([]byte, error)) ([]byte, Status, error) {
 	if ttl < time.Millisecond {
 		c.m.errored.Inc()
 		return nil, StatusNone, ErrInvalidTTL
@@ -199,23 +235,16 @@ func (c *Client) run(ctx context.Context, key string, ttl time.Duration, f func(
 	var timer *time.Timer
 	waited := false
 	for {
-		v, err := c.script(ctx, claimScript, rkey, claim, c.leaseMs)
+		s, claimed, err := c.claim(ctx, rkey, claim)
 		if err != nil {
 			c.m.errored.Inc()
 			return nil, StatusNone, fmt.Errorf("once: claim %q: %w", key, err)
 		}
-		var s string
-		switch v := v.(type) {
-		case int64: // claimed
+		if claimed {
 			if timer != nil {
 				timer.Stop()
 			}
-			return c.execute(ctx, key, rkey, claim, ttl, f)
-		case string:
-			s = v
-		default:
-			c.m.errored.Inc()
-			return nil, StatusNone, fmt.Errorf("once: claim %q: unexpected reply %T", key, v)
+			return c.execute(ctx, key, rkey, claim, ttl, noResult, f)
 		}
 		switch {
 		case strings.HasPrefix(s, donePrefix):
@@ -252,7 +281,7 @@ func (c *Client) run(ctx context.Context, key string, ttl time.Duration, f func(
 }
 
 // execute runs f under our claim and records the outcome.
-func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.Duration, f func(ctx context.Context) ([]byte, error)) (res []byte, st Status, err error) {
+func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.Duration, noResult bool, f func(ctx context.Context) ([]byte, error)) (res []byte, st Status, err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	ext := startExtender(c, key, rkey, claim, cancel)
 	finished := false
@@ -277,14 +306,17 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 		}
 		return nil, StatusExecuted, ferr
 	}
-	done := make([]byte, 0, len(donePrefix)+len(res))
-	done = append(append(done, donePrefix...), res...)
-	v, err := c.script(context.WithoutCancel(ctx), finishScript, rkey, claim, done, ttl.Milliseconds())
+	var n int64
+	if noResult && c.setGet {
+		n, err = c.finishDo(context.WithoutCancel(ctx), rkey, claim, ttl)
+	} else {
+		n, err = c.finish(context.WithoutCancel(ctx), rkey, claim, res, ttl)
+	}
 	if err != nil {
 		c.m.errored.Inc()
 		return res, StatusExecuted, fmt.Errorf("once: mark %q done: %w", key, err)
 	}
-	if n, _ := v.(int64); n != 1 {
+	if n != 1 {
 		c.m.leaseLost.Inc()
 		c.log.Warn("once: claim expired while f ran; key recorded done anyway",
 			zap.String("key", key), zap.Int64("finish", n), zap.Duration("lease", c.lease))
@@ -293,17 +325,108 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 	return res, StatusExecuted, nil
 }
 
+// finishDo is finish for Do on Redis 7.0+: one plain SET … GET instead of
+// finishScript, which costs Redis a fraction of a script. Do has one
+// possible done marker ("d:"), so the unconditional SET ends in the state
+// finishScript would leave in every case — in case 3 it writes the identical
+// marker again and only its TTL starts anew — and the old value it returns
+// tells the cases apart. The one difference: when the key holds an Execute
+// result (the same key used by Do and Execute, after this call's lease was
+// lost), that result is written back right away rather than never touched.
+func (c *Client) finishDo(ctx context.Context, rkey, claim string, ttl time.Duration) (int64, error) {
+	old, err := c.do(ctx, nil, []any{"set", rkey, donePrefix, "px", ttl.Milliseconds(), "get"})
+	switch {
+	case errors.Is(err, redis.Nil):
+		return 2, nil // the claim expired and nobody claimed since
+	case err != nil:
+		return 0, err
+	}
+	s, _ := old.(string)
+	switch {
+	case s == claim:
+		return 1, nil
+	case s == donePrefix:
+		return 3, nil
+	case strings.HasPrefix(s, donePrefix):
+		if _, err := c.do(ctx, nil, []any{"set", rkey, s, "px", ttl.Milliseconds()}); err != nil {
+			return 0, fmt.Errorf("restore the stored result: %w", err)
+		}
+		return 3, nil
+	default:
+		return 2, nil
+	}
+}
+
+// finish replaces our claim with the done marker carrying res and returns
+// finishScript's outcome: 1 our claim became done, 2 our claim was gone and
+// done was written anyway, 3 someone else's done marker was kept.
+func (c *Client) finish(ctx context.Context, rkey, claim string, res []byte, ttl time.Duration) (int64, error) {
+	done := make([]byte, 0, len(donePrefix)+len(res))
+	done = append(append(done, donePrefix...), res...)
+	v, err := c.script(ctx, finishScript, rkey, claim, done, ttl.Milliseconds())
+	if err != nil {
+		return 0, err
+	}
+	n, _ := v.(int64)
+	return n, nil
+}
+
 func (c *Client) release(ctx context.Context, rkey, claim string) error {
 	_, err := c.script(context.WithoutCancel(ctx), releaseScript, rkey, claim)
 	return err
 }
 
-// script runs s on one key, through the batcher when batching is on.
+// claim sets our claim on rkey when it is absent. Otherwise it returns the
+// value found (someone's claim or a done marker) and claimed false.
+func (c *Client) claim(ctx context.Context, rkey, claim string) (cur string, claimed bool, err error) {
+	var v any
+	if c.setGet {
+		// nil: the key was absent and now holds our claim; else the value
+		// that kept NX from setting it.
+		v, err = c.do(ctx, nil, []any{"set", rkey, claim, "px", c.leaseMs, "nx", "get"})
+		if errors.Is(err, redis.Nil) {
+			return "", true, nil
+		}
+	} else {
+		v, err = c.script(ctx, claimScript, rkey, claim, c.leaseMs)
+	}
+	if err != nil {
+		return "", false, err
+	}
+	switch v := v.(type) {
+	case int64: // claimScript: claimed
+		return "", true, nil
+	case string:
+		return v, false, nil
+	default:
+		return "", false, fmt.Errorf("unexpected reply %T", v)
+	}
+}
+
+// script runs s on one key by hash (EVALSHA).
 func (c *Client) script(ctx context.Context, s *redis.Script, rkey string, args ...any) (any, error) {
+	cmd := make([]any, 0, 4+len(args))
+	cmd = append(append(cmd, "evalsha", s.Hash(), 1, rkey), args...)
+	return c.do(ctx, s, cmd)
+}
+
+// do sends one command, through the batcher when batching is on. script is
+// set when cmd is that script's EVALSHA.
+func (c *Client) do(ctx context.Context, script *redis.Script, cmd []any) (any, error) {
 	if c.b != nil {
-		return c.b.do(ctx, s, rkey, args)
+		return c.b.do(ctx, script, cmd)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opTimeout)
 	defer cancel()
-	return s.Run(ctx, c.rdb, []string{rkey}, args...).Result()
+	v, err := c.rdb.Do(ctx, cmd...).Result()
+	if err != nil && script != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return runScript(ctx, c.rdb, script, cmd)
+	}
+	return v, err
+}
+
+// runScript sends in full the script whose EVALSHA command is cmd
+// ("evalsha", hash, 1, key, args…), after Redis lost its script cache.
+func runScript(ctx context.Context, rdb redis.Scripter, s *redis.Script, cmd []any) (any, error) {
+	return s.Eval(ctx, rdb, []string{cmd[3].(string)}, cmd[4:]...).Result()
 }

@@ -26,17 +26,30 @@ type fixture struct {
 	prefix string
 }
 
-func newFixture(t testing.TB, batch bool, mutate func(*Config)) fixture {
+// mode selects the code paths a fixture's client takes.
+type mode struct {
+	batch bool
+	// scriptClaim claims with the Lua script, as on Redis < 7.0.
+	scriptClaim bool
+}
+
+func (m mode) String() string { return fmt.Sprintf("batch=%v/script_claim=%v", m.batch, m.scriptClaim) }
+
+func newFixture(t testing.TB, m mode, mutate func(*Config)) fixture {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	cfg := Config{Client: rdb, KeyPrefix: prefix, PollInterval: 5 * time.Millisecond}
-	cfg.Batch.Enabled = batch
+	cfg.Batch.Enabled = m.batch
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := New(ctx, "test", cfg, WithRegisterer(prometheus.NewRegistry()))
+	opts := []Option{WithRegisterer(prometheus.NewRegistry())}
+	if m.scriptClaim {
+		opts = append(opts, func(o *options) { o.scriptClaim = true })
+	}
+	c, err := New(ctx, "test", cfg, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -44,14 +57,30 @@ func newFixture(t testing.TB, batch bool, mutate func(*Config)) fixture {
 	return fixture{c: c, rdb: rdb, prefix: prefix}
 }
 
-// modes runs a test with and without batching: both paths must keep the
-// same semantics.
-func modes(t *testing.T, fn func(t *testing.T, batch bool)) {
-	for _, batch := range []bool{false, true} {
-		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+// modes runs a test with and without batching, claiming with SET NX GET
+// and with the Lua script: every path must keep the same semantics.
+func modes(t *testing.T, fn func(t *testing.T, m mode)) {
+	for _, m := range []mode{{}, {batch: true}, {scriptClaim: true}, {batch: true, scriptClaim: true}} {
+		t.Run(m.String(), func(t *testing.T) {
 			t.Parallel()
-			fn(t, batch)
+			if !m.scriptClaim {
+				requireSetGet(t)
+			}
+			fn(t, m)
 		})
+	}
+}
+
+// requireSetGet skips a SET NX GET variant on a server without it (the
+// Lua variant still runs there).
+func requireSetGet(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	ok, err := probeSetNXGet(ctxT(t, 5*time.Second), rdb, prefix)
+	if err != nil {
+		t.Fatalf("probe: %v", err)
+	}
+	if !ok {
+		t.Skip("Redis rejects SET NX GET (older than 7.0)")
 	}
 }
 
@@ -62,7 +91,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 }
 
 func TestDoRunsOnceForSequentialDuplicates(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		fx := newFixture(t, batch, nil)
 		ctx := ctxT(t, 10*time.Second)
 		var runs atomic.Int32
@@ -91,7 +120,7 @@ func TestDoRunsOnceForSequentialDuplicates(t *testing.T) {
 }
 
 func TestFailureReleasesKeyAndRetrySucceeds(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		fx := newFixture(t, batch, nil)
 		ctx := ctxT(t, 10*time.Second)
 		boom := errors.New("boom")
@@ -118,7 +147,7 @@ func TestFailureReleasesKeyAndRetrySucceeds(t *testing.T) {
 }
 
 func TestExecuteStoresResultForDuplicates(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		fx := newFixture(t, batch, nil)
 		ctx := ctxT(t, 10*time.Second)
 		res, err := fx.c.Execute(ctx, "e", time.Minute, func(context.Context) ([]byte, error) { return []byte("first"), nil })
@@ -136,7 +165,7 @@ func TestExecuteStoresResultForDuplicates(t *testing.T) {
 }
 
 func TestConcurrentExecuteRunsOnceAndSharesResult(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		fx := newFixture(t, batch, nil)
 		ctx := ctxT(t, 10*time.Second)
 		var runs atomic.Int32
@@ -187,7 +216,7 @@ func TestConcurrentExecuteRunsOnceAndSharesResult(t *testing.T) {
 }
 
 func TestWaiterContextExpiresKeyStaysProcessing(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		fx := newFixture(t, batch, nil)
 		ctx := ctxT(t, 10*time.Second)
 		started, release := make(chan struct{}), make(chan struct{})
@@ -221,7 +250,7 @@ func TestWaiterContextExpiresKeyStaysProcessing(t *testing.T) {
 }
 
 func TestCrashedClaimerBlocksOnlyForLease(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		const lease = 300 * time.Millisecond
 		fx := newFixture(t, batch, func(c *Config) { c.Lease = lease })
 		ctx := ctxT(t, 10*time.Second)
@@ -245,7 +274,7 @@ func TestCrashedClaimerBlocksOnlyForLease(t *testing.T) {
 }
 
 func TestDoneKeyHasTTL(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		fx := newFixture(t, batch, nil)
 		ctx := ctxT(t, 10*time.Second)
 		const ttl = 72 * time.Hour
@@ -260,7 +289,7 @@ func TestDoneKeyHasTTL(t *testing.T) {
 }
 
 func TestLeaseExtendedWhileFRuns(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		const lease = 150 * time.Millisecond
 		fx := newFixture(t, batch, func(c *Config) { c.Lease = lease })
 		ctx := ctxT(t, 10*time.Second)
@@ -299,7 +328,7 @@ func TestLeaseExtendedWhileFRuns(t *testing.T) {
 
 func TestLeaseLostCancelsF(t *testing.T) {
 	const lease = 60 * time.Millisecond
-	fx := newFixture(t, false, func(c *Config) { c.Lease = lease })
+	fx := newFixture(t, mode{}, func(c *Config) { c.Lease = lease })
 	ctx := ctxT(t, 10*time.Second)
 	started := make(chan struct{})
 	done := make(chan error, 1)
@@ -330,7 +359,7 @@ func TestLeaseLostCancelsF(t *testing.T) {
 }
 
 func TestFinishAfterLeaseExpiredStillRecordsDone(t *testing.T) {
-	fx := newFixture(t, false, nil)
+	fx := newFixture(t, mode{}, nil)
 	ctx := ctxT(t, 10*time.Second)
 	err := fx.c.Do(ctx, "gone", time.Minute, func(context.Context) error {
 		// The claim vanishes (expired) before f returns.
@@ -345,7 +374,7 @@ func TestFinishAfterLeaseExpiredStillRecordsDone(t *testing.T) {
 }
 
 func TestPanicReleasesKey(t *testing.T) {
-	fx := newFixture(t, false, nil)
+	fx := newFixture(t, mode{}, nil)
 	ctx := ctxT(t, 10*time.Second)
 	func() {
 		defer func() {
@@ -361,7 +390,7 @@ func TestPanicReleasesKey(t *testing.T) {
 }
 
 func TestUnexpectedValueAndInvalidTTL(t *testing.T) {
-	fx := newFixture(t, false, nil)
+	fx := newFixture(t, mode{}, nil)
 	ctx := ctxT(t, 10*time.Second)
 	fx.rdb.Set(ctx, fx.prefix+"foreign", "1", time.Minute)
 	f := func(context.Context) error { t.Error("f ran"); return nil }
@@ -376,7 +405,7 @@ func TestUnexpectedValueAndInvalidTTL(t *testing.T) {
 // TestBatchingManyGoroutines: 1000 goroutines over 100 keys; every key's f
 // runs exactly once and every caller returns nil.
 func TestBatchingManyGoroutines(t *testing.T) {
-	modes(t, func(t *testing.T, batch bool) {
+	modes(t, func(t *testing.T, batch mode) {
 		fx := newFixture(t, batch, func(c *Config) { c.Batch.MaxBatch = 64; c.Batch.Pipelines = 2 })
 		ctx := ctxT(t, 30*time.Second)
 		const goroutines, keys = 1000, 100
@@ -417,7 +446,7 @@ func TestBatchingManyGoroutines(t *testing.T) {
 }
 
 func TestBatcherClosed(t *testing.T) {
-	fx := newFixture(t, true, nil)
+	fx := newFixture(t, mode{batch: true}, nil)
 	if err := fx.c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +457,7 @@ func TestBatcherClosed(t *testing.T) {
 }
 
 func TestBatcherRecoversFromScriptFlush(t *testing.T) {
-	fx := newFixture(t, true, nil)
+	fx := newFixture(t, mode{batch: true}, nil)
 	ctx := ctxT(t, 10*time.Second)
 	if err := fx.rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -445,7 +474,7 @@ func TestBatcherRecoversFromScriptFlush(t *testing.T) {
 }
 
 func TestExecuteJSON(t *testing.T) {
-	fx := newFixture(t, false, nil)
+	fx := newFixture(t, mode{}, nil)
 	ctx := ctxT(t, 10*time.Second)
 	type reply struct{ N int }
 	for i := range 2 {
@@ -459,7 +488,7 @@ func TestExecuteJSON(t *testing.T) {
 }
 
 func TestDefaultClient(t *testing.T) {
-	fx := newFixture(t, false, nil)
+	fx := newFixture(t, mode{}, nil)
 	ctx := ctxT(t, 10*time.Second)
 	t.Cleanup(func() { SetDefault(nil) })
 
@@ -539,4 +568,113 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestFinishOutcomes covers what finish finds under the key when f returns,
+// for the plain SET … GET finish and the script: the key must end done in
+// every case, and only a claim that is still ours counts as kept.
+func TestFinishOutcomes(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		found func(fx fixture) string // value under the key when f returns; "" = none
+		want  int64
+	}{
+		{"own claim", nil, 1},
+		{"claim expired", func(fixture) string { return "" }, 2},
+		{"another caller's claim", func(fx fixture) string { return fx.c.owner + "other" }, 2},
+		{"another caller's done", func(fixture) string { return donePrefix }, 3},
+		{"an Execute result", func(fixture) string { return donePrefix + "result" }, 3},
+	} {
+		for _, m := range []mode{{}, {scriptClaim: true}} {
+			t.Run(tc.name+"/"+m.String(), func(t *testing.T) {
+				if !m.scriptClaim {
+					requireSetGet(t)
+				}
+				fx := newFixture(t, m, nil)
+				ctx := ctxT(t, 10*time.Second)
+				rkey := fx.prefix + "k"
+				claim := fx.c.owner + "1"
+				if _, claimed, err := fx.c.claim(ctx, rkey, claim); err != nil || !claimed {
+					t.Fatalf("claim: %v %v", claimed, err)
+				}
+				if tc.found != nil {
+					var err error
+					if v := tc.found(fx); v == "" {
+						err = fx.rdb.Del(ctx, rkey).Err()
+					} else {
+						err = fx.rdb.Set(ctx, rkey, v, time.Minute).Err()
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				var n int64
+				var err error
+				if m.scriptClaim {
+					n, err = fx.c.finish(ctx, rkey, claim, nil, time.Minute)
+				} else {
+					n, err = fx.c.finishDo(ctx, rkey, claim, time.Minute)
+				}
+				if err != nil || n != tc.want {
+					t.Fatalf("finish = %d, %v; want %d", n, err, tc.want)
+				}
+				want := donePrefix
+				if tc.found != nil && strings.HasPrefix(tc.found(fx), donePrefix) {
+					want = tc.found(fx) // someone else's done marker stays
+				}
+				if v, _ := fx.rdb.Get(ctx, rkey).Result(); v != want {
+					t.Fatalf("key = %q, want %q", v, want)
+				}
+				if ttl := fx.rdb.PTTL(ctx, rkey).Val(); ttl <= 0 || ttl > time.Minute {
+					t.Fatalf("done marker TTL %v", ttl)
+				}
+			})
+		}
+	}
+}
+
+// TestClaimFindsExistingValue: a claim on a key that is taken never
+// overwrites it and hands back what is there, on both claim paths.
+func TestClaimFindsExistingValue(t *testing.T) {
+	modes(t, func(t *testing.T, m mode) {
+		fx := newFixture(t, m, nil)
+		ctx := ctxT(t, 10*time.Second)
+		rkey := fx.prefix + "taken"
+		other := fx.c.owner + "other"
+		if err := fx.rdb.Set(ctx, rkey, other, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		cur, claimed, err := fx.c.claim(ctx, rkey, fx.c.owner+"me")
+		if err != nil || claimed || cur != other {
+			t.Fatalf("claim = %q %v %v; want the other claim back", cur, claimed, err)
+		}
+		if v := fx.rdb.Get(ctx, rkey).Val(); v != other {
+			t.Fatalf("key = %q after a failed claim", v)
+		}
+		if ttl := fx.rdb.PTTL(ctx, rkey).Val(); ttl < 50*time.Second {
+			t.Fatalf("TTL of the other claim changed to %v", ttl)
+		}
+	})
+}
+
+// TestProbeSetNXGet: New detects SET NX GET on Redis 7.0+ (so the plain
+// claim is used) and leaves no probe key behind.
+func TestProbeSetNXGet(t *testing.T) {
+	fx := newFixture(t, mode{}, nil)
+	ctx := ctxT(t, 5*time.Second)
+	info, err := fx.rdb.InfoMap(ctx, "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := info["Server"]["redis_version"]
+	var major int
+	if _, err := fmt.Sscanf(version, "%d.", &major); err != nil {
+		t.Fatalf("redis_version %q: %v", version, err)
+	}
+	if want := major >= 7; fx.c.setGet != want {
+		t.Fatalf("Redis %s: setGet = %v, want %v", version, fx.c.setGet, want)
+	}
+	if keys := fx.rdb.Keys(ctx, fx.prefix+"once-probe:*").Val(); len(keys) != 0 {
+		t.Fatalf("probe keys left: %v", keys)
+	}
 }

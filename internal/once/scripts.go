@@ -12,7 +12,8 @@ const (
 
 // claimScript returns 1 when it set the claim (KEYS[1] was absent), else the
 // current value, so one round trip both claims and tells a waiter what it is
-// waiting for.
+// waiting for. It is the claim only on servers that reject SET … NX GET
+// (Redis < 7.0); newer ones get that one plain command, which does the same.
 var claimScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v then return v end
@@ -26,7 +27,8 @@ return 1
 // recorded done: 2 = written after the lease was lost, 3 = someone else's
 // done marker was kept. Overwriting another caller's claim is deliberate: it
 // turns that caller's later finish into 3 and its release into a no-op, so
-// the key ends up done, which is the truth.
+// the key ends up done, which is the truth. A Do (empty result) on Redis 7.0+
+// uses a plain SET … GET instead (see Client.finishDo).
 var finishScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then

@@ -190,11 +190,12 @@ func TestPipelineEndToEnd(t *testing.T) {
 			t.Errorf("user %s order %s, want %s", user, got, strings.Join(ids, ","))
 		}
 	}
-	rec.mu.Unlock()
-
+	// Read under the lock: handlers of other messages (the broken user's
+	// DLQ retries) may still be running.
 	if rec.attempts[flaky] != 4 {
 		t.Errorf("flaky message attempts = %d, want 3 in place + 1 after the DLQ retry", rec.attempts[flaky])
 	}
+	rec.mu.Unlock()
 
 	// The flooder's 7 refusals reach the DLQ index through the topic, and
 	// the broken user's message ends in manual review after max retries.
