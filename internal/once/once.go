@@ -306,11 +306,24 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 		}
 		return nil, StatusExecuted, ferr
 	}
+	// f's effect has happened: the done mark is retried until it is
+	// written or the caller gives up. Returning an error here instead would
+	// make the caller run f again once Redis is back and the claim expired.
 	var n int64
-	if noResult && c.setGet {
-		n, err = c.finishDo(context.WithoutCancel(ctx), rkey, claim, ttl)
-	} else {
-		n, err = c.finish(context.WithoutCancel(ctx), rkey, claim, res, ttl)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		if noResult && c.setGet {
+			n, err = c.finishDo(context.WithoutCancel(ctx), rkey, claim, ttl)
+		} else {
+			n, err = c.finish(context.WithoutCancel(ctx), rkey, claim, res, ttl)
+		}
+		if err == nil || errors.Is(err, ErrClosed) || ctx.Err() != nil {
+			break
+		}
+		c.log.Warn("once: marking done failed after f ran; retrying", zap.String("key", key), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
 	}
 	if err != nil {
 		c.m.errored.Inc()

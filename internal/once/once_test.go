@@ -678,3 +678,67 @@ func TestProbeSetNXGet(t *testing.T) {
 		t.Fatalf("probe keys left: %v", keys)
 	}
 }
+
+// failNext fails the next n commands (or pipelines) after it is armed.
+type failNext struct {
+	armed atomic.Bool
+	left  atomic.Int32
+}
+
+func (h *failNext) fail() bool {
+	return h.armed.Load() && h.left.Add(-1) >= 0
+}
+
+func (h *failNext) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *failNext) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.fail() {
+			err := errors.New("injected: connection reset")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *failNext) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.fail() {
+			err := errors.New("injected: connection reset")
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A done mark that fails after f ran is retried: f must not run again
+// (the caller would otherwise retry the whole claim → f → done).
+func TestDoneMarkRetriedAfterFailure(t *testing.T) {
+	modes(t, func(t *testing.T, m mode) {
+		fx := newFixture(t, m, nil)
+		hook := &failNext{}
+		hook.left.Store(2)
+		fx.rdb.AddHook(hook)
+		ctx := ctxT(t, 10*time.Second)
+		var runs atomic.Int32
+		st, err := fx.c.DoStatus(ctx, "k", time.Hour, func(context.Context) error {
+			runs.Add(1)
+			hook.armed.Store(true)
+			return nil
+		})
+		if err != nil || st != StatusExecuted {
+			t.Fatalf("DoStatus = %v, %v", st, err)
+		}
+		if hook.left.Load() >= 0 {
+			t.Fatalf("the injected failures were not hit (left %d)", hook.left.Load())
+		}
+		st, err = fx.c.DoStatus(ctx, "k", time.Hour, func(context.Context) error { runs.Add(1); return nil })
+		if err != nil || st != StatusDuplicate || runs.Load() != 1 {
+			t.Fatalf("second call: %v %v, runs %d", st, err, runs.Load())
+		}
+	})
+}
