@@ -214,7 +214,7 @@ func (p *Producer) keepAlive(ctx context.Context) {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_ = alloc.Stop(sctx) // frees the key if it is still ours; usually it is gone
 		cancel()
-		for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		for wait := time.Second; ; wait = min(2*wait, 5*time.Second) {
 			err := p.allocate(ctx)
 			if err == nil {
 				p.Syncer.Resume()
