@@ -21,8 +21,12 @@ const (
 
 // envelope is one message on its way through a user's actor.
 type envelope struct {
-	km   *kafka.Message
-	msg  *chatmsg.ChatMessage // nil when the record could not be decoded
+	km *kafka.Message
+	// msg is the decoded record: set by the actor (or by the dispatcher for
+	// a record without key); nil when the record is not decoded yet or
+	// could not be decoded.
+	msg  *chatmsg.ChatMessage
+	user string // the routing user: the record key, else msg.ExternalUserID
 	part *partition
 	// breakerDone reports the outcome to the user's breaker; nil when no
 	// breaker is configured.

@@ -3,17 +3,29 @@
 // Handler that business code plugs in.
 //
 // One goroutine owns the confluent-kafka-go consumer (poll, rebalance,
-// pause/resume). It decodes each record and applies the per-user protection
-// in the order of I5 — circuit breaker, then limiter, then the bounded
-// mailbox — and routes the message to its user's actor. The limiter runs on
-// this dispatch goroutine, not in the actor: a refused message then never
-// takes a mailbox slot, refusals happen in partition order, and a flood is
+// pause/resume). It reads records in batches of what librdkafka already
+// fetched (no waiting for a batch to fill) and routes each by its Kafka
+// key — kf-producer keys every record by external_userid, and so do DLQ
+// retries — applying the per-user protection in the order of I5: circuit
+// breaker, then limiter, then the bounded mailbox. The limiter runs on this
+// dispatch goroutine, not in the actor: a refused message then never takes
+// a mailbox slot, refusals happen in partition order, and a flood is
 // answered with rate_limited rather than filling the mailbox into
-// queue_full. Actors dedup, handle with retry, and finish the message (or
-// hand it to the DLQ and finish it when the dead letter is durable).
-// Commits come only from the offset trackers' contiguous finished prefix
-// (I2): periodically from a committer goroutine, and synchronously on
-// revoke and on shutdown. No user goroutine ever commits.
+// queue_full. Before deciding a batch the dispatcher lets a limiter that
+// implements Prefetcher read all the batch's unknown users in one round
+// trip. The payload is decoded in the actor, off the dispatch goroutine; a
+// record without a key is decoded on the dispatch goroutine to learn its
+// user. A record whose payload cannot be decoded (or is too large) goes to
+// the DLQ as invalid_message, filed under its key. A payload whose
+// external_userid differs from the key is handled normally by the key's
+// actor: the key is what partitioned it, so it is what orders it (I4); a
+// dead letter of such a record notes both.
+//
+// Actors dedup, handle with retry, and finish the message (or hand it to
+// the DLQ and finish it when the dead letter is durable). Commits come only
+// from the offset trackers' contiguous finished prefix (I2): periodically
+// from a committer goroutine, and synchronously on revoke and on shutdown.
+// No user goroutine ever commits.
 package consumer
 
 import (
@@ -80,6 +92,9 @@ type partition struct {
 	// committed is the last committed offset (guarded by Consumer.commitMu).
 	committed int64
 	paused    bool // owned by the poll goroutine
+	// batched counts the partition's records in the poll goroutine's
+	// current batch (owned by it), not yet tracked.
+	batched int
 	// dropped is set when the partition is revoked or lost: actors skip its
 	// remaining messages, which the next owner reads again.
 	dropped atomic.Bool
@@ -101,14 +116,21 @@ type Consumer struct {
 	dlq     DeadLetters
 	dedup   Deduper
 	limiter Limiter
-	breaker Breaker
-	log     *zap.Logger
-	reg     prometheus.Registerer
-	clock   Clock
-	m       *metrics
+	// prefetch is limiter when it implements Prefetcher, else nil.
+	prefetch Prefetcher
+	breaker  Breaker
+	log      *zap.Logger
+	reg      prometheus.Registerer
+	clock    Clock
+	m        *metrics
 
 	kc   *kafka.Consumer
 	acts *registry
+
+	// Scratch of the poll goroutine, reused for every batch.
+	batch []polled
+	envs  []*envelope
+	users []string
 
 	// runCtx is handed to handlers and the limiter; cancelled when the
 	// consumer gives up waiting (Close deadline, abort).
@@ -167,6 +189,7 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 		return nil, err
 	}
 	c.m = newMetrics(c.reg)
+	c.prefetch, _ = c.limiter.(Prefetcher)
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
 	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
 		func(d int) { c.m.active.Add(float64(d)) })
@@ -239,25 +262,34 @@ func (c *Consumer) InFlight() int {
 	return n
 }
 
+// maxPollBatch bounds how many already-fetched records the poll goroutine
+// takes before dispatching them; it bounds the dispatch delay of the first
+// record of a batch and the size of one limiter prefetch.
+const maxPollBatch = 256
+
+// polled is a record read by the poll goroutine, with the partition it
+// belonged to when it was read (a revoke inside a later Poll of the same
+// batch marks that partition dropped, and the record is skipped).
+type polled struct {
+	km   *kafka.Message
+	part *partition
+}
+
 func (c *Consumer) pollLoop() {
 	defer close(c.pollDone)
 	lagEvery := c.cfg.Kafka.Consumer.CommitInterval
 	nextLag := c.clock.Now().Add(lagEvery)
+	c.batch = make([]polled, 0, maxPollBatch)
 	for {
 		select {
 		case <-c.stopPoll:
 			return
 		default:
 		}
-		switch e := c.kc.Poll(100).(type) {
-		case *kafka.Message:
-			c.dispatch(e)
-		case kafka.Error:
-			if e.IsFatal() {
-				c.log.Error("kafka consumer fatal error", zap.Error(e))
-			} else {
-				c.log.Warn("kafka consumer error", zap.Error(e))
-			}
+		c.batch = c.poll(c.batch[:0])
+		if len(c.batch) > 0 {
+			c.dispatch(c.batch)
+			clear(c.batch)
 		}
 		c.flowControl()
 		if now := c.clock.Now(); !now.Before(nextLag) {
@@ -267,33 +299,99 @@ func (c *Consumer) pollLoop() {
 	}
 }
 
-// dispatch tracks, decodes and routes one record (poll goroutine only).
-func (c *Consumer) dispatch(km *kafka.Message) {
-	if km.TopicPartition.Error != nil {
-		c.log.Warn("record with partition error", zap.Error(km.TopicPartition.Error))
-		return
+// poll waits up to 100 ms for the first event, then takes whatever else is
+// already queued locally without waiting, up to maxPollBatch records.
+func (c *Consumer) poll(batch []polled) []polled {
+	timeout := 100
+	for range maxPollBatch {
+		ev := c.kc.Poll(timeout)
+		timeout = 0
+		switch e := ev.(type) {
+		case nil:
+			return batch
+		case *kafka.Message:
+			if e.TopicPartition.Error != nil {
+				c.log.Warn("record with partition error", zap.Error(e.TopicPartition.Error))
+				continue
+			}
+			p := c.parts[tpKey{*e.TopicPartition.Topic, e.TopicPartition.Partition}]
+			if p == nil || p.dropped.Load() {
+				continue // not ours (any more); the owner reads it
+			}
+			batch = append(batch, polled{km: e, part: p})
+			// Stop at the in-flight cap so that flowControl pauses the
+			// partition before more of it is read, as without batching.
+			if p.batched++; p.tracker.InFlight()+p.batched >= c.cfg.Processor.MaxInFlight {
+				return batch
+			}
+		case kafka.Error:
+			if e.IsFatal() {
+				c.log.Error("kafka consumer fatal error", zap.Error(e))
+			} else {
+				c.log.Warn("kafka consumer error", zap.Error(e))
+			}
+		}
 	}
-	p := c.parts[tpKey{*km.TopicPartition.Topic, km.TopicPartition.Partition}]
-	if p == nil || p.dropped.Load() {
-		return // not ours (any more); the owner reads it
+	return batch
+}
+
+// dispatch tracks and routes a batch of records in offset order (poll
+// goroutine only): first every record is tracked and given its user, then
+// the limiter may prefetch the users' state in one round trip, then each
+// record passes breaker → limiter → mailbox.
+func (c *Consumer) dispatch(batch []polled) {
+	envs, users := c.envs[:0], c.users[:0]
+	for _, r := range batch {
+		r.part.batched = 0
+		if env := c.admit(r.km, r.part); env != nil {
+			envs = append(envs, env)
+			users = append(users, env.user)
+		}
+	}
+	if c.prefetch != nil && len(users) > 0 {
+		c.prefetch.Prefetch(c.runCtx, users, c.clock.Now())
+	}
+	for _, env := range envs {
+		c.route(env)
+	}
+	clear(envs)
+	c.envs, c.users = envs[:0], users[:0]
+}
+
+// admit tracks one record and finds its user: the record key, or for a
+// record without key the decoded external_userid. It returns nil when the
+// record needs no routing (skipped, or dead-lettered as invalid).
+func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
+	if p.dropped.Load() {
+		return nil
 	}
 	off := int64(km.TopicPartition.Offset)
 	if !p.tracker.Add(off) {
-		return // redelivered below what we already track (after a seek); ignore
+		return nil // redelivered below what we already track (after a seek); ignore
 	}
 	c.m.consumed.Inc()
 	env := &envelope{km: km, part: p}
 	if max := c.cfg.Processor.MaxMessageBytes; len(km.Value) > max {
+		env.user = string(km.Key)
 		c.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), false, 0)
-		return
+		return nil
+	}
+	if len(km.Key) > 0 {
+		env.user = string(km.Key)
+		return env // decoded by the actor
 	}
 	msg, err := chatmsg.Decode(km.Value)
 	if err != nil {
 		c.deadLetter(env, ReasonInvalidMessage, err.Error(), false, 0)
-		return
+		return nil
 	}
-	env.msg = msg
-	user := msg.ExternalUserID
+	env.msg, env.user = msg, msg.ExternalUserID
+	return env
+}
+
+// route applies breaker → limiter → mailbox to one admitted record.
+func (c *Consumer) route(env *envelope) {
+	user := env.user
 	if c.breaker != nil {
 		done, err := c.breaker.Allow(user)
 		if err != nil {

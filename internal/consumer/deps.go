@@ -47,6 +47,17 @@ type Limiter interface {
 	Allow(ctx context.Context, user string, now time.Time) Verdict
 }
 
+// Prefetcher is implemented by a Limiter that keeps per-user state in a
+// store. Before deciding any record of a polled batch the dispatcher hands
+// it the batch's users, so the reads of users it does not know yet share
+// one round trip instead of blocking the dispatcher once per new user.
+// Prefetch must leave every user it was given answerable by Allow from
+// memory — including a block recorded in the store, which must refuse the
+// user's first message — or, when the store fails, fail the way Allow does.
+type Prefetcher interface {
+	Prefetch(ctx context.Context, users []string, now time.Time)
+}
+
 // Breaker is the per-user circuit breaker. Allow returns a non-nil error
 // when the user's breaker is open; otherwise done must be called once with
 // the outcome of the message (true: handled or duplicate; false: mailbox
@@ -75,8 +86,9 @@ type DeadLetter struct {
 	Offset    int64
 	// Timestamp is the Kafka record's timestamp.
 	Timestamp time.Time
-	// UserID is the external_userid (from the record, or its key when the
-	// record could not be decoded).
+	// UserID is the user the record was routed by: its Kafka key, or the
+	// decoded external_userid when the record has no key. When both exist
+	// and differ, Details says so.
 	UserID string
 	// Attempts is how many times the handler ran (0 when it never ran).
 	Attempts int

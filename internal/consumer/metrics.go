@@ -13,6 +13,25 @@ type metrics struct {
 	paused     prometheus.Gauge
 	rebalances *prometheus.CounterVec // type: assign, revoke, lost
 	commits    *prometheus.CounterVec // result: ok, error
+
+	// results holds processed's children for the known results, bound
+	// once so the per-message path does no label lookup. Read-only after
+	// newMetrics.
+	results map[string]prometheus.Counter
+}
+
+// Results of kfpipe_messages_processed_total besides the DLQ reasons.
+const (
+	resultOK        = "ok"
+	resultDuplicate = "duplicate"
+)
+
+// result returns the processed counter for result.
+func (m *metrics) result(result string) prometheus.Counter {
+	if c, ok := m.results[result]; ok {
+		return c
+	}
+	return m.processed.WithLabelValues(result)
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -38,6 +57,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kfpipe_rebalances_total", Help: "Rebalance events by type: assign, revoke, lost."}, []string{"type"}),
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_commits_total", Help: "Offset commits by result: ok, error."}, []string{"result"}),
+	}
+	m.results = map[string]prometheus.Counter{}
+	for _, r := range []string{resultOK, resultDuplicate, ReasonInvalidMessage, ReasonCircuitOpen, ReasonRateLimited,
+		ReasonUserBlocked, ReasonQueueFull, ReasonDownstreamError, ReasonProcessTimeout} {
+		m.results[r] = m.processed.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,

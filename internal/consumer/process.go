@@ -27,8 +27,8 @@ func (h *handlerFailure) Unwrap() error { return h.err }
 // unfinished, so its offset is not committed and it is read again.
 var errStopping = errors.New("consumer stopping")
 
-// process runs in the user's actor goroutine: dedup, handle with retry,
-// then finish the message or dead-letter it.
+// process runs in the user's actor goroutine: decode, dedup, handle with
+// retry, then finish the message or dead-letter it.
 func (c *Consumer) process(env *envelope) {
 	defer func() {
 		// A bug here must not kill the daemon; the message stays
@@ -39,6 +39,18 @@ func (c *Consumer) process(env *envelope) {
 	}()
 	if env.part.dropped.Load() || c.runCtx.Err() != nil {
 		return // revoked past the drain limit, or stopping: the next reader handles it
+	}
+	if env.msg == nil {
+		msg, err := chatmsg.Decode(env.km.Value)
+		if err != nil {
+			// Bad input says nothing about the user's downstream: it
+			// releases a half-open trial slot like a success instead of
+			// opening the breaker for the user's good messages.
+			c.breakerOutcome(env, true)
+			c.deadLetter(env, ReasonInvalidMessage, err.Error(), false, 0)
+			return
+		}
+		env.msg = msg
 	}
 	m := env.msg
 	var dup bool
@@ -67,11 +79,11 @@ func (c *Consumer) process(env *envelope) {
 	switch {
 	case err == nil && dup:
 		c.m.duplicates.Inc()
-		c.m.processed.WithLabelValues("duplicate").Inc()
+		c.m.result(resultDuplicate).Inc()
 		c.breakerOutcome(env, true)
 		c.finish(env)
 	case err == nil:
-		c.m.processed.WithLabelValues("ok").Inc()
+		c.m.result(resultOK).Inc()
 		if m.ProducedAt > 0 {
 			c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
 		}
@@ -174,20 +186,26 @@ func (c *Consumer) deadLetter(env *envelope, reason, details string, recoverable
 		Topic: env.part.topic, Partition: env.part.id, Offset: int64(km.TopicPartition.Offset),
 		Timestamp: km.Timestamp, Attempts: attempts, FailedAt: c.clock.Now(),
 	}
+	dl.UserID = env.user
 	if env.msg != nil {
-		dl.UserID = env.msg.ExternalUserID
-	} else {
+		if dl.UserID == "" {
+			dl.UserID = env.msg.ExternalUserID
+		} else if env.msg.ExternalUserID != dl.UserID {
+			dl.Details += fmt.Sprintf(" (routed by record key %q; payload external_userid %q)", dl.UserID, env.msg.ExternalUserID)
+		}
+	}
+	if dl.UserID == "" {
 		dl.UserID = string(km.Key)
 	}
 	c.log.Info("dead letter", zap.String("reason", reason), zap.String("user_id", dl.UserID),
-		zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.String("details", details))
+		zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.String("details", dl.Details))
 	c.sendDead(dl, env, c.cfg.Processor.RetryBase)
 }
 
 func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration) {
 	c.dlq.Send(dl, func(err error) {
 		if err == nil {
-			c.m.processed.WithLabelValues(dl.Reason).Inc()
+			c.m.result(dl.Reason).Inc()
 			c.finish(env)
 			return
 		}

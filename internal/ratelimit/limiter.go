@@ -208,6 +208,97 @@ func (l *Limiter) Allow(ctx context.Context, user string, now time.Time) Decisio
 	return d
 }
 
+// Prefetch reads the Redis records of those of users that have no state yet
+// (or whose state must be read again) in one pipelined round trip, so that
+// Allow then answers each of them from memory. The consumer calls it with
+// the users of a batch of polled records before deciding any of them: one
+// round trip per batch instead of one per new user. It has Allow's contract
+// (not concurrently with Allow or Prefetch for the same user), and the same
+// failure mode: a user whose read fails runs on defaults and is read again
+// a second later. Without a store, or with limiting disabled, it does
+// nothing.
+func (l *Limiter) Prefetch(ctx context.Context, users []string, now time.Time) {
+	if !l.cfg.Enabled || l.store == nil || len(users) == 0 {
+		return
+	}
+	nowMs := now.UnixMilli()
+	epoch := l.epoch.Load()
+	var (
+		names  []string
+		states []*userState
+		seqs   []uint32
+		seen   map[*userState]struct{}
+	)
+	for _, user := range users {
+		st := l.lookup(user)
+		if st == nil {
+			st = l.insert(user)
+		}
+		st.mu.Lock()
+		due := st.epoch != epoch || (st.retryAt != 0 && nowMs >= st.retryAt)
+		seq := st.seq
+		st.mu.Unlock()
+		if !due {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[*userState]struct{}, len(users))
+		}
+		if _, dup := seen[st]; dup {
+			continue
+		}
+		seen[st] = struct{}{}
+		names, states, seqs = append(names, user), append(states, st), append(seqs, seq)
+	}
+	if len(names) == 0 {
+		return
+	}
+	historySince := int64(-1)
+	if l.cfg.Progressive.Enabled {
+		historySince = nowMs - l.cfg.Progressive.History.Milliseconds()
+	}
+	lctx, cancel := context.WithTimeout(ctx, l.o.timeout)
+	recs, errs := l.store.loadMany(lctx, names, historySince)
+	cancel()
+	var failed error
+	for i, st := range states {
+		st.mu.Lock()
+		switch {
+		case errs[i] != nil:
+			st.epoch, st.retryAt = epoch, nowMs+loadRetry.Milliseconds()
+			failed = errs[i]
+		case st.seq == seqs[i]:
+			l.applyRecord(st, names[i], recs[i])
+			st.epoch, st.retryAt = epoch, 0
+		default:
+			// An event changed the state while we read: read it alone,
+			// with load's re-read on a race.
+			st.mu.Unlock()
+			l.load(ctx, st, names[i], nowMs)
+			continue
+		}
+		st.mu.Unlock()
+	}
+	if failed != nil {
+		l.o.logger.Warn("rate limiter runs on defaults for users", zap.Int("users", len(names)), zap.Error(failed))
+	}
+}
+
+// insert adds a state for user that is due for loading (retryAt in the
+// past), so that Allow loads it if nobody else did; it returns the existing
+// state when there is one.
+func (l *Limiter) insert(user string) *userState {
+	sh := l.shard(user)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st, ok := sh.users[user]
+	if !ok {
+		st = &userState{epoch: l.epoch.Load(), retryAt: 1}
+		sh.users[user] = st
+	}
+	return st
+}
+
 // create adds a state for user and loads its record. The state is in the
 // map before the read so an event arriving meanwhile is not lost (the
 // load's seq check keeps it).

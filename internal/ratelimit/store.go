@@ -75,29 +75,59 @@ func parseBlock(v string) (int64, error) {
 // load reads a user's group, block and (historySince >= 0) block history in
 // one round trip.
 func (s *Store) load(ctx context.Context, user string, historySince int64) (userRecord, error) {
+	recs, errs := s.loadMany(ctx, []string{user}, historySince)
+	return recs[0], errs[0]
+}
+
+// loadMany reads the records of users in one pipelined round trip; errs[i]
+// is the error of users[i] (a connection failure is every user's).
+func (s *Store) loadMany(ctx context.Context, users []string, historySince int64) (recs []userRecord, errs []error) {
 	pipe := s.rdb.Pipeline()
-	g := pipe.Get(ctx, s.groupKey(user))
-	b := pipe.Get(ctx, s.blockKey(user))
-	var h *redis.StringSliceCmd
-	if historySince >= 0 {
-		h = pipe.ZRangeByScore(ctx, s.historyKey(user), &redis.ZRangeBy{Min: strconv.FormatInt(historySince, 10), Max: "+inf"})
+	cmds := make([]loadCmds, len(users))
+	for i, user := range users {
+		c := &cmds[i]
+		c.g = pipe.Get(ctx, s.groupKey(user))
+		c.b = pipe.Get(ctx, s.blockKey(user))
+		if historySince >= 0 {
+			c.h = pipe.ZRangeByScore(ctx, s.historyKey(user), &redis.ZRangeBy{Min: strconv.FormatInt(historySince, 10), Max: "+inf"})
+		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return userRecord{}, fmt.Errorf("load rate-limit state of %s: %w", user, err)
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	recs, errs = make([]userRecord, len(users)), make([]error, len(users))
+	for i := range cmds {
+		recs[i], errs[i] = cmds[i].record(users[i])
 	}
+	return recs, errs
+}
+
+// loadCmds are one user's queued reads.
+type loadCmds struct {
+	g, b *redis.StringCmd
+	h    *redis.StringSliceCmd // nil without the progressive penalty
+}
+
+func (c *loadCmds) record(user string) (userRecord, error) {
 	var rec userRecord
-	if v, err := g.Result(); err == nil {
+	for _, cmd := range [...]*redis.StringCmd{c.g, c.b} {
+		if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return userRecord{}, fmt.Errorf("load rate-limit state of %s: %w", user, err)
+		}
+	}
+	if v, err := c.g.Result(); err == nil {
 		rec.group = v
 	}
-	if v, err := b.Result(); err == nil {
+	if v, err := c.b.Result(); err == nil {
 		ms, perr := parseBlock(v)
 		if perr != nil {
 			return userRecord{}, perr
 		}
 		rec.blockedUntil = ms
 	}
-	if h != nil {
-		for _, m := range h.Val() {
+	if c.h != nil {
+		if err := c.h.Err(); err != nil {
+			return userRecord{}, fmt.Errorf("load rate-limit state of %s: %w", user, err)
+		}
+		for _, m := range c.h.Val() {
 			if ms, err := strconv.ParseInt(m, 10, 64); err == nil {
 				rec.history = append(rec.history, ms)
 			}

@@ -40,6 +40,14 @@ func (l limiter) Allow(ctx context.Context, user string, now time.Time) consumer
 	return consumer.Verdict{Reason: d.Reason, Details: details}
 }
 
+var _ consumer.Prefetcher = limiter{}
+
+// Prefetch lets the consumer read a polled batch's new users in one round
+// trip (consumer.Prefetcher).
+func (l limiter) Prefetch(ctx context.Context, users []string, now time.Time) {
+	l.l.Prefetch(ctx, users, now)
+}
+
 // deadLetters adapts dlq.Producer to consumer.DeadLetters.
 type deadLetters struct {
 	p    *dlq.Producer

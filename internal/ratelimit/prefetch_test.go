@@ -1,0 +1,107 @@
+package ratelimit
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// roundTrips counts the commands and pipelines a client sends.
+type roundTrips struct{ cmds, pipes atomic.Int64 }
+
+func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cmds.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.pipes.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+func (h *roundTrips) total() int64 { return h.cmds.Load() + h.pipes.Load() }
+
+// TestPrefetch: Prefetch reads the records of a batch of new users in one
+// round trip, after which Allow answers them from memory with what Redis
+// says — a user blocked in Redis is refused from its first message, a vip
+// gets the vip rule. A failed read runs the user on defaults and is
+// retried by Allow a second later (message time).
+func TestPrefetch(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	store := NewStore(rdb, prefix)
+	clock := newFakeClock()
+	cfg := seedConfig()
+	a := newAdmin(t, cfg, store, clock)
+	for _, u := range []string{"blocked", "late"} {
+		if err := a.Block(bg, u, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.SetGroup(bg, "vip", "vip"); err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(t, cfg, store, WithClock(clock))
+	rt := &roundTrips{}
+	rdb.AddHook(rt)
+
+	l.Prefetch(bg, []string{"blocked", "vip", "plain", "blocked", "vip"}, t0)
+	if rt.pipes.Load() != 1 || rt.cmds.Load() != 0 {
+		t.Fatalf("prefetch of 3 users: %d pipelines, %d commands; want 1 pipeline", rt.pipes.Load(), rt.cmds.Load())
+	}
+	if d := l.Allow(bg, "blocked", t0); d.Reason != ReasonUserBlocked {
+		t.Fatalf("first message of a user blocked in Redis: %+v", d)
+	}
+	for i := range 20 {
+		if d := l.Allow(bg, "vip", t0); !d.Allowed || d.Group != "vip" {
+			t.Fatalf("vip message %d: %+v", i, d)
+		}
+	}
+	if d := l.Allow(bg, "plain", t0); !d.Allowed || d.Group != "normal" {
+		t.Fatalf("plain: %+v", d)
+	}
+	l.Prefetch(bg, []string{"blocked", "vip", "plain"}, t0)
+	if n := rt.total(); n != 1 {
+		t.Fatalf("%d round trips after prefetching known users and deciding them; want only the first", n)
+	}
+
+	// A read that fails: the user runs on defaults (fail open) without a
+	// second read until loadRetry has passed, then Allow reads it.
+	dead := redis.NewClient(&redis.Options{Addr: unusedAddr(t), MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = dead.Close() })
+	l.store = NewStore(dead, prefix)
+	l.Prefetch(bg, []string{"late"}, t0)
+	if d := l.Allow(bg, "late", t0); !d.Allowed {
+		t.Fatalf("user whose read failed: %+v, want allowed on defaults", d)
+	}
+	l.store = store
+	if d := l.Allow(bg, "late", t0.Add(loadRetry/2)); !d.Allowed {
+		t.Fatalf("before loadRetry: %+v, want still on defaults (no read)", d)
+	}
+	if d := l.Allow(bg, "late", t0.Add(loadRetry)); d.Reason != ReasonUserBlocked {
+		t.Fatalf("after loadRetry: %+v, want user_blocked from Redis", d)
+	}
+}
+
+// unusedAddr returns a loopback address nobody listens on.
+func unusedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
