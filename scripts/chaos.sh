@@ -46,6 +46,15 @@ log "go test -v -run '$run' -count=1 -timeout 30m ./internal/chaos/... (KFPIPE_C
 set +e
 go test -v -run "$run" -count=1 -timeout 30m ./internal/chaos/... 2>&1 | tee "$RUN_DIR/chaos.log"
 status=${PIPESTATUS[0]}
+if [[ -z ${CHAOS_RUN:-} ]]; then
+  # Scenario 8 lives in its own package (in-process daemons, adversarial HTTP).
+  log "go test -v -run TestHostileHTTP -count=1 ./internal/hostile/"
+  go test -v -run TestHostileHTTP -count=1 ./internal/hostile/ 2>&1 | tee -a "$RUN_DIR/chaos.log" |
+    grep -o 'scenario=hostile-http.*' | head -1 >>"$report"
+  ((PIPESTATUS[0] == 0)) || status=1
+  # Every fuzz target for a bounded time (make test runs them for 3 s).
+  "$SCRIPTS_DIR/fuzz.sh" "${KFPIPE_FUZZ_SECONDS:-30}" || status=1
+fi
 set -e
 echo
 echo "== chaos scenarios =="
