@@ -19,22 +19,7 @@ out="$RUN_DIR/bench"
 mkdir -p docs
 mkdir -p "$out"
 
-started=()
-cleanup() {
-  local rc=$? s
-  if [[ ${KFPIPE_KEEP_SERVICES:-} != 1 ]]; then
-    for s in "${started[@]}"; do "$SCRIPTS_DIR/$s.sh" stop || true; done
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-for s in kafka redis; do
-  "$SCRIPTS_DIR/$s.sh" status 2>/dev/null || started+=("$s")
-done
-eval "$("$SCRIPTS_DIR/services.sh" up)"
+use_services
 
 log "building the harness"
 go build -o "$out/kfpipe-bench" ./internal/bench/cmd

@@ -76,3 +76,28 @@ http_get() {
     timeout 5 cat <&3
   ) 2>/dev/null
 }
+
+# use_services: for a script that needs the test services (make test, bench,
+# chaos). Starts Kafka, Redis and etcd where they are not running, exports
+# KFPIPE_TEST_* and KFPIPE_REPO_ROOT, and on exit stops only the ones it
+# started (KFPIPE_KEEP_SERVICES=1 leaves them up).
+_started_services=()
+_stop_started_services() {
+  local rc=$? s
+  if [[ ${KFPIPE_KEEP_SERVICES:-} != 1 ]]; then
+    for s in "${_started_services[@]}"; do "$SCRIPTS_DIR/$s.sh" stop || true; done
+  fi
+  exit "$rc"
+}
+use_services() {
+  trap _stop_started_services EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  local s
+  for s in kafka redis etcd; do
+    "$SCRIPTS_DIR/$s.sh" status 2>/dev/null || _started_services+=("$s")
+  done
+  eval "$("$SCRIPTS_DIR/services.sh" up)"
+  export KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS KFPIPE_TEST_ETCD
+  export KFPIPE_REPO_ROOT="$REPO_ROOT"
+}

@@ -16,24 +16,7 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 cd "$REPO_ROOT"
 mkdir -p "$RUN_DIR"
 
-started=()
-cleanup() {
-  local rc=$? s
-  if [[ ${KFPIPE_KEEP_SERVICES:-} != 1 ]]; then
-    for s in "${started[@]}"; do "$SCRIPTS_DIR/$s.sh" stop || true; done
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-for s in kafka redis etcd; do
-  "$SCRIPTS_DIR/$s.sh" status 2>/dev/null || started+=("$s")
-done
-eval "$("$SCRIPTS_DIR/services.sh" up)"
-export KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS KFPIPE_TEST_ETCD
-export KFPIPE_REPO_ROOT="$REPO_ROOT"
+use_services
 log "KFPIPE_TEST_KAFKA=$KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS=$KFPIPE_TEST_REDIS KFPIPE_TEST_ETCD=$KFPIPE_TEST_ETCD"
 
 if [[ ${KFPIPE_SKIP_VET:-} != 1 ]]; then
