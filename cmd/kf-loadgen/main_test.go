@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,7 +25,7 @@ func TestLoadgenAttackKafkaMode(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	_, prefix := testenv.Redis(t)
 	mainTopic, dlqTopic := testenv.Topic(t, 4), testenv.Topic(t, 2)
-	sink := freeAddr(t)
+	sink := testenv.FreeAddr(t)
 	env := map[string]string{
 		"KFPIPE_KAFKA_BROKERS":           brokers,
 		"KFPIPE_KAFKA_TOPICS_MAIN_NAME":  mainTopic,
@@ -36,7 +35,7 @@ func TestLoadgenAttackKafkaMode(t *testing.T) {
 		"KFPIPE_KAFKA_CONSUMER_GROUP_ID": testenv.Name(t, "g"),
 		"KFPIPE_HANDLER_TYPE":            "http",
 		"KFPIPE_HANDLER_HTTP_URL":        "http://" + sink + "/sink",
-		"KFPIPE_OPS_ADDR":                freeAddr(t),
+		"KFPIPE_OPS_ADDR":                testenv.FreeAddr(t),
 		"KFPIPE_DLQ_EMERGENCY_FILE":      filepath.Join(t.TempDir(), "emergency.jsonl"),
 	}
 	for k, v := range env {
@@ -95,14 +94,4 @@ func TestLoadgenAttackKafkaMode(t *testing.T) {
 	if !res.OK || res.Sent < 100 || res.Report.Handled == 0 || refused == 0 || res.Report.Handled+refused != res.Sent {
 		t.Fatalf("summary %s\n%s", out, stderr.String())
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

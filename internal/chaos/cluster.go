@@ -127,7 +127,7 @@ func (c *Cluster) Node(id int32) *Node { return c.Nodes[id-1] }
 func freePortRange(t testing.TB, n int) int {
 	t.Helper()
 	for try := 0; try < 100; try++ {
-		p := freePort(t)
+		p := testenv.FreePort(t)
 		if p+n > 65535 {
 			continue
 		}

@@ -148,7 +148,7 @@ func Start(t *testing.T, o Options) *Pipeline {
 
 	aesKey := randomAESKey()
 	const cbToken = "chaos-callback-token"
-	cbPort := freePort(t)
+	cbPort := testenv.FreePort(t)
 	p.sender = &wecomtest.CallbackSender{URL: fmt.Sprintf("http://127.0.0.1:%d/wecom/callback", cbPort),
 		Token: cbToken, AESKey: aesKey, CorpID: p.Fake.CorpID()}
 
@@ -196,7 +196,7 @@ func Start(t *testing.T, o Options) *Pipeline {
 		"KFPIPE_KAFKA_CONSUMER_GROUP_ID":  "chaos-dlq-" + suffix,
 		"KFPIPE_RATE_LIMIT_DEFAULT_GROUP": "whitelist",
 	}
-	adminPort := freePort(t)
+	adminPort := testenv.FreePort(t)
 	dlqEnv["KFPIPE_ADMIN_ADDR"] = fmt.Sprintf("127.0.0.1:%d", adminPort)
 	p.AdminURL = fmt.Sprintf("http://127.0.0.1:%d", adminPort)
 
@@ -208,7 +208,7 @@ func Start(t *testing.T, o Options) *Pipeline {
 		}
 		env = append(env, envList(o.Env)...)
 		d := &Daemon{Name: name, bin: filepath.Join(bin, binName), args: []string{"--config", cfgPath},
-			env: env, envFor: func(string) []string { return nil }, opsAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+			env: env, envFor: func(string) []string { return nil }, opsAddr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)),
 			logDir: logDir, onKill: p.recordKill}
 		return d
 	}

@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,33 +96,6 @@ func removeBinaries() {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// freePortPair returns p such that p and p+1 were both free (Kafka's
-// broker and controller ports).
-func freePortPair(t testing.TB) int {
-	t.Helper()
-	for i := 0; i < 50; i++ {
-		p := freePort(t)
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1))
-		if err == nil {
-			_ = ln.Close()
-			return p
-		}
-	}
-	t.Fatal("no free port pair")
-	return 0
-}
-
 // Node is a private service node started by a project script, so a
 // scenario can kill it without disturbing the shared services.
 type Node struct {
@@ -186,12 +158,12 @@ func PrivateRedis(t *testing.T, aof bool) *Node {
 	if aof {
 		env = append(env, "KFPIPE_REDIS_EXTRA_CONF=appendonly yes\nappendfsync always")
 	}
-	return startNode(t, "redis.sh", "redis", freePort(t), env)
+	return startNode(t, "redis.sh", "redis", testenv.FreePort(t), env)
 }
 
 // PrivateKafka starts a single-node Kafka of the scenario's own.
 func PrivateKafka(t *testing.T) *Node {
 	t.Helper()
 	testenv.Tool(t, "java")
-	return startNode(t, "kafka.sh", "kafka", freePortPair(t), nil)
+	return startNode(t, "kafka.sh", "kafka", testenv.FreePortPair(t), nil)
 }

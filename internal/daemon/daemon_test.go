@@ -1,9 +1,7 @@
 package daemon_test
 
 import (
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,13 +29,13 @@ func TestDaemonsServeAndStopOnSIGTERM(t *testing.T) {
 	}
 	for _, name := range []string{"kf-producer", "schedule-consumer", "dlq-consumer"} {
 		t.Run(name, func(t *testing.T) {
-			ops := freeAddr(t)
+			ops := testenv.FreeAddr(t)
 			cmd := exec.Command(filepath.Join(bin, name), "--config", "config/development.yaml")
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(),
 				"KFPIPE_OPS_ADDR="+ops,
-				"KFPIPE_CALLBACK_ADDR="+freeAddr(t),
-				"KFPIPE_ADMIN_ADDR="+freeAddr(t),
+				"KFPIPE_CALLBACK_ADDR="+testenv.FreeAddr(t),
+				"KFPIPE_ADMIN_ADDR="+testenv.FreeAddr(t),
 				"KFPIPE_KAFKA_BROKERS="+brokers,
 				"KFPIPE_REDIS_ADDR="+redisAddr,
 				"KFPIPE_REDIS_KEY_PREFIX="+testenv.Name(t, "rd")+":",
@@ -99,14 +97,4 @@ func get(url string) (string, int) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b), resp.StatusCode
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return fmt.Sprintf("127.0.0.1:%d", l.Addr().(*net.TCPAddr).Port)
 }

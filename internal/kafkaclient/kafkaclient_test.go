@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -216,31 +215,12 @@ func TestRoundTripMurmur2WithKcat(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	for i := 0; i < 50; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		// The script uses port+1 for the controller.
-		if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1)); err == nil {
-			_ = l2.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port pair")
-	return 0
-}
-
 // TestReadyzFollowsBroker runs a private broker, stops it and starts it
 // again: /readyz turns 503 naming kafka, then 200.
 func TestReadyzFollowsBroker(t *testing.T) {
 	testenv.KafkaBrokers(t) // the shared broker proves the jars and java are there
 	name := "readyz-" + testenv.Short()
-	port := freePort(t)
+	port := testenv.FreePortPair(t)
 	testenv.Script(t, "kafka.sh", "start", "--name", name, "--port", strconv.Itoa(port))
 	t.Cleanup(func() { testenv.Script(t, "kafka.sh", "stop", "--name", name) })
 

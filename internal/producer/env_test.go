@@ -2,8 +2,6 @@ package producer
 
 import (
 	"errors"
-	"fmt"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -169,25 +167,4 @@ func checkRecords(t *testing.T, recs []*kafka.Message, logs map[string][]wecom.M
 		t.Fatalf("%d duplicate records, want none", dups)
 	}
 	t.Logf("%d records, %d distinct, %d duplicates, %d users", len(recs), len(seen), dups, len(userPart))
-}
-
-// freePortPair returns a loopback port p with p+1 also free (Kafka broker
-// and controller).
-func freePortPair(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
-		_ = l.Close()
-		if err == nil {
-			_ = l2.Close()
-			return p
-		}
-	}
-	t.Fatal("no free port pair")
-	return 0
 }

@@ -3,7 +3,6 @@ package producer
 import (
 	"context"
 	"fmt"
-	"github.com/kfpipe/kfpipe/internal/lock"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/lock"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -208,7 +208,7 @@ func TestIntegrationTwoInstances(t *testing.T) {
 func TestIntegrationKafkaDownHoldsCursor(t *testing.T) {
 	t.Parallel()
 	testenv.Tool(t, "java")
-	port := freePortPair(t)
+	port := testenv.FreePortPair(t)
 	name := "producer-fault"
 	testenv.Script(t, "kafka.sh", "start", "--name", name, "--port", fmt.Sprint(port))
 	t.Cleanup(func() { testenv.Script(t, "kafka.sh", "stop", "--name", name) })

@@ -32,7 +32,7 @@ func TestProducerReallocatesLostWorkerID(t *testing.T) {
 	}
 	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, "unused")
 	cfg.WeCom.BaseURL, cfg.WeCom.OpenKfIDs = fake.URL(), nil
-	cfg.Callback.Addr = freeAddr(t)
+	cfg.Callback.Addr = testenv.FreeAddr(t)
 	cfg.IDGen.Allocator.TTL = 3 * time.Second // renewed every second
 	base, err := daemon.Start(ctx, "kf-producer", cfg.Common)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -20,16 +19,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // common points a loaded config at the test services with fresh names.
 func common(t *testing.T, c *config.Common, mainTopic, dlqTopic, prefix, group string) {
 	c.Kafka.Brokers = testenv.KafkaBrokers(t)
@@ -37,7 +26,7 @@ func common(t *testing.T, c *config.Common, mainTopic, dlqTopic, prefix, group s
 	c.Kafka.Consumer.GroupID = group
 	c.Redis.Addr = testenv.RedisAddr(t)
 	c.Redis.KeyPrefix = prefix
-	c.Ops.Addr = freeAddr(t)
+	c.Ops.Addr = testenv.FreeAddr(t)
 }
 
 type recorder struct {
@@ -91,7 +80,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	common(t, &pcfg.Common, mainTopic, dlqTopic, prefix, "unused")
 	pcfg.WeCom.BaseURL = fake.URL()
 	pcfg.WeCom.OpenKfIDs = []string{kf}
-	pcfg.Callback.Addr = freeAddr(t)
+	pcfg.Callback.Addr = testenv.FreeAddr(t)
 
 	ccfg, err := config.LoadConsumer("../../config/test.yaml")
 	if err != nil {
@@ -106,7 +95,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	}
 	common(t, &dcfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
 	dcfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
-	dcfg.Admin.Addr = freeAddr(t)
+	dcfg.Admin.Addr = testenv.FreeAddr(t)
 	dcfg.Recovery.MaxRetries["downstream_error"] = 1
 
 	start := func(name string, c config.Common) *daemon.Base {
