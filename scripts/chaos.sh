@@ -35,8 +35,8 @@ if [[ -z ${CHAOS_RUN:-} ]]; then
   go test -v -run TestHostileHTTP -count=1 ./internal/hostile/ 2>&1 | tee -a "$RUN_DIR/chaos.log" |
     grep -o 'scenario=hostile-http.*' | head -1 >>"$report"
   ((PIPESTATUS[0] == 0)) || status=1
-  # Every fuzz target for a bounded time (make test runs them for 3 s).
-  "$SCRIPTS_DIR/fuzz.sh" "${KFPIPE_FUZZ_SECONDS:-30}" || status=1
+  # Every fuzz target for a bounded time (make test runs 10,000 inputs each).
+  "$SCRIPTS_DIR/fuzz.sh" "${KFPIPE_FUZZ:-30}" || status=1
 fi
 set -e
 echo
