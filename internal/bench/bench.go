@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -302,4 +303,31 @@ func waitUntil(limit time.Duration, cond func() bool) bool {
 		time.Sleep(2 * time.Millisecond)
 	}
 	return true
+}
+
+// CPUTime is the CPU time (user + system) this process has used so far.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// RedisCPU is the CPU time (user + system) the Redis server has used so far
+// (INFO cpu); 0 when it cannot be read.
+func (e *Env) RedisCPU() time.Duration {
+	info, err := e.Redis.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }

@@ -115,10 +115,13 @@ func Consumer(e *Env, o ConsumerOptions) (Result, error) {
 	}
 	msgs = nil
 
+	cpu0 := CPUTime()
 	rawRate, err := rawConsume(kcfg, e.Prefix+"-raw-consume", topic, o.Msgs, 3*time.Minute)
 	if err != nil {
 		return Result{}, fmt.Errorf("raw_consume: %w", err)
 	}
+	rawCPU := CPUTime() - cpu0
+	cpu0, redis0 := CPUTime(), e.RedisCPU()
 
 	h := &counter{}
 	start := time.Now()
@@ -145,6 +148,7 @@ func Consumer(e *Env, o ConsumerOptions) (Result, error) {
 		return h.n.Load() >= int64(o.Msgs)
 	})
 	elapsed := time.Since(start)
+	cpu, redisCPU := CPUTime()-cpu0, e.RedisCPU()-redis0
 	rss := RSSMiB()
 	active := cc.ActiveProcessors()
 	cerr := s.Close(context.Background())
@@ -165,7 +169,12 @@ func Consumer(e *Env, o ConsumerOptions) (Result, error) {
 		Extra: map[string]any{"bytes_per_msg": round(size, 0), "users": o.Users, "partitions": o.Partitions,
 			"from_first_msg_per_sec": round(float64(o.Msgs)/time.Since(first).Seconds(), 0),
 			"actors_at_end":          active, "peak_rss_mib": PeakRSSMiB(),
-			"path": "service.StartConsumer: decode, breaker, limiter (loose group), mailbox, actor, batched once dedup (claim+done), offset tracker commits"}}, nil
+			// CPU per message: this process (both phases) and the Redis
+			// server (the pipeline phase; the raw loop does not use it).
+			"cpu_us_per_msg":       round(float64(cpu.Microseconds())/float64(o.Msgs), 2),
+			"raw_cpu_us_per_msg":   round(float64(rawCPU.Microseconds())/float64(o.Msgs), 2),
+			"redis_cpu_us_per_msg": round(float64(redisCPU.Microseconds())/float64(o.Msgs), 2),
+			"path":                 "service.StartConsumer: decode, breaker, limiter (loose group), mailbox, actor, batched once dedup (claim+done), offset tracker commits"}}, nil
 }
 
 // pacer produces, every 10 ms, the messages due at rate per second through

@@ -29,6 +29,10 @@ type Processor struct {
 	MaxMessageBytes    int           `mapstructure:"max_message_bytes"`
 	PipelineFlush      time.Duration `mapstructure:"pipeline_flush"` // Redis batching window
 	PipelineMaxBatched int           `mapstructure:"pipeline_max_batched"`
+	// ClaimAhead is how many of a user's queued messages have their dedup
+	// keys claimed in one Redis round trip before their turn (0: one claim
+	// per message, when its turn comes).
+	ClaimAhead int `mapstructure:"claim_ahead"`
 }
 
 // Dedup configures the idempotency keys (I3).
@@ -108,7 +112,7 @@ func defaultConsumer(env string) Consumer {
 		Common: defaultCommon(env, "consumer"),
 		Processor: Processor{MailboxSize: 256, IdleTimeout: 2 * time.Minute, MaxInFlight: 20000, ResumeBelow: 10000,
 			RetryAttempts: 3, RetryBase: 100 * time.Millisecond, RetryMax: 2 * time.Second, AttemptTimeout: 10 * time.Second,
-			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256},
+			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256, ClaimAhead: 32},
 		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: 5 * time.Minute},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
@@ -133,6 +137,7 @@ func (c *Consumer) Validate() error {
 	v.between("processor.max_message_bytes", p.MaxMessageBytes, 1024, 100<<20)
 	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, time.Second)
 	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, 100000)
+	v.between("processor.claim_ahead", p.ClaimAhead, 0, 4096)
 	// I3: WeChat may hand a message out again for 3 days.
 	v.durationAtLeast("dedup.ttl", c.Dedup.TTL, 72*time.Hour)
 	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, 24*time.Hour)

@@ -31,6 +31,11 @@ type envelope struct {
 	// breakerDone reports the outcome to the user's breaker; nil when no
 	// breaker is configured.
 	breakerDone func(success bool)
+	// prepared: the actor has handed the envelope to registry.prepare
+	// (written under the actor's lock). ticket is the dedup claim taken
+	// ahead for it, if any; the actor's goroutine owns both after that.
+	prepared bool
+	ticket   Ticket
 }
 
 // actor is the self-managing processor of one external_userid (seed §10).
@@ -117,6 +122,21 @@ func (a *actor) run() {
 			return
 		}
 		env := a.queue[a.head]
+		if a.reg.prepare != nil && !env.prepared {
+			// Claim ahead: hand the next unprepared messages of the
+			// mailbox to prepare together, then handle them one by one.
+			end := min(len(a.queue), a.head+a.reg.ahead)
+			window := make([]*envelope, 0, end-a.head)
+			for _, e := range a.queue[a.head:end] {
+				if !e.prepared {
+					e.prepared = true
+					window = append(window, e)
+				}
+			}
+			a.mu.Unlock()
+			a.reg.prepare(window)
+			continue
+		}
 		a.queue[a.head] = nil
 		a.head++
 		a.mu.Unlock()

@@ -115,6 +115,7 @@ type Consumer struct {
 	handler Handler
 	dlq     DeadLetters
 	dedup   Deduper
+	ahead   AheadDeduper // dedup, when it claims ahead and processor.claim_ahead > 0
 	limiter Limiter
 	// prefetch is limiter when it implements Prefetcher, else nil.
 	prefetch Prefetcher
@@ -193,6 +194,10 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
 	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
 		func(d int) { c.m.active.Add(float64(d)) })
+	if ad, ok := c.dedup.(AheadDeduper); ok && cfg.Processor.ClaimAhead > 0 {
+		c.ahead = ad
+		c.acts.prepare, c.acts.ahead = c.prepare, cfg.Processor.ClaimAhead
+	}
 	kc, err := kafka.NewConsumer(kafkaclient.Consumer(cfg.Kafka, c.group))
 	if err != nil {
 		c.cancelRun()

@@ -30,6 +30,31 @@ type Deduper interface {
 	Do(ctx context.Context, key string, ttl time.Duration, f func(context.Context) error) (duplicate bool, err error)
 }
 
+// Ticket is a dedup key claimed ahead by an AheadDeduper; opaque to the
+// consumer.
+type Ticket any
+
+// AheadDeduper is a Deduper that can claim the keys of a user's queued
+// messages together before their turn, and confirm a key done without
+// holding up the user's next message. The actor claims its mailbox's next
+// keys in one round trip and, per message, waits for nothing in Redis in the
+// common case (the claim is already held, the done mark is sent on). The
+// protocol per key is Deduper's: only the claims are taken earlier.
+type AheadDeduper interface {
+	Deduper
+	// ClaimAhead claims keys for the DoTicket calls that follow, in order.
+	ClaimAhead(ctx context.Context, keys []string) []Ticket
+	// DoTicket is Do for a key claimed by ClaimAhead. When f succeeded
+	// (duplicate false, err nil) the done mark may still be on its way:
+	// marked is then called once, from any goroutine, with nil when the
+	// key is durably done, or an error when the mark was given up (the
+	// consumer is stopping). It may be called again for the same ticket
+	// after an error that is not f's.
+	DoTicket(ctx context.Context, t Ticket, ttl time.Duration, f func(context.Context) error, marked func(error)) (duplicate bool, err error)
+	// Release gives back the claims of tickets that will not be run.
+	Release(ts []Ticket)
+}
+
 // Verdict is a Limiter's answer for one message.
 type Verdict struct {
 	Allowed bool

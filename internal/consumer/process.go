@@ -36,6 +36,7 @@ func (c *Consumer) process(env *envelope) {
 		if r := recover(); r != nil {
 			c.log.Error("actor panic", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
+		c.releaseTicket(env) // a claim taken ahead and not used
 	}()
 	if env.part.dropped.Load() || c.runCtx.Err() != nil {
 		return // revoked past the drain limit, or stopping: the next reader handles it
@@ -53,10 +54,10 @@ func (c *Consumer) process(env *envelope) {
 		env.msg = msg
 	}
 	m := env.msg
-	var dup bool
+	var dup, pending bool
 	var err error
 	for backoff := c.cfg.Processor.RetryBase; ; {
-		dup, err = c.handleOnce(m)
+		dup, pending, err = c.handleOnce(env, m)
 		var hf *handlerFailure
 		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || c.runCtx.Err() != nil {
 			break
@@ -72,9 +73,15 @@ func (c *Consumer) process(env *envelope) {
 		}
 		backoff = min(2*backoff+time.Millisecond, c.cfg.Processor.RetryMax)
 	}
+	if err == nil {
+		// The ticket is spent: its key is done or being marked done, and
+		// releasing it now could free the claim before the mark lands.
+		env.ticket = nil
+	}
 	if c.runCtx.Err() != nil || errors.Is(err, errStopping) {
 		return
 	}
+	env.ticket = nil
 	var hf *handlerFailure
 	switch {
 	case err == nil && dup:
@@ -88,7 +95,9 @@ func (c *Consumer) process(env *envelope) {
 			c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
 		}
 		c.breakerOutcome(env, true)
-		c.finish(env)
+		if !pending {
+			c.finish(env) // else the done mark's callback finishes it
+		}
 	case errors.As(err, &hf):
 		c.breakerOutcome(env, false)
 		reason, recoverable := ReasonDownstreamError, true
@@ -109,8 +118,50 @@ func (c *Consumer) breakerOutcome(env *envelope, ok bool) {
 	}
 }
 
-// handleOnce runs the handler with retries inside the dedup guard.
-func (c *Consumer) handleOnce(m *chatmsg.ChatMessage) (dup bool, err error) {
+// prepare claims ahead the dedup keys of a window of the actor's next
+// envelopes (one round trip), decoding them first; called from the actor's
+// goroutine before the first of them is processed. An envelope that does
+// not decode, or whose partition was dropped, gets no ticket and is handled
+// as before.
+func (c *Consumer) prepare(envs []*envelope) {
+	keys := make([]string, 0, len(envs))
+	idx := make([]int, 0, len(envs))
+	for i, env := range envs {
+		if env.part.dropped.Load() {
+			continue
+		}
+		if env.msg == nil {
+			msg, err := chatmsg.Decode(env.km.Value)
+			if err != nil {
+				continue // process dead-letters it
+			}
+			env.msg = msg
+		}
+		keys = append(keys, env.msg.DedupKey())
+		idx = append(idx, i)
+	}
+	if len(keys) == 0 || c.runCtx.Err() != nil {
+		return
+	}
+	for j, t := range c.ahead.ClaimAhead(c.runCtx, keys) {
+		envs[idx[j]].ticket = t
+	}
+}
+
+// releaseTicket gives back the claim taken ahead for env when it was not
+// used (the message is not processed now: stopping, dropped partition, a
+// dedup store failure before the handler ran).
+func (c *Consumer) releaseTicket(env *envelope) {
+	if env.ticket != nil {
+		c.ahead.Release([]Ticket{env.ticket})
+		env.ticket = nil
+	}
+}
+
+// handleOnce runs the handler with retries inside the dedup guard. pending
+// reports a success whose done mark is still on its way: the mark's
+// callback finishes env (AheadDeduper).
+func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pending bool, err error) {
 	run := func(ctx context.Context) error {
 		attempts, timedOut, err := c.handleWithRetry(ctx, m)
 		if err == nil {
@@ -122,9 +173,18 @@ func (c *Consumer) handleOnce(m *chatmsg.ChatMessage) (dup bool, err error) {
 		return &handlerFailure{err: err, attempts: attempts, timedOut: timedOut}
 	}
 	if c.dedup == nil {
-		return false, run(c.runCtx)
+		return false, false, run(c.runCtx)
 	}
-	return c.dedup.Do(c.runCtx, m.DedupKey(), c.cfg.Dedup.TTL, run)
+	if env.ticket != nil {
+		dup, err = c.ahead.DoTicket(c.runCtx, env.ticket, c.cfg.Dedup.TTL, run, func(err error) {
+			if err == nil {
+				c.finish(env)
+			}
+		})
+		return dup, !dup && err == nil, err
+	}
+	dup, err = c.dedup.Do(c.runCtx, m.DedupKey(), c.cfg.Dedup.TTL, run)
+	return dup, false, err
 }
 
 // handleWithRetry calls the handler up to processor.retry_attempts times

@@ -16,6 +16,11 @@ type registry struct {
 	clock   Clock
 	handle  func(*envelope) // called from the actor's goroutine
 	onCount func(delta int) // active processor gauge; may be nil
+	// prepare, when set, is called from the actor's goroutine with up to
+	// ahead of the mailbox's next envelopes, each once, before handle is
+	// called for the first of them (claim ahead).
+	prepare func([]*envelope)
+	ahead   int
 
 	wg     sync.WaitGroup // running actor goroutines
 	count  atomic.Int64

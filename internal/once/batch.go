@@ -53,6 +53,9 @@ type op struct {
 	script *redis.Script
 	res    any
 	err    error
+	// cb, when set, receives the answer on the executor's goroutine instead
+	// of a waiting caller (sendAsync).
+	cb func(res any, err error)
 	// done has room for the one answer so the executor never blocks on a
 	// caller; the caller always waits for it.
 	done chan struct{}
@@ -110,6 +113,74 @@ func (b *batcher) do(ctx context.Context, script *redis.Script, args []any) (any
 	return res, err
 }
 
+// doAll queues cmds (each with its script, or nil) as consecutive operations
+// under one lock, so they travel in the same pipeline when it has room, and
+// waits for all their answers: one wake-up for the caller instead of one per
+// command. ctx bounds only the hand-over, as in do.
+func (b *batcher) doAll(ctx context.Context, scripts []*redis.Script, cmds [][]any, res []any, errs []error) {
+	if err := ctx.Err(); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return
+	}
+	ops := make([]*op, len(cmds))
+	for i := range cmds {
+		o := opPool.Get().(*op)
+		o.script, o.args = scripts[i], cmds[i]
+		ops[i] = o
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		for i, o := range ops {
+			b.put(o)
+			errs[i] = ErrClosed
+		}
+		return
+	}
+	first := len(b.queue) == 0
+	if first && b.linger > 0 {
+		b.since = time.Now()
+	}
+	b.queue = append(b.queue, ops...)
+	full := len(b.queue) >= b.maxBatch
+	b.mu.Unlock()
+	if first || full {
+		b.wake()
+	}
+	for i, o := range ops {
+		<-o.done
+		res[i], errs[i] = o.res, o.err
+		b.put(o)
+	}
+}
+
+// sendAsync queues args like do but does not wait: cb gets the answer on
+// an executor's goroutine, so it must be quick and must not wait for
+// another operation of this batcher. When the batcher is closed cb gets
+// ErrClosed at once, on the caller's goroutine.
+func (b *batcher) sendAsync(script *redis.Script, args []any, cb func(res any, err error)) {
+	o := opPool.Get().(*op)
+	o.script, o.args, o.cb = script, args, cb
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		b.put(o)
+		cb(nil, ErrClosed)
+		return
+	}
+	b.queue = append(b.queue, o)
+	n := len(b.queue)
+	if n == 1 && b.linger > 0 {
+		b.since = time.Now()
+	}
+	b.mu.Unlock()
+	if n == 1 || n == b.maxBatch {
+		b.wake()
+	}
+}
+
 func (b *batcher) wake() {
 	select {
 	case b.kick <- struct{}{}:
@@ -118,7 +189,7 @@ func (b *batcher) wake() {
 }
 
 func (b *batcher) put(o *op) {
-	o.script, o.args, o.res, o.err = nil, nil, nil, nil
+	o.script, o.args, o.res, o.err, o.cb = nil, nil, nil, nil, nil
 	opPool.Put(o)
 }
 
@@ -212,7 +283,13 @@ func (b *batcher) send(batch []*op, cmds []*redis.Cmd) []*redis.Cmd {
 			// Redis lost its script cache (restart, SCRIPT FLUSH).
 			o.res, o.err = runScript(ctx, b.rdb, o.script, o.args)
 		}
-		o.done <- struct{}{}
+		if cb := o.cb; cb != nil {
+			res, err := o.res, o.err
+			b.put(o)
+			cb(res, err)
+		} else {
+			o.done <- struct{}{}
+		}
 		cmds[i] = nil
 	}
 	return cmds

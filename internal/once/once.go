@@ -229,9 +229,18 @@ func (c *Client) run(ctx context.Context, key string, ttl time.Duration, noResul
 		c.m.errored.Inc()
 		return nil, StatusNone, ErrInvalidTTL
 	}
-	rkey := c.prefix + key
-	claim := c.owner + strconv.FormatUint(c.seq.Add(1), 10)
+	return c.runClaim(ctx, key, c.prefix+key, c.newClaim(), ttl, noResult, f, nil)
+}
 
+// newClaim returns a claim value no other call uses.
+func (c *Client) newClaim() string { return c.owner + strconv.FormatUint(c.seq.Add(1), 10) }
+
+// runClaim is run with the key's Redis name and the claim value to set.
+// Finding that very claim value already set means the claim is ours, taken
+// ahead by ClaimAhead: it is confirmed (and its lease renewed) instead of
+// waited on. marked is execute's.
+func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time.Duration, noResult bool,
+	f func(ctx context.Context) ([]byte, error), marked func(error)) ([]byte, Status, error) {
 	var timer *time.Timer
 	waited := false
 	for {
@@ -240,11 +249,21 @@ func (c *Client) run(ctx context.Context, key string, ttl time.Duration, noResul
 			c.m.errored.Inc()
 			return nil, StatusNone, fmt.Errorf("once: claim %q: %w", key, err)
 		}
+		if !claimed && s == claim {
+			// Our own claim from ClaimAhead: make sure it is still ours.
+			if claimed, err = c.extend(ctx, rkey, claim); err != nil {
+				c.m.errored.Inc()
+				return nil, StatusNone, fmt.Errorf("once: claim %q: %w", key, err)
+			}
+			if !claimed {
+				continue // it expired meanwhile: claim again
+			}
+		}
 		if claimed {
 			if timer != nil {
 				timer.Stop()
 			}
-			return c.execute(ctx, key, rkey, claim, ttl, noResult, f)
+			return c.execute(ctx, key, rkey, claim, ttl, noResult, f, marked)
 		}
 		switch {
 		case strings.HasPrefix(s, donePrefix):
@@ -280,8 +299,13 @@ func (c *Client) run(ctx context.Context, key string, ttl time.Duration, noResul
 	}
 }
 
-// execute runs f under our claim and records the outcome.
-func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.Duration, noResult bool, f func(ctx context.Context) ([]byte, error)) (res []byte, st Status, err error) {
+// execute runs f under our claim and records the outcome. With marked set,
+// a successful f's done mark is not waited for when it can be sent
+// asynchronously (Do on Redis 7.0+ with batching): execute returns at once
+// and marked gets the mark's outcome later (see markAsync); otherwise
+// marked(nil) is called before a successful return.
+func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.Duration, noResult bool,
+	f func(ctx context.Context) ([]byte, error), marked func(error)) (res []byte, st Status, err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	ext := startExtender(c, key, rkey, claim, cancel)
 	finished := false
@@ -306,6 +330,10 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 		}
 		return nil, StatusExecuted, ferr
 	}
+	if marked != nil && noResult && c.setGet && c.b != nil {
+		c.markAsync(ctx, key, rkey, claim, ttl, 50*time.Millisecond, marked)
+		return nil, StatusExecuted, nil
+	}
 	// f's effect has happened: the done mark is retried until it is
 	// written or the caller gives up. Returning an error here instead would
 	// make the caller run f again once Redis is back and the claim expired.
@@ -329,13 +357,22 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 		c.m.errored.Inc()
 		return res, StatusExecuted, fmt.Errorf("once: mark %q done: %w", key, err)
 	}
+	c.recordDone(key, n)
+	if marked != nil {
+		marked(nil)
+	}
+	return res, StatusExecuted, nil
+}
+
+// recordDone counts an executed call whose done mark was written with
+// finish outcome n.
+func (c *Client) recordDone(key string, n int64) {
 	if n != 1 {
 		c.m.leaseLost.Inc()
 		c.log.Warn("once: claim expired while f ran; key recorded done anyway",
 			zap.String("key", key), zap.Int64("finish", n), zap.Duration("lease", c.lease))
 	}
 	c.m.executed.Inc()
-	return res, StatusExecuted, nil
 }
 
 // finishDo is finish for Do on Redis 7.0+: one plain SET … GET instead of
@@ -347,27 +384,87 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 // result (the same key used by Do and Execute, after this call's lease was
 // lost), that result is written back right away rather than never touched.
 func (c *Client) finishDo(ctx context.Context, rkey, claim string, ttl time.Duration) (int64, error) {
-	old, err := c.do(ctx, nil, []any{"set", rkey, donePrefix, "px", ttl.Milliseconds(), "get"})
+	old, err := c.do(ctx, nil, doneCmd(rkey, ttl))
+	n, restore, err := doneOutcome(old, err, claim)
+	if err != nil || restore == "" {
+		return n, err
+	}
+	if _, err := c.do(ctx, nil, []any{"set", rkey, restore, "px", ttl.Milliseconds()}); err != nil {
+		return 0, fmt.Errorf("restore the stored result: %w", err)
+	}
+	return n, nil
+}
+
+// doneCmd is Do's done mark: SET key "d:" PX ttl GET.
+func doneCmd(rkey string, ttl time.Duration) []any {
+	return []any{"set", rkey, donePrefix, "px", ttl.Milliseconds(), "get"}
+}
+
+// doneOutcome reads the reply to doneCmd: finishScript's outcome n, and
+// restore, an Execute result the mark overwrote that must be written back.
+func doneOutcome(old any, err error, claim string) (n int64, restore string, _ error) {
 	switch {
 	case errors.Is(err, redis.Nil):
-		return 2, nil // the claim expired and nobody claimed since
+		return 2, "", nil // the claim expired and nobody claimed since
 	case err != nil:
-		return 0, err
+		return 0, "", err
 	}
 	s, _ := old.(string)
 	switch {
 	case s == claim:
-		return 1, nil
+		return 1, "", nil
 	case s == donePrefix:
-		return 3, nil
+		return 3, "", nil
 	case strings.HasPrefix(s, donePrefix):
-		if _, err := c.do(ctx, nil, []any{"set", rkey, s, "px", ttl.Milliseconds()}); err != nil {
-			return 0, fmt.Errorf("restore the stored result: %w", err)
-		}
-		return 3, nil
+		return 3, s, nil
 	default:
-		return 2, nil
+		return 2, "", nil
 	}
+}
+
+// markAsync sends Do's done mark without waiting (execute with marked). The
+// reply is handled on the batcher's goroutine: marked(nil) once the mark is
+// written; a failed send is repeated after wait (doubling up to 2 s) until
+// it is written, the client is closed or ctx ends — then marked gets the
+// error, as the waiting execute would have returned it.
+func (c *Client) markAsync(ctx context.Context, key, rkey, claim string, ttl, wait time.Duration, marked func(error)) {
+	c.b.sendAsync(nil, doneCmd(rkey, ttl), func(old any, err error) {
+		n, restore, err := doneOutcome(old, err, claim)
+		switch {
+		case err == nil && restore == "":
+			c.recordDone(key, n)
+			marked(nil)
+		case err == nil:
+			// Rare (Do and Execute on one key after a lost lease); the
+			// restore must not wait on this executor, so it gets its own
+			// goroutine. Failing it leaves the key done without the result.
+			go func() {
+				if _, err := c.do(context.WithoutCancel(ctx), nil, []any{"set", rkey, restore, "px", ttl.Milliseconds()}); err != nil {
+					c.log.Warn("once: restore the stored result", zap.String("key", key), zap.Error(err))
+				}
+				c.recordDone(key, n)
+				marked(nil)
+			}()
+		case errors.Is(err, ErrClosed) || ctx.Err() != nil:
+			c.m.errored.Inc()
+			marked(fmt.Errorf("once: mark %q done: %w", key, err))
+		default:
+			c.log.Warn("once: marking done failed after f ran; retrying", zap.String("key", key), zap.Error(err))
+			time.AfterFunc(wait, func() {
+				c.markAsync(ctx, key, rkey, claim, ttl, min(2*wait, 2*time.Second), marked)
+			})
+		}
+	})
+}
+
+// extend renews our claim's lease; false when the key no longer holds it.
+func (c *Client) extend(ctx context.Context, rkey, claim string) (bool, error) {
+	v, err := c.script(ctx, extendScript, rkey, claim, c.leaseMs)
+	if err != nil {
+		return false, err
+	}
+	n, _ := v.(int64)
+	return n == 1, nil
 }
 
 // finish replaces our claim with the done marker carrying res and returns

@@ -22,6 +22,29 @@ func (d deduper) Do(ctx context.Context, key string, ttl time.Duration, f func(c
 	return st == once.StatusDuplicate, err
 }
 
+// ClaimAhead implements consumer.AheadDeduper.
+func (d deduper) ClaimAhead(ctx context.Context, keys []string) []consumer.Ticket {
+	ts := d.c.ClaimAhead(ctx, keys)
+	out := make([]consumer.Ticket, len(ts))
+	for i, t := range ts {
+		out[i] = t
+	}
+	return out
+}
+
+// DoTicket implements consumer.AheadDeduper.
+func (d deduper) DoTicket(ctx context.Context, t consumer.Ticket, ttl time.Duration, f func(context.Context) error, marked func(error)) (bool, error) {
+	st, err := d.c.DoTicket(ctx, t.(*once.Ticket), ttl, f, marked)
+	return st == once.StatusDuplicate, err
+}
+
+// Release implements consumer.AheadDeduper.
+func (d deduper) Release(ts []consumer.Ticket) {
+	for _, t := range ts {
+		d.c.Release(t.(*once.Ticket))
+	}
+}
+
 // limiter adapts ratelimit.Limiter to consumer.Limiter.
 type limiter struct{ l *ratelimit.Limiter }
 

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	_ "net/http/pprof"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"time"
 
@@ -40,6 +41,7 @@ func run() error {
 	variant := flag.String("variant", "", "consumer scenario diagnostics: no_limiter | no_flush_wait (processor.pipeline_flush=0) | bare (no dedup, limiter, breaker)")
 	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address while running")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the scenario to this file")
+	memProfile := flag.String("memprofile", "", "write an allocation profile (every allocation since start) to this file at the end")
 	flag.Parse()
 
 	logCfg := zap.NewProductionConfig()
@@ -67,6 +69,16 @@ func run() error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+
+	if *memProfile != "" {
+		runtime.MemProfileRate = 64 << 10
+		defer func() {
+			if f, err := os.Create(*memProfile); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+		}()
 	}
 
 	or := func(v, def int) int {
