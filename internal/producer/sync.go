@@ -552,11 +552,13 @@ func (s *Syncer) syncUntilDone(ctx context.Context, m Mutex, kf, token string) e
 			s.m.runs.WithLabelValues("ok").Inc()
 			return nil
 		}
-		if ctx.Err() != nil || errors.Is(err, ErrPaused) {
-			return err
-		}
+		// ErrNotHeld first: the lock's loss also cancels ctx (hold's
+		// watcher), and hold counts a loss only when it was not counted here.
 		if errors.Is(err, ErrNotHeld) {
 			s.m.runs.WithLabelValues("lock_lost").Inc()
+			return err
+		}
+		if ctx.Err() != nil || errors.Is(err, ErrPaused) {
 			return err
 		}
 		var se *stepError
