@@ -90,22 +90,9 @@ func (b *batcher) do(ctx context.Context, script *redis.Script, args []any) (any
 	}
 	o := opPool.Get().(*op)
 	o.script, o.args = script, args
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if !b.enqueue(o) {
 		b.put(o)
 		return nil, ErrClosed
-	}
-	b.queue = append(b.queue, o)
-	n := len(b.queue)
-	if n == 1 && b.linger > 0 {
-		b.since = time.Now()
-	}
-	b.mu.Unlock()
-	if n == 1 || n == b.maxBatch {
-		// The first operation wakes an executor; a full batch wakes another
-		// one in case the first is lingering.
-		b.wake()
 	}
 	<-o.done
 	res, err := o.res, o.err
@@ -130,24 +117,12 @@ func (b *batcher) doAll(ctx context.Context, scripts []*redis.Script, cmds [][]a
 		o.script, o.args = scripts[i], cmds[i]
 		ops[i] = o
 	}
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if !b.enqueue(ops...) {
 		for i, o := range ops {
 			b.put(o)
 			errs[i] = ErrClosed
 		}
 		return
-	}
-	first := len(b.queue) == 0
-	if first && b.linger > 0 {
-		b.since = time.Now()
-	}
-	b.queue = append(b.queue, ops...)
-	full := len(b.queue) >= b.maxBatch
-	b.mu.Unlock()
-	if first || full {
-		b.wake()
 	}
 	for i, o := range ops {
 		<-o.done
@@ -163,22 +138,34 @@ func (b *batcher) doAll(ctx context.Context, scripts []*redis.Script, cmds [][]a
 func (b *batcher) sendAsync(script *redis.Script, args []any, cb func(res any, err error)) {
 	o := opPool.Get().(*op)
 	o.script, o.args, o.cb = script, args, cb
+	if !b.enqueue(o) {
+		b.put(o)
+		cb(nil, ErrClosed)
+	}
+}
+
+// enqueue appends ops to the queue as consecutive operations and wakes an
+// executor when the queue was empty or reached a full batch; false when
+// the batcher is closed (nothing was queued).
+func (b *batcher) enqueue(ops ...*op) bool {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		b.put(o)
-		cb(nil, ErrClosed)
-		return
+		return false
 	}
-	b.queue = append(b.queue, o)
-	n := len(b.queue)
-	if n == 1 && b.linger > 0 {
+	first := len(b.queue) == 0
+	if first && b.linger > 0 {
 		b.since = time.Now()
 	}
+	b.queue = append(b.queue, ops...)
+	n := len(b.queue)
 	b.mu.Unlock()
-	if n == 1 || n == b.maxBatch {
+	// The first operation wakes an executor; a full batch wakes another
+	// one in case the first is lingering.
+	if first || n >= b.maxBatch && n-len(ops) < b.maxBatch {
 		b.wake()
 	}
+	return true
 }
 
 func (b *batcher) wake() {
