@@ -156,21 +156,22 @@ func Prefill(cfg config.Kafka, topic string, msgs []*chatmsg.ChatMessage) error 
 // rawConsume reads n records of topic with a plain ReadMessage loop and
 // the consumer's ConfigMap, and returns msgs/s from subscribe to the n-th
 // record.
-func rawConsume(cfg config.Kafka, group, topic string, n int, limit time.Duration) (float64, error) {
+func rawConsume(cfg config.Kafka, group, topic string, n int, limit time.Duration) (fromStart, fromFirst float64, err error) {
 	c, err := kafka.NewConsumer(kafkaclient.Consumer(cfg, group))
 	if err != nil {
-		return 0, fmt.Errorf("raw consumer: %w", err)
+		return 0, 0, fmt.Errorf("raw consumer: %w", err)
 	}
 	defer c.Close()
 	start := time.Now()
 	if err := c.Subscribe(topic, nil); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	got := 0
+	var first time.Time
 	deadline := start.Add(limit)
 	for got < n {
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("raw consumer: %d of %d records after %s", got, n, limit)
+			return 0, 0, fmt.Errorf("raw consumer: %d of %d records after %s", got, n, limit)
 		}
 		m, err := c.ReadMessage(100 * time.Millisecond)
 		if err != nil {
@@ -178,13 +179,17 @@ func rawConsume(cfg config.Kafka, group, topic string, n int, limit time.Duratio
 			if errors.As(err, &ke) && ke.IsTimeout() {
 				continue
 			}
-			return 0, err
+			return 0, 0, err
 		}
 		if m.TopicPartition.Error == nil {
+			if got == 0 {
+				first = time.Now()
+			}
 			got++
 		}
 	}
-	return float64(n) / time.Since(start).Seconds(), nil
+	end := time.Now()
+	return float64(n) / end.Sub(start).Seconds(), float64(n) / end.Sub(first).Seconds(), nil
 }
 
 // rawLatency consumes topic with a raw ReadMessage loop and records, for

@@ -88,7 +88,7 @@ func (a *actor) enqueue(env *envelope) enqueueResult {
 	if !a.running {
 		a.running = true
 		a.reg.wg.Add(1)
-		go a.run()
+		a.reg.workers.run(a)
 	}
 	return enqueued
 }

@@ -48,9 +48,12 @@ type AheadDeduper interface {
 	// (duplicate false, err nil) the done mark may still be on its way:
 	// marked is then called once, from any goroutine, with nil when the
 	// key is durably done, or an error when the mark was given up (the
-	// consumer is stopping). It may be called again for the same ticket
-	// after an error that is not f's.
-	DoTicket(ctx context.Context, t Ticket, ttl time.Duration, f func(context.Context) error, marked func(error)) (duplicate bool, err error)
+	// consumer is stopping). f gets ctx as it is: when the key's claim is
+	// lost while f runs (it expired, or another owner took the key), lost
+	// is called, at most once and from any goroutine, before DoTicket
+	// returns, and the caller makes f return. It may be called again for
+	// the same ticket after an error that is not f's.
+	DoTicket(ctx context.Context, t Ticket, ttl time.Duration, f func(context.Context) error, marked, lost func(error)) (duplicate bool, err error)
 	// Release gives back the claims of tickets that will not be run.
 	Release(ts []Ticket)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -26,6 +27,58 @@ func (h *handlerFailure) Unwrap() error { return h.err }
 // errStopping means the consumer is stopping: the message is left
 // unfinished, so its offset is not committed and it is read again.
 var errStopping = errors.New("consumer stopping")
+
+// errClaimLost means the message's dedup claim was lost while the handler
+// ran (it expired, or another owner took the key): the handler was stopped
+// and the message is looked at again under the dedup protocol, which waits
+// for the other owner's outcome.
+var errClaimLost = errors.New("dedup claim lost while the handler ran")
+
+// claimGuard stops a message's handler when its dedup claim is lost
+// (AheadDeduper's lost callback), so the message needs no context of its
+// own besides each attempt's.
+type claimGuard struct {
+	mu     sync.Mutex
+	lost   bool
+	cancel context.CancelFunc // the running attempt's, if any
+}
+
+func (g *claimGuard) lose(error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.lost = true
+	if g.cancel != nil {
+		g.cancel()
+	}
+}
+
+// attempt returns the context of one handler attempt; ok is false when the
+// claim is already lost. A nil guard only bounds the attempt.
+func (g *claimGuard) attempt(ctx context.Context, d time.Duration) (_ context.Context, _ context.CancelFunc, ok bool) {
+	actx, cancel := context.WithTimeout(ctx, d)
+	if g == nil {
+		return actx, cancel, true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lost {
+		cancel()
+		return nil, nil, false
+	}
+	g.cancel = cancel
+	return actx, cancel, true
+}
+
+// ended reports, after an attempt, whether the claim was lost.
+func (g *claimGuard) ended() (lost bool) {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.cancel = nil
+	return g.lost
+}
 
 // process runs in the user's actor goroutine: decode, dedup, handle with
 // retry, then finish the message or dead-letter it.
@@ -62,11 +115,11 @@ func (c *Consumer) process(env *envelope) {
 		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || c.runCtx.Err() != nil {
 			break
 		}
-		// The dedup store failed (not the handler): the message is fine,
-		// so no dead letter; wait and try again. The user's later messages
-		// wait behind it (I4) and the partition's in-flight cap bounds how
-		// much piles up.
-		c.log.Warn("dedup store failed; retrying", zap.String("user_id", m.ExternalUserID),
+		// The dedup store failed or the claim was lost (not the handler):
+		// the message is fine, so no dead letter; wait and try again. The
+		// user's later messages wait behind it (I4) and the partition's
+		// in-flight cap bounds how much piles up.
+		c.log.Warn("dedup: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
 			zap.String("dedup_key", m.DedupKey()), zap.Error(err))
 		if !sleep(c.runCtx, c.clock, backoff) {
 			return
@@ -162,12 +215,13 @@ func (c *Consumer) releaseTicket(env *envelope) {
 // reports a success whose done mark is still on its way: the mark's
 // callback finishes env (AheadDeduper).
 func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pending bool, err error) {
+	var g *claimGuard
 	run := func(ctx context.Context) error {
-		attempts, timedOut, err := c.handleWithRetry(ctx, m)
+		attempts, timedOut, err := c.handleWithRetry(ctx, m, g)
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, errStopping) {
+		if errors.Is(err, errStopping) || errors.Is(err, errClaimLost) {
 			return err
 		}
 		return &handlerFailure{err: err, attempts: attempts, timedOut: timedOut}
@@ -176,11 +230,12 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pendi
 		return false, false, run(c.runCtx)
 	}
 	if env.ticket != nil {
+		g = &claimGuard{}
 		dup, err = c.ahead.DoTicket(c.runCtx, env.ticket, c.cfg.Dedup.TTL, run, func(err error) {
 			if err == nil {
 				c.finish(env)
 			}
-		})
+		}, g.lose)
 		return dup, !dup && err == nil, err
 	}
 	dup, err = c.dedup.Do(c.runCtx, m.DedupKey(), c.cfg.Dedup.TTL, run)
@@ -190,27 +245,34 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pendi
 // handleWithRetry calls the handler up to processor.retry_attempts times
 // with exponential backoff, each attempt bounded by
 // processor.attempt_timeout. It reports the attempts made and whether the
-// last one timed out.
-func (c *Consumer) handleWithRetry(ctx context.Context, m *chatmsg.ChatMessage) (attempts int, timedOut bool, err error) {
+// last one timed out. g, when set, stops it when the claim is lost.
+func (c *Consumer) handleWithRetry(ctx context.Context, m *chatmsg.ChatMessage, g *claimGuard) (attempts int, timedOut bool, err error) {
 	pc := c.cfg.Processor
 	backoff := pc.RetryBase
 	for attempts < pc.RetryAttempts {
 		if attempts > 0 {
 			if !sleep(ctx, c.clock, backoff) {
-				return attempts, false, errStopping
+				return attempts, false, c.stopCause(ctx)
 			}
 			backoff = min(2*backoff, pc.RetryMax)
 		}
+		actx, cancel, ok := g.attempt(ctx, pc.AttemptTimeout)
+		if !ok {
+			return attempts, false, errClaimLost
+		}
 		attempts++
-		actx, cancel := context.WithTimeout(ctx, pc.AttemptTimeout)
 		err = c.safeHandle(actx, m)
 		timedOut = err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)
+		lost := g.ended()
 		cancel()
 		if err == nil {
 			return attempts, false, nil
 		}
+		if lost {
+			return attempts, false, errClaimLost
+		}
 		if ctx.Err() != nil {
-			return attempts, false, errStopping
+			return attempts, false, c.stopCause(ctx)
 		}
 		if IsPermanent(err) {
 			return attempts, false, err
@@ -219,6 +281,15 @@ func (c *Consumer) handleWithRetry(ctx context.Context, m *chatmsg.ChatMessage) 
 			zap.String("upstream_msgid", m.UpstreamMsgID), zap.Int("attempt", attempts), zap.Error(err))
 	}
 	return attempts, timedOut, err
+}
+
+// stopCause tells why the handler's context ended: the consumer stops, or
+// only the dedup layer cancelled it because the claim was lost.
+func (c *Consumer) stopCause(ctx context.Context) error {
+	if c.runCtx.Err() == nil && ctx.Err() != nil {
+		return errClaimLost
+	}
+	return errStopping
 }
 
 // safeHandle turns a handler panic into an error: counted as a failed

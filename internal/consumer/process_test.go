@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -164,5 +165,95 @@ func TestHTTPHandler(t *testing.T) {
 	}
 	if _, err := NewHandler(config.Handler{Type: "nope"}, nil); err == nil {
 		t.Fatal("unknown handler type accepted")
+	}
+}
+
+// lostClaimDeduper loses the claim of its first call while f runs (the way
+// once reports a lease lost: AheadDeduper's lost callback for a ticket, a
+// cancelled context for Do); every later call finds the key done by the
+// owner that took it over.
+type lostClaimDeduper struct {
+	calls atomic.Int32
+}
+
+func (d *lostClaimDeduper) runLosing(ctx context.Context, f func(context.Context) error, lose func()) error {
+	errc := make(chan error, 1)
+	go func() { errc <- f(ctx) }()
+	time.Sleep(20 * time.Millisecond) // f is running
+	lose()
+	return <-errc
+}
+
+func (d *lostClaimDeduper) Do(ctx context.Context, _ string, _ time.Duration, f func(context.Context) error) (bool, error) {
+	if d.calls.Add(1) > 1 {
+		return true, nil
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	return false, d.runLosing(fctx, f, func() { cancel(errors.New("lease lost")) })
+}
+
+func (d *lostClaimDeduper) ClaimAhead(_ context.Context, keys []string) []Ticket {
+	ts := make([]Ticket, len(keys))
+	for i, k := range keys {
+		ts[i] = k
+	}
+	return ts
+}
+
+func (d *lostClaimDeduper) DoTicket(ctx context.Context, _ Ticket, _ time.Duration, f func(context.Context) error, _, lost func(error)) (bool, error) {
+	if d.calls.Add(1) > 1 {
+		return true, nil
+	}
+	return false, d.runLosing(ctx, f, func() { lost(errors.New("lease lost")) })
+}
+
+func (d *lostClaimDeduper) Release([]Ticket) {}
+
+// A claim lost while the handler runs stops the handler, and the message
+// is settled by the dedup protocol (here: the new owner's done mark makes
+// it a duplicate) — not dead-lettered, and not left unfinished, which would
+// hold the partition's commits back until a restart.
+func TestClaimLostStopsHandlerAndSettlesMessage(t *testing.T) {
+	for _, ticket := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ticket=%v", ticket), func(t *testing.T) {
+			var calls atomic.Int64
+			h := HandlerFunc(func(ctx context.Context, _ *chatmsg.ChatMessage) error {
+				calls.Add(1)
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(10 * time.Second):
+					return errors.New("handler was not stopped")
+				}
+			})
+			d := &lostClaimDeduper{}
+			dlq := &memDLQ{}
+			c, p := unitConsumer(h, dlq, d)
+			c.cfg.Processor.AttemptTimeout = 30 * time.Second
+			env := &envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p}
+			if ticket {
+				c.ahead = d
+				env.ticket = "k"
+			}
+			p.tracker.Add(0)
+			start := time.Now()
+			c.process(env)
+			if el := time.Since(start); el > 5*time.Second {
+				t.Fatalf("process took %v: the handler was not stopped", el)
+			}
+			if n := calls.Load(); n != 1 {
+				t.Fatalf("handler ran %d times, want 1", n)
+			}
+			if n := d.calls.Load(); n != 2 {
+				t.Fatalf("dedup consulted %d times, want 2 (the lost call, then the settled key)", n)
+			}
+			if len(dlq.letters) != 0 {
+				t.Fatalf("dead-lettered: %+v", dlq.letters[0])
+			}
+			if next, ok := p.tracker.Committable(); !ok || next != 1 {
+				t.Fatalf("message not finished (committable %d, %v)", next, ok)
+			}
+		})
 	}
 }

@@ -22,16 +22,18 @@ type registry struct {
 	prepare func([]*envelope)
 	ahead   int
 
-	wg     sync.WaitGroup // running actor goroutines
-	count  atomic.Int64
-	closed atomic.Bool
+	workers *workers       // goroutines that drain mailboxes
+	wg      sync.WaitGroup // running drains
+	count   atomic.Int64
+	closed  atomic.Bool
 }
 
 func newRegistry(mailbox int, idle time.Duration, clock Clock, handle func(*envelope), onCount func(int)) *registry {
 	if clock == nil {
 		clock = realClock{}
 	}
-	return &registry{mailbox: mailbox, idle: idle, clock: clock, handle: handle, onCount: onCount}
+	return &registry{mailbox: mailbox, idle: idle, clock: clock, handle: handle, onCount: onCount,
+		workers: newWorkers(1024, time.Second)}
 }
 
 // send puts env into user's mailbox, creating the actor when there is none
@@ -90,4 +92,5 @@ func (r *registry) close() {
 		r.actors.CompareAndDelete(a.user, a)
 	}
 	r.wg.Wait()
+	r.workers.close()
 }

@@ -94,22 +94,33 @@ func (c *Client) pipelineAll(ctx context.Context, scripts []*redis.Script, cmds 
 	}
 }
 
+// Hooks are DoTicket's optional callbacks.
+type Hooks struct {
+	// Marked, when set, lets a successful f's done mark be sent without
+	// waiting for it when the client batches (Redis 7.0+): DoTicket returns
+	// (StatusExecuted, nil) as soon as f returns and Marked is called once,
+	// from another goroutine, with nil when the mark is written — only then
+	// is the key done — or with the error that ended its retries (the
+	// client was closed or ctx ended). Without batching the mark is waited
+	// for and Marked is called before DoTicket returns. Marked is called
+	// only when DoTicket returned (StatusExecuted, nil).
+	Marked func(error)
+	// Lost, when set, is how a caller that bounds f itself learns that
+	// the claim was lost while f ran (it expired, or someone else took the
+	// key): f then gets ctx as it is, without a context of its own, and
+	// Lost(ErrLeaseLost) is called at most once, from another goroutine,
+	// before DoTicket returns; the caller makes f return. Without Lost, f's
+	// context is cancelled with cause ErrLeaseLost.
+	Lost func(error)
+}
+
 // DoTicket is DoStatus for the key of a ticket from ClaimAhead: it runs f
 // under the ticket's claim when ClaimAhead got it (renewing the claim
 // first when it is older than a third of the lease), and otherwise does
 // what DoStatus does (a done key is a duplicate, someone else's claim is
 // waited on). A ticket may be run again after a call that failed before f
-// ran; the claim taken ahead is still recognised as ours.
-//
-// With marked set, a successful f's done mark is sent without waiting for
-// it when the client batches (Redis 7.0+): DoTicket returns
-// (StatusExecuted, nil) as soon as f returns and marked is called once,
-// from another goroutine, with nil when the mark is written — only then is
-// the key done — or with the error that ended its retries (the client was
-// closed or ctx ended). Without batching the mark is waited for and marked
-// is called before DoTicket returns. marked is called only when DoTicket
-// returned (StatusExecuted, nil).
-func (c *Client) DoTicket(ctx context.Context, t *Ticket, ttl time.Duration, f func(ctx context.Context) error, marked func(error)) (Status, error) {
+// ran; the claim taken ahead is still recognised as ours. h is optional.
+func (c *Client) DoTicket(ctx context.Context, t *Ticket, ttl time.Duration, f func(ctx context.Context) error, h Hooks) (Status, error) {
 	if ttl < time.Millisecond {
 		c.m.errored.Inc()
 		return StatusNone, ErrInvalidTTL
@@ -126,14 +137,14 @@ func (c *Client) DoTicket(ctx context.Context, t *Ticket, ttl time.Duration, f f
 		claimed = ok
 	}
 	if claimed {
-		_, st, err := c.execute(ctx, t.key, t.rkey, t.claim, ttl, true, fr, marked)
+		_, st, err := c.execute(ctx, t.key, t.rkey, t.claim, ttl, true, fr, h)
 		return st, err
 	}
 	if strings.HasPrefix(cur, donePrefix) {
 		c.m.duplicate.Inc()
 		return StatusDuplicate, nil
 	}
-	_, st, err := c.runClaim(ctx, t.key, t.rkey, t.claim, ttl, true, fr, marked)
+	_, st, err := c.runClaim(ctx, t.key, t.rkey, t.claim, ttl, true, fr, h)
 	return st, err
 }
 

@@ -13,7 +13,7 @@ import (
 func runTicket(t *testing.T, c *Client, ctx context.Context, tk *Ticket, f func(context.Context) error) (Status, error) {
 	t.Helper()
 	markc := make(chan error, 2)
-	st, err := c.DoTicket(ctx, tk, time.Hour, f, func(err error) { markc <- err })
+	st, err := c.DoTicket(ctx, tk, time.Hour, f, Hooks{Marked: func(err error) { markc <- err }})
 	if err != nil || st != StatusExecuted {
 		select {
 		case merr := <-markc:
@@ -107,7 +107,7 @@ func TestClaimAheadWaitsForOthersClaim(t *testing.T) {
 		var ran atomic.Bool
 		res := make(chan Status, 1)
 		go func() {
-			st, err := fx.c.DoTicket(ctx, ts[0], time.Hour, func(context.Context) error { ran.Store(true); return nil }, nil)
+			st, err := fx.c.DoTicket(ctx, ts[0], time.Hour, func(context.Context) error { ran.Store(true); return nil }, Hooks{})
 			if err != nil {
 				t.Errorf("DoTicket: %v", err)
 			}
@@ -181,7 +181,7 @@ func TestTicketOldClaimRenewedOrLost(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			st, err := fx.c.DoTicket(ctx, ts[1], time.Hour, func(context.Context) error { ran.Store(true); return nil }, nil)
+			st, err := fx.c.DoTicket(ctx, ts[1], time.Hour, func(context.Context) error { ran.Store(true); return nil }, Hooks{})
 			if err != nil || st != StatusExecuted {
 				t.Errorf("lost: %v, %v", st, err)
 			}
@@ -261,7 +261,7 @@ func TestTicketMarkAfterCloseReportsError(t *testing.T) {
 	st, err := fx.c.DoTicket(ctx, ts[0], time.Hour, func(context.Context) error {
 		_ = fx.c.Close()
 		return nil
-	}, func(err error) { markc <- err })
+	}, Hooks{Marked: func(err error) { markc <- err }})
 	if err != nil || st != StatusExecuted {
 		t.Fatalf("DoTicket = %v, %v", st, err)
 	}
@@ -273,4 +273,56 @@ func TestTicketMarkAfterCloseReportsError(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("marked never called")
 	}
+}
+
+// With Hooks.Lost, f gets the caller's context as it is, and a claim lost
+// while f runs (taken over by someone else) is reported through Lost, once,
+// before DoTicket returns; a call whose claim stays is never told.
+func TestTicketLostHook(t *testing.T) {
+	modes(t, func(t *testing.T, m mode) {
+		const lease = 300 * time.Millisecond
+		fx := newFixture(t, m, func(c *Config) { c.Lease = lease })
+		ctx := ctxT(t, 10*time.Second)
+		ts := fx.c.ClaimAhead(ctx, []string{"lost", "kept"})
+		var lost atomic.Int32
+		stop := make(chan struct{})
+		st, err := fx.c.DoTicket(ctx, ts[0], time.Hour, func(fctx context.Context) error {
+			if fctx != ctx {
+				t.Error("f got a context of its own despite Hooks.Lost")
+			}
+			// Someone else takes the key over (as after an expiry).
+			fx.rdb.Set(ctx, fx.prefix+"lost", processingPrefix+"other", time.Minute)
+			select {
+			case <-stop:
+				return errors.New("stopped: claim lost")
+			case <-time.After(3 * lease):
+				return errors.New("never told that the claim was lost")
+			}
+		}, Hooks{Lost: func(err error) {
+			if !errors.Is(err, ErrLeaseLost) {
+				t.Errorf("Lost(%v), want ErrLeaseLost", err)
+			}
+			if lost.Add(1) == 1 {
+				close(stop)
+			}
+		}})
+		if err == nil || err.Error() != "stopped: claim lost" || st != StatusExecuted {
+			t.Fatalf("DoTicket = %v, %v", st, err)
+		}
+		if n := lost.Load(); n != 1 {
+			t.Fatalf("Lost called %d times, want 1", n)
+		}
+		if v, _ := fx.rdb.Get(ctx, fx.prefix+"lost").Result(); v != processingPrefix+"other" {
+			t.Fatalf("key = %q: the failed call touched the other owner's claim", v)
+		}
+		// A claim that stays ours through f's run, renewed past its lease,
+		// is never reported lost.
+		st, err = fx.c.DoTicket(ctx, ts[1], time.Hour, func(context.Context) error {
+			time.Sleep(2 * lease)
+			return nil
+		}, Hooks{Lost: func(err error) { t.Errorf("Lost(%v) for a claim that was kept", err) }})
+		if err != nil || st != StatusExecuted {
+			t.Fatalf("kept: %v, %v", st, err)
+		}
+	})
 }

@@ -88,6 +88,7 @@ type Client struct {
 	log       *zap.Logger
 	m         *metrics
 	b         *batcher // nil without batching
+	keep      *keeper  // renews the claims of running calls
 	// setGet: the server accepts SET … NX GET, so a claim is one plain
 	// command instead of a script (detected once by New).
 	setGet bool
@@ -157,6 +158,7 @@ func New(ctx context.Context, serviceName string, cfg Config, opts ...Option) (*
 	if cfg.Batch.Enabled {
 		c.b = newBatcher(c.rdb, cfg.Batch, cfg.OpTimeout, c.m.batchOps)
 	}
+	c.keep = newKeeper(c)
 	return c, nil
 }
 
@@ -187,6 +189,7 @@ func randomID() string {
 // ErrClosed (batching) or a Redis error (owned client).
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
+		c.keep.close()
 		if c.b != nil {
 			c.b.close()
 		}
@@ -229,7 +232,7 @@ func (c *Client) run(ctx context.Context, key string, ttl time.Duration, noResul
 		c.m.errored.Inc()
 		return nil, StatusNone, ErrInvalidTTL
 	}
-	return c.runClaim(ctx, key, c.prefix+key, c.newClaim(), ttl, noResult, f, nil)
+	return c.runClaim(ctx, key, c.prefix+key, c.newClaim(), ttl, noResult, f, Hooks{})
 }
 
 // newClaim returns a claim value no other call uses.
@@ -238,9 +241,9 @@ func (c *Client) newClaim() string { return c.owner + strconv.FormatUint(c.seq.A
 // runClaim is run with the key's Redis name and the claim value to set.
 // Finding that very claim value already set means the claim is ours, taken
 // ahead by ClaimAhead: it is confirmed (and its lease renewed) instead of
-// waited on. marked is execute's.
+// waited on. h is execute's.
 func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time.Duration, noResult bool,
-	f func(ctx context.Context) ([]byte, error), marked func(error)) ([]byte, Status, error) {
+	f func(ctx context.Context) ([]byte, error), h Hooks) ([]byte, Status, error) {
 	var timer *time.Timer
 	waited := false
 	for {
@@ -263,7 +266,7 @@ func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time
 			if timer != nil {
 				timer.Stop()
 			}
-			return c.execute(ctx, key, rkey, claim, ttl, noResult, f, marked)
+			return c.execute(ctx, key, rkey, claim, ttl, noResult, f, h)
 		}
 		switch {
 		case strings.HasPrefix(s, donePrefix):
@@ -299,19 +302,27 @@ func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time
 	}
 }
 
-// execute runs f under our claim and records the outcome. With marked set,
-// a successful f's done mark is not waited for when it can be sent
-// asynchronously (Do on Redis 7.0+ with batching): execute returns at once
-// and marked gets the mark's outcome later (see markAsync); otherwise
-// marked(nil) is called before a successful return.
+// execute runs f under our claim and records the outcome. The keeper
+// renews the claim while f runs; when it finds the claim lost it cancels
+// f's context with ErrLeaseLost, or, with h.Lost set, f gets ctx as it is
+// and h.Lost is called instead. With h.Marked set, a successful f's done
+// mark is not waited for when it can be sent asynchronously (Do on Redis
+// 7.0+ with batching): execute returns at once and h.Marked gets the
+// mark's outcome later (see markAsync); otherwise h.Marked(nil) is called
+// before a successful return.
 func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.Duration, noResult bool,
-	f func(ctx context.Context) ([]byte, error), marked func(error)) (res []byte, st Status, err error) {
-	fctx, cancel := context.WithCancelCause(ctx)
-	ext := startExtender(c, key, rkey, claim, cancel)
+	f func(ctx context.Context) ([]byte, error), h Hooks) (res []byte, st Status, err error) {
+	fctx, lost := ctx, h.Lost
+	if lost == nil {
+		var cancel context.CancelCauseFunc
+		fctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		lost = cancel
+	}
+	hd := c.keep.add(key, rkey, claim, lost)
 	finished := false
 	defer func() {
-		ext.stop()
-		cancel(nil)
+		c.keep.remove(hd)
 		if !finished {
 			// f panicked: free the key for a retry, then let the panic go on.
 			_ = c.release(ctx, rkey, claim)
@@ -319,7 +330,7 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 	}()
 	res, ferr := f(fctx)
 	finished = true
-	ext.stop()
+	c.keep.remove(hd)
 
 	// ctx may have ended while f ran; the outcome must still be recorded.
 	if ferr != nil {
@@ -330,6 +341,7 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 		}
 		return nil, StatusExecuted, ferr
 	}
+	marked := h.Marked
 	if marked != nil && noResult && c.setGet && c.b != nil {
 		c.markAsync(ctx, key, rkey, claim, ttl, 50*time.Millisecond, marked)
 		return nil, StatusExecuted, nil

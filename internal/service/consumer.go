@@ -33,8 +33,8 @@ func (d deduper) ClaimAhead(ctx context.Context, keys []string) []consumer.Ticke
 }
 
 // DoTicket implements consumer.AheadDeduper.
-func (d deduper) DoTicket(ctx context.Context, t consumer.Ticket, ttl time.Duration, f func(context.Context) error, marked func(error)) (bool, error) {
-	st, err := d.c.DoTicket(ctx, t.(*once.Ticket), ttl, f, marked)
+func (d deduper) DoTicket(ctx context.Context, t consumer.Ticket, ttl time.Duration, f func(context.Context) error, marked, lost func(error)) (bool, error) {
+	st, err := d.c.DoTicket(ctx, t.(*once.Ticket), ttl, f, once.Hooks{Marked: marked, Lost: lost})
 	return st == once.StatusDuplicate, err
 }
 

@@ -59,26 +59,39 @@ func run() error {
 	if *pprofAddr != "" {
 		go func() { _ = http.ListenAndServe(*pprofAddr, nil) }()
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-
+	// The consumer scenario profiles its pipeline phase only (the
+	// allocation profile of the whole run is written with a ".base" one
+	// taken as the phase starts: `go tool pprof -base F.base F`); the
+	// others the whole run.
 	if *memProfile != "" {
 		runtime.MemProfileRate = 64 << 10
-		defer func() {
-			if f, err := os.Create(*memProfile); err == nil {
-				_ = pprof.Lookup("allocs").WriteTo(f, 0)
-				_ = f.Close()
+		defer writeAllocs(*memProfile)
+	}
+	var profile func() (stop func())
+	if *cpuProfile != "" || *memProfile != "" {
+		var f *os.File
+		if *cpuProfile != "" {
+			if f, err = os.Create(*cpuProfile); err != nil {
+				return err
 			}
-		}()
+			defer f.Close()
+		}
+		profile = func() func() {
+			if *memProfile != "" {
+				writeAllocs(*memProfile + ".base")
+			}
+			if f == nil {
+				return func() {}
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				fmt.Fprintln(os.Stderr, "cpu profile:", err)
+				return func() {}
+			}
+			return pprof.StopCPUProfile
+		}
+		if *scenario != "consumer" {
+			defer profile()()
+		}
 	}
 
 	or := func(v, def int) int {
@@ -100,6 +113,7 @@ func run() error {
 	case "consumer":
 		var r bench.Result
 		r, err = bench.Consumer(e, bench.ConsumerOptions{Msgs: or(*msgs, 300000), Users: or(*users, 10000), Partitions: *partitions, Bare: *variant == "bare",
+			Profile: profile,
 			Mutate: func(c *config.Consumer) {
 				switch *variant {
 				case "no_limiter":
@@ -131,6 +145,20 @@ func run() error {
 		}
 	}
 	return err
+}
+
+// writeAllocs writes the allocation profile (every allocation so far).
+func writeAllocs(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "allocation profile:", err)
+		return
+	}
+	defer f.Close()
+	runtime.GC() // the profile shows allocations as of the last GC
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "allocation profile:", err)
+	}
 }
 
 func envOr(k, def string) string {
