@@ -21,8 +21,9 @@ type Config struct {
 	// KeyPrefix is prepended to every key (e.g. "kfpipe:").
 	KeyPrefix string
 	// Lease is how long a "processing" claim lives without extension; while
-	// f runs it is extended every Lease/3. A claimer that crashes blocks
-	// its key for at most Lease. Default 30s.
+	// f runs the client's keeper renews it each time f has run another third
+	// of it. A claimer that crashes blocks its key for at most Lease.
+	// Default 30s.
 	Lease time.Duration
 	// PollInterval is how often a caller waiting on someone else's claim
 	// looks again. Default 20ms.
