@@ -36,6 +36,9 @@ type envelope struct {
 	// ahead for it, if any; the actor's goroutine owns both after that.
 	prepared bool
 	ticket   Ticket
+	// guard stops the handler when the ticket's claim is lost (part of
+	// the envelope to save an allocation per message).
+	guard claimGuard
 }
 
 // actor is the self-managing processor of one external_userid (seed §10).

@@ -230,7 +230,8 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pendi
 		return false, false, run(c.runCtx)
 	}
 	if env.ticket != nil {
-		g = &claimGuard{}
+		g = &env.guard
+		*g = claimGuard{}
 		dup, err = c.ahead.DoTicket(c.runCtx, env.ticket, c.cfg.Dedup.TTL, run, func(err error) {
 			if err == nil {
 				c.finish(env)

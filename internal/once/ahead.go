@@ -34,19 +34,30 @@ func (t *Ticket) Key() string { return t.key }
 // must be given back with Release (else their keys stay claimed until the
 // lease expires).
 func (c *Client) ClaimAhead(ctx context.Context, keys []string) []*Ticket {
+	// One allocation each for the tickets and the command arguments: an
+	// actor claims a few keys at a time, many times a second.
 	ts := make([]*Ticket, len(keys))
+	tickets := make([]Ticket, len(keys))
 	cmds := make([][]any, len(keys))
-	scripts := make([]*redis.Script, len(keys))
+	var scripts []*redis.Script // nil: no command is a script
+	width := 7
+	if !c.setGet {
+		scripts, width = make([]*redis.Script, len(keys)), 6
+	}
+	args := make([]any, width*len(keys))
 	now := time.Now()
 	for i, k := range keys {
-		t := &Ticket{key: k, rkey: c.prefix + k, claim: c.newClaim(), at: now}
+		t := &tickets[i]
+		*t = Ticket{key: k, rkey: c.prefix + k, claim: c.newClaim(), at: now}
 		ts[i] = t
+		cmd := args[i*width : (i+1)*width : (i+1)*width]
 		if c.setGet {
-			cmds[i] = []any{"set", t.rkey, t.claim, "px", c.leaseMs, "nx", "get"}
+			cmd[0], cmd[1], cmd[2], cmd[3], cmd[4], cmd[5], cmd[6] = "set", t.rkey, t.claim, "px", c.leaseMs, "nx", "get"
 		} else {
 			scripts[i] = claimScript
-			cmds[i] = []any{"evalsha", claimScript.Hash(), 1, t.rkey, t.claim, c.leaseMs}
+			cmd[0], cmd[1], cmd[2], cmd[3], cmd[4], cmd[5] = "evalsha", claimScript.Hash(), 1, t.rkey, t.claim, c.leaseMs
 		}
+		cmds[i] = cmd
 	}
 	res := make([]any, len(keys))
 	errs := make([]error, len(keys))
@@ -76,6 +87,15 @@ func (c *Client) ClaimAhead(ctx context.Context, keys []string) []*Ticket {
 	return ts
 }
 
+// scriptAt is scripts[i], or nil when scripts is nil (no command is a
+// script).
+func scriptAt(scripts []*redis.Script, i int) *redis.Script {
+	if scripts == nil {
+		return nil
+	}
+	return scripts[i]
+}
+
 // pipelineAll sends cmds in one pipeline without the batcher.
 func (c *Client) pipelineAll(ctx context.Context, scripts []*redis.Script, cmds [][]any, res []any, errs []error) {
 	ctx, cancel := context.WithTimeout(ctx, c.opTimeout)
@@ -88,8 +108,8 @@ func (c *Client) pipelineAll(ctx context.Context, scripts []*redis.Script, cmds 
 	_, _ = pipe.Exec(ctx) // errors are per command
 	for i, cmd := range rc {
 		res[i], errs[i] = cmd.Result()
-		if errs[i] != nil && scripts[i] != nil && redis.HasErrorPrefix(errs[i], "NOSCRIPT") {
-			res[i], errs[i] = runScript(ctx, c.rdb, scripts[i], cmds[i])
+		if sc := scriptAt(scripts, i); errs[i] != nil && sc != nil && redis.HasErrorPrefix(errs[i], "NOSCRIPT") {
+			res[i], errs[i] = runScript(ctx, c.rdb, sc, cmds[i])
 		}
 	}
 }

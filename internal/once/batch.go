@@ -100,7 +100,8 @@ func (b *batcher) do(ctx context.Context, script *redis.Script, args []any) (any
 	return res, err
 }
 
-// doAll queues cmds (each with its script, or nil) as consecutive operations
+// doAll queues cmds (each with its script, or nil; scripts itself may be nil
+// when none is) as consecutive operations
 // under one lock, so they travel in the same pipeline when it has room, and
 // waits for all their answers: one wake-up for the caller instead of one per
 // command. ctx bounds only the hand-over, as in do.
@@ -114,7 +115,7 @@ func (b *batcher) doAll(ctx context.Context, scripts []*redis.Script, cmds [][]a
 	ops := make([]*op, len(cmds))
 	for i := range cmds {
 		o := opPool.Get().(*op)
-		o.script, o.args = scripts[i], cmds[i]
+		o.script, o.args = scriptAt(scripts, i), cmds[i]
 		ops[i] = o
 	}
 	if !b.enqueue(ops...) {

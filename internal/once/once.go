@@ -80,7 +80,8 @@ type Client struct {
 	ownsRDB   bool
 	prefix    string
 	lease     time.Duration
-	leaseMs   int64
+	leaseMs   any // Lease in milliseconds (int64), boxed once for command arguments
+	ttlBox    atomic.Pointer[boxedTTL]
 	poll      time.Duration
 	opTimeout time.Duration
 	owner     string // "p:<random>:" — a call appends its sequence number
@@ -121,7 +122,7 @@ func New(ctx context.Context, serviceName string, cfg Config, opts ...Option) (*
 		rdb:       cfg.Client,
 		prefix:    cfg.KeyPrefix,
 		lease:     cfg.Lease,
-		leaseMs:   cfg.Lease.Milliseconds(),
+		leaseMs:   any(cfg.Lease.Milliseconds()),
 		poll:      cfg.PollInterval,
 		opTimeout: cfg.OpTimeout,
 		owner:     processingPrefix + serviceName + ":" + randomID() + ":",
@@ -396,7 +397,7 @@ func (c *Client) recordDone(key string, n int64) {
 // result (the same key used by Do and Execute, after this call's lease was
 // lost), that result is written back right away rather than never touched.
 func (c *Client) finishDo(ctx context.Context, rkey, claim string, ttl time.Duration) (int64, error) {
-	old, err := c.do(ctx, nil, doneCmd(rkey, ttl))
+	old, err := c.do(ctx, nil, c.doneCmd(rkey, ttl))
 	n, restore, err := doneOutcome(old, err, claim)
 	if err != nil || restore == "" {
 		return n, err
@@ -408,8 +409,25 @@ func (c *Client) finishDo(ctx context.Context, rkey, claim string, ttl time.Dura
 }
 
 // doneCmd is Do's done mark: SET key "d:" PX ttl GET.
-func doneCmd(rkey string, ttl time.Duration) []any {
-	return []any{"set", rkey, donePrefix, "px", ttl.Milliseconds(), "get"}
+func (c *Client) doneCmd(rkey string, ttl time.Duration) []any {
+	return []any{"set", rkey, donePrefix, "px", c.ttlArg(ttl), "get"}
+}
+
+// boxedTTL is a TTL in milliseconds as a command argument.
+type boxedTTL struct {
+	ttl time.Duration
+	ms  any
+}
+
+// ttlArg returns ttl in milliseconds as a command argument, boxed once
+// for the TTL a caller keeps using (the consumer has one).
+func (c *Client) ttlArg(ttl time.Duration) any {
+	if b := c.ttlBox.Load(); b != nil && b.ttl == ttl {
+		return b.ms
+	}
+	b := &boxedTTL{ttl: ttl, ms: ttl.Milliseconds()}
+	c.ttlBox.Store(b)
+	return b.ms
 }
 
 // doneOutcome reads the reply to doneCmd: finishScript's outcome n, and
@@ -440,7 +458,7 @@ func doneOutcome(old any, err error, claim string) (n int64, restore string, _ e
 // it is written, the client is closed or ctx ends — then marked gets the
 // error, as the waiting execute would have returned it.
 func (c *Client) markAsync(ctx context.Context, key, rkey, claim string, ttl, wait time.Duration, marked func(error)) {
-	c.b.sendAsync(nil, doneCmd(rkey, ttl), func(old any, err error) {
+	c.b.sendAsync(nil, c.doneCmd(rkey, ttl), func(old any, err error) {
 		n, restore, err := doneOutcome(old, err, claim)
 		switch {
 		case err == nil && restore == "":
