@@ -131,3 +131,69 @@ func TestConsumerIndexesAndRebuild(t *testing.T) {
 		}
 	}
 }
+
+// Purged entries stay purged through a rebuild: the index records each purge
+// in the DLQ topic, and replaying the topic deletes the entry again. Without
+// the recorded event the rebuild would bring them back (the topic still holds
+// the dead letters).
+func TestPurgeSurvivesRebuild(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	dlqTopic := testenv.Topic(t, 2)
+	mainTopic := testenv.Topic(t, 2)
+	rdb, prefix := testenv.Redis(t)
+	clk := newClock()
+	cfg := testConfig(t, brokers, mainTopic, dlqTopic)
+	ctx := context.Background()
+	p, err := NewProducer(ProducerConfig{Kafka: cfg.Kafka, DLQ: cfg.DLQ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeProducer(t, p)
+	sink := &sinkWaiter{p: p}
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithEventSink(sink))
+	const n = 12
+	for i := range n {
+		sendSync(t, p, deadLetter(fmt.Sprintf("u%d", i%3), ReasonDownstreamError, int64(i), clk.Now()))
+	}
+	c, err := NewConsumer(ConsumerConfig{Kafka: cfg.Kafka}, idx, NewPolicy(testRecovery()), WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(runCtx) }()
+	waitFor(t, "indexed", 30*time.Second, func() bool {
+		s, _ := idx.Stats(ctx)
+		return s.Total == n
+	})
+
+	purged, err := idx.Purge(ctx, Filter{User: "u1"})
+	if err != nil || purged != n/3 {
+		t.Fatalf("purge: %d %v, want %d", purged, err, n/3)
+	}
+	sink.wg.Wait() // the purge events are durable in the topic
+	kept, _, _ := idx.List(ctx, Filter{Limit: 100})
+	if len(kept) != n-n/3 {
+		t.Fatalf("%d entries after purge, want %d", len(kept), n-n/3)
+	}
+	stopRun()
+	if err := <-runDone; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+
+	if _, err := c.Rebuild(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, _, _ := idx.List(ctx, Filter{Limit: 100})
+	if len(after) != len(kept) {
+		t.Fatalf("rebuild left %d entries, want the %d kept", len(after), len(kept))
+	}
+	for _, e := range after {
+		if e.UserID == "u1" {
+			t.Fatalf("purged entry %s came back with the rebuild", e.ID)
+		}
+	}
+	if st, _ := idx.Stats(ctx); st.Total != int64(len(kept)) || st.ByReason[string(ReasonDownstreamError)] != int64(len(kept)) {
+		t.Fatalf("stats after rebuild %+v, want %d entries", st, len(kept))
+	}
+}

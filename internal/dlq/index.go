@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 )
 
 // Index states of an entry.
@@ -38,6 +39,8 @@ type Index struct {
 	rdb    redis.UniversalClient
 	prefix string
 	clock  Clock
+	events EventSink // records purges in the DLQ topic; may be nil
+	log    *zap.Logger
 	m      indexMetrics
 }
 
@@ -74,7 +77,7 @@ type Filter struct {
 // NewIndex returns the index under prefix (e.g. "kfpipe:").
 func NewIndex(rdb redis.UniversalClient, prefix string, opts ...Option) *Index {
 	o := buildOptions(opts)
-	return &Index{rdb: rdb, prefix: prefix, clock: o.clock, m: indexMetrics{
+	return &Index{rdb: rdb, prefix: prefix, clock: o.clock, events: o.events, log: o.log, m: indexMetrics{
 		indexed: register(o.reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_dlq_index_total", Help: "DLQ records applied to the Redis index, by result (new, duplicate, expired, event)."},
 			[]string{"result"})),
@@ -213,9 +216,21 @@ const (
 // Index adds dl to the index, placed in review when dl.ManualReview is set
 // and in due at dl.NextRetryTime otherwise. Indexing an ID that is already
 // there changes nothing, so the DLQ topic can be re-read at will. An
-// EventRetried record marks the entry as re-injected instead.
+// EventRetried record marks the entry as re-injected instead, and an
+// EventPurged record deletes it.
 func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
 	dl.EnsureID()
+	if dl.Event == EventPurged {
+		ok, err := x.Delete(ctx, dl.ID)
+		res := IndexDuplicate // already gone: the live index, where the purge happened
+		if ok {
+			res = IndexEvent
+		}
+		if err == nil {
+			x.m.indexed.WithLabelValues(res.String()).Inc()
+		}
+		return res, err
+	}
 	body, err := Encode(dl)
 	if err != nil {
 		return 0, fmt.Errorf("dlq index: encode: %w", err)
@@ -479,8 +494,12 @@ func (x *Index) each(ctx context.Context, f Filter, fn func([]*Entry) error) err
 	}
 }
 
-// Purge deletes every entry matching f (Cursor and Limit ignored). The
-// topic still holds them: a Rebuild brings back those not yet expired.
+// Purge deletes every entry matching f (Cursor and Limit ignored). With an
+// event sink (WithEventSink, normally the DLQ Producer) each deletion is
+// recorded in the DLQ topic as an EventPurged record, keyed like the dead
+// letter so it follows it in the same partition, and a Rebuild deletes the
+// entry again; without one (or when the record cannot be written, which is
+// logged) a Rebuild brings back those not yet expired.
 func (x *Index) Purge(ctx context.Context, f Filter) (int, error) {
 	n := 0
 	err := x.each(ctx, f, func(es []*Entry) error {
@@ -491,11 +510,27 @@ func (x *Index) Purge(ctx context.Context, f Filter) (int, error) {
 			}
 			if ok {
 				n++
+				x.recordPurge(e.DeadLetterMessage)
 			}
 		}
 		return nil
 	})
 	return n, err
+}
+
+// recordPurge writes the EventPurged record of a purged entry.
+func (x *Index) recordPurge(dl *DeadLetterMessage) {
+	if x.events == nil {
+		return
+	}
+	ev := &DeadLetterMessage{ID: dl.ID, Event: EventPurged, Reason: dl.Reason, UserID: dl.UserID,
+		OriginalKey: dl.OriginalKey, FailureTime: x.clock.Now()}
+	x.events.Send(ev, func(err error) {
+		if err != nil {
+			x.log.Warn("purged event not recorded; a rebuild would bring this dead letter back",
+				zap.String("dlq_id", dl.ID), zap.Error(err))
+		}
+	})
 }
 
 // PurgeExpired deletes every entry whose TTL (per reason) ended by now.

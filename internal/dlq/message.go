@@ -7,7 +7,8 @@
 // The DLQ topic is the source of truth; the Redis index is a view that
 // Rebuild can recreate from the topic. Retries that the scheduler sent are
 // recorded in the topic too (an event record, see EventRetried), so a
-// rebuild does not send them a second time.
+// rebuild does not send them a second time; so are purges (EventPurged), so
+// a rebuild does not bring purged entries back.
 package dlq
 
 import (
@@ -59,6 +60,9 @@ const (
 // that a rebuilt index does not schedule it again.
 const (
 	EventRetried = "retried"
+	// EventPurged records that an operator purged the entry from the index
+	// (admin API), so that a rebuilt index does not bring it back.
+	EventPurged = "purged"
 )
 
 // Header names on DLQ records.

@@ -44,8 +44,9 @@ func WithClock(c Clock) Option { return func(o *options) { o.clock = c } }
 // WithBlockLookup lets user_blocked retries wait until the block ends.
 func WithBlockLookup(b BlockLookup) Option { return func(o *options) { o.blocks = b } }
 
-// WithEventSink makes the scheduler record sent retries in the DLQ topic
-// (normally the DLQ Producer), so that Rebuild does not send them again.
+// WithEventSink makes the scheduler record sent retries, and the index
+// purged entries, in the DLQ topic (normally the DLQ Producer), so that
+// Rebuild neither sends them again nor brings them back.
 func WithEventSink(s EventSink) Option { return func(o *options) { o.events = s } }
 
 func buildOptions(opts []Option) options {

@@ -61,12 +61,14 @@ func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (
 		return nil, fmt.Errorf("rate-limit admin: %w", err)
 	}
 	opts = append(opts, dlq.WithBlockLookup(blockLookup{rlAdmin}))
-	idx := dlq.NewIndex(base.Redis, prefix, opts...)
-	policy := dlq.NewPolicy(cfg.Recovery, opts...)
 	producer, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: cfg.Kafka, DLQ: cfg.DLQ}, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dlq producer: %w", err)
 	}
+	// The index records purges, the scheduler sent retries, in the DLQ
+	// topic, so a rebuild reproduces both.
+	idx := dlq.NewIndex(base.Redis, prefix, append(opts, dlq.WithEventSink(producer))...)
+	policy := dlq.NewPolicy(cfg.Recovery, opts...)
 	sched, err := dlq.NewScheduler(dlq.SchedulerConfig{Kafka: cfg.Kafka, Recovery: cfg.Recovery, RateLimit: cfg.RateLimit, Prefix: prefix},
 		base.Redis, idx, policy, append(opts, dlq.WithEventSink(producer))...)
 	if err != nil {
