@@ -8,20 +8,35 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // The DLQ consumer indexes what the producer sent (an undecodable record
 // becomes a review item), the scheduler's retried events travel through
 // the topic, and Rebuild from the topic reproduces the same Stats.
+// rebuildEnv is what the rebuild tests share: the broker, fresh main and
+// DLQ topics in cfg, a Redis key prefix and a manual clock.
+type rebuildEnv struct {
+	brokers, mainTopic, dlqTopic string
+	cfg                          *config.DLQConsumer
+	rdb                          *redis.Client
+	prefix                       string
+	clk                          *manualClock
+}
+
+func newRebuildEnv(t *testing.T) *rebuildEnv {
+	e := &rebuildEnv{brokers: testenv.KafkaBrokers(t), dlqTopic: testenv.Topic(t, 2), mainTopic: testenv.Topic(t, 2), clk: newClock()}
+	e.rdb, e.prefix = testenv.Redis(t)
+	e.cfg = testConfig(t, e.brokers, e.mainTopic, e.dlqTopic)
+	return e
+}
+
 func TestConsumerIndexesAndRebuild(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	dlqTopic := testenv.Topic(t, 2)
-	mainTopic := testenv.Topic(t, 2)
-	rdb, prefix := testenv.Redis(t)
-	clk := newClock()
-	cfg := testConfig(t, brokers, mainTopic, dlqTopic)
+	e := newRebuildEnv(t)
+	brokers, dlqTopic, mainTopic, rdb, prefix, clk, cfg := e.brokers, e.dlqTopic, e.mainTopic, e.rdb, e.prefix, e.clk, e.cfg
 	idx := NewIndex(rdb, prefix, WithClock(clk))
 	pol := NewPolicy(testRecovery())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -137,12 +152,8 @@ func TestConsumerIndexesAndRebuild(t *testing.T) {
 // the recorded event the rebuild would bring them back (the topic still holds
 // the dead letters).
 func TestPurgeSurvivesRebuild(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	dlqTopic := testenv.Topic(t, 2)
-	mainTopic := testenv.Topic(t, 2)
-	rdb, prefix := testenv.Redis(t)
-	clk := newClock()
-	cfg := testConfig(t, brokers, mainTopic, dlqTopic)
+	e := newRebuildEnv(t)
+	rdb, prefix, clk, cfg := e.rdb, e.prefix, e.clk, e.cfg
 	ctx := context.Background()
 	p, err := NewProducer(ProducerConfig{Kafka: cfg.Kafka, DLQ: cfg.DLQ})
 	if err != nil {
