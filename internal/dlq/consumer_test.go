@@ -147,11 +147,12 @@ func TestConsumerIndexesAndRebuild(t *testing.T) {
 	}
 }
 
-// Purged entries stay purged through a rebuild: the index records each purge
-// in the DLQ topic, and replaying the topic deletes the entry again. Without
-// the recorded event the rebuild would bring them back (the topic still holds
-// the dead letters).
-func TestPurgeSurvivesRebuild(t *testing.T) {
+// What operators and the scheduler do to entries survives a rebuild: the
+// index records each purge and each move (to review, or requeued for a
+// retry) in the DLQ topic, and replaying the topic repeats them. Without the
+// recorded events a rebuild would bring purged entries back (the topic still
+// holds the dead letters) and put moved ones back where they first were.
+func TestOperatorActionsSurviveRebuild(t *testing.T) {
 	e := newRebuildEnv(t)
 	rdb, prefix, clk, cfg := e.rdb, e.prefix, e.clk, e.cfg
 	ctx := context.Background()
@@ -182,11 +183,38 @@ func TestPurgeSurvivesRebuild(t *testing.T) {
 	if err != nil || purged != n/3 {
 		t.Fatalf("purge: %d %v, want %d", purged, err, n/3)
 	}
-	sink.wg.Wait() // the purge events are durable in the topic
+	u0, _, _ := idx.List(ctx, Filter{User: "u0"})
+	u2, _, _ := idx.List(ctx, Filter{User: "u2"})
+	if len(u0) == 0 || len(u2) == 0 {
+		t.Fatalf("entries of u0 %d, u2 %d", len(u0), len(u2))
+	}
+	reviewed, requeued := u0[0].ID, u2[0].ID
+	requeueAt := clk.Now().Add(90 * time.Minute).Truncate(time.Millisecond)
+	if err := idx.MoveToReview(ctx, reviewed); err != nil {
+		t.Fatal(err)
+	}
+	if err := idx.MoveToReview(ctx, requeued); err != nil {
+		t.Fatal(err)
+	}
+	if err := idx.Requeue(ctx, requeued, requeueAt); err != nil {
+		t.Fatal(err)
+	}
+	sink.wg.Wait() // the events are durable in the topic
 	kept, _, _ := idx.List(ctx, Filter{Limit: 100})
 	if len(kept) != n-n/3 {
 		t.Fatalf("%d entries after purge, want %d", len(kept), n-n/3)
 	}
+	checkMoved := func(when string) {
+		t.Helper()
+		if e, err := idx.Get(ctx, reviewed); err != nil || e.State != StateReview {
+			t.Fatalf("%s: entry moved to review is %+v (%v)", when, e, err)
+		}
+		e, err := idx.Get(ctx, requeued)
+		if err != nil || e.State != StateDue || e.NextRetryTime == nil || !e.NextRetryTime.Equal(requeueAt) {
+			t.Fatalf("%s: requeued entry is %+v (%v), want due at %v", when, e, err, requeueAt)
+		}
+	}
+	checkMoved("before the rebuild")
 	stopRun()
 	if err := <-runDone; err != nil {
 		t.Fatalf("run: %v", err)
@@ -204,7 +232,9 @@ func TestPurgeSurvivesRebuild(t *testing.T) {
 			t.Fatalf("purged entry %s came back with the rebuild", e.ID)
 		}
 	}
-	if st, _ := idx.Stats(ctx); st.Total != int64(len(kept)) || st.ByReason[string(ReasonDownstreamError)] != int64(len(kept)) {
-		t.Fatalf("stats after rebuild %+v, want %d entries", st, len(kept))
+	if st, _ := idx.Stats(ctx); st.Total != int64(len(kept)) || st.ByReason[string(ReasonDownstreamError)] != int64(len(kept)) ||
+		st.Review != 1 {
+		t.Fatalf("stats after rebuild %+v, want %d entries, 1 in review", st, len(kept))
 	}
+	checkMoved("after the rebuild")
 }

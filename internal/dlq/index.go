@@ -216,10 +216,26 @@ const (
 // Index adds dl to the index, placed in review when dl.ManualReview is set
 // and in due at dl.NextRetryTime otherwise. Indexing an ID that is already
 // there changes nothing, so the DLQ topic can be re-read at will. An
-// EventRetried record marks the entry as re-injected instead, and an
-// EventPurged record deletes it.
+// EventRetried record marks the entry as re-injected instead, an
+// EventMoved record moves it to review or due, and an EventPurged record
+// deletes it.
 func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
 	dl.EnsureID()
+	if dl.Event == EventMoved {
+		state, at := StateReview, time.Time{}
+		if !dl.ManualReview && dl.NextRetryTime != nil {
+			state, at = StateDue, *dl.NextRetryTime
+		}
+		res := IndexEvent
+		err := x.move(ctx, dl.ID, state, at)
+		if errors.Is(err, ErrNotFound) {
+			res, err = IndexDuplicate, nil // purged or expired since
+		}
+		if err == nil {
+			x.m.indexed.WithLabelValues(res.String()).Inc()
+		}
+		return res, err
+	}
 	if dl.Event == EventPurged {
 		ok, err := x.Delete(ctx, dl.ID)
 		res := IndexDuplicate // already gone: the live index, where the purge happened
@@ -275,14 +291,44 @@ func (x *Index) MarkRetried(ctx context.Context, id string, attempts int) (bool,
 }
 
 // Requeue schedules the entry for a retry at `at` (from review or from
-// retried): the operator's manual retry.
+// retried): the operator's manual retry. With an event sink the move is
+// recorded in the DLQ topic (EventMoved).
 func (x *Index) Requeue(ctx context.Context, id string, at time.Time) error {
-	return x.move(ctx, id, StateDue, at)
+	if err := x.move(ctx, id, StateDue, at); err != nil {
+		return err
+	}
+	x.recordMove(ctx, id, false, at)
+	return nil
 }
 
-// MoveToReview takes the entry out of due and into manual review.
+// MoveToReview takes the entry out of due and into manual review. With an
+// event sink the move is recorded in the DLQ topic (EventMoved).
 func (x *Index) MoveToReview(ctx context.Context, id string) error {
-	return x.move(ctx, id, StateReview, time.Time{})
+	if err := x.move(ctx, id, StateReview, time.Time{}); err != nil {
+		return err
+	}
+	x.recordMove(ctx, id, true, time.Time{})
+	return nil
+}
+
+// recordMove writes the EventMoved record of a move, keyed like the dead
+// letter (read back for that) so it follows it in the same partition.
+func (x *Index) recordMove(ctx context.Context, id string, review bool, at time.Time) {
+	if x.events == nil {
+		return
+	}
+	e, err := x.Get(ctx, id)
+	if err != nil {
+		x.log.Warn("moved event not recorded; a rebuild would put this dead letter back where it was",
+			zap.String("dlq_id", id), zap.Error(err))
+		return
+	}
+	ev := &DeadLetterMessage{ID: id, Event: EventMoved, Reason: e.Reason, UserID: e.UserID,
+		OriginalKey: e.OriginalKey, FailureTime: x.clock.Now(), ManualReview: review}
+	if !review {
+		ev.NextRetryTime = &at
+	}
+	x.sendEvent(ev)
 }
 
 func (x *Index) move(ctx context.Context, id, state string, at time.Time) error {
@@ -523,12 +569,17 @@ func (x *Index) recordPurge(dl *DeadLetterMessage) {
 	if x.events == nil {
 		return
 	}
-	ev := &DeadLetterMessage{ID: dl.ID, Event: EventPurged, Reason: dl.Reason, UserID: dl.UserID,
-		OriginalKey: dl.OriginalKey, FailureTime: x.clock.Now()}
+	x.sendEvent(&DeadLetterMessage{ID: dl.ID, Event: EventPurged, Reason: dl.Reason, UserID: dl.UserID,
+		OriginalKey: dl.OriginalKey, FailureTime: x.clock.Now()})
+}
+
+// sendEvent writes an event record through the event sink; a failure is
+// logged (the index already changed; only a later rebuild would differ).
+func (x *Index) sendEvent(ev *DeadLetterMessage) {
 	x.events.Send(ev, func(err error) {
 		if err != nil {
-			x.log.Warn("purged event not recorded; a rebuild would bring this dead letter back",
-				zap.String("dlq_id", dl.ID), zap.Error(err))
+			x.log.Warn("DLQ event not recorded; a rebuild would not reproduce it",
+				zap.String("dlq_id", ev.ID), zap.String("event", ev.Event), zap.Error(err))
 		}
 	})
 }

@@ -7,8 +7,9 @@
 // The DLQ topic is the source of truth; the Redis index is a view that
 // Rebuild can recreate from the topic. Retries that the scheduler sent are
 // recorded in the topic too (an event record, see EventRetried), so a
-// rebuild does not send them a second time; so are purges (EventPurged), so
-// a rebuild does not bring purged entries back.
+// rebuild does not send them a second time; so are purges (EventPurged) and
+// moves to review or back to due (EventMoved), so a rebuild does not bring
+// purged entries back and puts moved ones where they were.
 package dlq
 
 import (
@@ -63,6 +64,11 @@ const (
 	// EventPurged records that an operator purged the entry from the index
 	// (admin API), so that a rebuilt index does not bring it back.
 	EventPurged = "purged"
+	// EventMoved records that the entry was moved into manual review
+	// (ManualReview set: the scheduler gave up, or an operator) or requeued
+	// for a retry at NextRetryTime (an operator's retry), so that a rebuilt
+	// index has it where it was.
+	EventMoved = "moved"
 )
 
 // Header names on DLQ records.
