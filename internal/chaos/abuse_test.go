@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-
-	"github.com/kfpipe/kfpipe/internal/wecom"
 )
 
 // TestChaosPoisonAndAbuse: while ordinary users chat, the pipeline gets
@@ -134,7 +132,7 @@ func TestChaosPoisonAndAbuse(t *testing.T) {
 				nextFail = nextFail.Add(failEvery)
 			}
 		}
-		f.appendUsers(ctx, users, kfOf)
+		f.appendUsers(ctx, users, func(_ int, u string) string { return kfOf[u] })
 		<-ticker.C
 	}
 	ticker.Stop()
@@ -319,36 +317,6 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(q*float64(len(s))))]
-}
-
-// appendUsers appends one message for each entry of users (a user may
-// repeat) to the fake WeChat, in that order, and sends one callback per
-// account touched — Feed with the users chosen by the caller.
-func (f *Feeder) appendUsers(ctx context.Context, users []string, kfOf map[string]string) {
-	byKf := map[string][]wecom.Message{}
-	var order []string
-	for _, u := range users {
-		kf := kfOf[u]
-		if _, ok := byKf[kf]; !ok {
-			order = append(order, kf)
-		}
-		byKf[kf] = append(byKf[kf], wecom.Message{ExternalUserID: u, Origin: wecom.OriginCustomer, MsgType: "text"})
-	}
-	now := time.Now()
-	for _, kf := range order {
-		msgs := byKf[kf]
-		f.mu.Lock()
-		ids := f.p.Fake.Append(kf, msgs...)
-		for i, id := range ids {
-			u := msgs[i].ExternalUserID
-			f.sent = append(f.sent, Sent{MsgID: id, OpenKfID: kf, User: u, Index: f.perUser[u], At: now})
-			f.perUser[u]++
-		}
-		f.mu.Unlock()
-	}
-	for _, kf := range order {
-		f.notify(ctx, kf)
-	}
 }
 
 // producePoison writes records the consumer must refuse into the main

@@ -48,6 +48,38 @@ func (f *Feeder) account(userIdx int) string {
 	return f.p.OpenKfIDs[userIdx%len(f.p.OpenKfIDs)]
 }
 
+// appendUsers appends one message for each entry of users (a user may
+// repeat) to the fake WeChat, users[i] on account kfOf(i, users[i]), in
+// that order, and sends one callback per account touched.
+func (f *Feeder) appendUsers(ctx context.Context, users []string, kfOf func(i int, user string) string) {
+	byKf := map[string][]wecom.Message{}
+	var order []string
+	for i, u := range users {
+		kf := kfOf(i, u)
+		if _, ok := byKf[kf]; !ok {
+			order = append(order, kf)
+		}
+		byKf[kf] = append(byKf[kf], wecom.Message{ExternalUserID: u, Origin: wecom.OriginCustomer, MsgType: "text"})
+	}
+	now := time.Now()
+	for _, kf := range order {
+		msgs := byKf[kf]
+		// The log's order is the WeChat order; Append under the feeder's
+		// lock keeps our record in the same order.
+		f.mu.Lock()
+		ids := f.p.Fake.Append(kf, msgs...)
+		for i, id := range ids {
+			u := msgs[i].ExternalUserID
+			f.sent = append(f.sent, Sent{MsgID: id, OpenKfID: kf, User: u, Index: f.perUser[u], At: now})
+			f.perUser[u]++
+		}
+		f.mu.Unlock()
+	}
+	for _, kf := range order {
+		f.notify(ctx, kf)
+	}
+}
+
 // Feed appends total messages from random users at about rate messages a
 // second, in bursts every 100 ms, and sends a callback for each account a
 // burst touched. It returns when all are appended or ctx ends.
@@ -58,35 +90,13 @@ func (f *Feeder) Feed(ctx context.Context, total int, rate float64) error {
 	defer t.Stop()
 	for done := 0; done < total; {
 		n := min(perTick, total-done)
-		byKf := map[string][]wecom.Message{}
-		var order []string
-		for range n {
-			ui := rand.IntN(len(f.users))
-			kf := f.account(ui)
-			if _, ok := byKf[kf]; !ok {
-				order = append(order, kf)
-			}
-			byKf[kf] = append(byKf[kf], wecom.Message{
-				ExternalUserID: f.users[ui], Origin: wecom.OriginCustomer, MsgType: "text",
-			})
+		idx := make([]int, n)
+		users := make([]string, n)
+		for i := range n {
+			idx[i] = rand.IntN(len(f.users))
+			users[i] = f.users[idx[i]]
 		}
-		now := time.Now()
-		for _, kf := range order {
-			msgs := byKf[kf]
-			// The log's order is the WeChat order; Append under the feeder's
-			// lock keeps our record in the same order.
-			f.mu.Lock()
-			ids := f.p.Fake.Append(kf, msgs...)
-			for i, id := range ids {
-				u := msgs[i].ExternalUserID
-				f.sent = append(f.sent, Sent{MsgID: id, OpenKfID: kf, User: u, Index: f.perUser[u], At: now})
-				f.perUser[u]++
-			}
-			f.mu.Unlock()
-		}
-		for _, kf := range order {
-			f.notify(ctx, kf)
-		}
+		f.appendUsers(ctx, users, func(i int, _ string) string { return f.account(idx[i]) })
 		done += n
 		select {
 		case <-ctx.Done():
