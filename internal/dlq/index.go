@@ -221,31 +221,32 @@ const (
 // deletes it.
 func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
 	dl.EnsureID()
-	if dl.Event == EventMoved {
+	res, err := x.apply(ctx, dl)
+	if err == nil {
+		x.m.indexed.WithLabelValues(res.String()).Inc()
+	}
+	return res, err
+}
+
+// apply is Index without the metric.
+func (x *Index) apply(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
+	switch dl.Event {
+	case EventMoved:
 		state, at := StateReview, time.Time{}
 		if !dl.ManualReview && dl.NextRetryTime != nil {
 			state, at = StateDue, *dl.NextRetryTime
 		}
-		res := IndexEvent
 		err := x.move(ctx, dl.ID, state, at)
 		if errors.Is(err, ErrNotFound) {
-			res, err = IndexDuplicate, nil // purged or expired since
+			return IndexDuplicate, nil // purged or expired since
 		}
-		if err == nil {
-			x.m.indexed.WithLabelValues(res.String()).Inc()
-		}
-		return res, err
-	}
-	if dl.Event == EventPurged {
+		return IndexEvent, err
+	case EventPurged:
 		ok, err := x.Delete(ctx, dl.ID)
-		res := IndexDuplicate // already gone: the live index, where the purge happened
-		if ok {
-			res = IndexEvent
+		if !ok {
+			return IndexDuplicate, err // already gone: the live index, where the purge happened
 		}
-		if err == nil {
-			x.m.indexed.WithLabelValues(res.String()).Inc()
-		}
-		return res, err
+		return IndexEvent, err
 	}
 	body, err := Encode(dl)
 	if err != nil {
@@ -265,9 +266,7 @@ func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage) (IndexResult, 
 	if err != nil {
 		return 0, fmt.Errorf("dlq index %s: %w", dl.ID, err)
 	}
-	res := IndexResult(n)
-	x.m.indexed.WithLabelValues(res.String()).Inc()
-	return res, nil
+	return IndexResult(n), nil
 }
 
 func (r IndexResult) String() string {
