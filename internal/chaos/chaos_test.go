@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
 )
 
 func TestMain(m *testing.M) {
@@ -21,13 +23,20 @@ func TestMain(m *testing.M) {
 // picked at random, is killed with SIGKILL at random moments and
 // restarted, with cooperative rebalances in between. Every message's
 // effect must happen, once (a second effect only inside a killed
-// process's at-least-once window), and each user's effects in order.
+// process's at-least-once window), each user's effects in order, and no
+// user may wait more than twice the session timeout for its next effect
+// after a kill (max_user_stall), with the shipped timings.
 func TestChaosConsumerKill9(t *testing.T) {
 	svc := NeedServices(t)
 	load := Size(Load{Total: 5000, Users: 200, Rate: 500}, Load{Total: 50000, Users: 1000, Rate: 1000})
 	kills := Size(2, 3)
+	// The shipped timings (dedup lease, session timeout, commit interval,
+	// actor idle timeout): a crashed consumer's users must be processing
+	// again within twice the session timeout with them, not only with
+	// shortened ones.
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2,
-		SinkSleep: 2 * time.Millisecond})
+		SinkSleep: 2 * time.Millisecond, StallLimit: 2 * config.DefaultSessionTimeout,
+		ConsumerEnv: map[string]string{"KFPIPE_KAFKA_CONSUMER_COMMIT_INTERVAL": "1s", "KFPIPE_PROCESSOR_IDLE_TIMEOUT": "2m"}})
 	feedFor := time.Duration(float64(load.Total)/load.Rate) * time.Second
 	Run(t, "consumer-kill9", p, load, Size(90*time.Second, 5*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
 		// Spread the kills over the feeding time, so each lands under load.

@@ -40,6 +40,9 @@ type Evidence struct {
 	// done mark the dying primary never answered).
 	Failovers      []Failover
 	FailoverWindow time.Duration
+	// StallLimit, when set, is the longest a user may wait for its next
+	// effect after a consumer kill (max_user_stall); more is a problem.
+	StallLimit time.Duration
 }
 
 // DeadLetters reads the whole DLQ index through the admin API.
@@ -171,7 +174,7 @@ func (p *Pipeline) Settle(ctx context.Context, f *Feeder, timeout time.Duration)
 // kcat dump of the main topic and the kills.
 func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
 	ev := &Evidence{Sent: f.Sent(), Deliveries: p.Sink.Deliveries(), Kills: p.Kills(), Lease: p.Opts.DedupLease,
-		Crashes: p.Crashes(), Failovers: p.Failovers(), FailoverWindow: p.Opts.FailoverWindow}
+		Crashes: p.Crashes(), Failovers: p.Failovers(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit}
 	var err error
 	if ev.DLQ, err = p.DeadLetters(ctx); err != nil {
 		return nil, err
@@ -301,7 +304,66 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 	for _, c := range e.Crashes {
 		r.Problem("daemon crash: %s", c)
 	}
+	if stall, ok := e.maxUserStall(); ok {
+		r.Extra("max_user_stall", stall.Round(100*time.Millisecond))
+		if e.StallLimit > 0 && stall > e.StallLimit {
+			r.Problem("max_user_stall %s after a consumer kill exceeds %s", stall.Round(100*time.Millisecond), e.StallLimit)
+		}
+	}
 	return r
+}
+
+// maxUserStall is the longest time a user waited, after a consumer kill,
+// for its next effect: for each kill K of a schedule-consumer, the users
+// with a message sent before K that had no effect yet at K, and the time
+// from K to their first effect after K. ok is false without consumer
+// kills. A crashed consumer's users wait for the group to notice (the
+// session timeout) and for the dead process's dedup claims to expire (the
+// lease): this is the figure that shows both.
+func (e *Evidence) maxUserStall() (max time.Duration, ok bool) {
+	var kills []time.Time
+	for _, k := range e.Kills {
+		if strings.HasPrefix(k.Tag, "consumer") {
+			kills = append(kills, k.At)
+		}
+	}
+	if len(kills) == 0 {
+		return 0, false
+	}
+	first := map[string]time.Time{} // msgid → first effect
+	byUser := map[string][]time.Time{}
+	for _, d := range e.Deliveries {
+		if t, seen := first[d.MsgID]; !seen || d.At.Before(t) {
+			first[d.MsgID] = d.At
+		}
+		byUser[d.User] = append(byUser[d.User], d.At)
+	}
+	for _, ts := range byUser {
+		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	}
+	for _, k := range kills {
+		pending := map[string]bool{}
+		for _, s := range e.Sent {
+			if s.At.After(k) {
+				continue
+			}
+			if t, seen := first[s.MsgID]; seen && !t.After(k) {
+				continue
+			}
+			pending[s.User] = true
+		}
+		for u := range pending {
+			ts := byUser[u]
+			i := sort.Search(len(ts), func(i int) bool { return ts[i].After(k) })
+			if i == len(ts) {
+				continue // nothing after the kill: counted as lost or dead-lettered
+			}
+			if d := ts[i].Sub(k); d > max {
+				max = d
+			}
+		}
+	}
+	return max, true
 }
 
 func (e *Evidence) reordered(byMsg map[string][]Delivery, r *Report) int {

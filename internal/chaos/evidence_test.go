@@ -110,3 +110,37 @@ func TestReportLine(t *testing.T) {
 		t.Errorf("line has a newline: %q", line)
 	}
 }
+
+// TestMaxUserStall checks the stall figure on hand-made evidence: only
+// users with a message waiting at a consumer kill count, from the kill to
+// their next effect, and the limit turns a long stall into a problem.
+func TestMaxUserStall(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	sent := []Sent{
+		{MsgID: "a1", User: "a", At: at(0)}, {MsgID: "a2", User: "a", At: at(1)},
+		{MsgID: "b1", User: "b", At: at(0)}, {MsgID: "c1", User: "c", At: at(30)},
+	}
+	deliveries := []Delivery{
+		{Seq: 0, MsgID: "a1", User: "a", At: at(0.1)},
+		{Seq: 1, MsgID: "b1", User: "b", At: at(0.2)}, // done before the kill: b does not count
+		{Seq: 2, MsgID: "a2", User: "a", At: at(14)},  // waiting at the kill (2 s): 12 s
+		{Seq: 3, MsgID: "c1", User: "c", At: at(30.1)},
+	}
+	ev := &Evidence{Sent: sent, Deliveries: deliveries, Kills: []Kill{{Tag: "consumer-1.1", At: at(2)}}, Lease: 10 * time.Second}
+	if stall, ok := ev.maxUserStall(); !ok || stall != 12*time.Second {
+		t.Fatalf("max stall = %v %v, want 12s", stall, ok)
+	}
+	ev.StallLimit = 20 * time.Second
+	if r := ev.Report("x", time.Minute); !r.OK() || !strings.Contains(r.Line(), "max_user_stall=12s") {
+		t.Fatalf("within the limit: ok=%v line %q", r.OK(), r.Line())
+	}
+	ev.StallLimit = 10 * time.Second
+	if r := ev.Report("x", time.Minute); r.OK() {
+		t.Fatalf("a 12 s stall passed a 10 s limit: %q", r.Line())
+	}
+	ev.Kills = []Kill{{Tag: "producer.1", At: at(2)}}
+	if _, ok := ev.maxUserStall(); ok {
+		t.Fatal("a producer kill produced a consumer stall figure")
+	}
+}

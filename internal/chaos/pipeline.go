@@ -19,6 +19,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
@@ -36,7 +37,10 @@ type Options struct {
 	OpenKfIDs  int           // customer-service accounts; default 2
 	Partitions int           // main-topic partitions; default 4
 	SinkSleep  time.Duration // the Sink sleeps rand [0, SinkSleep] per delivery
-	DedupLease time.Duration // dedup.lease; default 3s so a killed claimer's keys free fast
+	DedupLease time.Duration // dedup.lease; default the shipped one (config.DefaultDedupLease)
+	// StallLimit, when set, fails the run when a user waits longer than
+	// this for its next effect after a consumer kill (max_user_stall).
+	StallLimit time.Duration
 	PageLimit  int           // wecom.page_limit; default 1000
 	// SentinelAddrs and SentinelMaster, when set, put every daemon (and
 	// the suite's own Redis client) on Redis Sentinel; Redis is then only
@@ -62,7 +66,7 @@ func (o *Options) setDefaults() {
 		o.Partitions = 4
 	}
 	if o.DedupLease == 0 {
-		o.DedupLease = 3 * time.Second
+		o.DedupLease = config.DefaultDedupLease
 	}
 	if o.PageLimit == 0 {
 		o.PageLimit = 1000

@@ -103,6 +103,9 @@ type Redis struct {
 
 const week = 7 * 24 * time.Hour
 
+// DefaultSessionTimeout is kafka.consumer.session_timeout's default.
+const DefaultSessionTimeout = 10 * time.Second
+
 func defaultCommon(env, daemon string) Common {
 	main := Topic{Name: "qywx-chat-messages", Partitions: 4, ReplicationFactor: 1, MinInsyncReplicas: 1,
 		RetentionMs: week.Milliseconds(), CompressionType: "lz4", MaxMessageBytes: 1 << 20}
@@ -129,7 +132,7 @@ func defaultCommon(env, daemon string) Common {
 			Topics:   Topics{Main: main, DLQ: dlq},
 			Producer: KafkaProducer{LingerMs: 5, BatchSize: 1 << 20, QueueMaxMsgs: 100000, Compression: "lz4",
 				DeliveryTimeout: 30 * time.Second},
-			Consumer: KafkaConsumer{GroupID: "kfpipe-" + daemon, SessionTimeout: 10 * time.Second,
+			Consumer: KafkaConsumer{GroupID: "kfpipe-" + daemon, SessionTimeout: DefaultSessionTimeout,
 				MaxPollInterval: 5 * time.Minute, AutoOffsetReset: "earliest", FetchMaxBytes: 50 << 20,
 				CommitInterval: time.Second, CommitEveryN: 1000, RevokeDrainLimit: 10 * time.Second},
 			Overrides: map[string]string{},

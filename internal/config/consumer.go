@@ -38,7 +38,12 @@ type Processor struct {
 // Dedup configures the idempotency keys (I3).
 type Dedup struct {
 	TTL   time.Duration `mapstructure:"ttl"`   // >= 3 days: WeChat's re-pull window
-	Lease time.Duration `mapstructure:"lease"` // how long a "processing" claim lives
+	// Lease is how long a "processing" claim lives without renewal: it
+	// bounds how long a crashed consumer's users wait for their claims
+	// (about the group session timeout), while a live owner renews it
+	// every quarter lease and stops its handler after two thirds without a
+	// successful renewal.
+	Lease time.Duration `mapstructure:"lease"`
 }
 
 // RateLimit configures the sliding-window limiter (seed §10.5).
@@ -107,13 +112,19 @@ func defaultDLQ() DLQ {
 		ProduceTimeout: 10 * time.Second, BreakerFailures: 5, BreakerOpen: 10 * time.Second}
 }
 
+// DefaultDedupLease is dedup.lease's default: a crashed consumer's claims
+// free this long after its last renewal, so its users wait about the group
+// session timeout (kafka.consumer.session_timeout, DefaultSessionTimeout)
+// and not longer.
+const DefaultDedupLease = 10 * time.Second
+
 func defaultConsumer(env string) Consumer {
 	return Consumer{
 		Common: defaultCommon(env, "consumer"),
 		Processor: Processor{MailboxSize: 256, IdleTimeout: 2 * time.Minute, MaxInFlight: 20000, ResumeBelow: 10000,
 			RetryAttempts: 3, RetryBase: 100 * time.Millisecond, RetryMax: 2 * time.Second, AttemptTimeout: 10 * time.Second,
 			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256, ClaimAhead: 32},
-		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: 5 * time.Minute},
+		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: DefaultDedupLease},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
 		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second}},

@@ -27,8 +27,9 @@ type Server struct {
 	timeout time.Duration
 	log     *zap.Logger
 
-	mu     sync.Mutex
-	checks map[string]Check
+	mu      sync.Mutex
+	checks  map[string]Check
+	details map[string]func() string
 
 	ln   net.Listener
 	done chan error
@@ -49,7 +50,8 @@ func NewServer(c ServerConfig, reg *prometheus.Registry, log *zap.Logger) *Serve
 	if c.ReadyTimeout <= 0 {
 		c.ReadyTimeout = 2 * time.Second
 	}
-	s := &Server{mux: http.NewServeMux(), timeout: c.ReadyTimeout, log: log, checks: map[string]Check{}}
+	s := &Server{mux: http.NewServeMux(), timeout: c.ReadyTimeout, log: log, checks: map[string]Check{},
+		details: map[string]func() string{}}
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -77,6 +79,33 @@ func (s *Server) AddCheck(name string, c Check) {
 
 // Handle mounts an extra handler on the ops mux.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// AddDetail registers a line of /readyz detail under a name: d returns
+// what an operator should know that does not make the daemon unready (e.g.
+// "waiting on 12 claims held by others, oldest 7s"), or "" for nothing. It
+// must be quick and not block.
+func (s *Server) AddDetail(name string, d func() string) {
+	s.mu.Lock()
+	s.details[name] = d
+	s.mu.Unlock()
+}
+
+// Details returns the non-empty detail lines by name.
+func (s *Server) Details() map[string]string {
+	s.mu.Lock()
+	ds := make(map[string]func() string, len(s.details))
+	for k, v := range s.details {
+		ds[k] = v
+	}
+	s.mu.Unlock()
+	out := map[string]string{}
+	for name, d := range ds {
+		if v := d(); v != "" {
+			out[name] = v
+		}
+	}
+	return out
+}
 
 // Ready runs every check concurrently and returns the failures by name.
 func (s *Server) Ready(ctx context.Context) map[string]error {
@@ -111,21 +140,30 @@ func (s *Server) Ready(ctx context.Context) map[string]error {
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	fail := s.Ready(r.Context())
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if len(fail) == 0 {
-		_, _ = w.Write([]byte("ready\n"))
-		return
-	}
-	names := make([]string, 0, len(fail))
-	for n := range fail {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	var b strings.Builder
-	for _, n := range names {
+	if len(fail) == 0 {
+		b.WriteString("ready\n")
+	}
+	for _, n := range sortedKeys(fail) {
 		fmt.Fprintf(&b, "%s: not ready: %v\n", n, fail[n])
 	}
-	w.WriteHeader(http.StatusServiceUnavailable)
+	details := s.Details()
+	for _, n := range sortedKeys(details) {
+		fmt.Fprintf(&b, "%s: %s\n", n, details[n])
+	}
+	if len(fail) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
 	_, _ = w.Write([]byte(b.String()))
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // Start listens and serves in a goroutine owned by the server; Shutdown

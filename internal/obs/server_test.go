@@ -45,6 +45,25 @@ func TestReadyzNamesFailingDependency(t *testing.T) {
 	}
 }
 
+// TestReadyzDetail: a detail line shows on /readyz without changing its
+// status, and an empty one does not show.
+func TestReadyzDetail(t *testing.T) {
+	s, base := start(t, false)
+	msg := ""
+	s.AddDetail("dedup", func() string { return msg })
+	if code, body := fetch(t, base+"/readyz"); code != 200 || body != "ready\n" {
+		t.Fatalf("readyz = %d %q with no detail", code, body)
+	}
+	msg = "3 messages waiting on dedup claims held by other owners"
+	if code, body := fetch(t, base+"/readyz"); code != 200 || !strings.Contains(body, "dedup: 3 messages waiting") {
+		t.Fatalf("readyz = %d %q, want 200 with the detail", code, body)
+	}
+	s.AddCheck("kafka", func(context.Context) error { return errors.New("down") })
+	if code, body := fetch(t, base+"/readyz"); code != 503 || !strings.Contains(body, "dedup: 3 messages") || !strings.Contains(body, "kafka: not ready") {
+		t.Fatalf("readyz = %d %q, want 503 with the failure and the detail", code, body)
+	}
+}
+
 func TestPprofOffUnlessEnabled(t *testing.T) {
 	_, off := start(t, false)
 	if code, _ := fetch(t, off+"/debug/pprof/"); code != 404 {

@@ -126,17 +126,20 @@ type Hooks struct {
 	// only when DoTicket returned (StatusExecuted, nil).
 	Marked func(error)
 	// Lost, when set, is how a caller that bounds f itself learns that
-	// the claim was lost while f ran (it expired, or someone else took the
-	// key): f then gets ctx as it is, without a context of its own, and
-	// Lost(ErrLeaseLost) is called at most once, from another goroutine,
-	// before DoTicket returns; the caller makes f return. Without Lost, f's
-	// context is cancelled with cause ErrLeaseLost.
+	// the claim was lost while f ran (it expired, someone else took the
+	// key, or no renewal succeeded for two thirds of the lease): f then
+	// gets ctx as it is, without a context of its own, and
+	// Lost(ErrLeaseLost) is called at most once, from another goroutine;
+	// the caller makes f return. It may also come after DoTicket returned,
+	// while an asynchronous done mark is on its way (before Marked), when
+	// it only reports. Without Lost, f's context is cancelled with cause
+	// ErrLeaseLost.
 	Lost func(error)
 }
 
 // DoTicket is DoStatus for the key of a ticket from ClaimAhead: it runs f
 // under the ticket's claim when ClaimAhead got it (renewing the claim
-// first when it is older than a third of the lease), and otherwise does
+// first when it is older than a quarter of the lease), and otherwise does
 // what DoStatus does (a done key is a duplicate, someone else's claim is
 // waited on). A ticket may be run again after a call that failed before f
 // ran; the claim taken ahead is still recognised as ours. h is optional.
@@ -146,9 +149,13 @@ func (c *Client) DoTicket(ctx context.Context, t *Ticket, ttl time.Duration, f f
 		return StatusNone, ErrInvalidTTL
 	}
 	fr := func(ctx context.Context) ([]byte, error) { return nil, f(ctx) }
-	claimed, cur := t.claimed, t.cur
+	claimed, cur, at := t.claimed, t.cur, t.at
 	t.claimed, t.cur = false, "" // a second call takes the general path
-	if claimed && time.Since(t.at) >= c.lease/3 {
+	if claimed && time.Since(at) >= c.lease/4 {
+		// Renewed before f starts, so that the keeper's first renewal
+		// (a quarter of the lease after this one) is due well within the
+		// lease whatever the ticket's age.
+		at = time.Now()
 		ok, err := c.extend(ctx, t.rkey, t.claim)
 		if err != nil {
 			c.m.errored.Inc()
@@ -157,7 +164,7 @@ func (c *Client) DoTicket(ctx context.Context, t *Ticket, ttl time.Duration, f f
 		claimed = ok
 	}
 	if claimed {
-		_, st, err := c.execute(ctx, t.key, t.rkey, t.claim, ttl, true, fr, h)
+		_, st, err := c.execute(ctx, t.key, t.rkey, t.claim, at, ttl, true, fr, h)
 		return st, err
 	}
 	if strings.HasPrefix(cur, donePrefix) {

@@ -21,9 +21,11 @@ type Config struct {
 	// KeyPrefix is prepended to every key (e.g. "kfpipe:").
 	KeyPrefix string
 	// Lease is how long a "processing" claim lives without extension; while
-	// f runs the client's keeper renews it each time f has run another third
-	// of it. A claimer that crashes blocks its key for at most Lease.
-	// Default 30s.
+	// f runs (and until its done mark is written) the client's keeper renews
+	// it every quarter of the lease, and gives it up — f is stopped — when
+	// no renewal has succeeded for two thirds of it. A claimer that crashes
+	// blocks its key for at most Lease, so it bounds how long a crashed
+	// consumer's users wait. Default 10s.
 	Lease time.Duration
 	// PollInterval is how often a caller waiting on someone else's claim
 	// looks again. Default 20ms.
@@ -60,7 +62,7 @@ type BatchConfig struct {
 
 func (c *Config) setDefaults() {
 	if c.Lease == 0 {
-		c.Lease = 30 * time.Second
+		c.Lease = 10 * time.Second
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = 20 * time.Millisecond

@@ -9,10 +9,12 @@
 // the lease.
 //
 // Every step that decides on a key's state is one atomic Redis command. On
-// Redis 7.0+ the claim is SET NX PX GET and Do's done marker SET PX GET (the
-// old value tells the caller what it replaced); Execute's done marker, the
-// release and the lease extension are Lua scripts because they must compare
-// the stored claim before they write; older servers get scripts throughout.
+// Redis 7.0+ the claim is SET NX PX GET; the done marker, the release and
+// the lease extension are Lua scripts because they must compare the stored
+// claim before they write (a done mark never overwrites another caller's
+// claim); older servers get scripts throughout. A claim whose renewals
+// fail for most of a lease is given up by its owner before Redis can let
+// someone else take it (see keeper).
 // With Config.Batch the commands of concurrent calls share pipelines.
 package once
 
@@ -90,6 +92,7 @@ type Client struct {
 	m         *metrics
 	b         *batcher // nil without batching
 	keep      *keeper  // renews the claims of running calls
+	waits     waitSet  // calls waiting on someone else's claim
 	// setGet: the server accepts SET … NX GET, so a claim is one plain
 	// command instead of a script (detected once by New).
 	setGet bool
@@ -160,6 +163,7 @@ func New(ctx context.Context, serviceName string, cfg Config, opts ...Option) (*
 		c.b = newBatcher(c.rdb, cfg.Batch, cfg.OpTimeout, c.m.batchOps)
 	}
 	c.keep = newKeeper(c)
+	registerWaitGauges(serviceName, o.reg, c)
 	return c, nil
 }
 
@@ -246,8 +250,15 @@ func (c *Client) newClaim() string { return c.owner + strconv.FormatUint(c.seq.A
 func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time.Duration, noResult bool,
 	f func(ctx context.Context) ([]byte, error), h Hooks) ([]byte, Status, error) {
 	var timer *time.Timer
-	waited := false
+	var w *waiter
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		c.waits.remove(w)
+	}()
 	for {
+		sent := time.Now()
 		s, claimed, err := c.claim(ctx, rkey, claim)
 		if err != nil {
 			c.m.errored.Inc()
@@ -255,6 +266,7 @@ func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time
 		}
 		if !claimed && s == claim {
 			// Our own claim from ClaimAhead: make sure it is still ours.
+			sent = time.Now()
 			if claimed, err = c.extend(ctx, rkey, claim); err != nil {
 				c.m.errored.Inc()
 				return nil, StatusNone, fmt.Errorf("once: claim %q: %w", key, err)
@@ -264,24 +276,20 @@ func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time
 			}
 		}
 		if claimed {
-			if timer != nil {
-				timer.Stop()
-			}
-			return c.execute(ctx, key, rkey, claim, ttl, noResult, f, h)
+			c.waits.remove(w)
+			w = nil
+			return c.execute(ctx, key, rkey, claim, sent, ttl, noResult, f, h)
 		}
 		switch {
 		case strings.HasPrefix(s, donePrefix):
-			if timer != nil {
-				timer.Stop()
-			}
 			c.m.duplicate.Inc()
 			return []byte(s[len(donePrefix):]), StatusDuplicate, nil
 		case strings.HasPrefix(s, processingPrefix):
 			// Someone else is running this key: wait, then look again. It
 			// either finishes (done), fails (key gone: we claim it) or
 			// crashes (lease expires: we claim it).
-			if !waited {
-				waited = true
+			if w == nil {
+				w = c.waits.add(key, sent)
 				c.m.waits.Inc()
 			}
 			if timer == nil {
@@ -291,7 +299,6 @@ func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time
 			}
 			select {
 			case <-ctx.Done():
-				timer.Stop()
 				c.m.errored.Inc()
 				return nil, StatusNone, fmt.Errorf("once: waiting for %q: %w", key, ctx.Err())
 			case <-timer.C:
@@ -303,15 +310,17 @@ func (c *Client) runClaim(ctx context.Context, key, rkey, claim string, ttl time
 	}
 }
 
-// execute runs f under our claim and records the outcome. The keeper
-// renews the claim while f runs; when it finds the claim lost it cancels
-// f's context with ErrLeaseLost, or, with h.Lost set, f gets ctx as it is
-// and h.Lost is called instead. With h.Marked set, a successful f's done
-// mark is not waited for when it can be sent asynchronously (Do on Redis
-// 7.0+ with batching): execute returns at once and h.Marked gets the
-// mark's outcome later (see markAsync); otherwise h.Marked(nil) is called
-// before a successful return.
-func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.Duration, noResult bool,
+// execute runs f under our claim, which was taken (or last renewed) at
+// claimedAt, and records the outcome. The keeper renews the claim while f
+// runs and until the done mark is acknowledged; when it finds the claim
+// lost — Redis says so, or no renewal has succeeded for long enough that
+// the claim may have expired (see keeper) — it cancels f's context with
+// ErrLeaseLost, or, with h.Lost set, f gets ctx as it is and h.Lost is
+// called instead. With h.Marked set, a successful f's done mark is not
+// waited for when it can be sent asynchronously (Do with batching):
+// execute returns at once and h.Marked gets the mark's outcome later (see
+// markAsync); otherwise h.Marked(nil) is called before a successful return.
+func (c *Client) execute(ctx context.Context, key, rkey, claim string, claimedAt time.Time, ttl time.Duration, noResult bool,
 	f func(ctx context.Context) ([]byte, error), h Hooks) (res []byte, st Status, err error) {
 	fctx, lost := ctx, h.Lost
 	if lost == nil {
@@ -320,43 +329,48 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 		defer cancel(nil)
 		lost = cancel
 	}
-	hd := c.keep.add(key, rkey, claim, lost)
-	finished := false
+	hd := c.keep.add(key, rkey, claim, claimedAt, lost)
+	kept := true // hd is registered; whoever ends the call removes it
 	defer func() {
-		c.keep.remove(hd)
-		if !finished {
-			// f panicked: free the key for a retry, then let the panic go on.
-			_ = c.release(ctx, rkey, claim)
+		if kept {
+			c.keep.remove(hd)
+			if st == StatusNone {
+				// f panicked: free the key for a retry, then let the panic go on.
+				_ = c.release(ctx, rkey, claim)
+			}
 		}
 	}()
 	res, ferr := f(fctx)
-	finished = true
-	c.keep.remove(hd)
+	st = StatusExecuted
 
 	// ctx may have ended while f ran; the outcome must still be recorded.
 	if ferr != nil {
+		c.keep.remove(hd)
+		kept = false
 		c.m.failed.Inc()
 		if rerr := c.release(ctx, rkey, claim); rerr != nil {
 			// The claim stays until its lease expires; a retry then runs.
-			return nil, StatusExecuted, errors.Join(ferr, fmt.Errorf("once: release %q: %w", key, rerr))
+			return nil, st, errors.Join(ferr, fmt.Errorf("once: release %q: %w", key, rerr))
 		}
-		return nil, StatusExecuted, ferr
+		return nil, st, ferr
 	}
 	marked := h.Marked
-	if marked != nil && noResult && c.setGet && c.b != nil {
-		c.markAsync(ctx, key, rkey, claim, ttl, 50*time.Millisecond, marked)
-		return nil, StatusExecuted, nil
+	if marked != nil && noResult && c.b != nil {
+		// The keeper goes on renewing the claim until the mark is written:
+		// a slow mark must not let the claim expire after f succeeded.
+		kept = false
+		c.markAsync(ctx, key, rkey, claim, ttl, 50*time.Millisecond, func(err error) {
+			c.keep.remove(hd)
+			marked(err)
+		})
+		return nil, st, nil
 	}
 	// f's effect has happened: the done mark is retried until it is
 	// written or the caller gives up. Returning an error here instead would
 	// make the caller run f again once Redis is back and the claim expired.
 	var n int64
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		if noResult && c.setGet {
-			n, err = c.finishDo(context.WithoutCancel(ctx), rkey, claim, ttl)
-		} else {
-			n, err = c.finish(context.WithoutCancel(ctx), rkey, claim, res, ttl)
-		}
+		n, err = c.finish(context.WithoutCancel(ctx), rkey, claim, res, ttl)
 		if err == nil || errors.Is(err, ErrClosed) || ctx.Err() != nil {
 			break
 		}
@@ -368,55 +382,34 @@ func (c *Client) execute(ctx context.Context, key, rkey, claim string, ttl time.
 	}
 	if err != nil {
 		c.m.errored.Inc()
-		return res, StatusExecuted, fmt.Errorf("once: mark %q done: %w", key, err)
+		return res, st, fmt.Errorf("once: mark %q done: %w", key, err)
 	}
 	c.recordDone(key, n)
 	if marked != nil {
 		marked(nil)
 	}
-	return res, StatusExecuted, nil
+	return res, st, nil
 }
 
-// recordDone counts an executed call whose done mark was written with
-// finish outcome n.
+// recordDone counts an executed call whose done mark was sent with
+// finishScript outcome n.
 func (c *Client) recordDone(key string, n int64) {
-	if n != 1 {
+	switch n {
+	case 2:
 		c.m.leaseLost.Inc()
 		c.log.Warn("once: claim expired while f ran; key recorded done anyway",
-			zap.String("key", key), zap.Int64("finish", n), zap.Duration("lease", c.lease))
+			zap.String("key", key), zap.Duration("lease", c.lease))
+	case 3:
+		c.m.leaseLost.Inc()
+		c.log.Warn("once: claim expired while f ran and another caller already recorded the key done",
+			zap.String("key", key), zap.Duration("lease", c.lease))
+	case 4:
+		c.m.leaseLost.Inc()
+		c.m.markConflict.Inc()
+		c.log.Error("once: claim expired while f ran and another caller holds the key now; its claim is left alone and it may run the effect again",
+			zap.String("key", key), zap.Duration("lease", c.lease))
 	}
 	c.m.executed.Inc()
-}
-
-// finishDo is finish for Do on Redis 7.0+: one plain SET … GET instead of
-// finishScript, which costs Redis a fraction of a script. Do has one
-// possible done marker ("d:"), so the unconditional SET ends in the state
-// finishScript would leave in every case — in case 3 it writes the identical
-// marker again and only its TTL starts anew — and the old value it returns
-// tells the cases apart. The one difference: when the key holds an Execute
-// result (the same key used by Do and Execute, after this call's lease was
-// lost), that result is written back right away rather than never touched.
-func (c *Client) finishDo(ctx context.Context, rkey, claim string, ttl time.Duration) (int64, error) {
-	old, err := c.do(ctx, nil, c.doneCmd(rkey, ttl))
-	n, restore, err := doneOutcome(old, err, claim)
-	if err != nil || restore == "" {
-		return n, err
-	}
-	if _, err := c.do(ctx, nil, []any{"set", rkey, restore, "px", ttl.Milliseconds()}); err != nil {
-		return 0, fmt.Errorf("restore the stored result: %w", err)
-	}
-	return n, nil
-}
-
-// doneCmd is Do's done mark: SET key "d:" PX ttl GET.
-func (c *Client) doneCmd(rkey string, ttl time.Duration) []any {
-	return []any{"set", rkey, donePrefix, "px", c.ttlArg(ttl), "get"}
-}
-
-// boxedTTL is a TTL in milliseconds as a command argument.
-type boxedTTL struct {
-	ttl time.Duration
-	ms  any
 }
 
 // ttlArg returns ttl in milliseconds as a command argument, boxed once
@@ -430,51 +423,28 @@ func (c *Client) ttlArg(ttl time.Duration) any {
 	return b.ms
 }
 
-// doneOutcome reads the reply to doneCmd: finishScript's outcome n, and
-// restore, an Execute result the mark overwrote that must be written back.
-func doneOutcome(old any, err error, claim string) (n int64, restore string, _ error) {
-	switch {
-	case errors.Is(err, redis.Nil):
-		return 2, "", nil // the claim expired and nobody claimed since
-	case err != nil:
-		return 0, "", err
-	}
-	s, _ := old.(string)
-	switch {
-	case s == claim:
-		return 1, "", nil
-	case s == donePrefix:
-		return 3, "", nil
-	case strings.HasPrefix(s, donePrefix):
-		return 3, s, nil
-	default:
-		return 2, "", nil
-	}
+// boxedTTL is a TTL in milliseconds as a command argument.
+type boxedTTL struct {
+	ttl time.Duration
+	ms  any
 }
+
+// doneArg is Do's done marker as a command argument, boxed once.
+var doneArg any = donePrefix
 
 // markAsync sends Do's done mark without waiting (execute with marked). The
 // reply is handled on the batcher's goroutine: marked(nil) once the mark is
-// written; a failed send is repeated after wait (doubling up to 2 s) until
-// it is written, the client is closed or ctx ends — then marked gets the
-// error, as the waiting execute would have returned it.
+// sent and answered; a failed send is repeated after wait (doubling up to
+// 2 s) until it is answered, the client is closed or ctx ends — then marked
+// gets the error, as the waiting execute would have returned it.
 func (c *Client) markAsync(ctx context.Context, key, rkey, claim string, ttl, wait time.Duration, marked func(error)) {
-	c.b.sendAsync(nil, c.doneCmd(rkey, ttl), func(old any, err error) {
-		n, restore, err := doneOutcome(old, err, claim)
+	cmd := []any{"evalsha", finishScript.Hash(), 1, rkey, claim, doneArg, c.ttlArg(ttl)}
+	c.b.sendAsync(finishScript, cmd, func(v any, err error) {
 		switch {
-		case err == nil && restore == "":
+		case err == nil:
+			n, _ := v.(int64)
 			c.recordDone(key, n)
 			marked(nil)
-		case err == nil:
-			// Rare (Do and Execute on one key after a lost lease); the
-			// restore must not wait on this executor, so it gets its own
-			// goroutine. Failing it leaves the key done without the result.
-			go func() {
-				if _, err := c.do(context.WithoutCancel(ctx), nil, []any{"set", rkey, restore, "px", ttl.Milliseconds()}); err != nil {
-					c.log.Warn("once: restore the stored result", zap.String("key", key), zap.Error(err))
-				}
-				c.recordDone(key, n)
-				marked(nil)
-			}()
 		case errors.Is(err, ErrClosed) || ctx.Err() != nil:
 			c.m.errored.Inc()
 			marked(fmt.Errorf("once: mark %q done: %w", key, err))
@@ -499,11 +469,14 @@ func (c *Client) extend(ctx context.Context, rkey, claim string) (bool, error) {
 
 // finish replaces our claim with the done marker carrying res and returns
 // finishScript's outcome: 1 our claim became done, 2 our claim was gone and
-// done was written anyway, 3 someone else's done marker was kept.
+// done was written anyway, 3 someone else's done marker was kept, 4 someone
+// else's claim was found and left alone.
 func (c *Client) finish(ctx context.Context, rkey, claim string, res []byte, ttl time.Duration) (int64, error) {
-	done := make([]byte, 0, len(donePrefix)+len(res))
-	done = append(append(done, donePrefix...), res...)
-	v, err := c.script(ctx, finishScript, rkey, claim, done, ttl.Milliseconds())
+	done := doneArg
+	if len(res) > 0 {
+		done = donePrefix + string(res)
+	}
+	v, err := c.script(ctx, finishScript, rkey, claim, done, c.ttlArg(ttl))
 	if err != nil {
 		return 0, err
 	}

@@ -21,23 +21,27 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 `)
 
-// finishScript records the done marker. 1: our claim became done. When our
-// claim is gone (the lease expired while f ran) the effect has nevertheless
-// happened, so the marker is still written unless another call already
-// recorded done: 2 = written after the lease was lost, 3 = someone else's
-// done marker was kept. Overwriting another caller's claim is deliberate: it
-// turns that caller's later finish into 3 and its release into a no-op, so
-// the key ends up done, which is the truth. A Do (empty result) on Redis 7.0+
-// uses a plain SET … GET instead (see Client.finishDo).
+// finishScript records the done marker, only where that cannot take a key
+// from another caller (I3: a claim owned by someone else is never
+// overwritten). 1: our claim became done. 2: our claim was gone (the lease
+// expired while f ran) and nobody holds the key: the effect has happened,
+// so done is written anyway. 3: someone else's done marker was kept. 4:
+// someone else holds a live claim on the key (ours expired and they took
+// it): the key is left to them and the caller reports the conflict — the
+// other caller may be running the effect a second time, and overwriting its
+// claim would only hide that and cancel it midway.
 var finishScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
 end
-if v and string.sub(v, 1, 2) == 'd:' then return 3 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 2
+if not v then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 2
+end
+if string.sub(v, 1, 2) == 'd:' then return 3 end
+return 4
 `)
 
 // releaseScript deletes the key only while it still holds our claim, so a

@@ -120,6 +120,9 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
 	s := &Consumer{once: oc}
+	if base.Ops != nil {
+		base.Ops.AddDetail("dedup", func() string { return waitDetail(oc.Waiting(), cfg.Dedup.Lease) })
+	}
 	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg), consumer.WithDeduper(deduper{oc})}
 	if cfg.RateLimit.Enabled {
 		s.limiter, err = ratelimit.New(cfg.RateLimit, ratelimit.NewStore(base.Redis, prefix),
@@ -174,4 +177,20 @@ func (s *Consumer) close(ctx context.Context) error {
 	}
 	errs = append(errs, s.once.Close())
 	return errors.Join(errs...)
+}
+
+// waitDetailAfter is how long a message must have waited on another
+// owner's claim before /readyz mentions it.
+const waitDetailAfter = 5 * time.Second
+
+// waitDetail is the /readyz line for messages waiting on dedup claims held
+// by others — after a crash, the dead consumer's claims until their lease
+// expires — or "" when no wait is longer than waitDetailAfter. It does not
+// make the consumer unready: the waits end by themselves within the lease.
+func waitDetail(w once.Waits, lease time.Duration) string {
+	if w.Oldest < waitDetailAfter {
+		return ""
+	}
+	return fmt.Sprintf("%d messages waiting on dedup claims held by other owners, oldest %s (key %s); a crashed owner's claims free within dedup.lease (%s)",
+		w.Count, w.Oldest.Round(100*time.Millisecond), w.OldestKey, lease)
 }
