@@ -41,7 +41,7 @@ type Options struct {
 	// StallLimit, when set, fails the run when a user waits longer than
 	// this for its next effect after a consumer kill (max_user_stall).
 	StallLimit time.Duration
-	PageLimit  int           // wecom.page_limit; default 1000
+	PageLimit  int // wecom.page_limit; default 1000
 	// SentinelAddrs and SentinelMaster, when set, put every daemon (and
 	// the suite's own Redis client) on Redis Sentinel; Redis is then only
 	// the address the shared defaults name.

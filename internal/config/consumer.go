@@ -37,7 +37,7 @@ type Processor struct {
 
 // Dedup configures the idempotency keys (I3).
 type Dedup struct {
-	TTL   time.Duration `mapstructure:"ttl"`   // >= 3 days: WeChat's re-pull window
+	TTL time.Duration `mapstructure:"ttl"` // >= 3 days: WeChat's re-pull window
 	// Lease is how long a "processing" claim lives without renewal: it
 	// bounds how long a crashed consumer's users wait for their claims
 	// (about the group session timeout), while a live owner renews it

@@ -241,7 +241,6 @@ func TestTicketRenewalWithinQuarterLease(t *testing.T) {
 	}
 }
 
-
 // TestWaitingReportsForeignClaims: a call waiting on another owner's claim
 // (a crashed consumer's, until the lease expires) is visible in Waiting
 // and the gauges, and disappears from them when the wait ends.
