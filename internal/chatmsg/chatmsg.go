@@ -18,6 +18,10 @@ const (
 	HeaderUpstreamMsgID   = "upstream_msgid"
 	HeaderOpenKfID        = "open_kfid"
 	HeaderTimestamp       = "timestamp"
+	// HeaderSendTime is WeChat's send_time (Unix seconds): the consumer's
+	// rate limiter counts the customer's behaviour by it, not by when the
+	// record happens to be processed.
+	HeaderSendTime = "send_time"
 	HeaderRetryFromDLQ    = "retry_from_dlq"
 	HeaderRetryCount      = "retry_count"
 	HeaderOriginalFailure = "original_failure"
@@ -111,5 +115,6 @@ func (m *ChatMessage) Headers() [][2]string {
 		{HeaderUpstreamMsgID, m.UpstreamMsgID},
 		{HeaderOpenKfID, m.OpenKfID},
 		{HeaderTimestamp, strconv.FormatInt(m.ProducedAt, 10)},
+		{HeaderSendTime, strconv.FormatInt(m.SendTime, 10)},
 	}
 }

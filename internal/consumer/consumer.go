@@ -394,6 +394,39 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	return env
 }
 
+// maxSendTimeSkew is how far WeChat's send_time may be ahead of the
+// record's produce time (the two clocks differ) and still be trusted.
+const maxSendTimeSkew = 30 * time.Second
+
+// sentAt is when the customer sent the record's message, the time the rate
+// limiter counts by: a backlog processed at catch-up speed (after a
+// redeploy, an outage, a consumer crash) must be judged by how fast the
+// customer sent, not how fast we read. It is the send_time header (WeChat's
+// send_time); the record's produce timestamp when the header is missing or
+// unreadable, or when it claims a time more than maxSendTimeSkew after the
+// record was produced (a message cannot be sent after it was produced: that
+// is a wrong clock); the consumer's clock when the record has neither.
+func (c *Consumer) sentAt(km *kafka.Message) time.Time {
+	produced := km.Timestamp
+	if km.TimestampType == kafka.TimestampNotAvailable || produced.IsZero() {
+		produced = c.clock.Now()
+	}
+	for _, h := range km.Headers {
+		if h.Key != chatmsg.HeaderSendTime {
+			continue
+		}
+		sec, err := strconv.ParseInt(string(h.Value), 10, 64)
+		if err != nil || sec <= 0 {
+			break
+		}
+		if t := time.Unix(sec, 0); !t.After(produced.Add(maxSendTimeSkew)) {
+			return t
+		}
+		break
+	}
+	return produced
+}
+
 // route applies breaker → limiter → mailbox to one admitted record.
 func (c *Consumer) route(env *envelope) {
 	user := env.user
@@ -406,7 +439,7 @@ func (c *Consumer) route(env *envelope) {
 		env.breakerDone = done
 	}
 	if c.limiter != nil {
-		if v := c.limiter.Allow(c.runCtx, user, c.clock.Now()); !v.Allowed {
+		if v := c.limiter.Allow(c.runCtx, user, c.sentAt(env.km)); !v.Allowed {
 			reason := v.Reason
 			if reason == "" {
 				reason = ReasonRateLimited

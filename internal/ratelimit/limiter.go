@@ -175,7 +175,12 @@ func (l *Limiter) lookup(user string) *userState {
 	return st
 }
 
-// Allow decides one message of user arriving at now. ctx bounds the one
+// Allow decides one message of user sent at now: the message's own time
+// (the consumer passes WeChat's send_time), not the time it is processed,
+// so that a backlog read at catch-up speed is judged by how fast the
+// customer sent it; a block then covers what the user sent until it ends.
+// A time earlier than the user's newest one counts as that newest one (the
+// window stays sorted). ctx bounds the one
 // Redis read made when the user's state is first created (or reloaded after
 // a pub/sub reconnect); if that read fails the user runs on defaults (fail
 // open: refusing everyone because Redis blinked would send every message to
@@ -402,7 +407,12 @@ func (l *Limiter) decide(st *userState, user string, nowMs int64) (d Decision, w
 			r.blocks.Inc()
 			d.NewBlock = true
 			d.setBlock(st.blockedUntil)
-			w = blockWrite{user: user, until: st.blockedUntil, ttlMs: dur.Milliseconds(), nowMs: nowMs}
+			// The block is in the messages' time (it covers what the user
+			// sent until it ends); Redis keeps it until then by the wall
+			// clock, so a block decided while catching up on a backlog
+			// lasts only what is left of it.
+			ttl := st.blockedUntil - l.o.clock.Now().UnixMilli()
+			w = blockWrite{user: user, until: st.blockedUntil, ttlMs: min(ttl, dur.Milliseconds()), nowMs: nowMs}
 			if l.cfg.Progressive.Enabled {
 				w.keepMs = l.cfg.Progressive.History.Milliseconds()
 			}
@@ -410,7 +420,7 @@ func (l *Limiter) decide(st *userState, user string, nowMs int64) (d Decision, w
 		}
 		return d, w, false
 	}
-	st.push(nowMs)
+	st.push(max(nowMs, st.last()))
 	if st.n <= r.max/2 {
 		st.violations = 0
 	}
@@ -475,6 +485,17 @@ func (st *userState) prune(cutoff int64) {
 		}
 		st.n--
 	}
+}
+
+// last returns the newest timestamp in the window (0 when empty). A user's
+// messages arrive in send order, but a time may still step back (a
+// re-injected dead letter, two devices' clocks): the window keeps its
+// timestamps sorted by counting such a message at the newest time seen.
+func (st *userState) last() int64 {
+	if st.n == 0 {
+		return 0
+	}
+	return st.ring[(int(st.head)+int(st.n)-1)%len(st.ring)]
 }
 
 // push appends a timestamp; the caller checked n < rule.max, and the ring

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"iter"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,18 +61,23 @@ func every(start, end, interval time.Duration, f func(i int, at time.Duration) s
 	}
 }
 
-// The four attack scenarios of seed §10.5 (典型攻击场景与防护), each with
+// seedCase is one of the seed's rate-limit scenarios: a user's messages
+// with their send times and the expected decisions.
+type seedCase struct {
+	name    string
+	steps   iter.Seq[step]
+	blockAt time.Duration // -1: never blocked
+}
+
+// seedCases are the four attack scenarios of the design's rate-limiting
+// rules (normal, excited, bot, slow attack) plus the boundary, each with
 // "10 seconds 5 messages, 3 violations block for 1 hour".
-func TestSeedScenarios(t *testing.T) {
+func seedCases() []seedCase {
 	const bot = 10 * time.Millisecond // 100 msg/s
 	const slow = 1900 * time.Millisecond
 	botBlock := 7*bot + time.Hour    // the 8th message (T0.07) blocks
 	slowBlock := 17*slow + time.Hour // the 18th message (T32.3) blocks
-	cases := []struct {
-		name    string
-		steps   iter.Seq[step]
-		blockAt time.Duration // -1: never blocked
-	}{
+	return []seedCase{
 		{
 			// 场景1 正常用户: 1-2 messages a minute never meet the limit.
 			name: "normal user",
@@ -157,6 +163,10 @@ func TestSeedScenarios(t *testing.T) {
 			blockAt: -1,
 		},
 	}
+}
+
+func TestSeedScenarios(t *testing.T) {
+	cases := seedCases()
 	store := redisStore(t)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -571,4 +581,49 @@ func TestConcurrentUsersAndEvents(t *testing.T) {
 		l.apply(event{Op: []string{opBlock, opUnblock, opGroup}[i%3], User: user, Group: "vip", Until: t0.UnixMilli() + 10})
 	}
 	wg.Wait()
+}
+
+// TestSeedScenariosAsBacklog replays the seed's scenarios as a backlog: all
+// five users' messages interleaved by send time and decided while the
+// limiter's clock runs 50 times slower than the send times (a consumer
+// catching up). Every decision must be the one the scenario expects when
+// the messages arrive live: the bot and the slow attacker are blocked, the
+// others never are. The limiter counts by the send time it is given; the
+// clock only sets how long Redis keeps a block.
+func TestSeedScenariosAsBacklog(t *testing.T) {
+	type ev struct {
+		user string
+		c    int
+		s    step
+	}
+	cases := seedCases()
+	var evs []ev
+	for i, tc := range cases {
+		for s := range tc.steps {
+			evs = append(evs, ev{user: "b-" + tc.name, c: i, s: s})
+		}
+	}
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].s.at < evs[j].s.at })
+	reg := prometheus.NewRegistry()
+	clock := newFakeClock()
+	l := newLimiter(t, seedConfig(), redisStore(t), WithClock(clock), WithRegisterer(reg))
+	blocked := map[string]bool{}
+	for n, e := range evs {
+		clock.Set(t0.Add(e.s.at / 50))
+		d := l.Allow(bg, e.user, t0.Add(e.s.at))
+		if d.Reason != e.s.want || d.NewBlock != e.s.newBlock {
+			t.Fatalf("event %d, %s at T+%s: got %+v, want reason %q newBlock %v", n, e.user, e.s.at, d, e.s.want, e.s.newBlock)
+		}
+		if d.NewBlock {
+			blocked[cases[e.c].name] = true
+		}
+	}
+	for _, tc := range cases {
+		if blocked[tc.name] != (tc.blockAt >= 0) {
+			t.Errorf("%s: blocked=%v, want %v", tc.name, blocked[tc.name], tc.blockAt >= 0)
+		}
+	}
+	if v := counterValue(l.m.blocks.WithLabelValues("normal")); v != 2 {
+		t.Errorf("users_blocked_total = %v, want 2 (the bot and the slow attacker)", v)
+	}
 }

@@ -1,0 +1,161 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestBacklogJudgedBySendTime: a backlog — 200 ordinary users' 20 messages
+// each, sent one every 3 s over the last ten minutes, plus two bots that
+// sent 20 messages within 2 s — is read at catch-up speed with the shipped
+// rate-limit groups (normal: 5 in 10 s, 3 violations block for 1 h). Only
+// the bots may be refused: 5 of each pass, 3 are rate_limited (the third
+// blocks) and the other 12 are user_blocked. Before the limiter counted by
+// the message's send time it counted by processing time, and every
+// ordinary user of a backlog was blocked for an hour.
+func TestBacklogJudgedBySendTime(t *testing.T) {
+	const users, perUser, bots = 200, 20, 2
+	testenv.KafkaBrokers(t)
+	_, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	cfg, err := config.LoadConsumer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
+	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	if g := cfg.RateLimit.Groups[cfg.RateLimit.DefaultGroup]; !cfg.RateLimit.Enabled || g.MaxMessages != 5 || g.WindowSeconds != 10 {
+		t.Fatalf("the test assumes the shipped default group (5 in 10 s), got %+v", g)
+	}
+
+	// The backlog, in each user's send order, keyed by user like kf-producer.
+	base := time.Now().Add(-10 * time.Minute)
+	var msgs []*chatmsg.ChatMessage
+	for i := 0; i < perUser; i++ {
+		for u := 0; u < users+bots; u++ {
+			user := fmt.Sprintf("bl-user-%03d", u)
+			sent := base.Add(time.Duration(i) * 3 * time.Second)
+			if u >= users {
+				user = fmt.Sprintf("bl-bot-%d", u-users)
+				sent = base.Add(time.Duration(i) * 100 * time.Millisecond)
+			}
+			msgs = append(msgs, &chatmsg.ChatMessage{MessageID: int64(len(msgs) + 1),
+				UpstreamMsgID: fmt.Sprintf("%s-%02d", user, i), OpenKfID: "wk-backlog", ExternalUserID: user,
+				MsgType: "text", SendTime: sent.Unix(), ProducedAt: time.Now().UnixMilli()})
+		}
+	}
+	produceWithHeaders(t, mainTopic, msgs)
+
+	b, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}, attempts: map[string]int{}}
+	cons, err := StartConsumer(ctx, cfg, b, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	processed := func() map[string]float64 {
+		out := map[string]float64{}
+		mfs, _ := b.Registry.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() != "kfpipe_messages_processed_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "result" {
+						out[l.GetValue()] = m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return out
+	}
+	waitFor(t, 2*time.Minute, "every message handled or dead-lettered", func() bool {
+		n := 0.0
+		for _, v := range processed() {
+			n += v
+		}
+		return int(n) == len(msgs)
+	})
+	sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
+	defer c()
+	if err := cons.Close(sctx); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	got := processed()
+	want := map[string]float64{"ok": users*perUser + bots*5, "rate_limited": bots * 3, "user_blocked": bots * 12}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("processed{result=%q} = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for u := 0; u < users; u++ {
+		user := fmt.Sprintf("bl-user-%03d", u)
+		if n := len(rec.order[user]); n != perUser {
+			t.Fatalf("%s: %d of %d messages handled; an ordinary user was refused", user, n, perUser)
+		}
+	}
+}
+
+// produceWithHeaders writes msgs as kf-producer does (key = user, the
+// chatmsg headers) and waits for every delivery.
+func produceWithHeaders(t *testing.T, topic string, msgs []*chatmsg.ChatMessage) {
+	t.Helper()
+	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t), "acks": "all",
+		"enable.idempotence": true, "linger.ms": 5, "partitioner": "murmur2_random"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	testenv.CreateTopic(t, topic, 4)
+	dr := make(chan kafka.Event, len(msgs))
+	var once sync.Once
+	for _, m := range msgs {
+		v, err := chatmsg.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hs []kafka.Header
+		for _, h := range m.Headers() {
+			hs = append(hs, kafka.Header{Key: h[0], Value: []byte(h[1])})
+		}
+		for {
+			err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
+				Key: []byte(m.ExternalUserID), Value: v, Headers: hs}, dr)
+			if err == nil {
+				break
+			}
+			if kerr, ok := err.(kafka.Error); ok && kerr.Code() == kafka.ErrQueueFull {
+				p.Flush(100)
+				continue
+			}
+			t.Fatalf("produce: %v", err)
+		}
+	}
+	for range msgs {
+		if m := (<-dr).(*kafka.Message); m.TopicPartition.Error != nil {
+			once.Do(func() { t.Errorf("delivery: %v", m.TopicPartition.Error) })
+		}
+	}
+}
