@@ -13,15 +13,15 @@ import (
 
 // Header names on main-topic records (ARCHITECTURE §4, §7).
 const (
-	HeaderMsgType         = "msg_type"
-	HeaderMsgID           = "msg_id"
-	HeaderUpstreamMsgID   = "upstream_msgid"
-	HeaderOpenKfID        = "open_kfid"
-	HeaderTimestamp       = "timestamp"
+	HeaderMsgType       = "msg_type"
+	HeaderMsgID         = "msg_id"
+	HeaderUpstreamMsgID = "upstream_msgid"
+	HeaderOpenKfID      = "open_kfid"
+	HeaderTimestamp     = "timestamp"
 	// HeaderSendTime is WeChat's send_time (Unix seconds): the consumer's
 	// rate limiter counts the customer's behaviour by it, not by when the
 	// record happens to be processed.
-	HeaderSendTime = "send_time"
+	HeaderSendTime        = "send_time"
 	HeaderRetryFromDLQ    = "retry_from_dlq"
 	HeaderRetryCount      = "retry_count"
 	HeaderOriginalFailure = "original_failure"
