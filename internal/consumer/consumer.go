@@ -92,6 +92,10 @@ type partition struct {
 	// committed is the last committed offset (guarded by Consumer.commitMu).
 	committed int64
 	paused    bool // owned by the poll goroutine
+	// base is the group's committed offset when the partition was assigned
+	// (-1: none committed; -2: not read yet), so that lag shows from the
+	// assignment on, before the first message is finished (poll goroutine).
+	base int64
 	// batched counts the partition's records in the poll goroutine's
 	// current batch (owned by it), not yet tracked.
 	batched int
@@ -489,19 +493,82 @@ func (c *Consumer) flowControl() {
 	}
 }
 
+// resumeForRevoke resumes the partitions of ps that the in-flight cap
+// paused (poll goroutine, inside the rebalance callback).
+func (c *Consumer) resumeForRevoke(kc *kafka.Consumer, ps []*partition) {
+	for _, p := range ps {
+		if !p.paused {
+			continue
+		}
+		if err := kc.Resume([]kafka.TopicPartition{{Topic: &p.topic, Partition: p.id}}); err != nil {
+			c.log.Warn("resume revoked partition", zap.Int32("partition", p.id), zap.Error(err))
+		}
+		p.paused = false
+		c.m.paused.Dec()
+	}
+}
+
+// baseUnknown marks a partition whose committed offset at assignment has
+// not been read yet.
+const baseUnknown = -2
+
 // updateLag sets consumer lag from the cached high watermark (poll
-// goroutine only; no broker round trip).
+// goroutine only): the high watermark minus the committable offset, or,
+// before the partition finished a message, minus the oldest offset in
+// flight or the offset committed when it was assigned — so a partition that
+// is assigned but never progresses shows its lag and alerts. The committed
+// offsets are read from the broker once per assignment.
 func (c *Consumer) updateLag() {
+	c.readBases()
 	for _, p := range c.parts {
 		next, ok := p.tracker.Committable()
 		if !ok {
-			continue
+			next, ok = p.tracker.Oldest()
 		}
-		_, high, err := c.kc.GetWatermarkOffsets(p.topic, p.id)
+		if !ok && p.base >= 0 {
+			next, ok = p.base, true
+		}
+		low, high, err := c.kc.GetWatermarkOffsets(p.topic, p.id)
 		if err != nil || high < 0 {
 			continue
 		}
+		if !ok {
+			if p.base != -1 || low < 0 {
+				continue // not known yet
+			}
+			// Nothing committed: auto_offset_reset is earliest, so the
+			// whole partition is behind.
+			next = low
+		}
 		c.m.lag.WithLabelValues(p.label).Set(float64(max(high-next, 0)))
+	}
+}
+
+// readBases reads, in one request, the committed offsets of the assigned
+// partitions whose base is not known yet.
+func (c *Consumer) readBases() {
+	var tps []kafka.TopicPartition
+	for _, p := range c.parts {
+		if p.base == baseUnknown {
+			tps = append(tps, kafka.TopicPartition{Topic: &p.topic, Partition: p.id})
+		}
+	}
+	if len(tps) == 0 {
+		return
+	}
+	got, err := c.kc.Committed(tps, 2000)
+	if err != nil {
+		c.log.Warn("read committed offsets for lag", zap.Error(err))
+		return
+	}
+	for _, tp := range got {
+		p := c.parts[tpKey{*tp.Topic, tp.Partition}]
+		if p == nil || tp.Error != nil {
+			continue
+		}
+		if p.base = int64(tp.Offset); p.base < 0 {
+			p.base = -1 // none committed
+		}
 	}
 }
 
@@ -514,7 +581,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 		for _, tp := range e.Partitions {
 			k := tpKey{*tp.Topic, tp.Partition}
 			c.parts[k] = &partition{topic: k.topic, id: k.id, tracker: offsets.NewTracker(k.id), committed: -1,
-				label: strconv.Itoa(int(k.id))}
+				base: baseUnknown, label: strconv.Itoa(int(k.id))}
 		}
 		c.mu.Unlock()
 		c.m.rebalances.WithLabelValues("assign").Inc()
@@ -545,12 +612,14 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 				c.log.Warn("commit on revoke", zap.Error(err))
 			}
 		}
+		// A partition the in-flight cap paused must be resumed before it
+		// goes: librdkafka keeps the application's pause across an unassign
+		// and a later assign of the same partition, which would then never
+		// be fetched again on this member.
+		c.resumeForRevoke(kc, ps)
 		c.mu.Lock()
 		for _, p := range ps {
 			p.dropped.Store(true)
-			if p.paused {
-				c.m.paused.Dec()
-			}
 			delete(c.parts, tpKey{p.topic, p.id})
 			c.m.lag.DeleteLabelValues(p.label)
 		}

@@ -131,6 +131,17 @@ func (t *Tracker) Committable() (next int64, ok bool) {
 	return t.committed, t.committed >= 0
 }
 
+// Oldest returns the oldest offset added and not yet part of the finished
+// prefix; ok is false when nothing is in flight.
+func (t *Tracker) Oldest() (offset int64, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == 0 {
+		return 0, false
+	}
+	return t.ring[t.head].offset, true
+}
+
 // InFlight returns how many added offsets are not yet part of the finished
 // prefix (finished ones behind an unfinished one still count: they are not
 // committable).
