@@ -176,7 +176,13 @@ func (k Kafka) validate(v *validator) {
 	v.nonEmpty("kafka.consumer.group_id", c.GroupID)
 	v.durationBetween("kafka.consumer.session_timeout", c.SessionTimeout, time.Second, 5*time.Minute)
 	v.durationAtLeast("kafka.consumer.max_poll_interval", c.MaxPollInterval, c.SessionTimeout)
-	v.oneOf("kafka.consumer.auto_offset_reset", c.AutoOffsetReset, "earliest", "latest")
+	// latest is refused: when a group's committed offsets have expired
+	// (offsets.retention.minutes) or the group is new on a topic that
+	// already has records, it silently skips every record not yet read —
+	// a loss I2 forbids.
+	if c.AutoOffsetReset != "earliest" {
+		v.addf("kafka.consumer.auto_offset_reset", "must be earliest, got %q: with %q a group whose committed offsets expired silently skips the records it has not read", c.AutoOffsetReset, c.AutoOffsetReset)
+	}
 	v.atLeast("kafka.consumer.fetch_max_bytes", c.FetchMaxBytes, 1024)
 	v.durationBetween("kafka.consumer.commit_interval", c.CommitInterval, 10*time.Millisecond, time.Minute)
 	v.atLeast("kafka.consumer.commit_every_n", c.CommitEveryN, 1)

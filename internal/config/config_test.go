@@ -164,6 +164,7 @@ func TestValidationNamesKey(t *testing.T) {
 		{"handler:\n  type: grpc\n", "handler.type must be one of log|http|noop, got \"grpc\""},
 		{"ops:\n  shutdown_timeout: 10m\n", "ops.shutdown_timeout must be in [1s, 5m0s], got 10m0s"},
 		{"env: staging\n", "env must be one of development|test|production, got \"staging\""},
+		{"kafka:\n  consumer:\n    auto_offset_reset: latest\n", "kafka.consumer.auto_offset_reset must be earliest, got \"latest\""},
 	}
 	for _, c := range cases {
 		t.Run(c.want, func(t *testing.T) {
@@ -292,5 +293,23 @@ func TestAdminTokensFromEnv(t *testing.T) {
 	t.Setenv("KFPIPE_ADMIN_TOKENS", "ops:root:0123456789abcdef01")
 	if _, err = LoadDLQConsumer(""); err == nil || !strings.Contains(err.Error(), "admin.tokens[0].role must be one of viewer|operator") || strings.Contains(err.Error(), "0123456789abcdef01") {
 		t.Fatalf("bad role: %v", err)
+	}
+}
+
+// TestEmergencyFilePerDaemon: "{daemon}" in dlq.emergency_file gives each
+// daemon its own file from one shared config (the file is locked: two
+// processes on one path would refuse to start).
+func TestEmergencyFilePerDaemon(t *testing.T) {
+	path := writeYAML(t, "dlq:\n  emergency_file: /var/lib/kfpipe/{daemon}-dlq.jsonl\n")
+	c, err := LoadConsumer(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := LoadDLQConsumer(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DLQ.EmergencyFile != "/var/lib/kfpipe/schedule-consumer-dlq.jsonl" || d.DLQ.EmergencyFile != "/var/lib/kfpipe/dlq-consumer-dlq.jsonl" {
+		t.Fatalf("emergency files %q and %q", c.DLQ.EmergencyFile, d.DLQ.EmergencyFile)
 	}
 }

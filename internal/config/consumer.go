@@ -2,6 +2,7 @@ package config
 
 import (
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -89,6 +90,14 @@ type HTTPHandler struct {
 	Timeout time.Duration `mapstructure:"timeout"`
 }
 
+// emergencyPath is EmergencyFile with "{daemon}" replaced by the daemon's
+// name: one shared file serves every daemon, but two processes must never
+// append to the same emergency file (the file is locked; the second one
+// refuses to start).
+func (d DLQ) emergencyPath(daemon string) string {
+	return strings.ReplaceAll(d.EmergencyFile, "{daemon}", daemon)
+}
+
 // DLQ configures the dead-letter producer side (I6).
 type DLQ struct {
 	EmergencyFile   string        `mapstructure:"emergency_file"`
@@ -108,7 +117,7 @@ func defaultRateGroups() map[string]RateGroup {
 }
 
 func defaultDLQ() DLQ {
-	return DLQ{EmergencyFile: "/var/lib/kfpipe/dlq-emergency.jsonl", ReplayInterval: 5 * time.Second,
+	return DLQ{EmergencyFile: "/var/lib/kfpipe/{daemon}-dlq-emergency.jsonl", ReplayInterval: 5 * time.Second,
 		ProduceTimeout: 10 * time.Second, BreakerFailures: 5, BreakerOpen: 10 * time.Second}
 }
 

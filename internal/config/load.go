@@ -35,12 +35,20 @@ func LoadProducer(path string) (*Producer, error) {
 
 // LoadConsumer loads and validates the schedule-consumer configuration.
 func LoadConsumer(path string) (*Consumer, error) {
-	return load(path, defaultConsumer)
+	c, err := load(path, defaultConsumer)
+	if err == nil {
+		c.DLQ.EmergencyFile = c.DLQ.emergencyPath("schedule-consumer")
+	}
+	return c, err
 }
 
 // LoadDLQConsumer loads and validates the dlq-consumer configuration.
 func LoadDLQConsumer(path string) (*DLQConsumer, error) {
-	return load(path, defaultDLQConsumer)
+	c, err := load(path, defaultDLQConsumer)
+	if err == nil {
+		c.DLQ.EmergencyFile = c.DLQ.emergencyPath("dlq-consumer")
+	}
+	return c, err
 }
 
 // Path returns the config file path: the flag value if set, else

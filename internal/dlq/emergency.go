@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // emergencyFile is the last resort of I6: a JSONL file of dead letters
@@ -24,6 +25,7 @@ import (
 // of skipping new ones.
 type emergencyFile struct {
 	path    string
+	lock    *os.File // <path>.lock, flock'd for the life of the value
 	mu      sync.Mutex
 	f       *os.File // append handle, opened lazily
 	needNL  bool     // the file ends in a torn line that must be terminated first
@@ -41,7 +43,17 @@ func openEmergencyFile(path string) (*emergencyFile, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("emergency file dir: %w", err)
 	}
-	e := &emergencyFile{path: path}
+	lock, err := lockEmergencyFile(path)
+	if err != nil {
+		return nil, err
+	}
+	e := &emergencyFile{path: path, lock: lock}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = lock.Close() // releases the lock
+		}
+	}()
 	size, err := e.size()
 	if err != nil {
 		return nil, err
@@ -73,7 +85,34 @@ func openEmergencyFile(path string) (*emergencyFile, error) {
 		}
 		e.needNL = last[0] != '\n'
 	}
+	ok = true
 	return e, nil
+}
+
+// ErrEmergencyFileInUse is returned when another process (or another
+// producer in this one) has the emergency file open: two writers would
+// truncate each other's fsync'd records at replay.
+var ErrEmergencyFileInUse = errors.New("dlq: emergency file is in use by another process")
+
+// lockEmergencyFile takes an exclusive, non-blocking flock on <path>.lock
+// (a separate file, because the emergency file itself is truncated and
+// reopened at replay). The lock goes with the process, so a crash never
+// leaves it held.
+func lockEmergencyFile(path string) (*os.File, error) {
+	lp := path + ".lock"
+	f, err := os.OpenFile(lp, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("emergency file lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s (lock %s held); give each daemon its own dlq.emergency_file (\"{daemon}\" in the path is replaced by the daemon's name)",
+				ErrEmergencyFileInUse, path, lp)
+		}
+		return nil, fmt.Errorf("emergency file lock %s: %w", lp, err)
+	}
+	return f, nil
 }
 
 func (e *emergencyFile) size() (int64, error) {
@@ -271,11 +310,15 @@ func (e *emergencyFile) writeOffset(n int64) error {
 func (e *emergencyFile) close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.f == nil {
-		return nil
+	var err error
+	if e.f != nil {
+		err = e.f.Close()
+		e.f = nil
 	}
-	err := e.f.Close()
-	e.f = nil
+	if e.lock != nil {
+		_ = e.lock.Close() // releases the flock
+		e.lock = nil
+	}
 	return err
 }
 

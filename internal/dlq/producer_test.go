@@ -3,6 +3,7 @@ package dlq
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -258,4 +259,29 @@ func TestEmergencyOffsetSidecar(t *testing.T) {
 	if st, _ := os.Stat(e.path); st.Size() != 0 {
 		t.Errorf("file not truncated: %d", st.Size())
 	}
+}
+
+// TestEmergencyFileLocked: a second open of the same emergency file (as by
+// a second process pointed at the same path) is refused with an error that
+// names the file, until the first one is closed. Without the lock, both
+// appended to the file and each one's replay truncated the other's
+// fsync'd records.
+func TestEmergencyFileLocked(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "e.jsonl")
+	e, err := openEmergencyFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = openEmergencyFile(path)
+	if !errors.Is(err, ErrEmergencyFileInUse) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("second open: %v, want ErrEmergencyFileInUse naming %s", err, path)
+	}
+	if err := e.close(); err != nil {
+		t.Fatal(err)
+	}
+	e2, err := openEmergencyFile(path)
+	if err != nil {
+		t.Fatalf("open after close: %v", err)
+	}
+	_ = e2.close()
 }
