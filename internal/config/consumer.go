@@ -88,6 +88,10 @@ type Handler struct {
 type HTTPHandler struct {
 	URL     string        `mapstructure:"url"`
 	Timeout time.Duration `mapstructure:"timeout"`
+	// MaxConns caps the connections (and so the requests in flight) to
+	// the receiver; that many are kept alive between messages. Actors
+	// beyond it wait for a connection, bounded by the attempt's timeout.
+	MaxConns int `mapstructure:"max_conns"`
 }
 
 // emergencyPath is EmergencyFile with "{daemon}" replaced by the daemon's
@@ -136,7 +140,7 @@ func defaultConsumer(env string) Consumer {
 		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: DefaultDedupLease},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
-		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second}},
+		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
 		DLQ:       defaultDLQ(),
 	}
 }
@@ -171,6 +175,7 @@ func (c *Consumer) Validate() error {
 		v.nonEmpty("handler.http.url", c.Handler.HTTP.URL)
 	}
 	v.durationBetween("handler.http.timeout", c.Handler.HTTP.Timeout, time.Millisecond, 5*time.Minute)
+	v.between("handler.http.max_conns", c.Handler.HTTP.MaxConns, 1, 4096)
 	c.DLQ.validate(v)
 	return v.err()
 }

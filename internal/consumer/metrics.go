@@ -13,11 +13,14 @@ type metrics struct {
 	paused     prometheus.Gauge
 	rebalances *prometheus.CounterVec // type: assign, revoke, lost
 	commits    *prometheus.CounterVec // result: ok, error
+	attemptsV  *prometheus.CounterVec // outcome of each handler attempt
 
 	// results holds processed's children for the known results, bound
 	// once so the per-message path does no label lookup. Read-only after
 	// newMetrics.
 	results map[string]prometheus.Counter
+	// attempts holds attemptsV's children by outcome, bound once.
+	attempts map[string]prometheus.Counter
 }
 
 // Results of kfpipe_messages_processed_total besides the DLQ reasons.
@@ -57,6 +60,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kfpipe_rebalances_total", Help: "Rebalance events by type: assign, revoke, lost."}, []string{"type"}),
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_commits_total", Help: "Offset commits by result: ok, error."}, []string{"result"}),
+		attemptsV: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_handler_attempts_total",
+			Help: "Handler attempts by outcome: ok, failed, timeout, permanent; abandoned counts retries not made because the partition was revoked or lost. A failed or timed-out attempt may still have had its effect."},
+			[]string{"outcome"}),
+	}
+	m.attempts = map[string]prometheus.Counter{}
+	for _, o := range []string{attemptOK, attemptFailed, attemptTimeout, attemptPermanent, attemptAbandoned} {
+		m.attempts[o] = m.attemptsV.WithLabelValues(o)
 	}
 	m.results = map[string]prometheus.Counter{}
 	for _, r := range []string{resultOK, resultDuplicate, ReasonInvalidMessage, ReasonCircuitOpen, ReasonRateLimited,
@@ -65,7 +76,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,
-			m.rebalances, m.commits)
+			m.rebalances, m.commits, m.attemptsV)
 	}
 	return m
 }

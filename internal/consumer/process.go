@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
@@ -121,8 +122,8 @@ func (c *Consumer) process(env *envelope) {
 		// in-flight cap bounds how much piles up.
 		c.log.Warn("dedup: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
 			zap.String("dedup_key", m.DedupKey()), zap.Error(err))
-		if !sleep(c.runCtx, c.clock, backoff) {
-			return
+		if !sleep(c.runCtx, c.clock, backoff) || env.part.dropped.Load() {
+			return // stopping, or the partition's new owner reads it again
 		}
 		backoff = min(2*backoff+time.Millisecond, c.cfg.Processor.RetryMax)
 	}
@@ -217,7 +218,7 @@ func (c *Consumer) releaseTicket(env *envelope) {
 func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pending bool, err error) {
 	var g *claimGuard
 	run := func(ctx context.Context) error {
-		attempts, timedOut, err := c.handleWithRetry(ctx, m, g)
+		attempts, timedOut, err := c.handleWithRetry(ctx, env, g)
 		if err == nil {
 			return nil
 		}
@@ -246,16 +247,29 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pendi
 // handleWithRetry calls the handler up to processor.retry_attempts times
 // with exponential backoff, each attempt bounded by
 // processor.attempt_timeout. It reports the attempts made and whether the
-// last one timed out. g, when set, stops it when the claim is lost.
-func (c *Consumer) handleWithRetry(ctx context.Context, m *chatmsg.ChatMessage, g *claimGuard) (attempts int, timedOut bool, err error) {
+// last one timed out. g, when set, stops it when the claim is lost; it also
+// stops (errStopping: the message stays unfinished) when env's partition
+// was revoked or lost meanwhile, because the partition's new owner reads
+// the message again — retrying here would only run the handler beside it,
+// and dead-letter a message the new owner handles. Every retry is logged
+// (the first of a message at info, the others at debug) and counted by
+// outcome: an attempt that failed or timed out may still have had its
+// effect, which is why handlers get an idempotency key.
+func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimGuard) (attempts int, timedOut bool, err error) {
+	m := env.msg
 	pc := c.cfg.Processor
 	backoff := pc.RetryBase
 	for attempts < pc.RetryAttempts {
 		if attempts > 0 {
+			c.logRetry(m, attempts, err, timedOut, backoff)
 			if !sleep(ctx, c.clock, backoff) {
 				return attempts, false, c.stopCause(ctx)
 			}
 			backoff = min(2*backoff, pc.RetryMax)
+			if env.part.dropped.Load() {
+				c.m.attempts[attemptAbandoned].Inc()
+				return attempts, false, errStopping
+			}
 		}
 		actx, cancel, ok := g.attempt(ctx, pc.AttemptTimeout)
 		if !ok {
@@ -266,6 +280,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, m *chatmsg.ChatMessage, 
 		timedOut = err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)
 		lost := g.ended()
 		cancel()
+		c.m.attempts[attemptOutcome(err, timedOut)].Inc()
 		if err == nil {
 			return attempts, false, nil
 		}
@@ -278,10 +293,45 @@ func (c *Consumer) handleWithRetry(ctx context.Context, m *chatmsg.ChatMessage, 
 		if IsPermanent(err) {
 			return attempts, false, err
 		}
-		c.log.Debug("handler failed", zap.String("user_id", m.ExternalUserID),
-			zap.String("upstream_msgid", m.UpstreamMsgID), zap.Int("attempt", attempts), zap.Error(err))
 	}
 	return attempts, timedOut, err
+}
+
+// Handler attempt outcomes (kfpipe_handler_attempts_total's label).
+const (
+	attemptOK        = "ok"
+	attemptFailed    = "failed"
+	attemptTimeout   = "timeout"
+	attemptPermanent = "permanent"
+	attemptAbandoned = "abandoned" // retry not made: the partition was revoked or lost
+)
+
+func attemptOutcome(err error, timedOut bool) string {
+	switch {
+	case err == nil:
+		return attemptOK
+	case IsPermanent(err):
+		return attemptPermanent
+	case timedOut:
+		return attemptTimeout
+	default:
+		return attemptFailed
+	}
+}
+
+// logRetry says that attempt number attempts of m failed (err, or a
+// timeout) and the next comes after backoff: at info for the first retry
+// of a message, at debug for the others.
+func (c *Consumer) logRetry(m *chatmsg.ChatMessage, attempts int, err error, timedOut bool, backoff time.Duration) {
+	lvl := zapcore.DebugLevel
+	if attempts == 1 {
+		lvl = zapcore.InfoLevel
+	}
+	if ce := c.log.Check(lvl, "handler attempt failed; retrying"); ce != nil {
+		ce.Write(zap.String("user_id", m.ExternalUserID), zap.String("upstream_msgid", m.UpstreamMsgID),
+			zap.String("idempotency_key", m.DedupKey()), zap.Int("attempt", attempts), zap.Bool("timed_out", timedOut),
+			zap.Duration("backoff", backoff), zap.Error(err))
+	}
 }
 
 // stopCause tells why the handler's context ended: the consumer stops, or

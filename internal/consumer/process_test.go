@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -255,5 +259,114 @@ func TestClaimLostStopsHandlerAndSettlesMessage(t *testing.T) {
 				t.Fatalf("message not finished (committable %d, %v)", next, ok)
 			}
 		})
+	}
+}
+
+// TestRetryStopsWhenPartitionDropped: the partition of a message whose
+// handler fails is revoked (or lost) between attempts. The in-place retries
+// stop and the message is neither finished nor dead-lettered: the new
+// owner reads it again. Before, the old owner went on retrying beside the
+// new one and dead-lettered a message the new owner handled.
+func TestRetryStopsWhenPartitionDropped(t *testing.T) {
+	var calls atomic.Int64
+	dlq := &memDLQ{}
+	var p *partition
+	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error {
+		calls.Add(1)
+		p.dropped.Store(true) // revoked while the attempt ran
+		return errors.New("downstream down")
+	})
+	c, part := unitConsumer(h, dlq, &memDeduper{done: map[string]bool{}})
+	p = part
+	p.tracker.Add(3)
+	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 3}}, msg: chat("u", 1), part: p}
+	c.process(env)
+	dlq.wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times after its partition was dropped, want 1", n)
+	}
+	if letters := dlq.all(); len(letters) != 0 {
+		t.Fatalf("dead-lettered %+v although the partition's new owner handles it", letters)
+	}
+	if _, ok := p.tracker.Committable(); ok {
+		t.Fatal("message finished; it must be left to the new owner")
+	}
+	if v := metricValue(t, c.m.attempts[attemptAbandoned]); v != 1 {
+		t.Fatalf("abandoned attempts = %v, want 1", v)
+	}
+}
+
+// TestRetriesLoggedAndCounted: each failed attempt is counted by outcome
+// and each retry logged with the attempt, the error and the backoff — the
+// first retry of a message at info, later ones at debug.
+func TestRetriesLoggedAndCounted(t *testing.T) {
+	var calls atomic.Int64
+	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error {
+		if calls.Add(1) < 3 {
+			return errors.New("flaky")
+		}
+		return nil
+	})
+	c, p := unitConsumer(h, &memDLQ{}, &memDeduper{done: map[string]bool{}})
+	core, logs := observer.New(zapcore.DebugLevel)
+	c.log = zap.New(core)
+	p.tracker.Add(1)
+	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	if v := metricValue(t, c.m.attempts[attemptFailed]); v != 2 {
+		t.Fatalf("failed attempts = %v, want 2", v)
+	}
+	if v := metricValue(t, c.m.attempts[attemptOK]); v != 1 {
+		t.Fatalf("ok attempts = %v, want 1", v)
+	}
+	retries := logs.FilterMessage("handler attempt failed; retrying").All()
+	if len(retries) != 2 || retries[0].Level != zapcore.InfoLevel || retries[1].Level != zapcore.DebugLevel {
+		t.Fatalf("retry log lines %+v, want one at info then one at debug", retries)
+	}
+	f := retries[1].ContextMap()
+	if f["attempt"] != int64(2) || f["error"] != "flaky" || f["backoff"] == nil || f["idempotency_key"] != chat("u", 1).DedupKey() {
+		t.Fatalf("retry fields %v", f)
+	}
+}
+
+// TestHTTPHandlerReusesConnections: 64 actors sending 10,000 messages
+// through the built-in http handler open at most handler.http.max_conns
+// connections, all reused. With Go's default transport (2 idle
+// connections per host) the same load opened hundreds.
+func TestHTTPHandlerReusesConnections(t *testing.T) {
+	const senders, total = 64, 10000
+	var opened atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(100 * time.Microsecond)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	cfg := config.Handler{Type: "http", HTTP: config.HTTPHandler{URL: srv.URL, Timeout: 5 * time.Second, MaxConns: senders}}
+	h, err := NewHandler(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= total; i = next.Add(1) {
+				if err := h.Handle(context.Background(), chat("u", int(i))); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d messages from %d senders: %d connections opened", total, senders, opened.Load())
+	if n := opened.Load(); n > senders {
+		t.Fatalf("%d connections opened for %d messages, want at most handler.http.max_conns %d", n, total, senders)
 	}
 }
