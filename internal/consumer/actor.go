@@ -165,6 +165,9 @@ func (a *actor) expire() {
 	a.reg.actors.CompareAndDelete(a.user, a)
 	a.state.Store(stateDead)
 	a.reg.died()
+	if a.reg.onIdle != nil {
+		a.reg.onIdle(a.user)
+	}
 }
 
 // kill marks the actor dead at shutdown; pending messages stay unhandled

@@ -198,6 +198,7 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
 	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
 		func(d int) { c.m.active.Add(float64(d)) })
+	c.acts.onIdle = c.forget
 	if ad, ok := c.dedup.(AheadDeduper); ok && cfg.Processor.ClaimAhead > 0 {
 		c.ahead = ad
 		c.acts.prepare, c.acts.ahead = c.prepare, cfg.Processor.ClaimAhead
@@ -396,6 +397,19 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	}
 	env.msg, env.user = msg, msg.ExternalUserID
 	return env
+}
+
+// forget drops the limiter's and the breaker's in-memory state of a user
+// whose actor ended idle. What they keep in Redis (blocks, groups) is read
+// again when the user comes back; they keep a user whose state still
+// matters (violations counted, a breaker not closed) themselves.
+func (c *Consumer) forget(user string) {
+	if f, ok := c.limiter.(Forgetter); ok {
+		f.Forget(user)
+	}
+	if f, ok := c.breaker.(Forgetter); ok {
+		f.Forget(user)
+	}
 }
 
 // maxSendTimeSkew is how far WeChat's send_time may be ahead of the

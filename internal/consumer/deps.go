@@ -96,6 +96,14 @@ type Breaker interface {
 	Allow(user string) (done func(success bool), err error)
 }
 
+// Forgetter is implemented by a Limiter or Breaker that keeps per-user
+// state in memory: the consumer calls Forget when the user's actor ends
+// after its idle timeout, so that state lives as long as the actor and not
+// as long as the process (every user ever seen, ~384 B each).
+type Forgetter interface {
+	Forget(user string)
+}
+
 // DeadLetter is what the consumer hands to the DLQ.
 type DeadLetter struct {
 	Reason  string

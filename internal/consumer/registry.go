@@ -16,6 +16,9 @@ type registry struct {
 	clock   Clock
 	handle  func(*envelope) // called from the actor's goroutine
 	onCount func(delta int) // active processor gauge; may be nil
+	// onIdle, when set, is called with the user of an actor that ended
+	// after its idle timeout (from the actor's timer goroutine).
+	onIdle func(user string)
 	// prepare, when set, is called from the actor's goroutine with up to
 	// ahead of the mailbox's next envelopes, each once, before handle is
 	// called for the first of them (claim ahead).

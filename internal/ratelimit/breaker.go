@@ -201,21 +201,36 @@ func (bs *Breakers) State(user string) State {
 }
 
 // Forget drops user's breaker when its actor ends; an outstanding done of
-// that breaker then has no effect on a later one.
+// that breaker then has no effect on a later one. A breaker that is not
+// closed is kept: the user's messages are refused while it is open (so its
+// actor idles), and forgetting it would let them all through again.
 func (bs *Breakers) Forget(user string) {
 	sh := bs.shard(user)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	b := sh.users[user]
-	delete(sh.users, user)
-	sh.mu.Unlock()
 	if b == nil {
 		return
 	}
 	b.mu.Lock()
-	if b.state == StateOpen {
-		bs.m.open.Dec()
-		b.state = StateClosed // so a late Dec cannot happen twice
+	closed := b.state == StateClosed
+	if closed {
 		b.gen++
 	}
 	b.mu.Unlock()
+	if closed {
+		delete(sh.users, user)
+	}
+}
+
+// Users returns how many users' breakers are held in memory.
+func (bs *Breakers) Users() int {
+	n := 0
+	for i := range bs.shards {
+		sh := &bs.shards[i]
+		sh.mu.Lock()
+		n += len(sh.users)
+		sh.mu.Unlock()
+	}
+	return n
 }

@@ -518,11 +518,34 @@ func (st *userState) push(ts int64) {
 // actor ends. Blocks and groups live in Redis and are read again if the user
 // comes back; a block not yet written stays with the writer. Without a
 // store nothing outlives Forget, blocks included.
+//
+// A user with violations counted is kept: forgetting them would hand an
+// abuser whose messages are all refused (its actor idles meanwhile) a
+// fresh count.
 func (l *Limiter) Forget(user string) {
 	sh := l.shard(user)
 	sh.mu.Lock()
-	delete(sh.users, user)
+	if st := sh.users[user]; st != nil {
+		st.mu.Lock()
+		keep := st.violations > 0
+		st.mu.Unlock()
+		if !keep {
+			delete(sh.users, user)
+		}
+	}
 	sh.mu.Unlock()
+}
+
+// Users returns how many users' state the limiter holds in memory.
+func (l *Limiter) Users() int {
+	n := 0
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.RLock()
+		n += len(sh.users)
+		sh.mu.RUnlock()
+	}
+	return n
 }
 
 // listen applies events until the subscription is closed.

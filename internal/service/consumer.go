@@ -63,7 +63,13 @@ func (l limiter) Allow(ctx context.Context, user string, now time.Time) consumer
 	return consumer.Verdict{Reason: d.Reason, Details: details}
 }
 
-var _ consumer.Prefetcher = limiter{}
+var (
+	_ consumer.Prefetcher = limiter{}
+	_ consumer.Forgetter  = limiter{}
+)
+
+// Forget drops user's in-memory limiter state (consumer.Forgetter).
+func (l limiter) Forget(user string) { l.l.Forget(user) }
 
 // Prefetch lets the consumer read a polled batch's new users in one round
 // trip (consumer.Prefetcher).

@@ -1,0 +1,84 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/ratelimit"
+)
+
+// rlLimiter adapts ratelimit.Limiter for the test as the service does.
+type rlLimiter struct{ l *ratelimit.Limiter }
+
+func (r rlLimiter) Allow(ctx context.Context, user string, now time.Time) Verdict {
+	d := r.l.Allow(ctx, user, now)
+	return Verdict{Allowed: d.Allowed, Reason: d.Reason}
+}
+
+func (r rlLimiter) Forget(user string) { r.l.Forget(user) }
+
+// TestIdleActorForgetsUserState: the limiter's and the breaker's per-user
+// state lives as long as the user's actor. 20,000 users send one message
+// each; after the actors' idle timeout the state is gone and the heap is
+// back near where it started. Before, Forget had no caller and every user
+// ever seen kept ~384 B for the life of the process.
+func TestIdleActorForgetsUserState(t *testing.T) {
+	const users = 20000
+	rl, err := ratelimit.New(config.RateLimit{Enabled: true, DefaultGroup: "normal",
+		Groups: map[string]config.RateGroup{"normal": {WindowSeconds: 10, MaxMessages: 5, PenaltyThreshold: 3, BlockHours: 1}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	br, err := ratelimit.NewBreakers(config.Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, p := unitConsumer(NoopHandler, &memDLQ{}, nil)
+	c.limiter, c.breaker = rlLimiter{rl}, br
+	c.acts = newRegistry(4, time.Second, nil, c.process, nil)
+	c.acts.onIdle = c.forget
+	defer c.acts.close()
+
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	off := 0
+	wave := func(name string) uint64 {
+		for i := range users {
+			user := fmt.Sprintf("%s-%05d", name, i)
+			p.tracker.Add(int64(off))
+			m := &chatmsg.ChatMessage{UpstreamMsgID: user, OpenKfID: "wk", ExternalUserID: user, MsgType: "text"}
+			c.route(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: kafka.Offset(off)}, Timestamp: time.Now(),
+				TimestampType: kafka.TimestampCreateTime}, msg: m, part: p, user: user})
+			off++
+		}
+		// Some actors may already have ended on a slow machine; most have not.
+		if rl.Users() < users/2 || br.Users() < users/2 {
+			t.Fatalf("state for %d/%d users right after %d messages", rl.Users(), br.Users(), users)
+		}
+		waitFor(t, 30*time.Second, func() bool { return c.acts.len() == 0 && rl.Users() == 0 && br.Users() == 0 })
+		return heap()
+	}
+	base := heap()
+	first := wave("first")
+	second := wave("second") // as many new users again
+	t.Logf("heap %d KiB at start, %d KiB after %d users came and went, %d KiB after %d more",
+		base>>10, first>>10, users, second>>10, users)
+	// What stays after the first wave is the maps' and the offset
+	// tracker's capacity for the peak; users that come and go later cost
+	// nothing more (before: ~390 B for every user ever seen).
+	if second > first+users*32 {
+		t.Fatalf("heap grew by %d B per user of the second wave after their actors ended", (second-first)/users)
+	}
+}
