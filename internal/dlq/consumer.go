@@ -118,7 +118,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			commit()
 			n = 0
 		case *kafka.Message:
-			if err := c.applyWithRetry(ctx, e); err != nil {
+			if err := c.applyWithRetry(ctx, e, false); err != nil {
 				commit()
 				return nil // cancelled while Redis was failing: not committed
 			}
@@ -144,11 +144,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // applyWithRetry indexes one record, retrying while Redis fails: a record
-// is never skipped, and the offset waits.
-func (c *Consumer) applyWithRetry(ctx context.Context, m *kafka.Message) error {
+// is never skipped, and the offset waits. park is Rebuild's (see apply).
+func (c *Consumer) applyWithRetry(ctx context.Context, m *kafka.Message, park bool) error {
 	backoff := 100 * time.Millisecond
 	for {
-		err := c.apply(ctx, m)
+		err := c.apply(ctx, m, park)
 		if err == nil {
 			return nil
 		}
@@ -163,8 +163,9 @@ func (c *Consumer) applyWithRetry(ctx context.Context, m *kafka.Message) error {
 	}
 }
 
-// apply decodes, places and indexes one DLQ record.
-func (c *Consumer) apply(ctx context.Context, m *kafka.Message) error {
+// apply decodes, places and indexes one DLQ record. With park, a new
+// entry that would be due is indexed parked (Index.indexParked).
+func (c *Consumer) apply(ctx context.Context, m *kafka.Message, park bool) error {
 	dl, err := Decode(m.Value)
 	if err == nil && dl.Event == "" && dl.Reason == "" {
 		err = errors.New("no failure_reason")
@@ -182,7 +183,11 @@ func (c *Consumer) apply(ctx context.Context, m *kafka.Message) error {
 	}
 	dl.EnsureID()
 	c.policy.Place(ctx, dl)
-	res, err := c.idx.Index(ctx, dl)
+	index := c.idx.Index
+	if park {
+		index = c.idx.indexParked
+	}
+	res, err := index(ctx, dl)
 	if err != nil {
 		return err
 	}
@@ -217,8 +222,14 @@ func (c *Consumer) undecodable(m *kafka.Message, err error) *DeadLetterMessage {
 
 // Rebuild resets the index and re-reads the DLQ topic from the beginning
 // up to the high watermark seen at the start (a throw-away group; no
-// commits). It may run while Run is running: both index idempotently.
-// It returns how many records it applied.
+// commits). It may run while Run and the scheduler are running: both index
+// idempotently, and the dead letters it indexes stay parked (not due) until
+// the whole topic was read — a letter's retried, moved or purged event can
+// come many records after it, and a scheduler that found it due before
+// that would re-send a letter already retried (a second effect once its
+// dedup mark has expired), or one an operator moved to review or purged.
+// A rebuild that does not finish leaves letters parked: run it again. It
+// returns how many records it applied.
 func (c *Consumer) Rebuild(ctx context.Context) (int, error) {
 	if err := c.idx.Reset(ctx); err != nil {
 		return 0, err
@@ -266,7 +277,7 @@ func (c *Consumer) Rebuild(ctx context.Context) (int, error) {
 			if hi, ok := high[p]; !ok || off >= hi {
 				continue // written after the rebuild began: Run indexes it
 			}
-			if err := c.applyWithRetry(ctx, e); err != nil {
+			if err := c.applyWithRetry(ctx, e, true); err != nil {
 				return n, err
 			}
 			n++
@@ -276,6 +287,9 @@ func (c *Consumer) Rebuild(ctx context.Context) (int, error) {
 		case kafka.Error:
 			c.log.Warn("dlq rebuild consumer error", zap.Error(e))
 		}
+	}
+	if _, err := c.idx.unpark(ctx); err != nil {
+		return n, err
 	}
 	return n, nil
 }

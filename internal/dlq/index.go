@@ -45,7 +45,8 @@ type Index struct {
 }
 
 type indexMetrics struct {
-	indexed *prometheus.CounterVec
+	indexed            *prometheus.CounterVec
+	undecodableEntries prometheus.Counter
 }
 
 // Stats summarises the index.
@@ -81,6 +82,9 @@ func NewIndex(rdb redis.UniversalClient, prefix string, opts ...Option) *Index {
 		indexed: register(o.reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_dlq_index_total", Help: "DLQ records applied to the Redis index, by result (new, duplicate, expired, event)."},
 			[]string{"result"})),
+		undecodableEntries: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_dlq_index_undecodable_entries_total",
+			Help: "Index entries the scheduler could not decode; each is moved to review instead of failing the scan."})),
 	}}
 }
 
@@ -228,8 +232,79 @@ func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage) (IndexResult, 
 	return res, err
 }
 
+// parkedScore is the due score (year 9999) Rebuild gives the dead letters
+// it indexes until it has read the rest of the topic: a letter's later
+// retried, moved or purged event may come many records after it, and the
+// running scheduler must not re-send it meanwhile.
+const parkedScore int64 = 253402300799000
+
+// parkedKey is the hash of the letters Rebuild parked: id → real due time.
+func (x *Index) parkedKey() string { return x.key("rebuild", "parked") }
+
+// indexParked is Index for Rebuild: a new entry that would be due is
+// parked (not due) and its due time remembered for unpark.
+func (x *Index) indexParked(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
+	dl.EnsureID()
+	if dl.Event != "" || dl.ManualReview || dl.NextRetryTime == nil {
+		return x.Index(ctx, dl)
+	}
+	real := ms(*dl.NextRetryTime)
+	// Remembered first: an entry parked without it would stay parked.
+	if err := x.rdb.HSet(ctx, x.parkedKey(), dl.ID, real).Err(); err != nil {
+		return 0, fmt.Errorf("dlq park %s: %w", dl.ID, err)
+	}
+	res, err := x.applyAt(ctx, dl, parkedScore)
+	if err == nil {
+		x.m.indexed.WithLabelValues(res.String()).Inc()
+	}
+	return res, err
+}
+
+// unparkScript makes a parked entry due at its real time, unless an event
+// moved it meanwhile (its score is no longer the parked one). ARGV: prefix,
+// id, real score, parked score.
+var unparkScript = redis.NewScript(`
+local p, id = ARGV[1], ARGV[2]
+local sc = redis.call('ZSCORE', p .. 'dlq:due', id)
+if sc and tonumber(sc) == tonumber(ARGV[4]) then
+  redis.call('ZADD', p .. 'dlq:due', ARGV[3], id)
+  redis.call('HSET', p .. 'dlq:msg:' .. id, 'next_retry', ARGV[3])
+  return 1
+end
+return 0
+`)
+
+// unpark makes every entry Rebuild parked due at its real time, now that
+// the whole topic was read (each letter's final state is known).
+func (x *Index) unpark(ctx context.Context) (int, error) {
+	n := 0
+	iter := x.rdb.HScan(ctx, x.parkedKey(), 0, "", 500).Iterator()
+	for iter.Next(ctx) {
+		id := iter.Val()
+		if !iter.Next(ctx) {
+			break
+		}
+		real := iter.Val()
+		v, err := unparkScript.Run(ctx, x.rdb, []string{x.key("due")}, x.prefix, id, real, parkedScore).Int()
+		if err != nil {
+			return n, fmt.Errorf("dlq unpark %s: %w", id, err)
+		}
+		n += v
+	}
+	if err := iter.Err(); err != nil {
+		return n, fmt.Errorf("dlq unpark: %w", err)
+	}
+	return n, x.rdb.Del(ctx, x.parkedKey()).Err()
+}
+
 // apply is Index without the metric.
 func (x *Index) apply(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
+	return x.applyAt(ctx, dl, 0)
+}
+
+// applyAt is apply with the due score of a new due entry set to dueAt
+// (0: its NextRetryTime).
+func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, dueAt int64) (IndexResult, error) {
 	switch dl.Event {
 	case EventMoved:
 		state, at := StateReview, time.Time{}
@@ -258,6 +333,9 @@ func (x *Index) apply(ctx context.Context, dl *DeadLetterMessage) (IndexResult, 
 		state = StateReview
 	} else {
 		next = ms(*dl.NextRetryTime)
+		if dueAt != 0 {
+			next = dueAt
+		}
 	}
 	keys := []string{x.msgKey(dl.ID), x.key("all"), x.key("user", dl.UserID), x.key("reason", string(dl.Reason)),
 		x.key("due"), x.key("review"), x.key("expiry"), x.key("stats")}
@@ -654,7 +732,14 @@ func (x *Index) claim(ctx context.Context, now time.Time, limit int, lease time.
 		att, _ := strconv.Atoi(fmt.Sprint(vals[i+2]))
 		dl, err := Decode([]byte(body))
 		if err != nil {
-			return nil, fmt.Errorf("dlq claim %s: %w", id, err)
+			// One bad entry must not fail every scan's whole batch: it goes
+			// to manual review, where an operator can see and purge it.
+			x.m.undecodableEntries.Inc()
+			x.log.Error("undecodable DLQ index entry; moved to review", zap.String("dlq_id", id), zap.Error(err))
+			if err := x.move(ctx, id, StateReview, time.Time{}); err != nil && !errors.Is(err, ErrNotFound) {
+				x.log.Warn("move undecodable DLQ index entry to review", zap.String("dlq_id", id), zap.Error(err))
+			}
+			continue
 		}
 		out = append(out, claimed{id: id, dl: dl, attempts: att})
 	}

@@ -1,0 +1,160 @@
+package dlq
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// slowIndex is a go-redis hook that delays each index write, so a Rebuild
+// takes long enough for a scheduler scanning every 10 ms to see whatever
+// the rebuild leaves due on the way.
+type slowIndex struct{ delay time.Duration }
+
+func (slowIndex) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s slowIndex) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && args[1] == indexScript.Hash() {
+			time.Sleep(s.delay)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (slowIndex) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRebuildBesideSchedulerResendsNothing: three dead letters, long due,
+// each settled by an event far behind it in the DLQ topic — one retried,
+// one moved to review by an operator, one purged — with 300 records (not
+// due) in between. A Rebuild, slowed down, runs while a scheduler scans
+// every 10 ms: no record may reach the main topic, and the three end as
+// they were. Before, the rebuild indexed each letter as due the moment it
+// read it and the scheduler re-sent all three before the rebuild reached
+// their events.
+func TestRebuildBesideSchedulerResendsNothing(t *testing.T) {
+	e := newRebuildEnv(t)
+	ctx := context.Background()
+	p, err := NewProducer(ProducerConfig{Kafka: e.cfg.Kafka, DLQ: e.cfg.DLQ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeProducer(t, p)
+	long := e.clk.Now().Add(-2 * time.Hour) // due long ago
+	settled := map[string]*DeadLetterMessage{}
+	for i, name := range []string{"retried", "reviewed", "purged"} {
+		dl := deadLetter("u-"+name, ReasonDownstreamError, int64(i), long)
+		dl.EnsureID()
+		settled[name] = dl
+		sendSync(t, p, dl)
+	}
+	for i := range 300 {
+		sendSync(t, p, deadLetter(fmt.Sprintf("filler-%d", i%7), ReasonInvalidMessage, int64(100+i), long))
+	}
+	ev := func(dl *DeadLetterMessage, event string) *DeadLetterMessage {
+		return &DeadLetterMessage{ID: dl.ID, Event: event, Reason: dl.Reason, UserID: dl.UserID,
+			OriginalKey: dl.OriginalKey, FailureTime: e.clk.Now()}
+	}
+	retried := ev(settled["retried"], EventRetried)
+	retried.Attempts = 1
+	sendSync(t, p, retried)
+	moved := ev(settled["reviewed"], EventMoved)
+	moved.ManualReview = true
+	sendSync(t, p, moved)
+	sendSync(t, p, ev(settled["purged"], EventPurged))
+
+	slow := redis.NewClient(e.rdb.Options())
+	slow.AddHook(slowIndex{delay: 3 * time.Millisecond})
+	defer slow.Close()
+	idx := NewIndex(slow, e.prefix, WithClock(e.clk))
+	c, err := NewConsumer(ConsumerConfig{Kafka: e.cfg.Kafka}, idx, NewPolicy(testRecovery()), WithClock(e.clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newScheduler(t, e.brokers, e.mainTopic, NewIndex(e.rdb, e.prefix, WithClock(e.clk)), e.clk)
+	var scans atomic.Int64
+	stop := make(chan struct{})
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			_, _ = s.ScanOnce(ctx)
+			scans.Add(1)
+		}
+	}()
+	n, err := c.Rebuild(ctx)
+	close(stop)
+	<-scanned
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rebuild applied %d records during %d scheduler scans", n, scans.Load())
+	if got := readTopic(t, e.brokers, e.mainTopic, 0, 2*time.Second); len(got) != 0 {
+		t.Fatalf("%d records reached the main topic during the rebuild (re-sent settled letters)", len(got))
+	}
+	if en, err := idx.Get(ctx, settled["retried"].ID); err != nil || en.State != StateRetried {
+		t.Fatalf("retried letter after rebuild: %+v %v", en, err)
+	}
+	if en, err := idx.Get(ctx, settled["reviewed"].ID); err != nil || en.State != StateReview {
+		t.Fatalf("reviewed letter after rebuild: %+v %v", en, err)
+	}
+	if _, err := idx.Get(ctx, settled["purged"].ID); err == nil {
+		t.Fatal("purged letter came back with the rebuild")
+	}
+	// A letter with no settling event is due again once the rebuild ended.
+	open := deadLetter("u-open", ReasonDownstreamError, 9, long)
+	open.EnsureID()
+	sendSync(t, p, open)
+	if _, err := c.Rebuild(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if en, err := idx.Get(ctx, open.ID); err != nil || en.State != StateDue || en.NextRetryTime == nil ||
+		en.NextRetryTime.Year() > 3000 {
+		t.Fatalf("unsettled letter after rebuild: %+v %v, want due at its time", en, err)
+	}
+	if due, _ := e.rdb.ZScore(ctx, e.prefix+"dlq:due", open.ID).Result(); int64(due) >= parkedScore {
+		t.Fatalf("unsettled letter still parked (score %v)", due)
+	}
+}
+
+// TestUndecodableIndexEntrySkipped: one index entry whose stored letter
+// does not decode no longer fails every scan's batch: it is moved to
+// review and counted, and the others are sent.
+func TestUndecodableIndexEntrySkipped(t *testing.T) {
+	e := newRebuildEnv(t)
+	ctx := context.Background()
+	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk))
+	long := e.clk.Now().Add(-2 * time.Hour)
+	var ids []string
+	for i := range 3 {
+		dl := deadLetter(fmt.Sprintf("u%d", i), ReasonDownstreamError, int64(i), long)
+		NewPolicy(testRecovery()).Place(ctx, dl)
+		if _, err := idx.Index(ctx, dl); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, dl.ID)
+	}
+	if err := e.rdb.HSet(ctx, idx.msgKey(ids[1]), "json", "{garbled").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := newScheduler(t, e.brokers, e.mainTopic, idx, e.clk)
+	sent, err := s.ScanOnce(ctx)
+	if err != nil || sent != 2 {
+		t.Fatalf("scan sent %d, %v; want the 2 good entries", sent, err)
+	}
+	if en, err := e.rdb.HGet(ctx, idx.msgKey(ids[1]), "state").Result(); err != nil || en != StateReview {
+		t.Fatalf("garbled entry state %q %v, want review", en, err)
+	}
+	if v := metricValue(idx.m.undecodableEntries); v != 1 {
+		t.Fatalf("undecodable entries = %v", v)
+	}
+}
