@@ -1,9 +1,11 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -376,6 +378,39 @@ func (x *Index) Requeue(ctx context.Context, id string, at time.Time) error {
 	}
 	x.recordMove(ctx, id, false, at)
 	return nil
+}
+
+// RequeueInOrder is Requeue for a batch (an operator's batch retry): the
+// entries are due from at on, one millisecond apart in their source order
+// (SortBySource), so the scheduler re-injects each user's letters in the
+// order the user's messages had — not in the order of their IDs, which is
+// what equal due times gave. It returns how many were requeued.
+func (x *Index) RequeueInOrder(ctx context.Context, es []*Entry, at time.Time) (int, error) {
+	es = slices.Clone(es)
+	SortBySource(es, func(e *Entry) *DeadLetterMessage { return e.DeadLetterMessage })
+	n := 0
+	for i, e := range es {
+		err := x.Requeue(ctx, e.ID, at.Add(time.Duration(i)*time.Millisecond))
+		if errors.Is(err, ErrNotFound) {
+			continue // purged meanwhile
+		}
+		if err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// SortBySource sorts letters into the order their messages had: source
+// topic, partition and offset, then failure time. A user's messages are all
+// in one partition, so this is each user's order.
+func SortBySource[T any](ts []T, dl func(T) *DeadLetterMessage) {
+	slices.SortStableFunc(ts, func(a, b T) int {
+		x, y := dl(a), dl(b)
+		return cmp.Or(cmp.Compare(x.SourceTopic, y.SourceTopic), cmp.Compare(x.SourcePartition, y.SourcePartition),
+			cmp.Compare(x.SourceOffset, y.SourceOffset), x.FailureTime.Compare(y.FailureTime))
+	})
 }
 
 // MoveToReview takes the entry out of due and into manual review. With an

@@ -1,13 +1,17 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
 
 // slowIndex is a go-redis hook that delays each index write, so a Rebuild
@@ -157,4 +161,70 @@ func TestUndecodableIndexEntrySkipped(t *testing.T) {
 	if v := metricValue(idx.m.undecodableEntries); v != 1 {
 		t.Fatalf("undecodable entries = %v", v)
 	}
+}
+
+// TestBatchRetryKeepsUserOrder: an operator's batch retry of one user's 20
+// letters (all failed at the same moment, so all due together) puts them
+// back on the main topic in the order of their messages, and each entry
+// then counts one retry. Before, equal due times made the scheduler take
+// them in ID (hash) order: [0,1,2,3,4,8,14,17,15,19,5,…] in the field.
+func TestBatchRetryKeepsUserOrder(t *testing.T) {
+	e := newRebuildEnv(t)
+	ctx := context.Background()
+	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk))
+	at := e.clk.Now()
+	var entries []*Entry
+	for off := range 20 {
+		dl := deadLetter("ordered", ReasonDownstreamError, int64(off), at)
+		dl.ManualReview = true // in review; the operator retries them all
+		if _, err := idx.Index(ctx, dl); err != nil {
+			t.Fatal(err)
+		}
+		en, err := idx.Get(ctx, dl.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, en)
+	}
+	// The listing order (by ID) is what the operator's filter hands over.
+	slices.SortFunc(entries, func(a, b *Entry) int { return cmp.Compare(a.ID, b.ID) })
+	if n, err := idx.RequeueInOrder(ctx, entries, e.clk.Now()); err != nil || n != 20 {
+		t.Fatalf("requeued %d, %v", n, err)
+	}
+	s := newScheduler(t, e.brokers, e.mainTopic, idx, e.clk)
+	e.clk.Add(time.Second)
+	sent := 0
+	for range 10 {
+		n, err := s.ScanOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sent += n; sent == 20 {
+			break
+		}
+	}
+	msgs := readTopic(t, e.brokers, e.mainTopic, 20, 500*time.Millisecond)
+	var got []int
+	for _, m := range msgs {
+		var n int
+		fmt.Sscanf(string(chatmsgUpstream(t, m.Value)), "up-%d", &n)
+		got = append(got, n)
+	}
+	if !slices.IsSorted(got) || len(got) != 20 {
+		t.Fatalf("re-injected in order %v, want 0..19", got)
+	}
+	for _, en := range entries {
+		if g, err := idx.Get(ctx, en.ID); err != nil || g.State != StateRetried || g.Attempts != 1 {
+			t.Fatalf("entry after retry: %+v %v", g, err)
+		}
+	}
+}
+
+func chatmsgUpstream(t *testing.T, v []byte) string {
+	t.Helper()
+	m, err := chatmsg.Decode(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.UpstreamMsgID
 }

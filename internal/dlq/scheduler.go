@@ -215,6 +215,10 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Claimed in due-time order; letters due together (a batch retry,
+	// equal backoffs) go back in their messages' order, each user's in
+	// the order the user sent them.
+	SortBySource(items, func(c claimed) *DeadLetterMessage { return c.dl })
 	type inflight struct {
 		c  claimed
 		st RecoveryStrategy

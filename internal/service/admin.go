@@ -35,7 +35,7 @@ type dlqStore struct{ x *dlq.Index }
 
 func toAdminMessage(e *dlq.Entry) admin.DLQMessage {
 	m := admin.DLQMessage{ID: e.ID, User: e.UserID, OpenKfID: e.OpenKfID, Reason: string(e.Reason), Details: e.Details,
-		State: e.State, FailureTime: e.FailureTime, RetryCount: e.RetryCount, NextRetryTime: e.NextRetryTime,
+		State: e.State, FailureTime: e.FailureTime, RetryCount: e.RetryCount + e.Attempts, NextRetryTime: e.NextRetryTime,
 		SourceTopic: e.SourceTopic, SourcePartition: e.SourcePartition, SourceOffset: e.SourceOffset}
 	switch {
 	case e.Original != nil:
@@ -112,31 +112,30 @@ func (s dlqStore) Retry(ctx context.Context, id string) error {
 // f.Limit entries when it is set.
 func (s dlqStore) BatchRetry(ctx context.Context, f admin.DLQFilter) (int, error) {
 	now := time.Now()
-	n := 0
+	var batch []*dlq.Entry
 	df := toFilter(f)
 	df.Limit = 200
 	for {
 		entries, next, err := s.x.List(ctx, df)
 		if err != nil {
-			return n, err
+			return 0, err
 		}
 		for _, e := range entries {
-			if f.Limit > 0 && n >= f.Limit {
-				return n, nil
+			if f.Limit > 0 && len(batch) >= f.Limit {
+				break
 			}
-			if retryable(e, now) != nil {
-				continue
+			if retryable(e, now) == nil {
+				batch = append(batch, e)
 			}
-			if err := s.x.Requeue(ctx, e.ID, now); err != nil && !errors.Is(err, dlq.ErrNotFound) {
-				return n, err
-			}
-			n++
 		}
-		if next == "" {
-			return n, nil
+		if next == "" || (f.Limit > 0 && len(batch) >= f.Limit) {
+			break
 		}
 		df.Cursor = next
 	}
+	// Requeued in their messages' order, so each user's letters go back
+	// in the order the user sent them.
+	return s.x.RequeueInOrder(ctx, batch, now)
 }
 
 func (s dlqStore) Purge(ctx context.Context, f admin.DLQFilter) (int, error) {
