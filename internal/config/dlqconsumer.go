@@ -2,7 +2,10 @@ package config
 
 import (
 	"sort"
+	"strings"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
 // DLQConsumer is the dlq-consumer daemon's configuration.
@@ -14,7 +17,7 @@ type DLQConsumer struct {
 	RateLimit RateLimit `mapstructure:"rate_limit"` // to pace re-injection inside a user's limit
 }
 
-// Recovery configures delayed retries (ARCHITECTURE §7).
+// Recovery configures delayed retries of dead letters (docs/reliability.md).
 type Recovery struct {
 	BaseDelay    time.Duration            `mapstructure:"base_delay"`
 	MaxDelay     time.Duration            `mapstructure:"max_delay"`
@@ -44,9 +47,8 @@ func defaultDLQConsumer(env string) DLQConsumer {
 		Common: defaultCommon(env, "dlq"),
 		DLQ:    defaultDLQ(),
 		Recovery: Recovery{BaseDelay: time.Minute, MaxDelay: time.Hour, ScanInterval: time.Second,
-			MaxRetries: map[string]int{"rate_limited": 5, "user_blocked": 3, "circuit_open": 5, "queue_full": 5,
-				"downstream_error": 5, "process_timeout": 5, "invalid_message": 0},
-			TTL: map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
+			MaxRetries: deadletter.DefaultMaxRetriesByName(),
+			TTL:        map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
 		Admin:     Admin{Addr: ":8090", MaxBodyBytes: 64 << 10},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 	}
@@ -66,6 +68,12 @@ func (c *DLQConsumer) Validate() error {
 	v.durationAtLeast("recovery.default_ttl", r.DefaultTTL, time.Minute)
 	v.durationBetween("recovery.lock_ttl", r.LockTTL, time.Second, 10*time.Minute)
 	for _, k := range sortedKeys(r.MaxRetries) {
+		// A mistyped reason would otherwise be ignored and its reason
+		// keep the default.
+		if !deadletter.Reason(k).Known() {
+			v.addf("recovery.max_retries."+k, "is not a dead-letter reason (known: %s)", strings.Join(deadletter.Names(), ", "))
+			continue
+		}
 		v.between("recovery.max_retries."+k, r.MaxRetries[k], 0, 1000)
 	}
 	for _, k := range sortedKeys(r.TTL) {

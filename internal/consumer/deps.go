@@ -7,18 +7,20 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
-// Reasons a message goes to the DLQ (I6). They are the wire values of the
-// DLQ's reason field.
+// Reasons a message goes to the DLQ (I6): the wire values of the DLQ's
+// reason field, taken from the reason table of package deadletter. They
+// stay plain strings because DeadLetter.Reason and the metrics' labels are.
 const (
-	ReasonInvalidMessage  = "invalid_message"
-	ReasonCircuitOpen     = "circuit_open"
-	ReasonRateLimited     = "rate_limited"
-	ReasonUserBlocked     = "user_blocked"
-	ReasonQueueFull       = "queue_full"
-	ReasonDownstreamError = "downstream_error"
-	ReasonProcessTimeout  = "process_timeout"
+	ReasonInvalidMessage  = string(deadletter.InvalidMessage)
+	ReasonCircuitOpen     = string(deadletter.CircuitOpen)
+	ReasonRateLimited     = string(deadletter.RateLimited)
+	ReasonUserBlocked     = string(deadletter.UserBlocked)
+	ReasonQueueFull       = string(deadletter.QueueFull)
+	ReasonDownstreamError = string(deadletter.DownstreamError)
+	ReasonProcessTimeout  = string(deadletter.ProcessTimeout)
 )
 
 // Deduper runs f at most once per key (I3): claim the key, run f, mark the

@@ -21,38 +21,41 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
-// Reason says why a message left the main flow (seed §3.4 FailureReason).
-type Reason string
+// Reason says why a message left the main flow; the table of reasons
+// (recoverable, priority, action, strategy, default max retries) is owned
+// by package deadletter.
+type Reason = deadletter.Reason
 
-// Failure reasons. Every refusal or failure of the consumer maps to one (I6).
+// Failure reasons, as named in package deadletter. Every refusal or failure
+// of the consumer maps to one (I6).
 const (
-	ReasonRateLimited     Reason = "rate_limited"
-	ReasonUserBlocked     Reason = "user_blocked"
-	ReasonCircuitOpen     Reason = "circuit_open"
-	ReasonQueueFull       Reason = "queue_full"
-	ReasonProcessTimeout  Reason = "process_timeout"
-	ReasonKafkaFailure    Reason = "kafka_failure"
-	ReasonInvalidMessage  Reason = "invalid_message"
-	ReasonDownstreamError Reason = "downstream_error"
-	ReasonSystemOverload  Reason = "system_overload"
+	ReasonRateLimited     = deadletter.RateLimited
+	ReasonUserBlocked     = deadletter.UserBlocked
+	ReasonCircuitOpen     = deadletter.CircuitOpen
+	ReasonQueueFull       = deadletter.QueueFull
+	ReasonProcessTimeout  = deadletter.ProcessTimeout
+	ReasonKafkaFailure    = deadletter.KafkaFailure
+	ReasonInvalidMessage  = deadletter.InvalidMessage
+	ReasonDownstreamError = deadletter.DownstreamError
+	ReasonSystemOverload  = deadletter.SystemOverload
 )
 
 // Reasons lists every known reason, for metrics and the admin API.
-var Reasons = []Reason{ReasonRateLimited, ReasonUserBlocked, ReasonCircuitOpen, ReasonQueueFull,
-	ReasonProcessTimeout, ReasonKafkaFailure, ReasonInvalidMessage, ReasonDownstreamError, ReasonSystemOverload}
+var Reasons = deadletter.Reasons()
 
-// Action is the suggested handling of a dead letter (seed §3.4 ActionType).
-type Action string
+// Action is the suggested handling of a dead letter.
+type Action = deadletter.Action
 
 // Suggested actions.
 const (
-	ActionAutoRetry    Action = "auto_retry"
-	ActionDelayedRetry Action = "delayed_retry"
-	ActionManualReview Action = "manual_review"
-	ActionDiscard      Action = "discard"
-	ActionEscalate     Action = "escalate"
+	ActionAutoRetry    = deadletter.ActionAutoRetry
+	ActionDelayedRetry = deadletter.ActionDelayedRetry
+	ActionManualReview = deadletter.ActionManualReview
+	ActionDiscard      = deadletter.ActionDiscard
+	ActionEscalate     = deadletter.ActionEscalate
 )
 
 // Event kinds carried by records of the DLQ topic. A plain dead letter has
@@ -251,39 +254,18 @@ func (dl *DeadLetterMessage) Key() []byte {
 	return dl.OriginalKey
 }
 
-// IsRecoverable is the seed's policy: transient refusals are recoverable,
-// a malformed message is not, unknown reasons are assumed recoverable.
-func IsRecoverable(r Reason) bool {
-	return r != ReasonInvalidMessage
-}
+// IsRecoverable reports whether a retry of r can succeed (the reason
+// table; unknown reasons are assumed recoverable).
+func IsRecoverable(r Reason) bool { return deadletter.IsRecoverable(r) }
 
-// CalculatePriority is the seed's policy: 5, +3 for VIP users, -3 for
-// blocked users, -1 for rate-limited ones, clamped to [1, 10].
-func CalculatePriority(group string, r Reason) int {
-	p := 5
-	if group == "vip" {
-		p += 3
-	}
-	switch r {
-	case ReasonUserBlocked:
-		p -= 3
-	case ReasonRateLimited:
-		p--
-	}
-	return min(max(p, 1), 10)
-}
+// CalculatePriority is the reason table's priority rule: 5, +3 for VIP
+// users, plus the reason's adjustment (-3 blocked, -1 rate-limited),
+// clamped to [1, 10].
+func CalculatePriority(group string, r Reason) int { return deadletter.CalculatePriority(group, r) }
 
-// SuggestAction maps a reason to the action an operator would take.
-func SuggestAction(r Reason) Action {
-	switch r {
-	case ReasonInvalidMessage:
-		return ActionManualReview
-	case ReasonRateLimited, ReasonUserBlocked, ReasonCircuitOpen, ReasonSystemOverload, ReasonQueueFull:
-		return ActionDelayedRetry
-	default:
-		return ActionAutoRetry
-	}
-}
+// SuggestAction maps a reason to the action an operator would take (the
+// reason table).
+func SuggestAction(r Reason) Action { return deadletter.SuggestAction(r) }
 
 // Encode returns the wire form of dl.
 func Encode(dl *DeadLetterMessage) ([]byte, error) { return json.Marshal(dl) }

@@ -11,11 +11,12 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
-// DefaultMaxRetries applies to a reason that recovery.max_retries does not
-// name.
-const DefaultMaxRetries = 3
+// DefaultMaxRetries applies to a reason that neither recovery.max_retries
+// nor the reason table names.
+const DefaultMaxRetries = deadletter.DefaultMaxRetries
 
 // BlockLookup tells until when a user is blocked by the rate limiter
 // (the ratelimit package implements it); ok is false when not blocked.
@@ -161,10 +162,10 @@ func NewPolicy(cfg config.Recovery, opts ...Option) *Policy {
 	}
 	p := &Policy{cfg: cfg, strategies: map[Reason]RecoveryStrategy{}}
 	for _, r := range Reasons {
-		switch r {
-		case ReasonInvalidMessage:
+		switch deadletter.StrategyOf(r) {
+		case deadletter.StrategyNever:
 			p.strategies[r] = &never{mk(r)}
-		case ReasonUserBlocked, ReasonRateLimited:
+		case deadletter.StrategyAfterBlock:
 			// A rate-limited message of a user the limiter has since
 			// blocked would only be refused again as user_blocked: it
 			// waits for the block's end as well.

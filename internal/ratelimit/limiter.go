@@ -10,14 +10,16 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
-// Reasons a message is refused (Decision.Reason; also the DLQ reason).
+// Reasons a message is refused (Decision.Reason; also the DLQ reason, from
+// the reason table of package deadletter).
 const (
-	ReasonRateLimited = "rate_limited"
-	ReasonUserBlocked = "user_blocked"
+	ReasonRateLimited = string(deadletter.RateLimited)
+	ReasonUserBlocked = string(deadletter.UserBlocked)
 )
 
 // numShards spreads the user map over independent locks so many actors
