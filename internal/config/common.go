@@ -1,6 +1,11 @@
 package config
 
-import "time"
+import (
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
 
 // Environments. The environment picks topic defaults (ARCHITECTURE §4) and
 // the log format.
@@ -27,10 +32,16 @@ type Log struct {
 
 // Ops configures the per-daemon operations HTTP server.
 type Ops struct {
-	Addr            string        `mapstructure:"addr"`
-	Pprof           bool          `mapstructure:"pprof"`
-	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout"`
-	ReadyTimeout    time.Duration `mapstructure:"ready_timeout"`
+	// Addr is the listen address (default loopback: kf-producer
+	// 127.0.0.1:9100, schedule-consumer :9101, dlq-consumer :9102).
+	Addr string `mapstructure:"addr"`
+	// Addrs sets the address per daemon in the shared file, by daemon name
+	// (kf-producer, schedule-consumer, dlq-consumer); an entry replaces
+	// Addr for that daemon unless KFPIPE_OPS_ADDR is set for the process.
+	Addrs           map[string]string `mapstructure:"addrs"`
+	Pprof           bool              `mapstructure:"pprof"`
+	ShutdownTimeout time.Duration     `mapstructure:"shutdown_timeout"`
+	ReadyTimeout    time.Duration     `mapstructure:"ready_timeout"`
 }
 
 // Kafka holds broker addresses, topics and client tuning.
@@ -103,6 +114,18 @@ type Redis struct {
 
 const week = 7 * 24 * time.Hour
 
+// Daemons are the daemons' names, as ops.addrs and "{daemon}" in
+// dlq.emergency_file spell them.
+var Daemons = []string{"kf-producer", "schedule-consumer", "dlq-consumer"}
+
+// forDaemon applies what the shared file sets per daemon to name's
+// configuration.
+func (c *Common) forDaemon(name string) {
+	if a, ok := c.Ops.Addrs[name]; ok && os.Getenv(EnvPrefix+"_OPS_ADDR") == "" {
+		c.Ops.Addr = a
+	}
+}
+
 // DefaultSessionTimeout is kafka.consumer.session_timeout's default.
 const DefaultSessionTimeout = 10 * time.Second
 
@@ -112,8 +135,10 @@ func defaultCommon(env, daemon string) Common {
 	dlq := Topic{Name: "qywx-dead-letter-queue", Partitions: 2, ReplicationFactor: 1, MinInsyncReplicas: 1,
 		RetentionMs: week.Milliseconds(), CompressionType: "lz4", MaxMessageBytes: 1 << 20}
 	// Distinct ops ports per daemon, so one shared file runs all three on a
-	// host.
-	opsAddr := map[string]string{"producer": ":9100", "consumer": ":9101", "dlq": ":9102"}[daemon]
+	// host; loopback unless a deployment says otherwise (the Kubernetes
+	// manifests and systemd units do): /debug/pprof and /metrics are not
+	// for the world.
+	opsAddr := map[string]string{"producer": "127.0.0.1:9100", "consumer": "127.0.0.1:9101", "dlq": "127.0.0.1:9102"}[daemon]
 	logFormat := "console"
 	brokers := "127.0.0.1:9092"
 	if env == EnvProduction {
@@ -147,6 +172,12 @@ func (c Common) validate(v *validator) {
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "json", "console")
 	v.nonEmpty("ops.addr", c.Ops.Addr)
+	for name, addr := range c.Ops.Addrs {
+		if !slices.Contains(Daemons, name) {
+			v.addf("ops.addrs."+name, "is not a daemon (one of %s)", strings.Join(Daemons, ", "))
+		}
+		v.nonEmpty("ops.addrs."+name, addr)
+	}
 	v.durationBetween("ops.shutdown_timeout", c.Ops.ShutdownTimeout, time.Second, 5*time.Minute)
 	v.durationBetween("ops.ready_timeout", c.Ops.ReadyTimeout, 100*time.Millisecond, time.Minute)
 	c.Kafka.validate(v)

@@ -313,3 +313,53 @@ func TestEmergencyFilePerDaemon(t *testing.T) {
 		t.Fatalf("emergency files %q and %q", c.DLQ.EmergencyFile, d.DLQ.EmergencyFile)
 	}
 }
+
+// TestListenAddressesDefaultToLoopback: the ops, admin and callback servers
+// listen on loopback unless the file or the environment says otherwise,
+// pprof is off, and ops.addrs sets one daemon's ops address in the shared
+// file.
+func TestListenAddressesDefaultToLoopback(t *testing.T) {
+	t.Setenv("KFPIPE_CALLBACK_TOKEN", "tok")
+	t.Setenv("KFPIPE_CALLBACK_ENCODING_AES_KEY", strings.Repeat("a", 43))
+	t.Setenv("KFPIPE_WECOM_CORP_ID", "ww")
+	t.Setenv("KFPIPE_WECOM_SECRET", "s")
+	p, err := LoadProducer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadConsumer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := LoadDLQConsumer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, addr := range map[string]string{"kf-producer ops": p.Ops.Addr, "schedule-consumer ops": c.Ops.Addr,
+		"dlq-consumer ops": d.Ops.Addr, "callback": p.Callback.Addr, "admin": d.Admin.Addr} {
+		if !strings.HasPrefix(addr, "127.0.0.1:") {
+			t.Errorf("%s listens on %q by default, want loopback", name, addr)
+		}
+	}
+	if p.Ops.Pprof || c.Ops.Pprof || d.Ops.Pprof {
+		t.Error("pprof on by default")
+	}
+	dev, err := LoadConsumer("../../config/development.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev.Ops.Pprof {
+		t.Error("pprof on in config/development.yaml")
+	}
+	path := writeYAML(t, "ops:\n  addrs:\n    schedule-consumer: \":9201\"\n")
+	if c, err := LoadConsumer(path); err != nil || c.Ops.Addr != ":9201" {
+		t.Fatalf("ops.addrs.schedule-consumer: %v %v", c, err)
+	}
+	if p, err := LoadProducer(path); err != nil || p.Ops.Addr != "127.0.0.1:9100" {
+		t.Fatalf("kf-producer took another daemon's address: %v", err)
+	}
+	if _, err := LoadConsumer(writeYAML(t, "ops:\n  addrs:\n    schedule-consumr: \":9201\"\n")); err == nil ||
+		!strings.Contains(err.Error(), "ops.addrs.schedule-consumr is not a daemon") {
+		t.Fatalf("misspelt daemon in ops.addrs: %v", err)
+	}
+}

@@ -49,7 +49,7 @@ func defaultDLQConsumer(env string) DLQConsumer {
 		Recovery: Recovery{BaseDelay: time.Minute, MaxDelay: time.Hour, ScanInterval: time.Second,
 			MaxRetries: deadletter.DefaultMaxRetriesByName(),
 			TTL:        map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
-		Admin:     Admin{Addr: ":8090", MaxBodyBytes: 64 << 10},
+		Admin:     Admin{Addr: "127.0.0.1:8090", MaxBodyBytes: 64 << 10},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 	}
 	c.Kafka.Consumer.GroupID = "kfpipe-dlq"

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,13 +31,18 @@ type validatable interface{ Validate() error }
 
 // LoadProducer loads and validates the kf-producer configuration.
 func LoadProducer(path string) (*Producer, error) {
-	return load(path, defaultProducer)
+	c, err := load(path, defaultProducer)
+	if err == nil {
+		c.forDaemon("kf-producer")
+	}
+	return c, err
 }
 
 // LoadConsumer loads and validates the schedule-consumer configuration.
 func LoadConsumer(path string) (*Consumer, error) {
 	c, err := load(path, defaultConsumer)
 	if err == nil {
+		c.forDaemon("schedule-consumer")
 		c.DLQ.EmergencyFile = c.DLQ.emergencyPath("schedule-consumer")
 	}
 	return c, err
@@ -46,6 +52,7 @@ func LoadConsumer(path string) (*Consumer, error) {
 func LoadDLQConsumer(path string) (*DLQConsumer, error) {
 	c, err := load(path, defaultDLQConsumer)
 	if err == nil {
+		c.forDaemon("dlq-consumer")
 		c.DLQ.EmergencyFile = c.DLQ.emergencyPath("dlq-consumer")
 	}
 	return c, err
@@ -182,6 +189,24 @@ func checkKnownKeys(path string) error {
 		return fmt.Errorf("unknown key(s) %s (typo? config/development.yaml lists the known keys)", strings.Join(unknown, ", "))
 	}
 	return nil
+}
+
+// KnownKey reports whether key ("kafka.consumer.session_timeout") is a key
+// of some daemon's configuration, or a key under one of its maps
+// ("recovery.max_retries.downstream_error"); a section ("kafka.consumer")
+// counts too.
+func KnownKey(key string) bool {
+	known, maps := map[string]bool{}, []string{}
+	schemaKeys("", reflect.TypeOf(union{}), known, &maps)
+	if known[key] || underMap(key, maps) || slices.Contains(maps, key) {
+		return true
+	}
+	for k := range known {
+		if strings.HasPrefix(k, key+".") {
+			return true
+		}
+	}
+	return false
 }
 
 func nextDot(s string, i int) int {

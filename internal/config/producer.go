@@ -72,7 +72,7 @@ type Sequencer struct {
 func defaultProducer(env string) Producer {
 	return Producer{
 		Common: defaultCommon(env, "producer"),
-		Callback: Callback{Addr: ":8081", Path: "/wecom/callback", MaxBodyBytes: 1 << 20,
+		Callback: Callback{Addr: "127.0.0.1:8081", Path: "/wecom/callback", MaxBodyBytes: 1 << 20,
 			TimestampWindow: 5 * time.Minute, ReplayWindow: 10 * time.Minute},
 		WeCom: WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
 		Sync: Sync{LockTTL: 10 * time.Second, SafetyInterval: time.Minute, RetryBase: 200 * time.Millisecond,

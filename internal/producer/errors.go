@@ -30,7 +30,34 @@ var (
 	ErrStopped = errors.New("syncer stopped")
 	// ErrPaused is returned by Syncer.Healthy while syncing is paused.
 	ErrPaused = errors.New("syncing paused")
+	// ErrUnknownOpenKfID is returned by Syncer.Trigger for an open_kfid
+	// that wecom.open_kfids does not list: the callback is answered (WeChat
+	// must not resend it) and ignored.
+	ErrUnknownOpenKfID = errors.New("sync trigger: open_kfid not in wecom.open_kfids")
+	// ErrPermanent marks a sync_msg error that retrying soon cannot fix
+	// (see permanentCodes); the open_kfid is retried after a capped backoff
+	// of minutes instead of in a tight loop.
+	ErrPermanent = errors.New("sync_msg: permanent error")
 )
+
+// permanentCodes are WeChat errcodes after which a sync retried seconds
+// later fails the same way: the account or the credentials are wrong, or
+// the app may not call the API. An operator must act; until then the
+// open_kfid is retried every few minutes (permanentBackoff), not in a loop.
+var permanentCodes = map[int]string{
+	40001: "invalid credential (wecom.secret)",
+	40013: "invalid corp id (wecom.corp_id)",
+	48002: "API forbidden: the app lacks the customer-service permission",
+	60020: "caller IP not in the app's trusted IP list",
+	95000: "invalid open_kfid: not a customer-service account of this corp",
+}
+
+// permanentCode returns err's errcode when it is permanent.
+func permanentCode(err error) (int, bool) {
+	c := wecomCode(err)
+	_, ok := permanentCodes[c]
+	return c, ok
+}
 
 // WeChat errcodes the sync loop reacts to. A Source may return an error
 // carrying one of them (a method ErrCode() int or Code() int) instead of the

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -143,7 +146,24 @@ type Syncer struct {
 
 	healthMu   sync.Mutex
 	produceErr error // last produce outcome; nil after a success
+	// failing holds the open_kfids whose last sync failed permanently.
+	failing map[string]*permanentFailure
 }
+
+// permanentFailure is an open_kfid whose sync_msg failed with a permanent
+// errcode: it is not synced again before retryAt.
+type permanentFailure struct {
+	code     int
+	since    time.Time
+	retryAt  time.Time
+	failures int
+}
+
+// Permanent-error backoff: 1 minute, doubling, at most 30 minutes.
+const (
+	permanentBackoffBase = time.Minute
+	permanentBackoffMax  = 30 * time.Minute
+)
 
 // kfState is the local coalescing state of one open_kfid.
 type kfState struct {
@@ -161,6 +181,7 @@ type syncMetrics struct {
 	advances prometheus.Counter
 	busy     prometheus.Counter
 	triggers *prometheus.CounterVec
+	failing  *prometheus.GaugeVec
 }
 
 func newSyncMetrics(reg prometheus.Registerer) syncMetrics {
@@ -187,11 +208,15 @@ func newSyncMetrics(reg prometheus.Registerer) syncMetrics {
 		}),
 		triggers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_sync_triggers_total",
-			Help: "Sync triggers by outcome (queued, coalesced, overloaded).",
+			Help: "Sync triggers by outcome (queued, coalesced, overloaded, unknown_open_kfid, suppressed: the open_kfid's last sync failed permanently and waits for its backoff).",
 		}, []string{"result"}),
+		failing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kfpipe_sync_permanent_failure",
+			Help: "1 while an open_kfid's sync fails with a permanent WeChat errcode (bad credentials, unknown account, no permission); the errcode is a label. Retried every few minutes.",
+		}, []string{"open_kfid", "errcode"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.runs, m.messages, m.pending, m.advances, m.busy, m.triggers)
+		reg.MustRegister(m.runs, m.messages, m.pending, m.advances, m.busy, m.triggers, m.failing)
 	}
 	return m
 }
@@ -206,7 +231,8 @@ func NewSyncer(cfg SyncerConfig, d SyncerDeps, opts ...Option) (*Syncer, error) 
 		return nil, errors.New("syncer: Source, Locker, State, Publisher and IDs are required")
 	}
 	s := &Syncer{cfg: cfg, d: d, clock: realClock{}, log: zap.NewNop(),
-		kfs: make(map[string]*kfState), queue: make(chan string, cfg.MaxPending)}
+		kfs: make(map[string]*kfState), queue: make(chan string, cfg.MaxPending),
+		failing: make(map[string]*permanentFailure)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -252,6 +278,14 @@ func (s *Syncer) Trigger(openKfID, callbackToken string) error {
 	if openKfID == "" {
 		return errors.New("sync trigger: empty open_kfid")
 	}
+	if len(s.cfg.OpenKfIDs) > 0 && !slices.Contains(s.cfg.OpenKfIDs, openKfID) {
+		s.m.triggers.WithLabelValues("unknown_open_kfid").Inc()
+		return fmt.Errorf("%w: %q", ErrUnknownOpenKfID, openKfID)
+	}
+	if s.suppressed(openKfID) {
+		s.m.triggers.WithLabelValues("suppressed").Inc()
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped {
@@ -281,6 +315,73 @@ func (s *Syncer) Trigger(openKfID, callbackToken string) error {
 	}
 	s.m.triggers.WithLabelValues("coalesced").Inc()
 	return nil
+}
+
+// suppressed reports whether kf's last sync failed permanently and its
+// backoff has not run out.
+func (s *Syncer) suppressed(kf string) bool {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	f := s.failing[kf]
+	return f != nil && s.clock.Now().Before(f.retryAt)
+}
+
+// recordPermanent notes a permanent sync failure of kf with errcode code:
+// logged once per errcode (then at debug), retried after a backoff that
+// doubles up to permanentBackoffMax.
+func (s *Syncer) recordPermanent(kf string, code int, err error) {
+	now := s.clock.Now()
+	s.healthMu.Lock()
+	f := s.failing[kf]
+	first := f == nil || f.code != code
+	if first {
+		if f != nil {
+			s.m.failing.DeleteLabelValues(kf, strconv.Itoa(f.code))
+		}
+		f = &permanentFailure{code: code, since: now}
+		s.failing[kf] = f
+	}
+	f.failures++
+	wait := permanentBackoffBase
+	for i := 1; i < f.failures && wait < permanentBackoffMax; i++ {
+		wait *= 2
+	}
+	f.retryAt = now.Add(min(wait, permanentBackoffMax))
+	s.healthMu.Unlock()
+	s.m.failing.WithLabelValues(kf, strconv.Itoa(code)).Set(1)
+	lvl := zap.DebugLevel
+	if first {
+		lvl = zap.ErrorLevel
+	}
+	s.log.Log(lvl, "sync failed with a permanent WeChat error; retrying after a backoff of minutes, an operator must act",
+		zap.String("open_kfid", kf), zap.Int("errcode", code), zap.String("meaning", permanentCodes[code]),
+		zap.Time("next_try", f.retryAt), zap.Error(err))
+}
+
+// clearPermanent forgets kf's permanent failure after a successful sync.
+func (s *Syncer) clearPermanent(kf string) {
+	s.healthMu.Lock()
+	f := s.failing[kf]
+	delete(s.failing, kf)
+	s.healthMu.Unlock()
+	if f != nil {
+		s.m.failing.DeleteLabelValues(kf, strconv.Itoa(f.code))
+		s.log.Info("sync recovered from a permanent WeChat error", zap.String("open_kfid", kf), zap.Int("errcode", f.code))
+	}
+}
+
+// Failing describes the open_kfids whose sync fails permanently, one line
+// each, for /readyz detail ("" when none).
+func (s *Syncer) Failing() string {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	var lines []string
+	for kf, f := range s.failing {
+		lines = append(lines, fmt.Sprintf("open_kfid %s: WeChat errcode %d (%s) since %s, next try %s", kf, f.code,
+			permanentCodes[f.code], f.since.UTC().Format(time.RFC3339), f.retryAt.UTC().Format(time.RFC3339)))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "; ")
 }
 
 // Pause stops starting sync passes (a running pass stops before its next
@@ -447,6 +548,8 @@ func (s *Syncer) syncKf(kf, token string) (again bool) {
 			return false
 		case errors.Is(err, ErrPaused):
 			return true
+		case errors.Is(err, ErrPermanent):
+			return false // retried after its backoff (Trigger suppresses it until then)
 		case err != nil:
 			// Lost the lock (or the state store failed): try again; when a
 			// new holder has it we only leave the pending flag.
@@ -550,7 +653,13 @@ func (s *Syncer) syncUntilDone(ctx context.Context, m Mutex, kf, token string) e
 		err := s.pass(ctx, m, kf, &token)
 		if err == nil {
 			s.m.runs.WithLabelValues("ok").Inc()
+			s.clearPermanent(kf)
 			return nil
+		}
+		if code, ok := permanentCode(err); ok {
+			s.m.runs.WithLabelValues("permanent_error").Inc()
+			s.recordPermanent(kf, code, err)
+			return fmt.Errorf("%w: %w", ErrPermanent, err)
 		}
 		// ErrNotHeld first: the lock's loss also cancels ctx (hold's
 		// watcher), and hold counts a loss only when it was not counted here.
@@ -592,6 +701,7 @@ func (s *Syncer) pass(ctx context.Context, m Mutex, kf string, token *string) er
 		return err
 	}
 	cursorKey := s.d.State.CursorKey(kf)
+	start, produced := time.Now(), 0
 	for page := 0; ; page++ {
 		if s.paused() != nil {
 			return ErrPaused
@@ -628,6 +738,7 @@ func (s *Syncer) pass(ctx context.Context, m Mutex, kf string, token *string) er
 			}
 			s.setProduceErr(nil)
 			s.m.messages.Add(float64(len(msgs)))
+			produced += len(msgs)
 		}
 		if resp.NextCursor != "" && resp.NextCursor != cursor {
 			if err := m.SetIfHeld(ctx, cursorKey, resp.NextCursor, 0); err != nil {
@@ -637,6 +748,8 @@ func (s *Syncer) pass(ctx context.Context, m Mutex, kf string, token *string) er
 			s.m.advances.Inc()
 		}
 		if resp.HasMore != 1 {
+			s.log.Info("sync pass done", zap.String("open_kfid", kf), zap.Int("pages", page+1),
+				zap.Int("messages", produced), zap.Duration("took", time.Since(start)))
 			return nil
 		}
 	}

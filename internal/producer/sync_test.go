@@ -522,3 +522,87 @@ func TestSyncerConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestPermanentErrorNotRetriedInALoop: sync_msg answers 95000 (the account
+// is not this corp's). The sync stops at once instead of retrying every
+// few seconds while holding the lock, triggers are suppressed during the
+// backoff (minutes), the failure is visible (gauge, runs, Failing for
+// /readyz), and a later successful sync clears it. Before, the pass was
+// retried with the ordinary backoff for as long as the producer ran.
+func TestPermanentErrorNotRetriedInALoop(t *testing.T) {
+	var calls atomic.Int32
+	var fail atomic.Bool
+	fail.Store(true)
+	src := &pageSource{hook: func(SyncRequest) error {
+		calls.Add(1)
+		if fail.Load() {
+			return codeErr(95000)
+		}
+		return nil
+	}}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: msgs("kf", "a", 1)})
+	r := newRig(t, unitCfg(), nil, src)
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "sync given up", r.s.idle)
+	time.Sleep(100 * time.Millisecond) // 25x the ordinary retry_max
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("sync_msg called %d times after a permanent error, want 1", n)
+	}
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "idle", r.s.idle)
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("a trigger during the backoff synced again (%d calls)", n)
+	}
+	if v := counterValue(r.s.m.runs.WithLabelValues("permanent_error")); v != 1 {
+		t.Fatalf("permanent_error runs = %v", v)
+	}
+	if v := counterValue(r.s.m.triggers.WithLabelValues("suppressed")); v != 1 {
+		t.Fatalf("suppressed triggers = %v", v)
+	}
+	if d := r.s.Failing(); !strings.Contains(d, "open_kfid kf: WeChat errcode 95000") {
+		t.Fatalf("Failing() = %q", d)
+	}
+	// The operator fixes it; the next try after the backoff succeeds.
+	fail.Store(false)
+	r.s.healthMu.Lock()
+	r.s.failing["kf"].retryAt = time.Time{}
+	r.s.healthMu.Unlock()
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "synced", func() bool { return r.st.cursor("kf") == "c1" })
+	waitFor(t, "idle", r.s.idle)
+	if d := r.s.Failing(); d != "" {
+		t.Fatalf("Failing() = %q after a successful sync", d)
+	}
+}
+
+// TestUnknownOpenKfIDIgnored: a callback for an open_kfid that
+// wecom.open_kfids does not list triggers no sync and is counted.
+func TestUnknownOpenKfIDIgnored(t *testing.T) {
+	var other atomic.Int32
+	src := &pageSource{hook: func(req SyncRequest) error {
+		if req.OpenKfID == "other" {
+			other.Add(1)
+		}
+		return nil
+	}}
+	src.set("kf", "", SyncResponse{})
+	cfg := unitCfg()
+	cfg.OpenKfIDs = []string{"kf"}
+	r := newRig(t, cfg, nil, src)
+	if err := r.s.Trigger("other", "tok"); !errors.Is(err, ErrUnknownOpenKfID) {
+		t.Fatalf("Trigger(other) = %v, want ErrUnknownOpenKfID", err)
+	}
+	waitFor(t, "idle", r.s.idle)
+	if other.Load() != 0 {
+		t.Fatal("synced an open_kfid that is not configured")
+	}
+	if v := counterValue(r.s.m.triggers.WithLabelValues("unknown_open_kfid")); v != 1 {
+		t.Fatalf("unknown_open_kfid triggers = %v", v)
+	}
+}

@@ -136,6 +136,9 @@ func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base)
 	if err := hcfg.Validate(); err != nil {
 		return fail(fmt.Errorf("callback: %w", err))
 	}
+	if base.Ops != nil {
+		base.Ops.AddDetail("sync", p.Syncer.Failing)
+	}
 	trigger := func(_ context.Context, openKfID, token string) {
 		if err := p.Syncer.Trigger(openKfID, token); err != nil {
 			// Answered "success" anyway: the safety sync picks it up.

@@ -27,6 +27,10 @@ type APIError struct {
 	Msg  string
 }
 
+// ErrCode returns the errcode, for callers that classify errors by code
+// without importing this package.
+func (e *APIError) ErrCode() int { return e.Code }
+
 func (e *APIError) Error() string {
 	return fmt.Sprintf("wecom: errcode %d: %s", e.Code, e.Msg)
 }
