@@ -94,6 +94,8 @@ type Server struct {
 	counts       Counts
 	calls        []SyncCall
 	seq          int
+	kfs          *kfState // the reply side (kf.go)
+	failSend     []int
 }
 
 // New starts a fake server on a loopback port; Close stops it.
@@ -175,12 +177,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/cgi-bin/gettoken":
 		s.getToken(w, r)
-	case "/cgi-bin/kf/sync_msg":
+	case "/cgi-bin/kf/sync_msg", "/cgi-bin/kf/send_msg", "/cgi-bin/kf/send_msg_on_event",
+		"/cgi-bin/kf/service_state/get", "/cgi-bin/kf/service_state/trans":
 		if r.Method != http.MethodPost {
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
-		s.syncMsg(w, r)
+		switch r.URL.Path {
+		case "/cgi-bin/kf/sync_msg":
+			s.syncMsg(w, r)
+		case "/cgi-bin/kf/send_msg":
+			s.sendMsg(w, r, false)
+		case "/cgi-bin/kf/send_msg_on_event":
+			s.sendMsg(w, r, true)
+		default:
+			s.serviceState(w, r, r.URL.Path == "/cgi-bin/kf/service_state/trans")
+		}
 	default:
 		http.NotFound(w, r)
 	}
@@ -344,6 +356,7 @@ func (s *Server) Append(openKfID string, msgs ...wecom.Message) []string {
 		if _, isEvent := obj["event"]; !isEvent && jsonString(obj["open_kfid"]) == "" {
 			obj["open_kfid"], _ = json.Marshal(openKfID)
 		}
+		s.noteIncoming(openKfID, obj, sendTime)
 		out, _ := json.Marshal(obj)
 		s.logs[openKfID] = append(s.logs[openKfID], entry{raw: out, sendTime: sendTime})
 		ids = append(ids, id)

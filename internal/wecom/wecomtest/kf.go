@@ -1,0 +1,322 @@
+package wecomtest
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// The reply side of the customer-service API, modelled on WeChat's rules:
+//
+//   - send_msg: the customer must have written within the last 48 hours
+//     (95002), and at most 5 messages may be sent after each message of the
+//     customer (95001); a session that ended refuses messages (95013); an
+//     unknown account is 95000, an unknown customer 40096.
+//   - send_msg_on_event: the welcome_code of an enter_session event, valid
+//     20 seconds and once (95017); text or msgmenu only.
+//   - service_state/get and /trans: states 0 untreated, 1 bot, 2 queue,
+//     3 servicer, 4 ended; the transitions WeChat documents (95016 else).
+//   - A msgid given with a message is kept; the same msgid again for the
+//     account is not delivered a second time (counted by DuplicateMsgIDs).
+//     Whether WeChat itself refuses or ignores a repeated msgid is not
+//     documented: kfpipe does not rely on it (its replies are claimed and
+//     marked like any effect), and the count shows what reached the fake.
+//
+// Every delivered message is recorded (Replies) with its msgid.
+
+// Reply is one message the fake delivered to a customer.
+type Reply struct {
+	OpenKfID, User string
+	MsgID          string
+	MsgType        string
+	Body           json.RawMessage // the request's message object ("text": {...})
+	OnEvent        bool            // sent with send_msg_on_event
+	At             time.Time
+}
+
+// Transfer is one accepted service_state/trans.
+type Transfer struct {
+	OpenKfID, User string
+	From, To       int
+	Servicer       string
+}
+
+const (
+	replyQuota     = 5
+	replyWindow    = 48 * time.Hour
+	welcomeCodeTTL = 20 * time.Second
+)
+
+type session struct {
+	state     int
+	servicer  string
+	quota     int       // messages left until the customer writes again
+	windowEnd time.Time // 48 h after the customer's last message
+}
+
+type welcome struct {
+	openKfID, user string
+	expires        time.Time
+	used           bool
+}
+
+// kfState is the fake's reply-side state (guarded by Server.mu).
+type kfState struct {
+	sessions  map[string]*session // openKfID + "/" + user
+	welcomes  map[string]*welcome
+	msgIDs    map[string]bool // openKfID + "/" + msgid
+	replies   []Reply
+	transfers []Transfer
+	dups      int
+}
+
+func (s *Server) kf() *kfState {
+	if s.kfs == nil {
+		s.kfs = &kfState{sessions: map[string]*session{}, welcomes: map[string]*welcome{}, msgIDs: map[string]bool{}}
+	}
+	return s.kfs
+}
+
+func (s *Server) sessionOf(openKfID, user string) *session {
+	k := s.kf()
+	se := k.sessions[openKfID+"/"+user]
+	if se == nil {
+		se = &session{}
+		k.sessions[openKfID+"/"+user] = se
+	}
+	return se
+}
+
+// noteIncoming updates the reply side for a message appended to
+// openKfID's log (s.mu held): a customer's message opens the reply window
+// again, an enter_session event gets a welcome_code.
+func (s *Server) noteIncoming(openKfID string, obj map[string]json.RawMessage, sendTime int64) {
+	if ev, ok := obj["event"]; ok {
+		var e map[string]any
+		if json.Unmarshal(ev, &e) != nil || e["event_type"] != "enter_session" {
+			return
+		}
+		user, _ := e["external_userid"].(string)
+		code, _ := e["welcome_code"].(string)
+		if code == "" {
+			code = randHex(16)
+			e["welcome_code"] = code
+			obj["event"], _ = json.Marshal(e)
+		}
+		s.kf().welcomes[code] = &welcome{openKfID: openKfID, user: user, expires: s.opts.Clock().Add(welcomeCodeTTL)}
+		return
+	}
+	user := jsonString(obj["external_userid"])
+	var origin int
+	_ = json.Unmarshal(obj["origin"], &origin)
+	if user == "" || (origin != 0 && origin != 3) {
+		return // not a customer's message
+	}
+	se := s.sessionOf(openKfID, user)
+	se.quota = replyQuota
+	se.windowEnd = time.Unix(sendTime, 0).Add(replyWindow)
+	if se.state == 4 {
+		se.state, se.servicer = 0, "" // a new session
+	}
+}
+
+// Replies returns the messages delivered to user of openKfID, in order
+// (both empty: all).
+func (s *Server) Replies(openKfID, user string) []Reply {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Reply
+	for _, r := range s.kf().replies {
+		if (openKfID == "" || r.OpenKfID == openKfID) && (user == "" || r.User == user) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Transfers returns the accepted session state changes, in order.
+func (s *Server) Transfers() []Transfer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Transfer(nil), s.kf().transfers...)
+}
+
+// DuplicateMsgIDs counts messages sent with a msgid already delivered for
+// the same account (not delivered again).
+func (s *Server) DuplicateMsgIDs() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kf().dups
+}
+
+// SessionState returns the state of user's session (as service_state/get).
+func (s *Server) SessionState(openKfID, user string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessionOf(openKfID, user).state
+}
+
+// authorize checks the access token (s.mu held); false when it answered.
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request) bool {
+	tok := r.URL.Query().Get("access_token")
+	exp, known := s.accessTokens[tok]
+	switch {
+	case tok == "":
+		writeErr(w, 41001, "access_token missing")
+	case !known:
+		writeErr(w, 40014, "invalid access_token")
+	case !s.opts.Clock().Before(exp):
+		writeErr(w, 42001, "access_token expired")
+	default:
+		if len(s.failSend) > 0 {
+			code := s.failSend[0]
+			s.failSend = s.failSend[1:]
+			writeErr(w, code, "injected")
+			return false
+		}
+		return true
+	}
+	return false
+}
+
+// FailNextSend makes the next n calls of the reply-side APIs answer
+// errcode (e.g. -1 or 45009).
+func (s *Server) FailNextSend(n, errcode int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for range n {
+		s.failSend = append(s.failSend, errcode)
+	}
+}
+
+type sendBody struct {
+	ToUser   string `json:"touser"`
+	OpenKfID string `json:"open_kfid"`
+	Code     string `json:"code"`
+	MsgID    string `json:"msgid"`
+	MsgType  string `json:"msgtype"`
+}
+
+var sendTypes = map[string]bool{"text": true, "image": true, "voice": true, "video": true, "file": true, "link": true,
+	"miniprogram": true, "msgmenu": true, "location": true}
+
+func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
+	var raw map[string]json.RawMessage
+	decErr := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&raw)
+	var b sendBody
+	if decErr == nil {
+		buf, _ := json.Marshal(raw)
+		decErr = json.Unmarshal(buf, &b)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.authorize(w, r) {
+		return
+	}
+	if decErr != nil || !sendTypes[b.MsgType] || len(raw[b.MsgType]) == 0 || len(b.MsgID) > 32 {
+		writeErr(w, 40058, "invalid parameter")
+		return
+	}
+	now := s.opts.Clock()
+	if onEvent {
+		wc := s.kf().welcomes[b.Code]
+		switch {
+		case b.MsgType != "text" && b.MsgType != "msgmenu":
+			writeErr(w, 40058, "invalid msgtype for send_msg_on_event")
+			return
+		case wc == nil || wc.used || !now.Before(wc.expires):
+			writeErr(w, 95017, "welcome_code expired or used")
+			return
+		}
+		wc.used = true
+		b.OpenKfID, b.ToUser = wc.openKfID, wc.user
+	} else {
+		se := s.kf().sessions[b.OpenKfID+"/"+b.ToUser]
+		switch {
+		case !s.accounts[b.OpenKfID]:
+			writeErr(w, 95000, "invalid open_kfid")
+			return
+		case se == nil:
+			writeErr(w, 40096, "invalid external_userid")
+			return
+		case se.state == 4:
+			writeErr(w, 95013, "session ended")
+			return
+		case !now.Before(se.windowEnd):
+			writeErr(w, 95002, "more than 48 hours since the customer's last message")
+			return
+		case se.quota <= 0:
+			writeErr(w, 95001, "message limit reached; wait for the customer to reply")
+			return
+		}
+	}
+	if b.MsgID == "" {
+		b.MsgID = randHex(16)
+	}
+	if k := b.OpenKfID + "/" + b.MsgID; s.kf().msgIDs[k] {
+		s.kf().dups++
+		writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "msgid": b.MsgID})
+		return
+	} else {
+		s.kf().msgIDs[k] = true
+	}
+	if !onEvent {
+		s.kf().sessions[b.OpenKfID+"/"+b.ToUser].quota--
+	}
+	s.kf().replies = append(s.kf().replies, Reply{OpenKfID: b.OpenKfID, User: b.ToUser, MsgID: b.MsgID, MsgType: b.MsgType,
+		Body: raw[b.MsgType], OnEvent: onEvent, At: now})
+	writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "msgid": b.MsgID})
+}
+
+// transitions are the service_state/trans changes WeChat allows.
+var transitions = map[int][]int{
+	0: {1, 2, 3, 4},
+	1: {2, 3, 4},
+	2: {3, 4},
+	3: {3, 4},
+}
+
+func (s *Server) serviceState(w http.ResponseWriter, r *http.Request, trans bool) {
+	var b struct {
+		OpenKfID string `json:"open_kfid"`
+		User     string `json:"external_userid"`
+		State    int    `json:"service_state"`
+		Servicer string `json:"servicer_userid"`
+	}
+	decErr := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&b)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.authorize(w, r) {
+		return
+	}
+	switch {
+	case decErr != nil:
+		writeErr(w, 40058, "invalid parameter")
+		return
+	case !s.accounts[b.OpenKfID]:
+		writeErr(w, 95000, "invalid open_kfid")
+		return
+	}
+	se := s.sessionOf(b.OpenKfID, b.User)
+	if !trans {
+		writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "service_state": se.state, "servicer_userid": se.servicer})
+		return
+	}
+	allowed := false
+	for _, to := range transitions[se.state] {
+		allowed = allowed || to == b.State
+	}
+	if !allowed || (b.State == 3 && b.Servicer == "") {
+		writeErr(w, 95016, "service state transition not allowed")
+		return
+	}
+	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: b.OpenKfID, User: b.User, From: se.state, To: b.State,
+		Servicer: b.Servicer})
+	se.state, se.servicer = b.State, b.Servicer
+	code := ""
+	if b.State == 3 || b.State == 4 {
+		code = randHex(16)
+		s.kf().welcomes[code] = &welcome{openKfID: b.OpenKfID, user: b.User, expires: s.opts.Clock().Add(welcomeCodeTTL)}
+	}
+	writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "msg_code": code})
+}

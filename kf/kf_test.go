@@ -1,0 +1,159 @@
+package kf_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+	"github.com/kfpipe/kfpipe/kf"
+)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func setup(t *testing.T) (*wecomtest.Server, *kf.Client, *clock) {
+	t.Helper()
+	clk := &clock{t: time.Now()}
+	fake := wecomtest.New(wecomtest.Options{Accounts: []string{"wk1"}, Clock: clk.now, TokenTTL: 1000 * time.Hour})
+	t.Cleanup(fake.Close)
+	c, err := kf.New(kf.Config{BaseURL: fake.URL(), CorpID: fake.CorpID(), Secret: fake.Secret()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fake, c, clk
+}
+
+func code(err error) int {
+	var e *kf.Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return 0
+}
+
+// TestReplyWindow: after a customer's message at most 5 messages go out
+// (95001, permanent), a new message of the customer opens the window
+// again, and 48 hours after the customer's last message nothing goes out
+// (95002).
+func TestReplyWindow(t *testing.T) {
+	fake, c, clk := setup(t)
+	ctx := context.Background()
+	if _, err := c.Send(ctx, "wk1", "u1", "", kf.Text{Content: "hi"}); code(err) != kf.CodeInvalidUser {
+		t.Fatalf("send to a customer who never wrote: %v", err)
+	}
+	fake.AddText("wk1", "u1", "hello")
+	for i := range 5 {
+		if _, err := c.Send(ctx, "wk1", "u1", "", kf.Text{Content: fmt.Sprint(i)}); err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+	}
+	_, err := c.Send(ctx, "wk1", "u1", "", kf.Text{Content: "6th"})
+	if code(err) != kf.CodeReplyLimit || !kf.IsPermanent(err) {
+		t.Fatalf("6th reply: %v, want permanent 95001", err)
+	}
+	fake.AddText("wk1", "u1", "again")
+	if _, err := c.Send(ctx, "wk1", "u1", "", kf.Text{Content: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(48*time.Hour + time.Second)
+	if _, err := c.Send(ctx, "wk1", "u1", "", kf.Text{Content: "late"}); code(err) != kf.CodeReplyWindowClosed {
+		t.Fatalf("after 48 h: %v, want 95002", err)
+	}
+	if n := len(fake.Replies("wk1", "u1")); n != 6 {
+		t.Fatalf("%d replies delivered, want 6", n)
+	}
+}
+
+// TestSessionStatesAndWelcome: the bot hands the customer to a servicer,
+// an invalid change is refused (95016), an ended session takes no message
+// (95013); a welcome_code serves once.
+func TestSessionStatesAndWelcome(t *testing.T) {
+	fake, c, _ := setup(t)
+	ctx := context.Background()
+	fake.AddEvent("wk1", "u2", "enter_session")
+	code0 := welcomeCode(t, fake)
+	if _, err := c.SendOnEvent(ctx, code0, "", kf.Text{Content: "welcome"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SendOnEvent(ctx, code0, "", kf.Text{Content: "again"}); code(err) != kf.CodeWelcomeCodeUsed {
+		t.Fatalf("second use of a welcome_code: %v", err)
+	}
+	fake.AddText("wk1", "u2", "human please")
+	if _, err := c.TransServiceState(ctx, "wk1", "u2", kf.StateServicer, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if st, who, err := c.ServiceState(ctx, "wk1", "u2"); err != nil || st != kf.StateServicer || who != "alice" {
+		t.Fatalf("state %v %q %v", st, who, err)
+	}
+	if _, err := c.TransServiceState(ctx, "wk1", "u2", kf.StateBot, ""); code(err) != kf.CodeInvalidTransition {
+		t.Fatalf("servicer → bot: %v, want 95016", err)
+	}
+	if _, err := c.TransServiceState(ctx, "wk1", "u2", kf.StateEnded, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Send(ctx, "wk1", "u2", "", kf.Text{Content: "bye"}); code(err) != kf.CodeSessionEnded {
+		t.Fatalf("send after the end: %v, want 95013", err)
+	}
+}
+
+func welcomeCode(t *testing.T, fake *wecomtest.Server) string {
+	t.Helper()
+	msgs := fake.Messages("wk1")
+	m := regexp.MustCompile(`"welcome_code":"([0-9a-f]+)"`).FindSubmatch(msgs[len(msgs)-1].Raw)
+	if m == nil {
+		t.Fatalf("no welcome_code in %s", msgs[len(msgs)-1].Raw)
+	}
+	return string(m[1])
+}
+
+// TestRetryableAndMsgID: -1 and 45009 are retried by the client; a given
+// msgid is kept and a repeat of it is not delivered again by the fake.
+func TestRetryableAndMsgID(t *testing.T) {
+	fake, c, _ := setup(t)
+	ctx := context.Background()
+	fake.AddText("wk1", "u3", "hi")
+	fake.FailNextSend(2, kf.CodeFrequencyLimit)
+	id := kf.MsgID("wk1", "up-1", 0)
+	if got, err := c.Send(ctx, "wk1", "u3", id, kf.Menu{HeadContent: "pick", Items: []kf.MenuItem{{ID: "1", Content: "one"}}}); err != nil || got != id {
+		t.Fatalf("send after 45009 twice: %q %v", got, err)
+	}
+	if _, err := c.Send(ctx, "wk1", "u3", id, kf.Text{Content: "dup"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, d := len(fake.Replies("wk1", "u3")), fake.DuplicateMsgIDs(); n != 1 || d != 1 {
+		t.Fatalf("replies %d duplicates %d, want 1 and 1", n, d)
+	}
+	if !regexp.MustCompile(`^[0-9A-Za-z_-]{32}$`).MatchString(id) || kf.MsgID("wk1", "up-1", 1) == id {
+		t.Fatalf("MsgID %q", id)
+	}
+	if _, err := c.Send(ctx, "wk1", "u3", "not/valid", kf.Text{Content: "x"}); err == nil {
+		t.Fatal("an invalid msgid was accepted")
+	}
+}
+
+// ExampleClient_Send replies to a customer of the fake WeChat.
+func ExampleClient_Send() {
+	fake := wecomtest.New(wecomtest.Options{Accounts: []string{"wkShop"}})
+	defer fake.Close()
+	fake.AddText("wkShop", "wmCustomer", "opening hours?")
+
+	c, _ := kf.New(kf.Config{BaseURL: fake.URL(), CorpID: fake.CorpID(), Secret: fake.Secret()})
+	_, err := c.Send(context.Background(), "wkShop", "wmCustomer", kf.MsgID("wkShop", "msg-1", 0),
+		kf.Text{Content: "We are open 9:00-18:00."})
+	fmt.Println(err, len(fake.Replies("wkShop", "wmCustomer")))
+	// Output: <nil> 1
+}
