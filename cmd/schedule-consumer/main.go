@@ -1,18 +1,20 @@
 // Command schedule-consumer consumes the main topic and hands each user's
-// messages, in order, to the business Handler.
+// messages, in order, to the handler configured by handler.type. A team
+// with a Go handler runs kfpipe.RunConsumer with it instead: the same
+// entry point (see examples/faqbot).
 package main
 
 import (
 	"fmt"
 	"os"
 
+	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/internal/daemon"
-	"github.com/kfpipe/kfpipe/internal/service"
 )
 
 func main() {
 	ctx, stop := daemon.SignalContext()
-	err := service.RunConsumer(ctx, os.Args[1:])
+	err := kfpipe.RunConsumer(ctx, os.Args[1:], nil)
 	stop()
 	if daemon.Failed(ctx, err) {
 		fmt.Fprintf(os.Stderr, "schedule-consumer: %v\n", err)

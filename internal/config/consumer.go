@@ -15,6 +15,10 @@ type Consumer struct {
 	Breaker   Breaker   `mapstructure:"breaker"`
 	Handler   Handler   `mapstructure:"handler"`
 	DLQ       DLQ       `mapstructure:"dlq"`
+	// WeCom is the API the handlers' replies go through (kfpipe.Reply);
+	// optional: without corp_id and secret, replies fail with an error
+	// that says so.
+	WeCom WeCom `mapstructure:"wecom"`
 }
 
 // Processor configures per-user actors and per-partition flow control.
@@ -142,6 +146,7 @@ func defaultConsumer(env string) Consumer {
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
 		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
 		DLQ:       defaultDLQ(),
+		WeCom:     WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
 	}
 }
 

@@ -43,7 +43,7 @@ func TestIdleActorForgetsUserState(t *testing.T) {
 	}
 	c, p := unitConsumer(NoopHandler, &memDLQ{}, nil)
 	c.limiter, c.breaker = rlLimiter{rl}, br
-	c.acts = newRegistry(4, time.Second, nil, c.process, nil)
+	c.acts = newRegistry(4, 3*time.Second, nil, c.process, nil)
 	c.acts.onIdle = c.forget
 	defer c.acts.close()
 
@@ -63,9 +63,9 @@ func TestIdleActorForgetsUserState(t *testing.T) {
 				TimestampType: kafka.TimestampCreateTime}, msg: m, part: p, user: user})
 			off++
 		}
-		// Some actors may already have ended on a slow machine; most have not.
-		if rl.Users() < users/2 || br.Users() < users/2 {
-			t.Fatalf("state for %d/%d users right after %d messages", rl.Users(), br.Users(), users)
+		// Some actors may already have ended on a slow machine, not all.
+		if rl.Users() == 0 || br.Users() == 0 {
+			t.Fatalf("no state for any of %d users right after their messages", users)
 		}
 		waitFor(t, 30*time.Second, func() bool { return c.acts.len() == 0 && rl.Users() == 0 && br.Users() == 0 })
 		return heap()

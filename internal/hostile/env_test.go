@@ -306,7 +306,11 @@ func (e *env) auditLen(t *testing.T) int64 {
 // dlq-consumer indexed them, so the admin API has something to change.
 func (e *env) seedDLQ(t *testing.T, letters []*dlq.DeadLetterMessage) {
 	t.Helper()
-	p, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: e.dcfg.Kafka, DLQ: e.dcfg.DLQ})
+	// The seeder is a producer of its own: its own emergency file (the
+	// dlq-consumer's is locked by the dlq-consumer).
+	seed := e.dcfg.DLQ
+	seed.EmergencyFile = filepath.Join(t.TempDir(), "seed-emergency.jsonl")
+	p, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: e.dcfg.Kafka, DLQ: seed})
 	if err != nil {
 		t.Fatal(err)
 	}

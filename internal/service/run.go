@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 )
@@ -58,12 +59,48 @@ func RunProducer(ctx context.Context, args []string) error {
 // RunConsumer runs schedule-consumer with the configured handler until ctx
 // is cancelled.
 func RunConsumer(ctx context.Context, args []string) error {
+	return RunConsumerWith(ctx, args, nil)
+}
+
+// HandlerFactory builds the consumer's handler once the configuration is
+// loaded and the shared clients are up; close (may be nil) runs after the
+// consumer stopped.
+type HandlerFactory func(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (h consumer.Handler, close func(), err error)
+
+// RunConsumerWith is RunConsumer with the handler mk builds (nil: the one
+// handler.type names). The public kfpipe.RunConsumer is built on it.
+func RunConsumerWith(ctx context.Context, args []string, mk HandlerFactory) error {
 	return run(ctx, "schedule-consumer", args, config.LoadConsumer,
 		func(c *config.Consumer) config.Common { return c.Common },
 		func(ctx context.Context, c *config.Consumer, b *daemon.Base) (closer, error) {
-			return StartConsumer(ctx, c, b, nil)
+			var h consumer.Handler
+			var done func()
+			if mk != nil {
+				var err error
+				if h, done, err = mk(ctx, c, b); err != nil {
+					return nil, err
+				}
+			}
+			s, err := StartConsumer(ctx, c, b, h)
+			if err != nil {
+				if done != nil {
+					done()
+				}
+				return nil, err
+			}
+			return closerFunc(func(ctx context.Context) error {
+				err := s.Close(ctx)
+				if done != nil {
+					done()
+				}
+				return err
+			}), nil
 		})
 }
+
+type closerFunc func(ctx context.Context) error
+
+func (f closerFunc) Close(ctx context.Context) error { return f(ctx) }
 
 // RunDLQ runs dlq-consumer until ctx is cancelled; `dlq-consumer rebuild
 // --config …` instead rebuilds the Redis index from the DLQ topic and exits.

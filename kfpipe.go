@@ -1,0 +1,181 @@
+// Package kfpipe is what a business team imports to answer WeChat Work
+// customer-service (微信客服) messages with kfpipe: the Message a handler
+// receives, the Handler it implements, middleware, replies that reach the
+// customer exactly once, and RunConsumer, which runs the schedule-consumer
+// daemon with that handler from the same config file the daemon reads.
+//
+// The consumer calls a Handler with one user's messages one at a time, in
+// the order the user sent them, and different users' messages in
+// parallel. nil finishes the message; an error is retried in place
+// (processor.retry_attempts) and then dead-lettered and retried from the
+// DLQ later; Permanent(err) dead-letters it at once. See docs/handlers.md.
+//
+// A reply (Reply, Welcome, Transfer) is an effect like any other: kfpipe
+// claims it in Redis keyed by (open_kfid, upstream msgid, reply number),
+// sends it to WeChat with a msgid derived from the same key, and marks it
+// done, so a handler that runs again for the same message — a retry, a
+// consumer crash, a rebalance, a DLQ recovery — does not send a reply
+// twice. The one window left is a crash after WeChat accepted a reply and
+// before its done mark was written; the resend then carries the same msgid
+// (see docs/replies.md).
+package kfpipe
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/consumer"
+)
+
+// Message is one customer-service message or event, as kf-producer read it
+// from WeChat's sync_msg.
+type Message struct {
+	// ID is kfpipe's Snowflake ID, new each time WeChat's message is pulled.
+	ID int64
+	// UpstreamMsgID and OpenKfID identify the message at WeChat; together
+	// they are its idempotency key (IdempotencyKey).
+	UpstreamMsgID string
+	OpenKfID      string
+	// ExternalUserID is the customer.
+	ExternalUserID string
+	// MsgType is WeChat's msgtype: text, image, voice, video, file,
+	// location, link, business_card, miniprogram, msgmenu, event, …
+	MsgType string
+	// Origin is WeChat's origin: 3 the customer, 4 a system event, 5 a
+	// servicer.
+	Origin int
+	// ServicerUserID is the servicer of a message a servicer sent.
+	ServicerUserID string
+	// SendTime is when the customer sent it (WeChat's send_time).
+	SendTime time.Time
+	// Raw is WeChat's message item exactly as received.
+	Raw json.RawMessage
+}
+
+// IdempotencyKey is the message's identity at WeChat, stable across
+// re-pulls, retries and redeliveries: "<open_kfid>:<upstream msgid>". A
+// downstream system that stores it with an effect can drop a repeat.
+func (m *Message) IdempotencyKey() string { return m.OpenKfID + ":" + m.UpstreamMsgID }
+
+// Text returns a text message's content (ok false for other types). A tap
+// on a menu item comes back as a text message too; MenuID gives its item.
+func (m *Message) Text() (content string, ok bool) {
+	if m.MsgType != "text" {
+		return "", false
+	}
+	var item struct {
+		Text struct {
+			Content string `json:"content"`
+		} `json:"text"`
+	}
+	_ = json.Unmarshal(m.Raw, &item)
+	return item.Text.Content, true
+}
+
+// MenuID returns the id of the menu item the customer tapped, when this
+// text message answers a Menu ("" otherwise).
+func (m *Message) MenuID() string {
+	var item struct {
+		Text struct {
+			MenuID string `json:"menu_id"`
+		} `json:"text"`
+	}
+	_ = json.Unmarshal(m.Raw, &item)
+	return item.Text.MenuID
+}
+
+// Event is an event message's content (MsgType "event").
+type Event struct {
+	// Type is WeChat's event_type: enter_session, msg_send_fail,
+	// servicer_status_change, session_status_change, …
+	Type string
+	// WelcomeCode is enter_session's code for the welcome message
+	// (Welcome), valid 20 seconds.
+	WelcomeCode string
+	// Scene and SceneParam say where the customer came from.
+	Scene, SceneParam string
+}
+
+// Event returns an event message's content (ok false for other types).
+func (m *Message) Event() (Event, bool) {
+	if m.MsgType != "event" {
+		return Event{}, false
+	}
+	var item struct {
+		Event struct {
+			Type        string `json:"event_type"`
+			WelcomeCode string `json:"welcome_code"`
+			Scene       string `json:"scene"`
+			SceneParam  string `json:"scene_param"`
+		} `json:"event"`
+	}
+	_ = json.Unmarshal(m.Raw, &item)
+	e := item.Event
+	return Event{Type: e.Type, WelcomeCode: e.WelcomeCode, Scene: e.Scene, SceneParam: e.SceneParam}, true
+}
+
+func fromChat(c *chatmsg.ChatMessage) *Message {
+	return &Message{ID: c.MessageID, UpstreamMsgID: c.UpstreamMsgID, OpenKfID: c.OpenKfID,
+		ExternalUserID: c.ExternalUserID, MsgType: c.MsgType, Origin: c.Origin, ServicerUserID: c.ServicerUserID,
+		SendTime: time.Unix(c.SendTime, 0), Raw: c.Content}
+}
+
+// Handler handles one message. It must be safe for concurrent use (other
+// users' messages) and return when ctx ends (each attempt is bounded by
+// processor.attempt_timeout).
+type Handler interface {
+	Handle(ctx context.Context, m *Message) error
+}
+
+// HandlerFunc is a function used as a Handler.
+type HandlerFunc func(ctx context.Context, m *Message) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, m *Message) error { return f(ctx, m) }
+
+// Permanent marks err as a failure that retrying cannot fix: the message
+// is dead-lettered at once (reason invalid_message) instead of retried.
+func Permanent(err error) error { return consumer.Permanent(err) }
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool { return consumer.IsPermanent(err) }
+
+// Middleware wraps a Handler with behaviour of its own (logging, timeouts,
+// metrics), as in Watermill's message router.
+type Middleware func(Handler) Handler
+
+// Chain returns h wrapped in mw: the first middleware is the outermost, so
+// Chain(h, a, b) runs a, then b, then h, and their after-parts in reverse.
+func Chain(h Handler, mw ...Middleware) Handler {
+	for i := len(mw) - 1; i >= 0; i-- {
+		h = mw[i](h)
+	}
+	return h
+}
+
+// Timeout bounds each call of the handler to d (on top of the consumer's
+// processor.attempt_timeout).
+func Timeout(d time.Duration) Middleware {
+	return func(next Handler) Handler {
+		return HandlerFunc(func(ctx context.Context, m *Message) error {
+			ctx, cancel := context.WithTimeout(ctx, d)
+			defer cancel()
+			return next.Handle(ctx, m)
+		})
+	}
+}
+
+// Logging calls logf after each message with the message, the error (nil
+// on success) and how long the handler took.
+func Logging(logf func(m *Message, err error, took time.Duration)) Middleware {
+	return func(next Handler) Handler {
+		return HandlerFunc(func(ctx context.Context, m *Message) error {
+			start := time.Now()
+			err := next.Handle(ctx, m)
+			logf(m, err, time.Since(start))
+			return err
+		})
+	}
+}
