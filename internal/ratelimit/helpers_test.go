@@ -15,7 +15,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// t0 is the start of every timeline ("T0" in seed §10.5).
+// t0 is the start of every timeline ("T0" of the scenarios below).
 var t0 = time.Date(2030, 1, 1, 8, 0, 0, 0, time.UTC)
 
 type fakeClock struct {
@@ -39,9 +39,9 @@ func (c *fakeClock) Set(t time.Time) {
 
 func (c *fakeClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
 
-// seedConfig is the limiter configuration of seed §10.5 (限流配置策略),
-// written out here so the tests check the seed, not whatever the defaults
-// become.
+// seedConfig is the limiter configuration the project started from (normal
+// 10 s / 5 messages, 3 violations block 1 h; vip and suspicious likewise),
+// written out here so the tests check it, not whatever the defaults become.
 func seedConfig() config.RateLimit {
 	return config.RateLimit{
 		Enabled:      true,

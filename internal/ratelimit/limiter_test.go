@@ -60,7 +60,8 @@ func every(start, end, interval time.Duration, f func(i int, at time.Duration) s
 	}
 }
 
-// The four attack scenarios of seed §10.5 (典型攻击场景与防护), each with
+// The four scenarios the limiter is built against (a normal user, an
+// excited user's burst, a bot, a slow attack just above the limit), each with
 // "10 seconds 5 messages, 3 violations block for 1 hour".
 func TestSeedScenarios(t *testing.T) {
 	const bot = 10 * time.Millisecond // 100 msg/s
@@ -127,7 +128,7 @@ func TestSeedScenarios(t *testing.T) {
 			// 场景4 慢速攻击: "every 2 s" is exactly the limit (a timestamp
 			// leaves the window when it is N seconds old), so "just above the
 			// limit" is one message every 1.9 s. Refusals come at T9.5 (1/3),
-			// T20.9 (2/3) and T32.3 (3/3): blocked around T30, as the seed says.
+			// T20.9 (2/3) and T32.3 (3/3): blocked around T30, as designed.
 			name: "slow attack",
 			steps: every(0, slowBlock+slow, slow, func(i int, at time.Duration) step {
 				switch {
