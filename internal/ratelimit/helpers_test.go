@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,26 +17,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // t0 is the start of every timeline ("T0" of the scenarios below).
 var t0 = time.Date(2030, 1, 1, 8, 0, 0, 0, time.UTC)
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock is the shared test clock.
+type fakeClock = testenv.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{t: t0} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
-}
-
-func (c *fakeClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
+func newFakeClock() *fakeClock { return testenv.NewClock(t0) }
 
 // seedConfig is the limiter configuration the project started from (normal
 // 10 s / 5 messages, 3 violations block 1 h; vip and suspicious likewise),
