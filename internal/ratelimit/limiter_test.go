@@ -60,8 +60,7 @@ func every(start, end, interval time.Duration, f func(i int, at time.Duration) s
 	}
 }
 
-// The four scenarios the limiter is built against (a normal user, an
-// excited user's burst, a bot, a slow attack just above the limit), each with
+// The four attack scenarios of seed §10.5 (典型攻击场景与防护), each with
 // "10 seconds 5 messages, 3 violations block for 1 hour".
 func TestSeedScenarios(t *testing.T) {
 	const bot = 10 * time.Millisecond // 100 msg/s
