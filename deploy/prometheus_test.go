@@ -209,7 +209,7 @@ func TestAlertsHaveRunbooks(t *testing.T) {
 			}
 		}
 	}
-	// The seed's alerts (§5.2, §3.4, §10.5) are all there.
+	// The alerts docs/operations.md has runbooks for are all there.
 	for _, want := range []string{"KfpipeConsumerLagHigh", "KfpipeRebalanceFrequent", "KfpipeProcessorLeak",
 		"KfpipeDLQGrowthHigh", "KfpipeDLQGrowthAbnormal", "KfpipeDLQEmergencyWrite", "KfpipeDLQConsumerDown",
 		"KfpipeDLQConsumerStalled", "KfpipeDLQUnrecoverable", "KfpipeDLQManualReviewBacklog", "KfpipeRateLimitViolations",

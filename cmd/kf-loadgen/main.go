@@ -1,5 +1,5 @@
-// Command kf-loadgen drives the running pipeline with the load profiles of
-// the seed's test plan and checks, at the end, that nothing was lost, no
+// Command kf-loadgen drives the running pipeline with a load profile
+// (normal, peak, attack, throughput) and checks, at the end, that nothing was lost, no
 // message had two effects and every user's messages were handled in order.
 //
 // It sends either the way WeChat does (--mode callback: it hosts the fake
@@ -40,7 +40,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
-// profile is a load shape from the seed's test plan (§8 测试与演练).
+// profile is a load shape: how many users send how fast.
 type profile struct {
 	users      int
 	perUserMin float64 // messages per user per minute; 0 = as fast as possible

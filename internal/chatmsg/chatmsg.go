@@ -11,7 +11,8 @@ import (
 	"strconv"
 )
 
-// Header names on main-topic records (ARCHITECTURE §4, §7).
+// Header names on main-topic records; the DLQ scheduler sets the retry ones
+// on messages it sends back.
 const (
 	HeaderMsgType       = "msg_type"
 	HeaderMsgID         = "msg_id"

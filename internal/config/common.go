@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// Environments. The environment picks topic defaults (ARCHITECTURE §4) and
-// the log format.
+// Environments. The environment picks topic defaults (partitions,
+// replication, retention; docs/operations.md "Topic sizing") and the log
+// format.
 const (
 	EnvDevelopment = "development"
 	EnvTest        = "test"

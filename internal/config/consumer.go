@@ -51,7 +51,7 @@ type Dedup struct {
 	Lease time.Duration `mapstructure:"lease"`
 }
 
-// RateLimit configures the sliding-window limiter (seed §10.5).
+// RateLimit configures the per-user sliding-window limiter (package ratelimit).
 type RateLimit struct {
 	Enabled      bool                 `mapstructure:"enabled"`
 	DefaultGroup string               `mapstructure:"default_group"`

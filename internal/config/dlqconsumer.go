@@ -17,7 +17,8 @@ type DLQConsumer struct {
 	RateLimit RateLimit `mapstructure:"rate_limit"` // to pace re-injection inside a user's limit
 }
 
-// Recovery configures delayed retries of dead letters (docs/reliability.md).
+// Recovery configures delayed retries of dead letters (docs/operations.md,
+// "Dead-letter reasons").
 type Recovery struct {
 	BaseDelay    time.Duration            `mapstructure:"base_delay"`
 	MaxDelay     time.Duration            `mapstructure:"max_delay"`

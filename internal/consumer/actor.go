@@ -10,7 +10,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
 
-// Actor states (seed §10.1): Active accepts messages; Dying is the short
+// Actor states: Active accepts messages; Dying is the short
 // moment, under the actor's lock, between deciding to die and leaving the
 // registry; Dead never accepts a message again.
 const (
@@ -41,7 +41,7 @@ type envelope struct {
 	guard claimGuard
 }
 
-// actor is the self-managing processor of one external_userid (seed §10).
+// actor is the self-managing processor of one external_userid (I4, I5).
 //
 // It owns no goroutine while idle: enqueue starts one when the mailbox goes
 // from empty to non-empty and that goroutine exits when the mailbox is
@@ -49,7 +49,8 @@ type envelope struct {
 // empty queue and an idle timer), which is what lets a node keep 100k known
 // users (measured by TestActorMemory).
 //
-// The send/die race (seed §10.3 scenario 2) is closed by the actor's mutex:
+// The send/die race (a message sent to an actor that is deciding to die) is
+// closed by the actor's mutex:
 // enqueue and the decision to die both happen under mu, and an actor only
 // decides to die with an empty mailbox and no running goroutine. So a
 // message is either in this actor's mailbox before it dies, and is handled

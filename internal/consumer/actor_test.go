@@ -23,8 +23,8 @@ func testEnvelope(user string, seq int64) *envelope {
 
 // TestActorSendDieRace sends to users whose actors keep dying (idle timeout
 // of a few microseconds) and checks that no message is lost or reordered
-// and that at most one actor per user handles messages at a time (seed
-// §10.2, §10.3 scenario 2). Run it with -race.
+// and that at most one actor per user handles messages at a time (a send
+// racing the actor's decision to die). Run it with -race.
 func TestActorSendDieRace(t *testing.T) {
 	const users, perUser = 20, 400
 	var mu sync.Mutex

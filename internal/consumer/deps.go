@@ -70,7 +70,7 @@ type Verdict struct {
 	Details string
 }
 
-// Limiter is the per-user sliding-window limiter (seed §10.5). It is called
+// Limiter is the per-user sliding-window limiter (I5). It is called
 // from the consumer's single dispatch goroutine, in partition order, so it
 // must answer from memory (no network round trip on the hot path).
 type Limiter interface {

@@ -2,7 +2,8 @@ package consumer
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// metrics are the consumer's Prometheus series (ARCHITECTURE §8).
+// metrics are the consumer's Prometheus series (kfpipe_ names; the alerts of
+// docs/operations.md read them).
 type metrics struct {
 	consumed   prometheus.Counter
 	processed  *prometheus.CounterVec // result: ok, duplicate, or a DLQ reason

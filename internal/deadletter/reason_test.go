@@ -45,7 +45,7 @@ func TestTableRows(t *testing.T) {
 	}
 }
 
-// The seed's policies, which the table replaced, still hold.
+// The policies the table replaced (switches in dlq) still hold.
 func TestPoliciesMatchSeed(t *testing.T) {
 	cases := []struct {
 		r           Reason

@@ -36,7 +36,7 @@ func (c ConsumerConfig) Validate() error {
 	return nil
 }
 
-// Consumer reads the DLQ topic into the Index (ARCHITECTURE §7). Records
+// Consumer reads the DLQ topic into the Index. Records
 // are indexed one by one in the poll goroutine, so when a poll returns,
 // everything polled before is indexed; offsets are committed only for
 // indexed records (I2 for the DLQ itself). Indexing is idempotent, so

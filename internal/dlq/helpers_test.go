@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -16,27 +15,15 @@ import (
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
-// manualClock is a Clock tests move by hand.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// manualClock is the shared test clock; Add is this package's name for
+// Advance.
+type manualClock struct{ *testenv.Clock }
 
 func newClock() *manualClock {
-	return &manualClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	return &manualClock{testenv.NewClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))}
 }
 
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *manualClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func (c *manualClock) Add(d time.Duration) { c.Advance(d) }
 
 // testConfig is the dlq-consumer default configuration pointed at the test
 // broker with fresh topics.
@@ -76,53 +63,10 @@ func deadLetter(user string, reason Reason, off int64, at time.Time) *DeadLetter
 
 // readTopic reads every partition of topic from the beginning until n
 // records arrived, then keeps reading for linger to catch extras.
-func readTopic(t *testing.T, brokers, topic string, n int, linger time.Duration) []*kafka.Message {
-	t.Helper()
-	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": brokers, "group.id": testenv.Name(t, "read"),
-		"enable.auto.commit": false, "go.logs.channel.enable": false})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	md, err := c.GetMetadata(&topic, false, 10000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tps []kafka.TopicPartition
-	for _, p := range md.Topics[topic].Partitions {
-		tps = append(tps, kafka.TopicPartition{Topic: &topic, Partition: p.ID, Offset: kafka.OffsetBeginning})
-	}
-	if err := c.Assign(tps); err != nil {
-		t.Fatal(err)
-	}
-	var out []*kafka.Message
-	deadline := time.Now().Add(20 * time.Second)
-	var until time.Time
-	for time.Now().Before(deadline) {
-		if len(out) >= n && until.IsZero() {
-			until = time.Now().Add(linger)
-		}
-		if !until.IsZero() && time.Now().After(until) {
-			break
-		}
-		if m, ok := c.Poll(50).(*kafka.Message); ok {
-			out = append(out, m)
-		}
-	}
-	if len(out) < n {
-		t.Fatalf("read %d records from %s, want %d", len(out), topic, n)
-	}
-	return out
-}
+var readTopic = testenv.ReadTopicAtLeast
 
-func header(m *kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
+// header returns the value of a record's header.
+var header = testenv.Header
 
 // sendSync sends dl and waits for done.
 func sendSync(t *testing.T, p *Producer, dl *DeadLetterMessage) {

@@ -30,13 +30,14 @@ var ErrNotFound = errors.New("dlq: entry not found")
 // caller's mistake, not a store failure.
 var ErrBadCursor = errors.New("dlq: bad cursor")
 
-// Index is the Redis view of the DLQ topic (ARCHITECTURE §6, §7). Every
+// Index is the Redis view of the DLQ topic, which stays the source of
+// truth (Rebuild recreates the view from it). Every
 // write of an entry is one Lua script, so an entry, its sets and the
 // counters never disagree, and indexing the same ID twice is a no-op.
 //
 // The scripts that take an ID alone derive the user and reason keys from
 // the stored entry; that is fine for a single node or Sentinel (never
-// Redis Cluster, ARCHITECTURE §6).
+// Redis Cluster).
 type Index struct {
 	rdb    redis.UniversalClient
 	prefix string

@@ -1,4 +1,4 @@
-// Package dlq owns the dead-letter side of the pipeline (ARCHITECTURE §7):
+// Package dlq owns the dead-letter side of the pipeline (I6):
 // the DeadLetterMessage wire format, the DLQ producer with its fsync'd
 // emergency file and replayer, the DLQ consumer that indexes the topic into
 // Redis, the recovery strategies, and the scheduler that sends due retries

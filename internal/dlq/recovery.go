@@ -32,7 +32,8 @@ type RetryRecord struct {
 }
 
 // RecoveryStrategy decides how a dead letter of one reason is recovered
-// (seed §3.4). CanRecover false sends it to manual review.
+// (the strategy column of the reason table, package deadletter). CanRecover
+// false sends it to manual review.
 type RecoveryStrategy interface {
 	CanRecover(ctx context.Context, dl *DeadLetterMessage) bool
 	// CalculateRetryDelay is counted from dl.FailureTime, so placing the

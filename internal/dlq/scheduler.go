@@ -55,7 +55,7 @@ func (c SchedulerConfig) Validate() error {
 	return nil
 }
 
-// Scheduler sends due retries back to the main topic (ARCHITECTURE §7). Only
+// Scheduler sends due retries back to the main topic. Only
 // the replica holding the Redis lock scans; each due entry is also claimed
 // with a lease in Redis, so even two scanners never send it twice, and an
 // entry claimed by a scheduler that died is due again when the lease ends.

@@ -25,7 +25,8 @@ func Producer(k config.Kafka) *kafka.ConfigMap {
 		"batch.size":                   p.BatchSize,
 		"queue.buffering.max.messages": p.QueueMaxMsgs,
 		"delivery.timeout.ms":          int(p.DeliveryTimeout.Milliseconds()),
-		// murmur2 places a key where the Java client does (ARCHITECTURE §4).
+		// murmur2 places a key where the Java client does, so other clients
+		// of the topic agree on a user's partition (I4).
 		"partitioner": "murmur2_random",
 		// Only the fields we read in delivery reports.
 		"go.delivery.report.fields": "key,headers",

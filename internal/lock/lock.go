@@ -1,7 +1,7 @@
 // Package lock gives one holder at a time per name across processes: a
 // redsync mutex on the shared Redis (a single node or Sentinel — never
 // Cluster), extended automatically while held, with a fenced write that only
-// lands while the lock is still ours (the sync cursor, ARCHITECTURE §5).
+// lands while the lock is still ours (the sync cursor, I1).
 package lock
 
 import (

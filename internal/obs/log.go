@@ -13,7 +13,7 @@ import (
 )
 
 // Log field names shared by every package, so logs can be joined across
-// daemons (ARCHITECTURE §8).
+// daemons.
 const (
 	FieldUserID    = "user_id"
 	FieldOpenKfID  = "open_kfid"

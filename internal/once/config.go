@@ -43,7 +43,7 @@ type Config struct {
 // BatchConfig configures the pipelining of claim, finish and release
 // operations. One call costs two operations (claim, finish); without
 // batching each is a round trip of its own, which caps a consumer that
-// dedups every message near 25k msg/s (ARCHITECTURE §11).
+// dedups every message near 25k msg/s (BENCHMARKS.md).
 type BatchConfig struct {
 	// Enabled turns batching on.
 	Enabled bool

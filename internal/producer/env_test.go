@@ -1,17 +1,16 @@
 package producer
 
 import (
-	"errors"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/bwmarrin/snowflake"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-	"github.com/google/uuid"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 )
 
@@ -43,68 +42,11 @@ func newSnowIDs(t testing.TB, node int64) snowIDs {
 func (s snowIDs) Next() (int64, error) { return s.n.Generate().Int64(), nil }
 
 // readTopic reads every record of topic (up to the high watermarks taken
-// when called) with a plain assign-based consumer.
-func readTopic(t testing.TB, brokers, topic string) []*kafka.Message {
-	t.Helper()
-	c, err := kafka.NewConsumer(&kafka.ConfigMap{
-		"bootstrap.servers": brokers, "group.id": "reader-" + uuid.NewString(),
-		"enable.auto.commit": false, "auto.offset.reset": "earliest",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	md, err := c.GetMetadata(&topic, false, 10000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tps []kafka.TopicPartition
-	want := map[int32]int64{}
-	var total int64
-	for _, p := range md.Topics[topic].Partitions {
-		_, high, err := c.QueryWatermarkOffsets(topic, p.ID, 10000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if high > 0 {
-			want[p.ID] = high
-			total += high
-		}
-		tps = append(tps, kafka.TopicPartition{Topic: &topic, Partition: p.ID, Offset: kafka.OffsetBeginning})
-	}
-	if err := c.Assign(tps); err != nil {
-		t.Fatal(err)
-	}
-	out := make([]*kafka.Message, 0, total)
-	deadline := time.Now().Add(60 * time.Second)
-	for len(want) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("reading %s: %d records read, partitions not finished: %v", topic, len(out), want)
-		}
-		m, err := c.ReadMessage(time.Second)
-		if err != nil {
-			var ke kafka.Error
-			if errors.As(err, &ke) && ke.Code() == kafka.ErrTimedOut {
-				continue
-			}
-			t.Fatal(err)
-		}
-		out = append(out, m)
-		if hw, ok := want[m.TopicPartition.Partition]; ok && int64(m.TopicPartition.Offset) >= hw-1 {
-			delete(want, m.TopicPartition.Partition)
-		}
-	}
-	return out
-}
+// when called).
+var readTopic = testenv.ReadTopic
 
-func header(m *kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
+// header returns the value of a record's header.
+var header = testenv.Header
 
 // checkRecords verifies the records against the WeChat logs: every message
 // of logs present (exactly once when exact), each user in one partition, and

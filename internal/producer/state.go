@@ -26,7 +26,8 @@ type State interface {
 }
 
 // RedisState is State on Redis, keys prefix+"cursor:{open_kfid}" and
-// prefix+"sync:pending:{open_kfid}" (ARCHITECTURE §6).
+// prefix+"sync:pending:{open_kfid}" (hash tags keep an account's keys in one
+// slot).
 type RedisState struct {
 	c      redis.UniversalClient
 	prefix string

@@ -115,7 +115,7 @@ func WithLogger(l *zap.Logger) Option { return func(s *Syncer) { s.log = l } }
 // WithRegisterer registers the sync metrics on reg.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(s *Syncer) { s.reg = reg } }
 
-// Syncer runs the sync loop per open_kfid (ARCHITECTURE §5): lock →
+// Syncer runs the sync loop per open_kfid (I1): lock →
 // sync_msg pages → produce → wait for the delivery reports → advance the
 // cursor (fenced). Triggers are coalesced per open_kfid and served by a
 // fixed pool of workers.

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Admin is the operators' view of rate limiting (seed §10.5 运维管理接口),
+// Admin is the operators' view of rate limiting (docs/operations.md, admin API),
 // working on Redis so it acts on every node: each change is announced on
 // rl:events and applied by every Limiter within a second. The dlq-consumer
 // admin API serves it (and audits the writes).

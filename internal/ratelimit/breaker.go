@@ -32,8 +32,8 @@ func (s State) String() string {
 	return fmt.Sprintf("state(%d)", int32(s))
 }
 
-// Breakers holds one circuit breaker per user, the third layer of seed
-// §10.5: FailureThreshold consecutive failures (the consumer reports a full
+// Breakers holds one circuit breaker per user, the third layer of the
+// per-user isolation (I5): FailureThreshold consecutive failures (the consumer reports a full
 // mailbox as one) open it; after OpenTimeout it lets HalfOpenMax trial
 // messages through; that many successes close it, any failure re-opens it.
 // A result reported for a message admitted before the last transition is

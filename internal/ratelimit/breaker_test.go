@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The seed's third layer: 100 consecutive failures open the breaker for
+// The third layer of isolation, with the original settings: 100 consecutive failures open the breaker for
 // 30 s; half-open admits 5 trials; 5 successes close it; a failure re-opens.
 func TestBreakerLifecycle(t *testing.T) {
 	clock := newFakeClock()

@@ -1,5 +1,5 @@
-// Package ratelimit protects the consumer from flooding users (seed §10.5,
-// invariants I5 and I6): a per-user sliding-window limiter with a penalty
+// Package ratelimit protects the consumer from flooding users (invariants
+// I5 and I6): a per-user sliding-window limiter with a penalty
 // block, user groups (normal, vip, suspicious, whitelist), an optional
 // progressive penalty, admin operations over Redis, and a per-user circuit
 // breaker.
@@ -7,7 +7,8 @@
 // The hot window (timestamps and violation count) lives only in process
 // memory; everything an operator must see or change from any node — blocks,
 // groups, block history and the rules — lives in Redis and is cached per
-// user, refreshed by pub/sub events (ARCHITECTURE §10, last row). Redis
+// user, refreshed by pub/sub events, so a change reaches every node within a
+// second without a Redis read per message. Redis
 // keys, under the configured prefix:
 //
 //	rl:block:{user}    block end as unix ms, PX = remaining block; "permanent" without TTL

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,33 +14,17 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// t0 is the start of every timeline ("T0" in seed §10.5).
+// t0 is the start of every timeline ("T0" of the scenarios below).
 var t0 = time.Date(2030, 1, 1, 8, 0, 0, 0, time.UTC)
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock is the shared test clock.
+type fakeClock = testenv.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{t: t0} }
+func newFakeClock() *fakeClock { return testenv.NewClock(t0) }
 
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
-}
-
-func (c *fakeClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
-
-// seedConfig is the limiter configuration of seed §10.5 (限流配置策略),
-// written out here so the tests check the seed, not whatever the defaults
-// become.
+// seedConfig is the limiter configuration the project started from (normal
+// 10 s / 5 messages, 3 violations block 1 h; vip and suspicious likewise),
+// written out here so the tests check it, not whatever the defaults become.
 func seedConfig() config.RateLimit {
 	return config.RateLimit{
 		Enabled:      true,

@@ -49,7 +49,7 @@ type Decision struct {
 	NewBlock bool
 }
 
-// Limiter is the per-user sliding-window limiter of seed §10.5. A rule is
+// Limiter is the per-user sliding-window limiter (I5). A rule is
 // "at most X messages in any N-second window (ms precision); Y violations
 // block the user for Z": a message is allowed when the window holds fewer
 // than X earlier allowed messages; a refusal is a violation; the Y-th
@@ -404,7 +404,8 @@ func (l *Limiter) decide(st *userState, user string, nowMs int64) (d Decision, w
 		if st.violations >= r.threshold && r.block > 0 {
 			dur := l.blockFor(st, r, nowMs)
 			st.blockedUntil = nowMs + dur.Milliseconds()
-			// The count starts afresh after the block (seed).
+			// The count starts afresh after the block: a user who served
+			// a block gets the full threshold again.
 			st.violations = 0
 			r.blocks.Inc()
 			d.NewBlock = true

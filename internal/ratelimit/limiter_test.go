@@ -133,7 +133,7 @@ func seedCases() []seedCase {
 			// 场景4 慢速攻击: "every 2 s" is exactly the limit (a timestamp
 			// leaves the window when it is N seconds old), so "just above the
 			// limit" is one message every 1.9 s. Refusals come at T9.5 (1/3),
-			// T20.9 (2/3) and T32.3 (3/3): blocked around T30, as the seed says.
+			// T20.9 (2/3) and T32.3 (3/3): blocked around T30, as designed.
 			name: "slow attack",
 			steps: every(0, slowBlock+slow, slow, func(i int, at time.Duration) step {
 				switch {

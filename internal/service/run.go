@@ -116,7 +116,7 @@ func RunDLQ(ctx context.Context, args []string) error {
 }
 
 // rebuildDLQ empties the DLQ index and re-reads the DLQ topic from the
-// beginning into it (the topic is the source of truth, ARCHITECTURE §7).
+// beginning into it (the topic is the source of truth, the index a view).
 func rebuildDLQ(ctx context.Context, args []string) error {
 	flags, err := daemon.ParseFlags("dlq-consumer rebuild", args)
 	if err != nil {

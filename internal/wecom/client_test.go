@@ -18,23 +18,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 func newFake(t *testing.T, opts wecomtest.Options) *wecomtest.Server {
 	t.Helper()
 	s := wecomtest.New(opts)
@@ -335,7 +318,7 @@ func TestClientPaging(t *testing.T) {
 }
 
 func TestClientRetention(t *testing.T) {
-	clk := &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clk := testenv.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 	s := newFake(t, wecomtest.Options{Clock: clk.Now})
 	c := newClient(t, s, nil)
 	old := s.AddText("wk-1", "u1", "old")

@@ -1,6 +1,6 @@
 // Package admin is the dlq-consumer's authenticated admin HTTP API and its
-// small web console (seed §3.4 管理界面 and §10.5 运维管理接口; ARCHITECTURE
-// I7, I8).
+// small web console for dead letters and rate limiting (invariants I7, I8;
+// docs/operations.md "The admin API and console").
 //
 // Every API request carries `Authorization: Bearer <token>`; a token has the
 // role viewer (GET only) or operator (everything). Every write names a

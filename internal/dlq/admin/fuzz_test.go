@@ -45,7 +45,7 @@ func FuzzAdminDecode(f *testing.F) {
 	// stream is trimmed so a long fuzzing run stays small.
 	rdb, prefix := testenv.Redis(f)
 	dlqStore, rl := newMemDLQ(t0, sampleMessages()...), newMemRL(t0)
-	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 4096, Prefix: prefix, AuditMaxLen: 1000, Clock: fixedClock{t0}},
+	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 4096, Prefix: prefix, AuditMaxLen: 1000, Clock: testenv.NewClock(t0)},
 		dlqStore, rl, rdb, zap.NewNop(), nil)
 	if err != nil {
 		f.Fatal(err)

@@ -23,10 +23,6 @@ const (
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
-type fixedClock struct{ t time.Time }
-
-func (c fixedClock) Now() time.Time { return c.t }
-
 func testTokens() []config.AdminToken {
 	return []config.AdminToken{
 		{Name: "alice", Token: operatorToken, Role: RoleOperator},
@@ -63,7 +59,7 @@ func newFixture(t *testing.T) *fixture {
 	f := &fixture{dlq: newMemDLQ(t0, sampleMessages()...), rl: newMemRL(t0), rdb: rdb, prefix: prefix}
 	f.rl.block["bad1"] = 0
 	f.rl.block["bad2"] = time.Hour
-	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 2048, Prefix: prefix, Clock: fixedClock{t0}},
+	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 2048, Prefix: prefix, Clock: testenv.NewClock(t0)},
 		f.dlq, f.rl, rdb, zaptest.NewLogger(t), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -36,7 +36,8 @@ type DLQStore interface {
 	Export(ctx context.Context, f DLQFilter, fn func(DLQMessage) error) error
 }
 
-// RateLimitAdmin is the rate limiter's operator interface (seed §10.5).
+// RateLimitAdmin is the rate limiter's operator interface (unblock, groups,
+// whitelist).
 //
 // Errors: ErrUnknownGroup from SetGroup, ErrConflict from RemoveWhitelist
 // for a user who is not whitelisted. Unblock of a user who is not blocked
