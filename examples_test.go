@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -147,35 +145,17 @@ func TestFAQBotEndToEnd(t *testing.T) {
 // keyed by user, chatmsg-encoded with its headers.
 func produceLog(t *testing.T, brokers, topic string, fake *wecomtest.Server, kfID string) {
 	t.Helper()
-	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": brokers, "acks": "all", "enable.idempotence": true,
-		"partitioner": "murmur2_random"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	msgs := fake.Messages(kfID)
-	dr := make(chan kafka.Event, len(msgs))
-	for i, m := range msgs {
+	var recs []testenv.Record
+	for i, m := range fake.Messages(kfID) {
 		c := &chatmsg.ChatMessage{MessageID: int64(i + 1), UpstreamMsgID: m.MsgID, OpenKfID: kfID, ExternalUserID: m.ExternalUserID,
 			MsgType: m.MsgType, Origin: m.Origin, SendTime: m.SendTime, ProducedAt: time.Now().UnixMilli(), Content: m.Raw}
 		v, err := chatmsg.Encode(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var hs []kafka.Header
-		for _, h := range c.Headers() {
-			hs = append(hs, kafka.Header{Key: h[0], Value: []byte(h[1])})
-		}
-		if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
-			Key: []byte(c.ExternalUserID), Value: v, Headers: hs}, dr); err != nil {
-			t.Fatal(err)
-		}
+		recs = append(recs, testenv.Record{Key: []byte(c.ExternalUserID), Value: v, Headers: c.Headers()})
 	}
-	for range msgs {
-		if m := (<-dr).(*kafka.Message); m.TopicPartition.Error != nil {
-			t.Fatal(m.TopicPartition.Error)
-		}
-	}
+	testenv.Produce(t, brokers, topic, recs)
 }
 
 func waitUntil(t *testing.T, d time.Duration, what string, ok func() bool) {

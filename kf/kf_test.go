@@ -5,30 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func setup(t *testing.T) (*wecomtest.Server, *kf.Client, *clock) {
+func setup(t *testing.T) (*wecomtest.Server, *kf.Client, *testenv.Clock) {
 	t.Helper()
-	clk := &clock{t: time.Now()}
-	fake := wecomtest.New(wecomtest.Options{Accounts: []string{"wk1"}, Clock: clk.now, TokenTTL: 1000 * time.Hour})
+	clk := testenv.NewClock(time.Now())
+	fake := wecomtest.New(wecomtest.Options{Accounts: []string{"wk1"}, Clock: clk.Now, TokenTTL: 1000 * time.Hour})
 	t.Cleanup(fake.Close)
 	c, err := kf.New(kf.Config{BaseURL: fake.URL(), CorpID: fake.CorpID(), Secret: fake.Secret()})
 	if err != nil {
@@ -69,7 +57,7 @@ func TestReplyWindow(t *testing.T) {
 	if _, err := c.Send(ctx, "wk1", "u1", "", kf.Text{Content: "ok"}); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(48*time.Hour + time.Second)
+	clk.Advance(48*time.Hour + time.Second)
 	if _, err := c.Send(ctx, "wk1", "u1", "", kf.Text{Content: "late"}); code(err) != kf.CodeReplyWindowClosed {
 		t.Fatalf("after 48 h: %v, want 95002", err)
 	}

@@ -53,32 +53,11 @@ func produce(t testing.TB, topic string, msgs []*chatmsg.ChatMessage) {
 // produceRaw writes key/value records in order and waits for delivery.
 func produceRaw(t testing.TB, topic string, recs [][2][]byte) {
 	t.Helper()
-	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t), "acks": "all",
-		"enable.idempotence": true, "linger.ms": 5, "partitioner": "murmur2_random"})
-	if err != nil {
-		t.Fatal(err)
+	rs := make([]testenv.Record, len(recs))
+	for i, r := range recs {
+		rs[i] = testenv.Record{Key: r[0], Value: r[1]}
 	}
-	defer p.Close()
-	dr := make(chan kafka.Event, len(recs))
-	for _, r := range recs {
-		for {
-			err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
-				Key: r[0], Value: r[1]}, dr)
-			if err == nil {
-				break
-			}
-			if kerr, ok := err.(kafka.Error); ok && kerr.Code() == kafka.ErrQueueFull {
-				p.Flush(100)
-				continue
-			}
-			t.Fatalf("produce: %v", err)
-		}
-	}
-	for range recs {
-		if m := (<-dr).(*kafka.Message); m.TopicPartition.Error != nil {
-			t.Fatalf("delivery: %v", m.TopicPartition.Error)
-		}
-	}
+	testenv.Produce(t, testenv.KafkaBrokers(t), topic, rs)
 }
 
 func chat(user string, i int) *chatmsg.ChatMessage {

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -144,26 +145,17 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if len(fail) == 0 {
 		b.WriteString("ready\n")
 	}
-	for _, n := range sortedKeys(fail) {
+	for _, n := range slices.Sorted(maps.Keys(fail)) {
 		fmt.Fprintf(&b, "%s: not ready: %v\n", n, fail[n])
 	}
 	details := s.Details()
-	for _, n := range sortedKeys(details) {
+	for _, n := range slices.Sorted(maps.Keys(details)) {
 		fmt.Fprintf(&b, "%s: %s\n", n, details[n])
 	}
 	if len(fail) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_, _ = w.Write([]byte(b.String()))
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // Start listens and serves in a goroutine owned by the server; Shutdown

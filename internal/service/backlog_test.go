@@ -3,11 +3,8 @@ package service
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -122,40 +119,14 @@ func TestBacklogJudgedBySendTime(t *testing.T) {
 // chatmsg headers) and waits for every delivery.
 func produceWithHeaders(t *testing.T, topic string, msgs []*chatmsg.ChatMessage) {
 	t.Helper()
-	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t), "acks": "all",
-		"enable.idempotence": true, "linger.ms": 5, "partitioner": "murmur2_random"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	testenv.CreateTopic(t, topic, 4)
-	dr := make(chan kafka.Event, len(msgs))
-	var once sync.Once
-	for _, m := range msgs {
+	recs := make([]testenv.Record, len(msgs))
+	for i, m := range msgs {
 		v, err := chatmsg.Encode(m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var hs []kafka.Header
-		for _, h := range m.Headers() {
-			hs = append(hs, kafka.Header{Key: h[0], Value: []byte(h[1])})
-		}
-		for {
-			err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
-				Key: []byte(m.ExternalUserID), Value: v, Headers: hs}, dr)
-			if err == nil {
-				break
-			}
-			if kerr, ok := err.(kafka.Error); ok && kerr.Code() == kafka.ErrQueueFull {
-				p.Flush(100)
-				continue
-			}
-			t.Fatalf("produce: %v", err)
-		}
+		recs[i] = testenv.Record{Key: []byte(m.ExternalUserID), Value: v, Headers: m.Headers()}
 	}
-	for range msgs {
-		if m := (<-dr).(*kafka.Message); m.TopicPartition.Error != nil {
-			once.Do(func() { t.Errorf("delivery: %v", m.TopicPartition.Error) })
-		}
-	}
+	testenv.Produce(t, testenv.KafkaBrokers(t), topic, recs)
 }
