@@ -214,6 +214,15 @@ func TestOperatorActionsSurviveRebuild(t *testing.T) {
 			t.Fatalf("%s: requeued entry is %+v (%v), want due at %v", when, e, err, requeueAt)
 		}
 	}
+	// The running consumer applies the events it reads back from the topic
+	// too (moved to review, then requeued): wait until it applied both, or
+	// the check can catch the index between them.
+	waitFor(t, "the consumer applied the move events", 20*time.Second, func() bool {
+		r, err1 := idx.Get(ctx, reviewed)
+		q, err2 := idx.Get(ctx, requeued)
+		return err1 == nil && err2 == nil && r.State == StateReview && q.State == StateDue &&
+			q.NextRetryTime != nil && q.NextRetryTime.Equal(requeueAt)
+	})
 	checkMoved("before the rebuild")
 	stopRun()
 	if err := <-runDone; err != nil {
