@@ -65,14 +65,30 @@ func TestChaosConsumerKill9(t *testing.T) {
 // four accounts), and restarted. Re-pulled pages put copies on the topic;
 // the consumer's dedup must keep effects at one per message.
 func TestChaosProducerKill9(t *testing.T) {
+	producerKill9(t, "producer-kill9", nil)
+}
+
+// TestChaosProducerKill9ShippedTimings is producer-kill9 with the shipped
+// sync timings instead of the suite's short ones (sync lock TTL 10 s
+// instead of 2 s, safety sync every minute instead of every second, retry
+// backoff up to 30 s instead of 2 s): a killed producer's lock holds its
+// accounts longer, and what it held is synced by the next callback or the
+// safety sync. Full size only (make chaos).
+func TestChaosProducerKill9ShippedTimings(t *testing.T) {
+	SkipUnlessFull(t)
+	producerKill9(t, "producer-kill9-shipped-timings", map[string]string{
+		"KFPIPE_SYNC_SAFETY_INTERVAL": "1m", "KFPIPE_SYNC_LOCK_TTL": "10s", "KFPIPE_SYNC_RETRY_MAX": "30s"})
+}
+
+func producerKill9(t *testing.T, name string, producerEnv map[string]string) {
 	svc := NeedServices(t)
 	load := Size(Load{Total: 3000, Users: 100, Rate: 300}, Load{Total: 20000, Users: 500, Rate: 500})
 	kills := Size(3, 8)
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, OpenKfIDs: 4, PageLimit: 50,
-		SinkSleep: time.Millisecond})
+		SinkSleep: time.Millisecond, ProducerEnv: producerEnv})
 	p.Fake.SetLatency(20 * time.Millisecond)
 	feedFor := time.Duration(float64(load.Total)/load.Rate) * time.Second
-	rep := Run(t, "producer-kill9", p, load, Size(90*time.Second, 5*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
+	rep := Run(t, name, p, load, Size(90*time.Second, 5*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
 		gap := feedFor / time.Duration(kills+1)
 		pages := make(chan struct{}, 1)
 		p.OnSyncMsg(func(n int) {
@@ -118,7 +134,7 @@ func TestChaosProducerKill9(t *testing.T) {
 	// Copies on the topic show that kills landed between produce and the
 	// cursor step; without any the scenario proved less than it claims.
 	if rep.KafkaRecords == rep.InKafka {
-		t.Logf("producer-kill9: no kill landed between produce and cursor step this run (no re-pulled copies)")
+		t.Logf("%s: no kill landed between produce and cursor step this run (no re-pulled copies)", name)
 	}
 }
 
