@@ -262,6 +262,21 @@ func Start(t *testing.T, o Options) *Pipeline {
 			t.Fatal(err)
 		}
 	}
+	// /readyz is the ops server's, which listens before the dlq-consumer's
+	// admin API does: a scenario that calls the admin API at once must find
+	// it listening.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(p.AdminURL + "/healthz")
+		if err == nil {
+			_ = resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin API not listening: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	return p
 }
 
