@@ -96,6 +96,11 @@ type HTTPHandler struct {
 	// the receiver; that many are kept alive between messages. Actors
 	// beyond it wait for a connection, bounded by the attempt's timeout.
 	MaxConns int `mapstructure:"max_conns"`
+	// Secret signs each request (Kfpipe-Signature, HMAC-SHA256 over the
+	// timestamp and the body; docs/handler-protocol.md) so the receiver can
+	// reject forgeries and replays. From the environment
+	// (KFPIPE_HANDLER_HTTP_SECRET), never the file. Empty: unsigned.
+	Secret string `mapstructure:"secret"`
 }
 
 // emergencyPath is EmergencyFile with "{daemon}" replaced by the daemon's

@@ -3,10 +3,14 @@ package consumer
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -87,13 +91,51 @@ func HTTPClient(maxConns int, timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout, Transport: t}
 }
 
-// HTTPHandler POSTs each message as JSON to url. A 2xx answer finishes the
-// message; 4xx is Permanent (the receiver rejects this message, retrying
-// cannot help); 5xx, transport errors and timeouts are retried. The request
-// carries the message's dedup key as Idempotency-Key: an attempt that timed
-// out may have had its effect at the receiver, and the retry is the same
-// key. client nil means HTTPClient(64, timeout).
+// ProtocolVersion is the version of the http handler's request protocol
+// (docs/handler-protocol.md), sent as Kfpipe-Protocol.
+const ProtocolVersion = "1"
+
+// Signature returns the Kfpipe-Signature value of a request: "v1=" and the
+// hex HMAC-SHA256, keyed by secret, of the Kfpipe-Timestamp value, a dot,
+// and the body.
+func Signature(secret, timestamp string, body []byte) string {
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(timestamp))
+	mac.Write([]byte{'.'})
+	mac.Write(body)
+	return "v1=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// RetryAfterError is a retryable failure after which the receiver asked
+// for a pause (HTTP Retry-After): the next attempt waits at least After.
+type RetryAfterError struct {
+	After time.Duration
+	Err   error
+}
+
+func (e *RetryAfterError) Error() string { return e.Err.Error() }
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// maxRetryAfter caps a receiver's Retry-After: a longer pause is the
+// DLQ's job (the message is dead-lettered after its attempts and retried
+// with backoff).
+const maxRetryAfter = time.Minute
+
+// HTTPHandler POSTs each message as JSON to url (protocol 1,
+// docs/handler-protocol.md). The request carries the message's dedup key
+// as Idempotency-Key (a timed-out attempt may have had its effect; the
+// retry has the same key) and, with a secret, a timestamp and an HMAC
+// signature. Status: 2xx finishes the message; 408, 425, 429 and 503 are
+// retried, after Retry-After when given; other 4xx are Permanent (the
+// receiver rejects this message); other 5xx, transport errors and timeouts
+// are retried. client nil means HTTPClient(64, timeout).
 func HTTPHandler(url string, timeout time.Duration, client *http.Client) Handler {
+	return SignedHTTPHandler(url, timeout, client, "")
+}
+
+// SignedHTTPHandler is HTTPHandler signing each request with secret
+// ("" means unsigned).
+func SignedHTTPHandler(url string, timeout time.Duration, client *http.Client, secret string) Handler {
 	if client == nil {
 		client = HTTPClient(64, timeout)
 	}
@@ -113,6 +155,12 @@ func HTTPHandler(url string, timeout time.Duration, client *http.Client) Handler
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", m.DedupKey())
+		req.Header.Set("Kfpipe-Protocol", ProtocolVersion)
+		if secret != "" {
+			ts := strconv.FormatInt(time.Now().Unix(), 10)
+			req.Header.Set("Kfpipe-Timestamp", ts)
+			req.Header.Set("Kfpipe-Signature", Signature(secret, ts, body))
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			return fmt.Errorf("http handler: %w", err)
@@ -120,15 +168,37 @@ func HTTPHandler(url string, timeout time.Duration, client *http.Client) Handler
 		defer resp.Body.Close()
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		_, _ = io.Copy(io.Discard, resp.Body) // reuse the connection
-		switch {
-		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		failure := fmt.Errorf("http handler: %s: %s", resp.Status, bytes.TrimSpace(snippet))
+		switch c := resp.StatusCode; {
+		case c >= 200 && c < 300:
 			return nil
-		case resp.StatusCode >= 400 && resp.StatusCode < 500:
-			return Permanent(fmt.Errorf("http handler: %s: %s", resp.Status, bytes.TrimSpace(snippet)))
+		case c == http.StatusRequestTimeout || c == http.StatusTooEarly || c == http.StatusTooManyRequests ||
+			c == http.StatusServiceUnavailable:
+			if d, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
+				return &RetryAfterError{After: d, Err: failure}
+			}
+			return failure
+		case c >= 400 && c < 500:
+			return Permanent(failure)
 		default:
-			return fmt.Errorf("http handler: %s: %s", resp.Status, bytes.TrimSpace(snippet))
+			return failure
 		}
 	})
+}
+
+// retryAfter reads a Retry-After value (seconds, or an HTTP date), capped
+// at maxRetryAfter.
+func retryAfter(v string) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return min(time.Duration(s)*time.Second, maxRetryAfter), true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return min(max(time.Until(t), 0), maxRetryAfter), true
+	}
+	return 0, false
 }
 
 // NewHandler returns the built-in handler that cfg names.
@@ -142,7 +212,8 @@ func NewHandler(cfg config.Handler, logger *zap.Logger) (Handler, error) {
 		if cfg.HTTP.URL == "" {
 			return nil, errors.New("handler.http.url must be set when handler.type is http")
 		}
-		return HTTPHandler(cfg.HTTP.URL, cfg.HTTP.Timeout, HTTPClient(max(cfg.HTTP.MaxConns, 1), cfg.HTTP.Timeout)), nil
+		return SignedHTTPHandler(cfg.HTTP.URL, cfg.HTTP.Timeout, HTTPClient(max(cfg.HTTP.MaxConns, 1), cfg.HTTP.Timeout),
+			cfg.HTTP.Secret), nil
 	default:
 		return nil, fmt.Errorf("handler.type must be one of log, http, noop, got %q", cfg.Type)
 	}

@@ -261,8 +261,13 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 	backoff := pc.RetryBase
 	for attempts < pc.RetryAttempts {
 		if attempts > 0 {
-			c.logRetry(m, attempts, err, timedOut, backoff)
-			if !sleep(ctx, c.clock, backoff) {
+			wait := backoff
+			var ra *RetryAfterError
+			if errors.As(err, &ra) && ra.After > wait {
+				wait = ra.After // the receiver asked for a pause
+			}
+			c.logRetry(m, attempts, err, timedOut, wait)
+			if !sleep(ctx, c.clock, wait) {
 				return attempts, false, c.stopCause(ctx)
 			}
 			backoff = min(2*backoff, pc.RetryMax)

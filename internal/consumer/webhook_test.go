@@ -1,0 +1,120 @@
+package consumer
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestWebhookReferenceReceiver runs the Python reference receiver
+// (examples/webhook/receiver.py, standard library only) and sends it
+// messages through the http handler: a request signed with either secret
+// of a rotation is accepted, a forged or stale signature is refused (401,
+// so the handler reports a permanent failure), and a retry with the same
+// Idempotency-Key is answered without a second effect.
+func TestWebhookReferenceReceiver(t *testing.T) {
+	python := testenv.Tool(t, "python3")
+	port := testenv.FreePort(t)
+	cmd := exec.Command(python, filepath.Join(testenv.RepoRoot(t), "examples", "webhook", "receiver.py"), strconv.Itoa(port))
+	cmd.Env = append(cmd.Environ(), "KFPIPE_WEBHOOK_SECRETS=old-secret,new-secret")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "listening" {
+		t.Fatalf("receiver did not start: %q", lines.Text())
+	}
+	var mu sync.Mutex
+	var applied []string
+	go func() {
+		for lines.Scan() {
+			mu.Lock()
+			applied = append(applied, lines.Text())
+			mu.Unlock()
+		}
+	}()
+	url := fmt.Sprintf("http://127.0.0.1:%d/kf", port)
+	ctx := context.Background()
+	for _, secret := range []string{"new-secret", "old-secret"} {
+		if err := SignedHTTPHandler(url, 5*time.Second, nil, secret).Handle(ctx, chat("u-"+secret, 1)); err != nil {
+			t.Fatalf("signed with %s: %v", secret, err)
+		}
+	}
+	err = SignedHTTPHandler(url, 5*time.Second, nil, "forged").Handle(ctx, chat("u-forged", 1))
+	if err == nil || !IsPermanent(err) {
+		t.Fatalf("forged signature: %v, want a permanent failure (401)", err)
+	}
+	// A captured request replayed an hour later.
+	body := []byte(`{"upstream_msgid":"x"}`)
+	stale := strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Kfpipe-Timestamp", stale)
+	req.Header.Set("Kfpipe-Signature", Signature("new-secret", stale, body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("stale signature answered %d, want 401", resp.StatusCode)
+	}
+	// A retry of an applied message (same Idempotency-Key) has no second effect.
+	if err := SignedHTTPHandler(url, 5*time.Second, nil, "new-secret").Handle(ctx, chat("u-new-secret", 1)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(applied) != 2 {
+		t.Fatalf("receiver applied %v, want the two signed messages once each", applied)
+	}
+}
+
+// TestRetryAfterHonoured: a receiver answering 429 with Retry-After: 2 is
+// retried about 2 s later (not after the 1 ms backoff) and the message is
+// not dead-lettered. Before, every 4xx was permanent: a rate-limited
+// receiver's messages went to the DLQ.
+func TestRetryAfterHonoured(t *testing.T) {
+	var calls atomic.Int32
+	var first, second atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			first.Store(time.Now().UnixNano())
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		second.Store(time.Now().UnixNano())
+	}))
+	defer srv.Close()
+	dlq := &memDLQ{}
+	c, p := unitConsumer(SignedHTTPHandler(srv.URL, 5*time.Second, nil, "s"), dlq, &memDeduper{done: map[string]bool{}})
+	p.tracker.Add(1)
+	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	dlq.wg.Wait()
+	if letters := dlq.all(); len(letters) != 0 {
+		t.Fatalf("dead-lettered %+v; a 429 is retryable", letters)
+	}
+	if gap := time.Duration(second.Load() - first.Load()); calls.Load() != 2 || gap < 1900*time.Millisecond {
+		t.Fatalf("%d calls, retried after %v; want the second ~2 s after the first", calls.Load(), gap)
+	}
+}
