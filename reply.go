@@ -42,14 +42,19 @@ func withReplier(ctx context.Context, fx *effects, m *Message) context.Context {
 	return context.WithValue(ctx, replierKey{}, &replier{fx: fx, m: m})
 }
 
+// replierOf returns the reply state the consumer put in ctx.
+func replierOf(ctx context.Context) (*replier, error) {
+	r, _ := ctx.Value(replierKey{}).(*replier)
+	if r == nil || r.fx == nil {
+		return nil, ErrNoReplier
+	}
+	return r, nil
+}
+
 // effect runs send once for the reply number this call has reached: its
 // key is (open_kfid, upstream msgid, number), so a handler that runs again
 // for the same message and replies the same way finds each reply done.
-func effect(ctx context.Context, what string, send func(ctx context.Context, msgID string) error) error {
-	r, _ := ctx.Value(replierKey{}).(*replier)
-	if r == nil || r.fx == nil {
-		return ErrNoReplier
-	}
+func (r *replier) effect(ctx context.Context, what string, send func(ctx context.Context, msgID string) error) error {
 	r.mu.Lock()
 	n := r.n
 	r.n++
@@ -76,11 +81,11 @@ func effect(ctx context.Context, what string, send func(ctx context.Context, msg
 // runs again for a message. A refusal of WeChat that retrying cannot fix
 // is returned as Permanent.
 func Reply(ctx context.Context, msg kf.Message) error {
-	r, _ := ctx.Value(replierKey{}).(*replier)
-	if r == nil {
-		return ErrNoReplier
+	r, err := replierOf(ctx)
+	if err != nil {
+		return err
 	}
-	return effect(ctx, "reply", func(ctx context.Context, msgID string) error {
+	return r.effect(ctx, "reply", func(ctx context.Context, msgID string) error {
 		_, err := r.fx.kf.Send(ctx, r.m.OpenKfID, r.m.ExternalUserID, msgID, msg)
 		return err
 	})
@@ -90,15 +95,15 @@ func Reply(ctx context.Context, msg kf.Message) error {
 // event (its welcome_code is valid 20 seconds, and once), with the same
 // exactly-once rule as Reply.
 func Welcome(ctx context.Context, msg kf.Message) error {
-	r, _ := ctx.Value(replierKey{}).(*replier)
-	if r == nil {
-		return ErrNoReplier
+	r, err := replierOf(ctx)
+	if err != nil {
+		return err
 	}
 	ev, ok := r.m.Event()
 	if !ok || ev.WelcomeCode == "" {
 		return Permanent(errors.New("welcome: the message is not an enter_session event with a welcome_code"))
 	}
-	return effect(ctx, "welcome", func(ctx context.Context, msgID string) error {
+	return r.effect(ctx, "welcome", func(ctx context.Context, msgID string) error {
 		_, err := r.fx.kf.SendOnEvent(ctx, ev.WelcomeCode, msgID, msg)
 		return err
 	})
@@ -108,11 +113,11 @@ func Welcome(ctx context.Context, msg kf.Message) error {
 // servicer's userid hands the customer to a human, kf.StateQueue queues
 // them, kf.StateEnded ends the session — with the same exactly-once rule.
 func Transfer(ctx context.Context, to kf.State, servicer string) error {
-	r, _ := ctx.Value(replierKey{}).(*replier)
-	if r == nil {
-		return ErrNoReplier
+	r, err := replierOf(ctx)
+	if err != nil {
+		return err
 	}
-	return effect(ctx, "transfer", func(ctx context.Context, _ string) error {
+	return r.effect(ctx, "transfer", func(ctx context.Context, _ string) error {
 		_, err := r.fx.kf.TransServiceState(ctx, r.m.OpenKfID, r.m.ExternalUserID, to, servicer)
 		return err
 	})
