@@ -10,6 +10,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/service"
+	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
@@ -18,18 +19,28 @@ import (
 // gracefully. args are the daemon's command-line arguments: --config FILE
 // (or KFPIPE_CONFIG), the same file the three daemons read. h nil runs the
 // handler the file's handler.type names; cmd/schedule-consumer is exactly
-// that. Replies (Reply, Welcome, Transfer) go through wecom.base_url with
-// wecom.corp_id and wecom.secret.
+// that; with handler.type http, the replies in the receiver's answers are
+// sent (docs/handler-protocol.md). Replies (Reply, Welcome, Transfer) go
+// through wecom.base_url with wecom.corp_id and wecom.secret, with the
+// access token cached in Redis beside kf-producer's.
 func RunConsumer(ctx context.Context, args []string, h Handler) error {
-	if h == nil {
-		return service.RunConsumerWith(ctx, args, nil)
-	}
 	return service.RunConsumerWith(ctx, args, func(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (consumer.Handler, func(), error) {
 		fx, closeFx, err := newEffects(ctx, cfg, base)
 		if err != nil {
 			return nil, nil, err
 		}
-		return adapt(h, fx), closeFx, nil
+		if h != nil {
+			return adapt(h, fx), closeFx, nil
+		}
+		// The built-in handler; an http receiver's answer may carry replies.
+		ih, err := consumer.NewHandler(cfg.Handler, base.Log, webhookReplies)
+		if err != nil {
+			closeFx()
+			return nil, nil, err
+		}
+		return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
+			return ih.Handle(withReplier(ctx, fx, fromChat(c)), c)
+		}), closeFx, nil
 	})
 }
 
@@ -40,7 +51,7 @@ func newEffects(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (*
 		return nil, func() {}, nil
 	}
 	kc, err := kf.New(kf.Config{BaseURL: cfg.WeCom.BaseURL, CorpID: cfg.WeCom.CorpID, Secret: cfg.WeCom.Secret,
-		Timeout: cfg.WeCom.RequestTimeout})
+		Timeout: cfg.WeCom.RequestTimeout, Tokens: wecom.NewRedisTokenCache(base.Redis, cfg.Redis.KeyPrefix)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("wecom: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -33,6 +34,19 @@ type Config struct {
 	CorpID, Secret string
 	// Timeout bounds one HTTP request (default 5s).
 	Timeout time.Duration
+	// Tokens is where access tokens are kept, shared by every process of
+	// the corp so they do not each call gettoken (which WeChat
+	// rate-limits). nil keeps them in this process's memory. Consumers
+	// run by kfpipe.RunConsumer use the same Redis cache as kf-producer.
+	Tokens TokenCache
+}
+
+// TokenCache stores access tokens under a key for a time to live.
+type TokenCache interface {
+	// Get returns the cached value and whether there was one.
+	Get(ctx context.Context, key string) (string, bool, error)
+	Set(ctx context.Context, key, val string, ttl time.Duration) error
+	Del(ctx context.Context, key string) error
 }
 
 // Client calls the customer-service API. It is safe for concurrent use.
@@ -50,7 +64,11 @@ func New(cfg Config) (*Client, error) {
 	if err := wc.Validate(); err != nil {
 		return nil, fmt.Errorf("kf: %w", err)
 	}
-	c, err := wecom.NewClient(wc, wecom.NewMemoryTokenCache(nil))
+	var tokens wecom.TokenCache = wecom.NewMemoryTokenCache(nil)
+	if cfg.Tokens != nil {
+		tokens = cfg.Tokens
+	}
+	c, err := wecom.NewClient(wc, tokens)
 	if err != nil {
 		return nil, fmt.Errorf("kf: %w", err)
 	}
@@ -69,6 +87,7 @@ const (
 	CodeSessionEnded      = 95013 // the session has ended
 	CodeInvalidTransition = 95016 // service_state/trans: this change of state is not allowed
 	CodeWelcomeCodeUsed   = 95017 // send_msg_on_event: welcome_code expired or already used
+	CodeInvalidMediaID    = 40007 // the media_id was not uploaded or has expired (3 days)
 )
 
 // Error is an errcode returned by WeChat.
@@ -104,7 +123,12 @@ func IsRetryable(err error) bool {
 func (c *Client) call(ctx context.Context, api, path string, in, out any) error {
 	wait := 200 * time.Millisecond
 	for try := 1; ; try++ {
-		err := c.c.Call(ctx, api, path, in, out)
+		var err error
+		if u, ok := in.(uploadReq); ok {
+			err = c.c.Upload(ctx, api, "/cgi-bin/media/upload", url.Values{"type": {u.mediaType}}, u.filename, u.data, out)
+		} else {
+			err = c.c.Call(ctx, api, path, in, out)
+		}
 		if err == nil {
 			return nil
 		}
@@ -123,6 +147,12 @@ func (c *Client) call(ctx context.Context, api, path string, in, out any) error 
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+// uploadReq is a media upload's request, for call.
+type uploadReq struct {
+	mediaType, filename string
+	data                []byte
 }
 
 type sendResult struct {
@@ -157,9 +187,7 @@ func (c *Client) SendOnEvent(ctx context.Context, welcomeCode, msgID string, m M
 	if err := checkMsgID(msgID); err != nil {
 		return "", err
 	}
-	switch m.(type) {
-	case Text, *Text, Menu, *Menu:
-	default:
+	if t := m.msgType(); t != "text" && t != "msgmenu" {
 		return "", fmt.Errorf("kf send_msg_on_event: %s messages are not allowed (text or msgmenu)", m.msgType())
 	}
 	body := m.body()
@@ -233,4 +261,57 @@ func checkMsgID(id string) error {
 		}
 	}
 	return nil
+}
+
+// Customer is a customer's profile (customer/batchget).
+type Customer struct {
+	ExternalUserID string `json:"external_userid"`
+	Nickname       string `json:"nickname"`
+	Avatar         string `json:"avatar"`
+	Gender         int    `json:"gender"` // 0 unknown, 1 male, 2 female
+	UnionID        string `json:"unionid"`
+}
+
+// MaxCustomersPerCall is how many external_userids customer/batchget
+// takes at once; Customers splits longer lists.
+const MaxCustomersPerCall = 100
+
+// Customers returns the profiles of users, and the ids WeChat does not
+// know (invalid_external_userid).
+func (c *Client) Customers(ctx context.Context, users []string) ([]Customer, []string, error) {
+	var found []Customer
+	var invalid []string
+	for start := 0; start < len(users); start += MaxCustomersPerCall {
+		var r struct {
+			List    []Customer `json:"customer_list"`
+			Invalid []string   `json:"invalid_external_userid"`
+		}
+		batch := users[start:min(start+MaxCustomersPerCall, len(users))]
+		if err := c.call(ctx, "customer/batchget", "/cgi-bin/kf/customer/batchget",
+			map[string]any{"external_userid_list": batch, "need_enter_session_context": 0}, &r); err != nil {
+			return found, invalid, err
+		}
+		found, invalid = append(found, r.List...), append(invalid, r.Invalid...)
+	}
+	return found, invalid, nil
+}
+
+// Media types of UploadMedia.
+const (
+	MediaImage = "image" // ≤ 10 MB, JPG or PNG
+	MediaVoice = "voice" // ≤ 2 MB, AMR
+	MediaVideo = "video" // ≤ 10 MB, MP4
+	MediaFile  = "file"  // ≤ 20 MB
+)
+
+// UploadMedia uploads a temporary media file (kept by WeChat 3 days) and
+// returns its media_id, for an Image message or a Link's or MiniProgram's
+// ThumbMediaID. An upload is not an exactly-once effect (nothing reaches
+// the customer): a handler may upload again when it runs again.
+func (c *Client) UploadMedia(ctx context.Context, mediaType, filename string, data []byte) (string, error) {
+	var r struct {
+		MediaID string `json:"media_id"`
+	}
+	err := c.call(ctx, "media/upload", "", uploadReq{mediaType, filename, data}, &r)
+	return r.MediaID, err
 }

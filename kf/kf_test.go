@@ -145,3 +145,63 @@ func ExampleClient_Send() {
 	fmt.Println(err, len(fake.Replies("wkShop", "wmCustomer")))
 	// Output: <nil> 1
 }
+
+// TestCustomersAndMedia: customer/batchget splits long lists and reports
+// unknown ids; an image goes out only with a media_id uploaded before
+// (40007 otherwise), and the upload's type and size are checked.
+func TestCustomersAndMedia(t *testing.T) {
+	fake, c, _ := setup(t)
+	ctx := context.Background()
+	fake.AddText("wk1", "u4", "hi")
+	users := []string{"u4"}
+	for i := range 150 {
+		users = append(users, fmt.Sprintf("nobody-%d", i))
+	}
+	found, invalid, err := c.Customers(ctx, users)
+	if err != nil || len(found) != 1 || found[0].ExternalUserID != "u4" || found[0].Nickname == "" || len(invalid) != 150 {
+		t.Fatalf("Customers: %+v, %d invalid, %v", found, len(invalid), err)
+	}
+	if _, err := c.Send(ctx, "wk1", "u4", "", kf.Image{MediaID: "never-uploaded"}); code(err) != kf.CodeInvalidMediaID || !kf.IsPermanent(err) {
+		t.Fatalf("image with an unknown media_id: %v, want permanent 40007", err)
+	}
+	id, err := c.UploadMedia(ctx, kf.MediaImage, "logo.png", []byte("\x89PNG fake"))
+	if err != nil || id == "" {
+		t.Fatalf("upload: %q %v", id, err)
+	}
+	if _, err := c.Send(ctx, "wk1", "u4", "", kf.Image{MediaID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.UploadMedia(ctx, "gif", "x.gif", []byte("x")); code(err) != 40004 {
+		t.Fatalf("upload of an unknown type: %v, want 40004", err)
+	}
+	if _, err := c.UploadMedia(ctx, kf.MediaVoice, "big.amr", make([]byte, 3<<20)); code(err) != 40006 {
+		t.Fatalf("3 MB voice: %v, want 40006", err)
+	}
+	if rs := fake.Replies("wk1", "u4"); len(rs) != 1 || rs[0].MsgType != "image" {
+		t.Fatalf("replies %+v", rs)
+	}
+}
+
+// TestParseMessage: a webhook's reply in send_msg's shape is sent as is;
+// what cannot be sent is refused with the reason.
+func TestParseMessage(t *testing.T) {
+	fake, c, _ := setup(t)
+	ctx := context.Background()
+	fake.AddText("wk1", "u5", "hi")
+	m, err := kf.ParseMessage([]byte(`{"msgtype":"msgmenu","msgmenu":{"head_content":"pick","list":[{"type":"click","click":{"id":"1","content":"one"}}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Send(ctx, "wk1", "u5", "", m); err != nil {
+		t.Fatal(err)
+	}
+	if rs := fake.Replies("wk1", "u5"); len(rs) != 1 || rs[0].MsgType != "msgmenu" || !regexp.MustCompile(`"head_content":"pick"`).Match(rs[0].Body) {
+		t.Fatalf("replies %+v", rs)
+	}
+	for _, bad := range []string{`[]`, `{"text":{"content":"x"}}`, `{"msgtype":"voice","voice":{"media_id":"m"}}`,
+		`{"msgtype":"text"}`, `{"msgtype":"text","text":"x"}`} {
+		if _, err := kf.ParseMessage([]byte(bad)); err == nil {
+			t.Errorf("ParseMessage(%s) accepted", bad)
+		}
+	}
+}

@@ -1,5 +1,10 @@
 package kf
 
+import (
+	"encoding/json"
+	"fmt"
+)
+
 // Message is a message to send: Text, Image, Link, MiniProgram, Menu or
 // Location.
 type Message interface {
@@ -97,4 +102,39 @@ func (m Menu) body() map[string]any {
 	}
 	return map[string]any{"msgtype": "msgmenu", "msgmenu": map[string]any{"head_content": m.HeadContent, "list": items,
 		"tail_content": m.TailContent}}
+}
+
+// ParseMessage reads a message in send_msg's own JSON shape, as a webhook
+// receiver returns it ({"msgtype":"text","text":{"content":"…"}}; see
+// docs/handler-protocol.md). Only the msgtype and its object are kept.
+func ParseMessage(data []byte) (Message, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("kf: a message must be a JSON object: %w", err)
+	}
+	var typ string
+	if err := json.Unmarshal(m["msgtype"], &typ); err != nil || typ == "" {
+		return nil, fmt.Errorf("kf: message without a msgtype: %s", data)
+	}
+	switch typ {
+	case "text", "image", "link", "miniprogram", "msgmenu", "location":
+	default:
+		return nil, fmt.Errorf("kf: msgtype %q cannot be sent (text, image, link, miniprogram, msgmenu, location)", typ)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(m[typ], &obj); err != nil || obj == nil {
+		return nil, fmt.Errorf("kf: a %s message needs a %q object: %s", typ, typ, data)
+	}
+	return raw{typ: typ, obj: obj}, nil
+}
+
+// raw is a message ParseMessage read.
+type raw struct {
+	typ string
+	obj map[string]any
+}
+
+func (r raw) msgType() string { return r.typ }
+func (r raw) body() map[string]any {
+	return map[string]any{"msgtype": r.typ, r.typ: r.obj}
 }

@@ -11,6 +11,11 @@ It checks what docs/handler-protocol.md asks a receiver to check:
 Forged, stale or unsigned requests get 401; a request it cannot read gets 400 (permanent for
 kfpipe); 2xx finishes the message.
 
+Its 200 answer carries replies for kfpipe to send to the customer, exactly once (protocol 1,
+"Replies in the answer"): a text message is echoed back, and "human" hands the session to the
+servicer KFPIPE_WEBHOOK_SERVICER. The answer depends only on the message, so a retry with the
+same Idempotency-Key gets the same replies, as the protocol asks.
+
     KFPIPE_WEBHOOK_SECRETS=s1,s2 python3 receiver.py PORT
 """
 import hashlib
@@ -23,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOLERANCE = 300
 SECRETS = [s for s in os.environ.get("KFPIPE_WEBHOOK_SECRETS", "").split(",") if s]
+SERVICER = os.environ.get("KFPIPE_WEBHOOK_SERVICER", "servicer")
 applied = set()
 
 
@@ -55,10 +61,21 @@ class Handler(BaseHTTPRequestHandler):
         if key not in applied:
             applied.add(key)  # the business effect would happen here, once per key
             print("applied", key, msg.get("msg_type", ""), flush=True)
-        self.answer(200, "ok")
+        self.answer(200, "ok", self.replies(msg))
 
-    def answer(self, code, text):
-        data = json.dumps({"status": text}).encode()
+    @staticmethod
+    def replies(msg):
+        content = msg.get("content") or {}
+        text = (content.get("text") or {}).get("content") if isinstance(content, dict) else None
+        if msg.get("msg_type") != "text" or text is None:
+            return {}
+        if text.strip() == "human":
+            return {"replies": [{"msgtype": "text", "text": {"content": "Connecting you to a person."}}],
+                    "transfer": {"service_state": 3, "servicer_userid": SERVICER}}
+        return {"replies": [{"msgtype": "text", "text": {"content": "You said: " + text}}]}
+
+    def answer(self, code, text, extra=None):
+        data = json.dumps(dict(extra or {}, status=text)).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

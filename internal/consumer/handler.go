@@ -136,14 +136,30 @@ func HTTPHandler(url string, timeout time.Duration, client *http.Client) Handler
 // SignedHTTPHandler is HTTPHandler signing each request with secret
 // ("" means unsigned).
 func SignedHTTPHandler(url string, timeout time.Duration, client *http.Client, secret string) Handler {
+	return WebhookHandler(url, timeout, client, secret, nil)
+}
+
+// ResponseFunc receives the body of a 2xx answer of the http handler, with
+// the message's context (not bounded by the request's timeout); its error
+// is the message's (Permanent included).
+type ResponseFunc func(ctx context.Context, body []byte) error
+
+// maxResponseBody bounds the 2xx body a ResponseFunc is given.
+const maxResponseBody = 1 << 20
+
+// WebhookHandler is SignedHTTPHandler handing each 2xx answer's body to
+// respond (nil: the body is discarded). kfpipe sends the replies such a
+// body carries (docs/handler-protocol.md).
+func WebhookHandler(url string, timeout time.Duration, client *http.Client, secret string, respond ResponseFunc) Handler {
 	if client == nil {
 		client = HTTPClient(64, timeout)
 	}
-	return HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+	return HandlerFunc(func(msgCtx context.Context, m *chatmsg.ChatMessage) error {
 		body, err := chatmsg.Encode(m)
 		if err != nil {
 			return Permanent(fmt.Errorf("encode: %w", err))
 		}
+		ctx := msgCtx
 		if timeout > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, timeout)
@@ -166,12 +182,24 @@ func SignedHTTPHandler(url string, timeout time.Duration, client *http.Client, s
 			return fmt.Errorf("http handler: %w", err)
 		}
 		defer resp.Body.Close()
+		if c := resp.StatusCode; c >= 200 && c < 300 {
+			if respond == nil {
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxResponseBody)) // reuse the connection
+				return nil
+			}
+			data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody+1))
+			if err != nil {
+				return fmt.Errorf("http handler: read the answer: %w", err)
+			}
+			if len(data) > maxResponseBody {
+				return Permanent(fmt.Errorf("http handler: the answer is larger than %d bytes", maxResponseBody))
+			}
+			return respond(msgCtx, data)
+		}
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		_, _ = io.Copy(io.Discard, resp.Body) // reuse the connection
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxResponseBody))
 		failure := fmt.Errorf("http handler: %s: %s", resp.Status, bytes.TrimSpace(snippet))
 		switch c := resp.StatusCode; {
-		case c >= 200 && c < 300:
-			return nil
 		case c == http.StatusRequestTimeout || c == http.StatusTooEarly || c == http.StatusTooManyRequests ||
 			c == http.StatusServiceUnavailable:
 			if d, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
@@ -201,8 +229,9 @@ func retryAfter(v string) (time.Duration, bool) {
 	return 0, false
 }
 
-// NewHandler returns the built-in handler that cfg names.
-func NewHandler(cfg config.Handler, logger *zap.Logger) (Handler, error) {
+// NewHandler returns the built-in handler that cfg names; respond gets the
+// http handler's 2xx answers (see WebhookHandler).
+func NewHandler(cfg config.Handler, logger *zap.Logger, respond ResponseFunc) (Handler, error) {
 	switch cfg.Type {
 	case "log":
 		return LogHandler(logger), nil
@@ -212,8 +241,8 @@ func NewHandler(cfg config.Handler, logger *zap.Logger) (Handler, error) {
 		if cfg.HTTP.URL == "" {
 			return nil, errors.New("handler.http.url must be set when handler.type is http")
 		}
-		return SignedHTTPHandler(cfg.HTTP.URL, cfg.HTTP.Timeout, HTTPClient(max(cfg.HTTP.MaxConns, 1), cfg.HTTP.Timeout),
-			cfg.HTTP.Secret), nil
+		return WebhookHandler(cfg.HTTP.URL, cfg.HTTP.Timeout, HTTPClient(max(cfg.HTTP.MaxConns, 1), cfg.HTTP.Timeout),
+			cfg.HTTP.Secret, respond), nil
 	default:
 		return nil, fmt.Errorf("handler.type must be one of log, http, noop, got %q", cfg.Type)
 	}

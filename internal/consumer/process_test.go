@@ -153,7 +153,7 @@ func TestHTTPHandler(t *testing.T) {
 		w.WriteHeader(int(status.Load()))
 	}))
 	defer srv.Close()
-	h, err := NewHandler(config.Handler{Type: "http", HTTP: config.HTTPHandler{URL: srv.URL, Timeout: 50 * time.Millisecond}}, nil)
+	h, err := NewHandler(config.Handler{Type: "http", HTTP: config.HTTPHandler{URL: srv.URL, Timeout: 50 * time.Millisecond}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestHTTPHandler(t *testing.T) {
 			t.Errorf("status %d: err %v (permanent %v)", tc.status, err, IsPermanent(err))
 		}
 	}
-	if _, err := NewHandler(config.Handler{Type: "nope"}, nil); err == nil {
+	if _, err := NewHandler(config.Handler{Type: "nope"}, nil, nil); err == nil {
 		t.Fatal("unknown handler type accepted")
 	}
 }
@@ -346,7 +346,7 @@ func TestHTTPHandlerReusesConnections(t *testing.T) {
 	srv.Start()
 	defer srv.Close()
 	cfg := config.Handler{Type: "http", HTTP: config.HTTPHandler{URL: srv.URL, Timeout: 5 * time.Second, MaxConns: senders}}
-	h, err := NewHandler(cfg, nil)
+	h, err := NewHandler(cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

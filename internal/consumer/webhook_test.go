@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,7 +26,8 @@ import (
 // messages through the http handler: a request signed with either secret
 // of a rotation is accepted, a forged or stale signature is refused (401,
 // so the handler reports a permanent failure), and a retry with the same
-// Idempotency-Key is answered without a second effect.
+// Idempotency-Key is answered without a second effect and with the same
+// replies.
 func TestWebhookReferenceReceiver(t *testing.T) {
 	python := testenv.Tool(t, "python3")
 	port := testenv.FreePort(t)
@@ -77,9 +79,19 @@ func TestWebhookReferenceReceiver(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("stale signature answered %d, want 401", resp.StatusCode)
 	}
-	// A retry of an applied message (same Idempotency-Key) has no second effect.
-	if err := SignedHTTPHandler(url, 5*time.Second, nil, "new-secret").Handle(ctx, chat("u-new-secret", 1)); err != nil {
-		t.Fatal(err)
+	// A retry of an applied message (same Idempotency-Key) has no second
+	// effect, and its answer carries the same replies for kfpipe to send.
+	var answers []string
+	keep := func(_ context.Context, body []byte) error { answers = append(answers, string(body)); return nil }
+	text := chat("u-new-secret", 1)
+	text.Content = []byte(`{"msgtype":"text","text":{"content":"hi there"}}`)
+	for range 2 {
+		if err := WebhookHandler(url, 5*time.Second, nil, "new-secret", keep).Handle(ctx, text); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(answers) != 2 || answers[0] != answers[1] || !strings.Contains(answers[0], `"You said: hi there"`) {
+		t.Fatalf("answers %q, want the same echo reply twice", answers)
 	}
 	time.Sleep(200 * time.Millisecond)
 	mu.Lock()

@@ -115,7 +115,7 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 	prefix := cfg.Redis.KeyPrefix
 	if h == nil {
 		var err error
-		if h, err = consumer.NewHandler(cfg.Handler, log); err != nil {
+		if h, err = consumer.NewHandler(cfg.Handler, log, nil); err != nil {
 			return nil, err
 		}
 	}

@@ -1,9 +1,11 @@
 package wecom
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"mime/multipart"
 	"net/http"
 	"net/url"
 )
@@ -18,10 +20,41 @@ func (c *Client) Call(ctx context.Context, api, path string, in, out any) error 
 	if err != nil {
 		return fmt.Errorf("%s: %w", api, err)
 	}
+	return c.post(ctx, api, path, nil, "application/json", body, out)
+}
+
+// Upload POSTs data as the multipart/form-data file field "media" (named
+// filename) to the API at path with query (the access token is added), as
+// WeChat's media upload asks, and decodes the answer into out; errors and
+// retries as for Call.
+func (c *Client) Upload(ctx context.Context, api, path string, query url.Values, filename string, data []byte, out any) error {
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	fw, err := mw.CreateFormFile("media", filename)
+	if err == nil {
+		_, err = fw.Write(data)
+	}
+	if err == nil {
+		err = mw.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", api, err)
+	}
+	return c.post(ctx, api, path, query, mw.FormDataContentType(), buf.Bytes(), out)
+}
+
+// post sends body to path with query and the access token, and decodes the
+// answer into out.
+func (c *Client) post(ctx context.Context, api, path string, query url.Values, contentType string, body []byte, out any) error {
 	var raw json.RawMessage
-	err = c.callWithToken(ctx, api, func(ctx context.Context, tok string) (apiResult, error) {
+	err := c.callWithToken(ctx, api, func(ctx context.Context, tok string) (apiResult, error) {
+		q := url.Values{}
+		for k, v := range query {
+			q[k] = v
+		}
+		q.Set("access_token", tok)
 		raw = nil
-		if err := c.do(ctx, http.MethodPost, path+"?access_token="+url.QueryEscape(tok), body, &raw); err != nil {
+		if err := c.doContent(ctx, http.MethodPost, path+"?"+q.Encode(), contentType, body, &raw); err != nil {
 			return apiResult{}, err
 		}
 		var res apiResult

@@ -388,8 +388,14 @@ type transientError struct{ err error }
 func (e *transientError) Error() string { return e.err.Error() }
 func (e *transientError) Unwrap() error { return e.err }
 
-// do sends one request and decodes the JSON answer into out.
+// do sends one request with a JSON body and decodes the JSON answer into
+// out.
 func (c *Client) do(ctx context.Context, method, pathAndQuery string, body []byte, out any) error {
+	return c.doContent(ctx, method, pathAndQuery, "application/json", body, out)
+}
+
+// doContent is do with a body of contentType.
+func (c *Client) doContent(ctx context.Context, method, pathAndQuery, contentType string, body []byte, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	var rd io.Reader
@@ -401,7 +407,7 @@ func (c *Client) do(ctx context.Context, method, pathAndQuery string, body []byt
 		return fmt.Errorf("build request: %w", err)
 	}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -3,6 +3,8 @@ package wecomtest
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -16,6 +18,11 @@ import (
 //     20 seconds and once (95017); text or msgmenu only.
 //   - service_state/get and /trans: states 0 untreated, 1 bot, 2 queue,
 //     3 servicer, 4 ended; the transitions WeChat documents (95016 else).
+//   - customer/batchget: 1–100 external_userids; the ones the fake has seen
+//     write come back with a nickname, the others in invalid_external_userid.
+//   - media/upload: type image (≤ 10 MB), voice, video or file, as the
+//     multipart field "media"; send_msg with an image, link or miniprogram
+//     whose media_id was not uploaded is 40007.
 //   - A msgid given with a message is kept; the same msgid again for the
 //     account is not delivered a second time (counted by DuplicateMsgIDs).
 //     Whether WeChat itself refuses or ignores a repeated msgid is not
@@ -65,6 +72,7 @@ type kfState struct {
 	sessions  map[string]*session // openKfID + "/" + user
 	welcomes  map[string]*welcome
 	msgIDs    map[string]bool // openKfID + "/" + msgid
+	media     map[string]bool // uploaded media_ids
 	replies   []Reply
 	transfers []Transfer
 	dups      int
@@ -72,7 +80,8 @@ type kfState struct {
 
 func (s *Server) kf() *kfState {
 	if s.kfs == nil {
-		s.kfs = &kfState{sessions: map[string]*session{}, welcomes: map[string]*welcome{}, msgIDs: map[string]bool{}}
+		s.kfs = &kfState{sessions: map[string]*session{}, welcomes: map[string]*welcome{}, msgIDs: map[string]bool{},
+			media: map[string]bool{}}
 	}
 	return s.kfs
 }
@@ -250,6 +259,10 @@ func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 			return
 		}
 	}
+	if id := mediaIDOf(b.MsgType, raw[b.MsgType]); id != "" && !s.kf().media[id] {
+		writeErr(w, 40007, "invalid media_id")
+		return
+	}
 	if b.MsgID == "" {
 		b.MsgID = randHex(16)
 	}
@@ -319,4 +332,90 @@ func (s *Server) serviceState(w http.ResponseWriter, r *http.Request, trans bool
 		s.kf().welcomes[code] = &welcome{openKfID: b.OpenKfID, user: b.User, expires: s.opts.Clock().Add(welcomeCodeTTL)}
 	}
 	writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "msg_code": code})
+}
+
+// mediaIDOf returns the media_id a message object refers to ("" none).
+func mediaIDOf(msgType string, obj json.RawMessage) string {
+	var m struct {
+		MediaID      string `json:"media_id"`
+		ThumbMediaID string `json:"thumb_media_id"`
+	}
+	_ = json.Unmarshal(obj, &m)
+	switch msgType {
+	case "image", "voice", "video", "file":
+		if m.MediaID == "" {
+			return "-" // missing: never uploaded
+		}
+		return m.MediaID
+	case "link", "miniprogram":
+		return m.ThumbMediaID
+	}
+	return ""
+}
+
+// customers answers customer/batchget.
+func (s *Server) customers(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Users []string `json:"external_userid_list"`
+	}
+	decErr := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&b)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.authorize(w, r) {
+		return
+	}
+	if decErr != nil || len(b.Users) == 0 || len(b.Users) > 100 {
+		writeErr(w, 40058, "external_userid_list must hold 1 to 100 ids")
+		return
+	}
+	known := map[string]bool{}
+	for k := range s.kf().sessions {
+		known[k[strings.IndexByte(k, '/')+1:]] = true
+	}
+	list, invalid := []map[string]any{}, []string{}
+	for _, u := range b.Users {
+		if !known[u] {
+			invalid = append(invalid, u)
+			continue
+		}
+		list = append(list, map[string]any{"external_userid": u, "nickname": "nick-" + u, "avatar": "", "gender": 0,
+			"unionid": ""})
+	}
+	writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "customer_list": list, "invalid_external_userid": invalid})
+}
+
+// maxMedia is the size limit of an upload by type.
+var maxMedia = map[string]int64{"image": 10 << 20, "voice": 2 << 20, "video": 10 << 20, "file": 20 << 20}
+
+// uploadMedia answers media/upload.
+func (s *Server) uploadMedia(w http.ResponseWriter, r *http.Request) {
+	typ := r.URL.Query().Get("type")
+	limit, okType := maxMedia[typ]
+	var size int64 = -1
+	if okType {
+		if f, h, err := r.FormFile("media"); err == nil {
+			size = h.Size
+			_ = f.Close()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.authorize(w, r) {
+		return
+	}
+	switch {
+	case !okType:
+		writeErr(w, 40004, "invalid media type")
+		return
+	case size <= 0:
+		writeErr(w, 41005, "media data missing")
+		return
+	case size > limit:
+		writeErr(w, 40006, "invalid file size")
+		return
+	}
+	id := "m-" + randHex(16)
+	s.kf().media[id] = true
+	writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "type": typ, "media_id": id,
+		"created_at": strconv.FormatInt(s.opts.Clock().Unix(), 10)})
 }

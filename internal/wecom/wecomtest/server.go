@@ -178,7 +178,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/cgi-bin/gettoken":
 		s.getToken(w, r)
 	case "/cgi-bin/kf/sync_msg", "/cgi-bin/kf/send_msg", "/cgi-bin/kf/send_msg_on_event",
-		"/cgi-bin/kf/service_state/get", "/cgi-bin/kf/service_state/trans":
+		"/cgi-bin/kf/service_state/get", "/cgi-bin/kf/service_state/trans", "/cgi-bin/kf/customer/batchget",
+		"/cgi-bin/media/upload":
 		if r.Method != http.MethodPost {
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
@@ -190,6 +191,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.sendMsg(w, r, false)
 		case "/cgi-bin/kf/send_msg_on_event":
 			s.sendMsg(w, r, true)
+		case "/cgi-bin/kf/customer/batchget":
+			s.customers(w, r)
+		case "/cgi-bin/media/upload":
+			s.uploadMedia(w, r)
 		default:
 			s.serviceState(w, r, r.URL.Path == "/cgi-bin/kf/service_state/trans")
 		}

@@ -1,0 +1,193 @@
+package kfpipe
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/once"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+	"github.com/kfpipe/kfpipe/kf"
+)
+
+// replyRig is the reply side of a consumer on real Redis and the fake
+// WeChat; cut, when set, stands between the two.
+type replyRig struct {
+	fake *wecomtest.Server
+	fx   *effects
+	cut  atomic.Pointer[func(w http.ResponseWriter, r *http.Request) bool]
+}
+
+func newReplyRig(t *testing.T) *replyRig {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	rig := &replyRig{fake: wecomtest.NewHandler(wecomtest.Options{Accounts: []string{"wk"}})}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if cut := rig.cut.Load(); cut != nil && (*cut)(w, r) {
+			return
+		}
+		rig.fake.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	kc, err := kf.New(kf.Config{BaseURL: srv.URL, CorpID: rig.fake.CorpID(), Secret: rig.fake.Secret()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc, err := once.New(context.Background(), "replies-test", once.Config{Client: rdb, KeyPrefix: prefix + "reply:",
+		Lease: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = oc.Close() })
+	rig.fx = &effects{once: oc, kf: kc}
+	return rig
+}
+
+// message returns the chat message of the fake's upstream message id.
+func (rig *replyRig) message(t *testing.T, id string) *chatmsg.ChatMessage {
+	t.Helper()
+	for _, m := range rig.fake.Messages("wk") {
+		if m.MsgID == id {
+			return &chatmsg.ChatMessage{MessageID: 1, UpstreamMsgID: id, OpenKfID: "wk", ExternalUserID: m.ExternalUserID,
+				MsgType: m.MsgType, Origin: m.Origin, Content: m.Raw}
+		}
+	}
+	t.Fatalf("no message %s", id)
+	return nil
+}
+
+// killSecondSend makes the fake's second send_msg never answer and
+// cancels the handler's context instead: a consumer killed between two
+// replies of one message.
+func (rig *replyRig) killSecondSend(cancel context.CancelFunc) {
+	var sends atomic.Int32
+	f := func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, "/send_msg") || sends.Add(1) != 2 {
+			return false
+		}
+		_, _ = io.Copy(io.Discard, r.Body) // so the server sees the client hang up
+		cancel()
+		select { // the client gives up (its context ended) or the test does
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+			http.Error(w, "cut off", http.StatusBadGateway)
+		}
+		return true
+	}
+	rig.cut.Store(&f)
+}
+
+// TestRerunHandlerRepliesOnce: a Go handler that replied once and was cut
+// off before its second reply runs again; the first reply is not sent
+// again, the second is, each once, in order.
+func TestRerunHandlerRepliesOnce(t *testing.T) {
+	rig := newReplyRig(t)
+	c := rig.message(t, rig.fake.AddText("wk", "u1", "hi"))
+	var calls atomic.Int32
+	h := adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+		calls.Add(1)
+		if err := Reply(ctx, kf.Text{Content: "one"}); err != nil {
+			return err
+		}
+		return Reply(ctx, kf.Text{Content: "two"})
+	}), rig.fx)
+	ctx, cancel := context.WithCancel(context.Background())
+	rig.killSecondSend(cancel)
+	if err := h.Handle(ctx, c); err == nil {
+		t.Fatal("the cut-off run succeeded")
+	}
+	rig.cut.Store(nil)
+	for range 2 { // the re-run, and a redelivery after it finished
+		if err := h.Handle(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertReplies(t, rig.fake, "u1", "one", "two")
+	if calls.Load() != 3 {
+		t.Fatalf("handler ran %d times", calls.Load())
+	}
+}
+
+// TestWebhookAnswerRepliesOnce: the replies in an http receiver's answer
+// are sent once across a cut-off run and a re-run; then the transfer.
+func TestWebhookAnswerRepliesOnce(t *testing.T) {
+	rig := newReplyRig(t)
+	c := rig.message(t, rig.fake.AddText("wk", "u2", "human please"))
+	var posts atomic.Int32
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"replies":[{"msgtype":"text","text":{"content":"one"}},` +
+			`{"msgtype":"text","text":{"content":"two"}}],"transfer":{"service_state":3,"servicer_userid":"alice"}}`))
+	}))
+	defer receiver.Close()
+	ih := consumer.WebhookHandler(receiver.URL, 5*time.Second, nil, "", webhookReplies)
+	h := consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
+		return ih.Handle(withReplier(ctx, rig.fx, fromChat(c)), c)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	rig.killSecondSend(cancel)
+	if err := h.Handle(ctx, c); err == nil {
+		t.Fatal("the cut-off run succeeded")
+	}
+	rig.cut.Store(nil)
+	for range 2 {
+		if err := h.Handle(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertReplies(t, rig.fake, "u2", "one", "two")
+	if tr := rig.fake.Transfers(); len(tr) != 1 || tr[0].Servicer != "alice" || tr[0].To != 3 {
+		t.Fatalf("transfers %+v", tr)
+	}
+	if posts.Load() != 3 {
+		t.Fatalf("receiver called %d times", posts.Load())
+	}
+}
+
+// TestWebhookAnswerChecked: an answer without replies is fine; one with a
+// reply that cannot be sent is Permanent before anything is sent.
+func TestWebhookAnswerChecked(t *testing.T) {
+	rig := newReplyRig(t)
+	c := rig.message(t, rig.fake.AddText("wk", "u3", "hi"))
+	ctx := withReplier(context.Background(), rig.fx, fromChat(c))
+	for _, ok := range []string{``, `ok`, `{}`, `{"status":"ok"}`} {
+		if err := webhookReplies(ctx, []byte(ok)); err != nil {
+			t.Errorf("answer %q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{`{"replies":[{"msgtype":"text","text":{"content":"fine"}},{"msgtype":"voice","voice":{}}]}`,
+		`{"replies":"x"}`, `{"transfer":{}}`, `{"transfer":{"service_state":9}}`} {
+		if err := webhookReplies(ctx, []byte(bad)); !IsPermanent(err) {
+			t.Errorf("answer %s: %v, want a permanent error", bad, err)
+		}
+	}
+	if rs := rig.fake.Replies("wk", "u3"); len(rs) != 0 {
+		t.Fatalf("replies sent from bad answers: %+v", rs)
+	}
+	if err := webhookReplies(context.Background(), []byte(`{"replies":[{"msgtype":"text","text":{"content":"x"}}]}`)); !errors.Is(err, ErrNoReplier) {
+		t.Fatalf("replies without a replier: %v", err)
+	}
+}
+
+func assertReplies(t *testing.T, fake *wecomtest.Server, user string, texts ...string) {
+	t.Helper()
+	rs := fake.Replies("wk", user)
+	if len(rs) != len(texts) || fake.DuplicateMsgIDs() != 0 {
+		t.Fatalf("%s: %d replies (%d duplicate msgids), want %d: %+v", user, len(rs), fake.DuplicateMsgIDs(), len(texts), rs)
+	}
+	for i, r := range rs {
+		if !strings.Contains(string(r.Body), `"`+texts[i]+`"`) {
+			t.Fatalf("%s: reply %d = %s, want %q", user, i, r.Body, texts[i])
+		}
+	}
+}
