@@ -298,3 +298,42 @@ func logLen(p *Pipeline) int {
 	}
 	return n
 }
+
+// TestChaosReplyKill9: the consumers' handler (the Sink, over the http
+// handler's protocol) answers every message with a reply, which the
+// consumers send to the fake WeChat exactly once; consumers are killed
+// with SIGKILL several times while they reply. Every message must get its
+// reply once (a repeat of a delivered msgid only inside the crash window
+// of a kill), each user's replies in the order of its messages, and
+// lost=0 dup=0 reordered=0 as everywhere. Each user sends at most five
+// messages: WeChat (and the fake) refuses a sixth reply after a
+// customer's last message, so a longer backlog of one user's replies
+// would be cut by WeChat's rule, not by kfpipe.
+func TestChaosReplyKill9(t *testing.T) {
+	svc := NeedServices(t)
+	load := Size(Load{Total: 2000, Users: 500, Rate: 200, MaxPerUser: 5},
+		Load{Total: 12000, Users: 3000, Rate: 400, MaxPerUser: 5})
+	kills := Size(3, 5)
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2, Replies: true,
+		SinkSleep: 2 * time.Millisecond})
+	feedFor := time.Duration(float64(load.Total)/load.Rate) * time.Second
+	Run(t, "reply-kill9", p, load, Size(90*time.Second, 4*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
+		gap := feedFor / time.Duration(kills+1)
+		for range kills {
+			if !Pause(ctx, gap/2, gap) {
+				return ctx.Err()
+			}
+			victim := p.Consumers[rand.IntN(len(p.Consumers))]
+			if _, err := victim.Kill9(); err != nil {
+				return err
+			}
+			if !Pause(ctx, 300*time.Millisecond, 1500*time.Millisecond) {
+				return ctx.Err()
+			}
+			if err := victim.Restart(60 * time.Second); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -12,6 +12,9 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+	"github.com/kfpipe/kfpipe/kf"
 )
 
 // DeadLetter is what the DLQ index holds for one message.
@@ -43,6 +46,10 @@ type Evidence struct {
 	// StallLimit, when set, is the longest a user may wait for its next
 	// effect after a consumer kill (max_user_stall); more is a problem.
 	StallLimit time.Duration
+	// Replies (with Options.Replies) are the messages the fake WeChat
+	// delivered, and ReplyDups the repeats of a delivered msgid it refused.
+	Replies, ReplyDups []wecomtest.Reply
+	RepliesOn          bool
 }
 
 // DeadLetters reads the whole DLQ index through the admin API.
@@ -174,7 +181,11 @@ func (p *Pipeline) Settle(ctx context.Context, f *Feeder, timeout time.Duration)
 // kcat dump of the main topic and the kills.
 func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
 	ev := &Evidence{Sent: f.Sent(), Deliveries: p.Sink.Deliveries(), Kills: p.Kills(), Lease: p.Opts.DedupLease,
-		Crashes: p.Crashes(), Failovers: p.Failovers(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit}
+		Crashes: p.Crashes(), Failovers: p.Failovers(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit,
+		RepliesOn: p.Opts.Replies}
+	if ev.RepliesOn {
+		ev.Replies, ev.ReplyDups = p.Fake.Replies("", ""), p.Fake.Duplicates()
+	}
 	var err error
 	if ev.DLQ, err = p.DeadLetters(ctx); err != nil {
 		return nil, err
@@ -304,6 +315,9 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 	for _, c := range e.Crashes {
 		r.Problem("daemon crash: %s", c)
 	}
+	if e.RepliesOn {
+		e.judgeReplies(r, byMsg)
+	}
 	if stall, ok := e.maxUserStall(); ok {
 		r.Extra("max_user_stall", stall.Round(100*time.Millisecond))
 		if e.StallLimit > 0 && stall > e.StallLimit {
@@ -398,4 +412,104 @@ func describeDeliveries(ds []Delivery) string {
 		parts[i] = fmt.Sprintf("%s@%s", d.Tag, d.At.Format("15:04:05.000"))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// judgeReplies checks the replies the Sink asked for: every message with
+// an effect got exactly one reply at the fake WeChat, with the msgid kfpipe
+// derives for it (replies_missing); a repeat of a delivered msgid is
+// explained only by a consumer kill within crashWindow after the reply
+// (replies_dup counts the rest, replies_resent_after_kill the explained);
+// and each user's replies reached WeChat in the order of the messages
+// (replies_reordered).
+func (e *Evidence) judgeReplies(r *Report, byMsg map[string][]Delivery) {
+	sent := make(map[string]Sent, len(e.Sent))
+	for _, s := range e.Sent {
+		sent[s.MsgID] = s
+	}
+	got := map[string]wecomtest.Reply{}
+	var strange int
+	for _, rp := range e.Replies {
+		var body struct {
+			Content string `json:"content"`
+		}
+		_ = json.Unmarshal(rp.Body, &body)
+		id, ok := strings.CutPrefix(body.Content, ReplyText(""))
+		s, known := sent[id]
+		if !ok || !known || rp.MsgID != kf.MsgID(s.OpenKfID, id, 0) || rp.User != s.User {
+			strange++
+			r.note("reply not asked for: %+v", rp)
+			continue
+		}
+		if _, twice := got[id]; twice {
+			strange++ // the fake delivers a msgid once: a second reply had another msgid
+			r.note("second reply with another msgid to %s", id)
+		}
+		got[id] = rp
+	}
+	missing := 0
+	for id := range byMsg {
+		if _, ok := got[id]; !ok {
+			missing++
+			if missing <= 5 {
+				r.note("no reply to %s user %s", id, sent[id].User)
+			}
+		}
+	}
+	var consumerKills []time.Time
+	for _, k := range e.Kills {
+		if strings.HasPrefix(k.Tag, "consumer") {
+			consumerKills = append(consumerKills, k.At)
+		}
+	}
+	dup, resent := 0, 0
+	for _, d := range e.ReplyDups {
+		first, ok := e.replyByMsgID(d.MsgID)
+		explained := false
+		for _, at := range consumerKills {
+			explained = explained || ok && !at.Before(first.At.Add(-100*time.Millisecond)) && at.Sub(first.At) <= e.crashWindow()
+		}
+		if explained {
+			resent++
+		} else {
+			dup++
+			r.note("reply sent twice: msgid %s user %s first %s again %s", d.MsgID, d.User,
+				first.At.Format("15:04:05.000"), d.At.Format("15:04:05.000"))
+		}
+	}
+	reordered := 0
+	last := map[string]int{} // user → index of the message of its last reply
+	for _, rp := range e.Replies {
+		var body struct {
+			Content string `json:"content"`
+		}
+		_ = json.Unmarshal(rp.Body, &body)
+		s, ok := sent[strings.TrimPrefix(body.Content, ReplyText(""))]
+		if !ok {
+			continue
+		}
+		if prev, seen := last[s.User]; seen && s.Index < prev && len(e.DLQ[s.MsgID]) == 0 {
+			reordered++
+			r.note("reply to message %d of user %s after the reply to message %d", s.Index, s.User, prev)
+		}
+		last[s.User] = max(last[s.User], s.Index)
+	}
+	r.Extra("replies", len(e.Replies))
+	r.Extra("replies_missing", missing)
+	r.Extra("replies_dup", dup)
+	r.Extra("replies_resent_after_kill", resent)
+	r.Extra("replies_reordered", reordered)
+	if missing+dup+reordered+strange > 0 {
+		r.Problem("replies: %d missing, %d sent twice outside the crash window, %d out of order, %d not asked for",
+			missing, dup, reordered, strange)
+	}
+}
+
+// replyByMsgID returns the delivered reply with WeChat msgid id.
+func (e *Evidence) replyByMsgID(id string) (wecomtest.Reply, bool) {
+	for _, rp := range e.Replies {
+		if rp.MsgID == id {
+			return rp, true
+		}
+	}
+	return wecomtest.Reply{}, false
 }

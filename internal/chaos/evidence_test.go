@@ -4,6 +4,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+	"github.com/kfpipe/kfpipe/kf"
 )
 
 // TestReportCounts checks the judge itself on hand-made evidence, so a
@@ -142,5 +145,59 @@ func TestMaxUserStall(t *testing.T) {
 	ev.Kills = []Kill{{Tag: "producer.1", At: at(2)}}
 	if _, ok := ev.maxUserStall(); ok {
 		t.Fatal("a producer kill produced a consumer stall figure")
+	}
+}
+
+// TestJudgeReplies checks the reply judge on hand-made evidence: a clean
+// run passes; a missing reply, a repeat far from any kill, a reply out of
+// the user's order, and a reply with a msgid kfpipe would not give are
+// each a problem; a repeat right after a consumer kill is explained.
+func TestJudgeReplies(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	sent := []Sent{{MsgID: "a1", OpenKfID: "wk", User: "a", Index: 0}, {MsgID: "a2", OpenKfID: "wk", User: "a", Index: 1},
+		{MsgID: "b1", OpenKfID: "wk", User: "b", Index: 0}}
+	deliveries := []Delivery{{MsgID: "a1", User: "a", Tag: "consumer-1.1", At: at(0)},
+		{MsgID: "b1", User: "b", Tag: "consumer-1.1", At: at(1)}, {MsgID: "a2", User: "a", Tag: "consumer-1.1", At: at(2)}}
+	reply := func(id string, ms int) wecomtest.Reply {
+		return wecomtest.Reply{OpenKfID: "wk", User: id[:1], MsgID: kf.MsgID("wk", id, 0), MsgType: "text",
+			Body: []byte(`{"content":"` + ReplyText(id) + `"}`), At: at(ms)}
+	}
+	clean := []wecomtest.Reply{reply("a1", 10), reply("b1", 11), reply("a2", 12)}
+	wrongID := reply("b1", 11)
+	wrongID.MsgID = "other"
+	tests := []struct {
+		name          string
+		replies, dups []wecomtest.Reply
+		kills         []Kill
+		problem       string // "" when the run is clean
+		extra         string
+	}{
+		{name: "clean", replies: clean, extra: "replies_missing=0 replies_dup=0 replies_resent_after_kill=0 replies_reordered=0"},
+		{name: "missing", replies: clean[:2], problem: "1 missing"},
+		{name: "repeat long after any kill", replies: clean, dups: []wecomtest.Reply{reply("a1", 30000)},
+			kills: []Kill{{Tag: "consumer-1.1", At: at(20000)}}, problem: "1 sent twice"},
+		{name: "repeat right after a kill", replies: clean, dups: []wecomtest.Reply{reply("a1", 13000)},
+			kills: []Kill{{Tag: "consumer-1.1", At: at(500)}}, extra: "replies_resent_after_kill=1"},
+		{name: "out of order", replies: []wecomtest.Reply{reply("a2", 10), reply("b1", 11), reply("a1", 12)},
+			problem: "1 out of order"},
+		{name: "not kfpipe's msgid", replies: []wecomtest.Reply{clean[0], wrongID, clean[2]}, problem: "1 not asked for"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &Evidence{Sent: sent, Deliveries: deliveries, Lease: 10 * time.Second, Kills: tc.kills, RepliesOn: true,
+				Replies: tc.replies, ReplyDups: tc.dups}
+			r := e.Report("t", time.Second)
+			line := r.Line()
+			if tc.problem == "" && !r.OK() {
+				t.Fatalf("clean replies judged bad: %s %v", line, r.problems)
+			}
+			if tc.problem != "" && (r.OK() || !strings.Contains(strings.Join(r.problems, ";"), tc.problem)) {
+				t.Fatalf("want problem %q, got %v (%s)", tc.problem, r.problems, line)
+			}
+			if !strings.Contains(line, tc.extra) {
+				t.Fatalf("line %q lacks %q", line, tc.extra)
+			}
+		})
 	}
 }

@@ -27,6 +27,8 @@ type Sent struct {
 type Feeder struct {
 	p     *Pipeline
 	users []string
+	// maxPerUser, when set, caps the messages of one user (Load.MaxPerUser).
+	maxPerUser int
 
 	mu        sync.Mutex
 	sent      []Sent
@@ -84,6 +86,9 @@ func (f *Feeder) appendUsers(ctx context.Context, users []string, kfOf func(i in
 // second, in bursts every 100 ms, and sends a callback for each account a
 // burst touched. It returns when all are appended or ctx ends.
 func (f *Feeder) Feed(ctx context.Context, total int, rate float64) error {
+	if f.maxPerUser > 0 && total > f.maxPerUser*len(f.users) {
+		return fmt.Errorf("feed: %d messages from %d users at most %d each cannot be", total, len(f.users), f.maxPerUser)
+	}
 	const tick = 100 * time.Millisecond
 	perTick := max(1, int(rate*tick.Seconds()))
 	t := time.NewTicker(tick)
@@ -92,10 +97,19 @@ func (f *Feeder) Feed(ctx context.Context, total int, rate float64) error {
 		n := min(perTick, total-done)
 		idx := make([]int, n)
 		users := make([]string, n)
+		f.mu.Lock()
+		taken := map[string]int{}
 		for i := range n {
-			idx[i] = rand.IntN(len(f.users))
-			users[i] = f.users[idx[i]]
+			for {
+				idx[i] = rand.IntN(len(f.users))
+				users[i] = f.users[idx[i]]
+				if f.maxPerUser == 0 || f.perUser[users[i]]+taken[users[i]] < f.maxPerUser {
+					break
+				}
+			}
+			taken[users[i]]++
 		}
+		f.mu.Unlock()
 		f.appendUsers(ctx, users, func(i int, _ string) string { return f.account(idx[i]) })
 		done += n
 		select {

@@ -42,6 +42,10 @@ type Options struct {
 	// this for its next effect after a consumer kill (max_user_stall).
 	StallLimit time.Duration
 	PageLimit  int // wecom.page_limit; default 1000
+	// Replies makes the Sink answer each message with a reply that the
+	// consumers send to the fake WeChat; the evidence then judges them
+	// (Evidence.judgeReplies).
+	Replies bool
 	// SentinelAddrs and SentinelMaster, when set, put every daemon (and
 	// the suite's own Redis client) on Redis Sentinel; Redis is then only
 	// the address the shared defaults name.
@@ -141,6 +145,7 @@ func Start(t *testing.T, o Options) *Pipeline {
 	t.Cleanup(fakeSrv.Close)
 	p.FakeURL = fakeSrv.URL
 	p.Sink = NewSink(o.SinkSleep)
+	p.Sink.Reply(o.Replies)
 	t.Cleanup(p.Sink.Close)
 	if len(o.SentinelAddrs) > 0 {
 		p.rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: o.SentinelMaster,
@@ -195,6 +200,10 @@ func Start(t *testing.T, o Options) *Pipeline {
 		"KFPIPE_RATE_LIMIT_DEFAULT_GROUP":       "whitelist",
 		"KFPIPE_KAFKA_CONSUMER_GROUP_ID":        "chaos-consumer-" + suffix,
 		"KFPIPE_KAFKA_CONSUMER_COMMIT_INTERVAL": "500ms",
+		// Replies in the Sink's answers go to the fake.
+		"KFPIPE_WECOM_BASE_URL": p.FakeURL,
+		"KFPIPE_WECOM_CORP_ID":  p.Fake.CorpID(),
+		"KFPIPE_WECOM_SECRET":   p.Fake.Secret(),
 	}
 	dlqEnv := map[string]string{
 		"KFPIPE_KAFKA_CONSUMER_GROUP_ID":  "chaos-dlq-" + suffix,

@@ -12,6 +12,9 @@ type Load struct {
 	Total int     // messages
 	Users int     // distinct users
 	Rate  float64 // messages a second
+	// MaxPerUser, when set, caps one user's messages (users are picked at
+	// random otherwise, so some send many more than Total/Users).
+	MaxPerUser int
 }
 
 // Fault injects a fault while the load runs. It records what it observed
@@ -29,6 +32,7 @@ func Run(t *testing.T, name string, p *Pipeline, load Load, settle time.Duration
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	f := NewFeeder(p, load.Users)
+	f.maxPerUser = load.MaxPerUser
 	rec := &Report{Name: name}
 	start := time.Now()
 	fed := make(chan error, 1)

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,10 +24,13 @@ type Delivery struct {
 
 // Sink is the business side of the consumers' http handler: it records
 // every delivery, after an optional random delay that stands for the
-// handler's work. It answers 200 to everything it can decode.
+// handler's work. It answers 200 to everything it can decode; with
+// replies on, the answer asks kfpipe to reply ReplyText(msgid) to the
+// customer (docs/handler-protocol.md).
 type Sink struct {
 	srv      *httptest.Server
 	sleepMax time.Duration
+	replies  atomic.Bool
 
 	mu         sync.Mutex
 	deliveries []Delivery
@@ -93,8 +97,22 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 	s.seen[m.UpstreamMsgID]++
 	s.changed = now
 	s.mu.Unlock()
-	w.WriteHeader(http.StatusOK)
+	if !s.replies.Load() {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	answer, _ := json.Marshal(map[string]any{"replies": []any{
+		map[string]any{"msgtype": "text", "text": map[string]any{"content": ReplyText(m.UpstreamMsgID)}}}})
+	_, _ = w.Write(answer)
 }
+
+// ReplyText is the reply the Sink asks for to the message msgid.
+func ReplyText(msgid string) string { return "re:" + msgid }
+
+// Reply makes the Sink's answers carry a reply to each message (on) or
+// not.
+func (s *Sink) Reply(on bool) { s.replies.Store(on) }
 
 // FailUser makes the Sink answer 500 to every message of user from now
 // on: the downstream is broken for that one user (a handler that keeps

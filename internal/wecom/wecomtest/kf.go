@@ -75,7 +75,7 @@ type kfState struct {
 	media     map[string]bool // uploaded media_ids
 	replies   []Reply
 	transfers []Transfer
-	dups      int
+	dups      []Reply // repeats of a delivered msgid, not delivered again
 }
 
 func (s *Server) kf() *kfState {
@@ -155,7 +155,15 @@ func (s *Server) Transfers() []Transfer {
 func (s *Server) DuplicateMsgIDs() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.kf().dups
+	return len(s.kf().dups)
+}
+
+// Duplicates returns the repeats DuplicateMsgIDs counts, each with the
+// time it arrived, in order.
+func (s *Server) Duplicates() []Reply {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Reply(nil), s.kf().dups...)
 }
 
 // SessionState returns the state of user's session (as service_state/get).
@@ -267,7 +275,8 @@ func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 		b.MsgID = randHex(16)
 	}
 	if k := b.OpenKfID + "/" + b.MsgID; s.kf().msgIDs[k] {
-		s.kf().dups++
+		s.kf().dups = append(s.kf().dups, Reply{OpenKfID: b.OpenKfID, User: b.ToUser, MsgID: b.MsgID, MsgType: b.MsgType,
+			Body: raw[b.MsgType], OnEvent: onEvent, At: now})
 		writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "msgid": b.MsgID})
 		return
 	} else {
