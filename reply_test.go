@@ -14,6 +14,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/once"
+	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
@@ -23,7 +24,7 @@ import (
 // WeChat; cut, when set, stands between the two.
 type replyRig struct {
 	fake *wecomtest.Server
-	fx   *effects
+	fx   *reply.Effects
 	cut  atomic.Pointer[func(w http.ResponseWriter, r *http.Request) bool]
 }
 
@@ -48,7 +49,7 @@ func newReplyRig(t *testing.T) *replyRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = oc.Close() })
-	rig.fx = &effects{once: oc, kf: kc}
+	rig.fx = reply.New(oc, kc, nil)
 	return rig
 }
 
@@ -93,13 +94,13 @@ func TestRerunHandlerRepliesOnce(t *testing.T) {
 	rig := newReplyRig(t)
 	c := rig.message(t, rig.fake.AddText("wk", "u1", "hi"))
 	var calls atomic.Int32
-	h := adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+	h := reply.Wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
 		calls.Add(1)
 		if err := Reply(ctx, kf.Text{Content: "one"}); err != nil {
 			return err
 		}
 		return Reply(ctx, kf.Text{Content: "two"})
-	}), rig.fx)
+	})), rig.fx)
 	ctx, cancel := context.WithCancel(context.Background())
 	rig.killSecondSend(cancel)
 	if err := h.Handle(ctx, c); err == nil {
@@ -112,6 +113,9 @@ func TestRerunHandlerRepliesOnce(t *testing.T) {
 		}
 	}
 	assertReplies(t, rig.fake, "u1", "one", "two")
+	if sent, skipped, _, failed := rig.fx.Counts(); sent != 2 || skipped != 3 || failed != 1 {
+		t.Fatalf("counts sent %d skipped %d failed %d, want 2, 3 and 1", sent, skipped, failed)
+	}
 	if calls.Load() != 3 {
 		t.Fatalf("handler ran %d times", calls.Load())
 	}
@@ -131,9 +135,7 @@ func TestWebhookAnswerRepliesOnce(t *testing.T) {
 	}))
 	defer receiver.Close()
 	ih := consumer.WebhookHandler(receiver.URL, 5*time.Second, nil, "", webhookReplies)
-	h := consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
-		return ih.Handle(withReplier(ctx, rig.fx, fromChat(c)), c)
-	})
+	h := reply.Wrap(ih, rig.fx)
 	ctx, cancel := context.WithCancel(context.Background())
 	rig.killSecondSend(cancel)
 	if err := h.Handle(ctx, c); err == nil {
@@ -159,7 +161,7 @@ func TestWebhookAnswerRepliesOnce(t *testing.T) {
 func TestWebhookAnswerChecked(t *testing.T) {
 	rig := newReplyRig(t)
 	c := rig.message(t, rig.fake.AddText("wk", "u3", "hi"))
-	ctx := withReplier(context.Background(), rig.fx, fromChat(c))
+	ctx := reply.With(context.Background(), rig.fx, reply.TargetOf(c))
 	for _, ok := range []string{``, `ok`, `{}`, `{"status":"ok"}`} {
 		if err := webhookReplies(ctx, []byte(ok)); err != nil {
 			t.Errorf("answer %q: %v", ok, err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/service"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
@@ -176,6 +177,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep.account(p, rec.snapshot(), view, now, start)
 	rep.Duplicates = int(counterValue(pl.consumerBase.Registry, "kfpipe_messages_duplicate_total"))
+	rep.RepliesSent, rep.RepliesSkipped, rep.RepliesRefused, _ = pl.replies.Counts()
+	rep.RepliesAtWeChat, rep.ReplyMsgIDRepeats = len(fake.Replies("", "")), fake.DuplicateMsgIDs()
 	_, rep.Redelivered, rep.Callbacks, rep.CallbackErrors = drv.counts()
 	checkAdmin(ctx, rep)
 	rep.Write(o.Out)
@@ -380,6 +383,7 @@ func configure(o Options, be *backends, tmp, fakeURL string) (*configs, error) {
 	prod.Sync.SafetyInterval = 5 * time.Second
 
 	cons.Handler.Type = "noop" // replaced by the recorder
+	cons.WeCom = prod.WeCom    // the recorder's replies go to the fake
 	cons.Dedup.Lease = 10 * time.Second
 	cons.DLQ.EmergencyFile = filepath.Join(tmp, "consumer-dlq-emergency.jsonl")
 
@@ -408,6 +412,8 @@ type pipeline struct {
 	producer                            *service.Producer
 	consumer                            *service.Consumer
 	dlq                                 *service.DLQ
+	replies                             *reply.Effects
+	closeReplies                        func()
 }
 
 func startPipeline(ctx context.Context, c *configs, h *recorder) (*pipeline, error) {
@@ -428,7 +434,10 @@ func startPipeline(ctx context.Context, c *configs, h *recorder) (*pipeline, err
 	if pl.consumerBase, err = daemon.Start(ctx, "schedule-consumer", c.consumer.Common); err != nil {
 		return fail(fmt.Errorf("schedule-consumer: %w", err))
 	}
-	if pl.consumer, err = service.StartConsumer(ctx, c.consumer, pl.consumerBase, h); err != nil {
+	if pl.replies, pl.closeReplies, err = reply.FromConfig(ctx, c.consumer, pl.consumerBase); err != nil {
+		return fail(fmt.Errorf("schedule-consumer: %w", err))
+	}
+	if pl.consumer, err = service.StartConsumer(ctx, c.consumer, pl.consumerBase, reply.Wrap(h, pl.replies)); err != nil {
 		return fail(fmt.Errorf("schedule-consumer: %w", err))
 	}
 	if pl.producerBase, err = daemon.Start(ctx, "kf-producer", c.producer.Common); err != nil {
@@ -452,6 +461,9 @@ func (pl *pipeline) close(ctx context.Context) error {
 	}
 	if pl.consumer != nil {
 		errs = append(errs, pl.consumer.Close(ctx))
+	}
+	if pl.closeReplies != nil {
+		pl.closeReplies()
 	}
 	if pl.consumerBase != nil {
 		errs = append(errs, pl.consumerBase.Close(ctx))

@@ -13,7 +13,7 @@ import (
 )
 
 // summaryRE is the contract of the report's last line.
-var summaryRE = regexp.MustCompile(`^demo: in=(\d+) processed=(\d+) duplicates=(\d+) dlq=(\d+) recovered=(\d+) lost=(\d+) reordered=(\d+) msgs_per_sec=([0-9.]+) p99_ms=([0-9.]+)$`)
+var summaryRE = regexp.MustCompile(`^demo: in=(\d+) processed=(\d+) duplicates=(\d+) dlq=(\d+) recovered=(\d+) lost=(\d+) reordered=(\d+) replies=(\d+) replies_dup_prevented=(\d+) msgs_per_sec=([0-9.]+) p99_ms=([0-9.]+)$`)
 
 // TestShortDemoEmbedded runs the short scenario end to end on the
 // embedded backends (the demo's own mode, not a stand-in for the real
@@ -44,6 +44,7 @@ func TestShortDemoEmbedded(t *testing.T) {
 		return v
 	}
 	in, processed, dups, dlq, recovered, lost, reordered := get(1), get(2), get(3), get(4), get(5), get(6), get(7)
+	replies, prevented := get(8), get(9)
 	checks := []struct {
 		name string
 		ok   bool
@@ -65,6 +66,11 @@ func TestShortDemoEmbedded(t *testing.T) {
 		{"bot and excited user rate_limited", rep.DLQRecords["rate_limited"] > 0},
 		{"outage dead-lettered as downstream_error", rep.DLQRecords["downstream_error"] > 0},
 		{"summary line is the report's", lines[len(lines)-1] == rep.Summary()},
+		// One reply per processed message, each reaching WeChat once; the
+		// handlers that failed after replying ran again without resending.
+		{"a reply per processed message", int(replies)+rep.RepliesRefused == int(processed)},
+		{"WeChat delivered each reply once", rep.RepliesAtWeChat == int(replies) && rep.ReplyMsgIDRepeats == 0},
+		{"duplicate replies prevented", prevented > 0 && int(prevented) == rep.AfterReplyFailures},
 	}
 	for _, c := range checks {
 		if !c.ok {

@@ -31,6 +31,16 @@ type Report struct {
 	DoubleEffects   int            // messages the handler finished more than once (I3)
 	DLQRecords      map[string]int // dead-letter records by reason (a message may have several)
 	HandlerFailures int            // handler calls failed by the outage
+	// Replies: sent to WeChat by the handler (one per processed message),
+	// skipped because a handler that ran again had sent them already (a
+	// duplicate reply prevented), refused by WeChat for good (the
+	// 5-in-48h window); what the fake WeChat delivered, and how many sends
+	// repeated a msgid it had delivered (0: none reached WeChat twice).
+	RepliesSent, RepliesSkipped, RepliesRefused int
+	RepliesAtWeChat, ReplyMsgIDRepeats          int
+	// AfterReplyFailures are handler calls failed on purpose after their
+	// reply (one message in crashEvery, once each).
+	AfterReplyFailures int
 
 	MsgsPerSec float64       // processed / (last processed − scenario start)
 	Peak       int           // most messages processed within one wall-clock second
@@ -231,6 +241,7 @@ func (r *Report) account(p *plan, rec recorded, v dlqView, now time.Time, start 
 	}
 	r.Peak = rec.peak
 	r.HandlerFailures = rec.failures
+	r.AfterReplyFailures = rec.replayed
 }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {
@@ -265,8 +276,8 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // Summary is the report's last line, exactly as scripts parse it.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("demo: in=%d processed=%d duplicates=%d dlq=%d recovered=%d lost=%d reordered=%d msgs_per_sec=%.1f p99_ms=%.1f",
-		r.In, r.Processed, r.Duplicates, r.DLQ, r.Recovered, r.Lost, r.Reordered, r.MsgsPerSec, ms(r.P99))
+	return fmt.Sprintf("demo: in=%d processed=%d duplicates=%d dlq=%d recovered=%d lost=%d reordered=%d replies=%d replies_dup_prevented=%d msgs_per_sec=%.1f p99_ms=%.1f",
+		r.In, r.Processed, r.Duplicates, r.DLQ, r.Recovered, r.Lost, r.Reordered, r.RepliesSent, r.RepliesSkipped, r.MsgsPerSec, ms(r.P99))
 }
 
 // Write prints the report; its last line is Summary.
@@ -277,6 +288,8 @@ func (r *Report) Write(w io.Writer) {
 		r.In, r.Callbacks, r.CallbackErrors, r.Redelivered)
 	fmt.Fprintf(&b, "processed:              %d (handler failures during the outage: %d)\n", r.Processed, r.HandlerFailures)
 	fmt.Fprintf(&b, "deduplicated:           %d records recognised as already done (I3); double effects: %d\n", r.Duplicates, r.DoubleEffects)
+	fmt.Fprintf(&b, "replies:                %d sent to WeChat (it delivered %d; %d sends repeated a delivered msgid); %d duplicates prevented (the handler failed after replying %d times and ran again); %d refused by WeChat's 5-in-48h rule\n",
+		r.RepliesSent, r.RepliesAtWeChat, r.ReplyMsgIDRepeats, r.RepliesSkipped, r.AfterReplyFailures, r.RepliesRefused)
 	fmt.Fprintf(&b, "dead-lettered:          %d messages, records by reason:", r.DLQ)
 	reasons := make([]string, 0, len(r.DLQRecords))
 	for k := range r.DLQRecords {
