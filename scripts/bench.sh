@@ -7,7 +7,7 @@
 # (matplotlib, installed with pip into .run/benchvenv on first use).
 #
 #   scripts/bench.sh                        all scenarios (about 5-8 minutes)
-#   scripts/bench.sh consumer e2e           some of: producer consumer e2e memory isolation
+#   scripts/bench.sh consumer e2e           some of: producer consumer replies e2e memory isolation
 #   KFPIPE_BENCH_NO_PLOT=1                  skip the plots
 #   KFPIPE_KEEP_SERVICES=1                  leave the services running afterwards
 set -euo pipefail
@@ -24,7 +24,7 @@ use_services
 log "building the harness"
 go build -o "$out/kfpipe-bench" ./internal/bench/cmd
 
-(($#)) || set -- producer consumer e2e memory isolation
+(($#)) || set -- producer consumer replies e2e memory isolation
 results="$out/results.jsonl"
 : >"$results"
 log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(go version | cut -d' ' -f3), load $(cut -d' ' -f1-3 /proc/loadavg)"

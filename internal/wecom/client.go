@@ -214,6 +214,9 @@ type Client struct {
 	fetchMu sync.Mutex
 }
 
+// maxConns is how many connections to WeChat a client opens at most.
+const maxConns = 64
+
 // NewClient returns a client. tokens nil ⇒ an in-process MemoryTokenCache
 // (each replica then fetches its own token).
 func NewClient(cfg ClientConfig, tokens TokenCache, opts ...ClientOption) (*Client, error) {
@@ -231,7 +234,13 @@ func NewClient(cfg ClientConfig, tokens TokenCache, opts ...ClientOption) (*Clie
 		tokenKey: TokenFingerprint(cfg.CorpID, cfg.Secret), log: zap.NewNop(), backoff: 200 * time.Millisecond,
 	}
 	if c.hc == nil {
-		c.hc = &http.Client{}
+		// Handlers reply concurrently (one call per busy user): at most
+		// maxConns connections to WeChat, all kept when idle, so they are
+		// reused, not redialled (the default keeps 2 idle per host: a reply
+		// then cost ~10x the CPU, dialling), and calls beyond them wait.
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxConnsPerHost, t.MaxIdleConns, t.MaxIdleConnsPerHost = maxConns, maxConns, maxConns
+		c.hc = &http.Client{Transport: t}
 	}
 	for _, o := range opts {
 		o(c)

@@ -123,6 +123,9 @@ func (s *Server) noteIncoming(openKfID string, obj map[string]json.RawMessage, s
 	}
 	se := s.sessionOf(openKfID, user)
 	se.quota = replyQuota
+	if s.opts.ReplyQuota > 0 {
+		se.quota = s.opts.ReplyQuota
+	}
 	se.windowEnd = time.Unix(sendTime, 0).Add(replyWindow)
 	if se.state == 4 {
 		se.state, se.servicer = 0, "" // a new session

@@ -52,6 +52,10 @@ type Options struct {
 	Accounts []string
 	// Callback, when set, is what Notify uses to call the callback URL.
 	Callback *CallbackSender
+	// ReplyQuota is how many messages may be sent after each message of
+	// a customer; 0 ⇒ WeChat's 5. Only a benchmark that answers many
+	// messages of one user from a backlog raises it.
+	ReplyQuota int
 }
 
 // Counts are request counters by API.
