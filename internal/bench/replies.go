@@ -124,7 +124,7 @@ func Replies(e *Env, o ConsumerOptions) (Result, error) {
 	return Result{Scenario: "consumer_replies", Msgs: o.Msgs, MsgsPerSec: round(rw, 0),
 		Baseline: "consumer_reply_stubbed", BaselineMsgsPerSec: round(rs, 0), Ratio: round(rw/rs, 3), RSSMiB: RSSMiB(),
 		Extra: map[string]any{"users": o.Users, "partitions": o.Partitions, "runs_each": len(with),
-			"ratios": []float64{round(with[0].rate/stub[0].rate, 3), round(with[1].rate/stub[1].rate, 3)},
+			"ratios":         []float64{round(with[0].rate/stub[0].rate, 3), round(with[1].rate/stub[1].rate, 3)},
 			"cpu_us_per_msg": round(mean(with, cpu), 2), "stub_cpu_us_per_msg": round(mean(stub, cpu), 2),
 			"redis_cpu_us_per_msg": round(mean(with, redisCPU), 2), "stub_redis_cpu_us_per_msg": round(mean(stub, redisCPU), 2),
 			"path": "service.StartConsumer + reply.Do (once claim, send_msg to the in-process fake WeChat, done mark) per message"}}, nil

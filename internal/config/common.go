@@ -187,6 +187,7 @@ func (c Common) validate(v *validator) {
 
 func (k Kafka) validate(v *validator) {
 	v.nonEmpty("kafka.brokers", k.Brokers)
+	v.nonEmpty("kafka.client_id", k.ClientID)
 	k.Topics.Main.validate(v, "kafka.topics.main")
 	k.Topics.DLQ.validate(v, "kafka.topics.dlq")
 	if k.Topics.Main.Name != "" && k.Topics.Main.Name == k.Topics.DLQ.Name {
@@ -243,7 +244,13 @@ func (r Redis) validate(v *validator) {
 		if len(r.SentinelAddrs) == 0 {
 			v.addf("redis.sentinel_addrs", "must list at least one sentinel when redis.mode is sentinel")
 		}
+		for i, a := range r.SentinelAddrs {
+			v.nonEmpty("redis.sentinel_addrs["+itoa(i)+"]", a)
+		}
 	}
+	// Every key of kfpipe is under it: a Redis shared with anything else
+	// (or two deployments) would mix keys without one.
+	v.nonEmpty("redis.key_prefix", r.KeyPrefix)
 	v.between("redis.db", r.DB, 0, 15)
 	v.between("redis.pool_size", r.PoolSize, 1, 10000)
 	v.durationAtLeast("redis.dial_timeout", r.DialTimeout, 10*time.Millisecond)

@@ -158,7 +158,7 @@ func TestValidationNamesKey(t *testing.T) {
 		{"processor:\n  resume_below: 50000\n", "processor.resume_below must be in [0, 19999], got 50000"},
 		{"dedup:\n  ttl: 24h\n", "dedup.ttl must be >= 72h0m0s, got 24h0m0s"},
 		{"rate_limit:\n  default_group: gold\n", "rate_limit.default_group must name a group"},
-		{"rate_limit:\n  groups:\n    vip: {window_seconds: 0, max_messages: 1, penalty_threshold: 1}\n", "rate_limit.groups.vip.window_seconds must be > 0, got 0"},
+		{"rate_limit:\n  groups:\n    vip: {window_seconds: 0, max_messages: 1, penalty_threshold: 1}\n", "rate_limit.groups.vip.window_seconds must be in [0.001, 604800], got 0"},
 		{"breaker:\n  failure_threshold: 0\n", "breaker.failure_threshold must be >= 1, got 0"},
 		{"handler:\n  type: http\n", "handler.http.url must not be empty"},
 		{"handler:\n  type: grpc\n", "handler.type must be one of log|http|noop, got \"grpc\""},

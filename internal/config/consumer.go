@@ -1,9 +1,12 @@
 package config
 
 import (
-	"sort"
+	"math"
+	"net/url"
 	"strings"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/once"
 )
 
 // Consumer is the schedule-consumer daemon's configuration.
@@ -169,12 +172,15 @@ func (c *Consumer) Validate() error {
 	v.durationBetween("processor.retry_max", p.RetryMax, p.RetryBase, time.Hour)
 	v.durationBetween("processor.attempt_timeout", p.AttemptTimeout, time.Millisecond, time.Hour)
 	v.between("processor.max_message_bytes", p.MaxMessageBytes, 1024, 100<<20)
-	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, time.Second)
-	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, 100000)
+	// Mapped onto the once client's batch: its bounds.
+	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, once.MaxFlushInterval)
+	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, once.MaxBatchLimit)
 	v.between("processor.claim_ahead", p.ClaimAhead, 0, 4096)
 	// I3: WeChat may hand a message out again for 3 days.
 	v.durationAtLeast("dedup.ttl", c.Dedup.TTL, 72*time.Hour)
-	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, 24*time.Hour)
+	// Stricter than the once client's own minimum (short leases are for
+	// its tests): a claim renewed every lease/4 must survive a GC pause.
+	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, once.MaxLease)
 	c.RateLimit.validate(v)
 	b := c.Breaker
 	v.atLeast("breaker.failure_threshold", b.FailureThreshold, 1)
@@ -184,34 +190,64 @@ func (c *Consumer) Validate() error {
 	if c.Handler.Type == "http" {
 		v.nonEmpty("handler.http.url", c.Handler.HTTP.URL)
 	}
+	if c.Handler.Type == "http" && c.Handler.HTTP.URL != "" {
+		if u, err := url.Parse(c.Handler.HTTP.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			v.addf("handler.http.url", "must be an http(s) URL, got %q", c.Handler.HTTP.URL)
+		}
+	}
 	v.durationBetween("handler.http.timeout", c.Handler.HTTP.Timeout, time.Millisecond, 5*time.Minute)
 	v.between("handler.http.max_conns", c.Handler.HTTP.MaxConns, 1, 4096)
 	c.DLQ.validate(v)
+	// Replies (kfpipe.Reply) go through this client; its keys are checked
+	// whether or not credentials are set.
+	c.WeCom.validateClient(v)
 	return v.err()
 }
 
 func (r RateLimit) validate(v *validator) {
-	if _, ok := r.Groups[r.DefaultGroup]; !ok {
-		v.addf("rate_limit.default_group", "must name a group in rate_limit.groups, got %q", r.DefaultGroup)
-	}
-	names := make([]string, 0, len(r.Groups))
-	for n := range r.Groups {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		g, key := r.Groups[n], "rate_limit.groups."+n
-		v.positiveFloat(key+".window_seconds", g.WindowSeconds)
-		v.atLeast(key+".max_messages", g.MaxMessages, 1)
-		v.atLeast(key+".penalty_threshold", g.PenaltyThreshold, 1)
-		if g.BlockHours < 0 {
-			v.addf(key+".block_hours", "must be >= 0, got %g", g.BlockHours)
-		}
-	}
+	r.validateGroups(v)
 	if r.Progressive.Enabled {
 		v.durationAtLeast("rate_limit.progressive.base", r.Progressive.Base, time.Second)
 		v.durationAtLeast("rate_limit.progressive.max", r.Progressive.Max, r.Progressive.Base)
 		v.durationAtLeast("rate_limit.progressive.history", r.Progressive.History, time.Minute)
+	}
+}
+
+// Bounds of a rate-limit group; the limiter (package ratelimit) checks the
+// rules it is given, at start and on a live change, with the same function
+// (ValidateRateGroups).
+const (
+	MinWindowSeconds = 0.001
+	MaxWindowSeconds = 7 * 86400.0
+	MaxBlockHours    = 365 * 24.0
+	maxRateCount     = math.MaxInt32
+)
+
+// ValidateRateGroups checks rate-limit groups and the default group's
+// name, naming each bad key.
+func ValidateRateGroups(groups map[string]RateGroup, defaultGroup string) error {
+	v := &validator{}
+	RateLimit{Groups: groups, DefaultGroup: defaultGroup}.validateGroups(v)
+	return v.err()
+}
+
+func (r RateLimit) validateGroups(v *validator) {
+	if _, ok := r.Groups[r.DefaultGroup]; !ok {
+		v.addf("rate_limit.default_group", "must name a group in rate_limit.groups, got %q", r.DefaultGroup)
+	}
+	for _, n := range sortedKeys(r.Groups) {
+		g, key := r.Groups[n], "rate_limit.groups."+n
+		if n == "" {
+			v.addf("rate_limit.groups", "has a group with an empty name")
+		}
+		if g.WindowSeconds < MinWindowSeconds || g.WindowSeconds > MaxWindowSeconds {
+			v.addf(key+".window_seconds", "must be in [%g, %g], got %g", MinWindowSeconds, MaxWindowSeconds, g.WindowSeconds)
+		}
+		v.between(key+".max_messages", g.MaxMessages, 1, maxRateCount)
+		v.between(key+".penalty_threshold", g.PenaltyThreshold, 1, maxRateCount)
+		if g.BlockHours < 0 || g.BlockHours > MaxBlockHours {
+			v.addf(key+".block_hours", "must be in [0, %g], got %g", MaxBlockHours, g.BlockHours)
+		}
 	}
 }
 

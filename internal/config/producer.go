@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"time"
 )
 
@@ -100,18 +101,16 @@ func (c *Producer) Validate() error {
 	v.durationBetween("callback.timestamp_window", cb.TimestampWindow, 0, 24*time.Hour)
 	v.durationBetween("callback.replay_window", cb.ReplayWindow, time.Second, 24*time.Hour)
 	w := c.WeCom
-	v.nonEmpty("wecom.base_url", w.BaseURL)
+	w.validateClient(v)
 	v.nonEmpty("wecom.corp_id", w.CorpID)
 	v.nonEmpty("wecom.secret", w.Secret)
-	v.durationBetween("wecom.request_timeout", w.RequestTimeout, 100*time.Millisecond, time.Minute)
 	v.between("wecom.page_limit", w.PageLimit, 1, 1000)
+	for i, kf := range w.OpenKfIDs {
+		v.nonEmpty("wecom.open_kfids["+itoa(i)+"]", kf)
+	}
 	s := c.Sync
-	v.durationBetween("sync.lock_ttl", s.LockTTL, time.Second, 10*time.Minute)
-	v.durationBetween("sync.safety_interval", s.SafetyInterval, 0, 24*time.Hour)
-	v.durationBetween("sync.retry_base", s.RetryBase, time.Millisecond, time.Minute)
-	v.durationBetween("sync.retry_max", s.RetryMax, s.RetryBase, time.Hour)
+	s.validate(v)
 	v.between("sync.workers", s.Workers, 1, 1024)
-	v.durationBetween("sync.delivery_wait", s.DeliveryWait, time.Second, 10*time.Minute)
 	// Waiting less than librdkafka may still deliver would re-send a page
 	// that is still queued.
 	if s.DeliveryWait <= c.Kafka.Producer.DeliveryTimeout {
@@ -121,9 +120,36 @@ func (c *Producer) Validate() error {
 	return v.err()
 }
 
+// validateClient checks the keys of the WeChat API client.
+func (w WeCom) validateClient(v *validator) {
+	if u, err := url.Parse(w.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		v.addf("wecom.base_url", "must be an http(s) URL, got %q", w.BaseURL)
+	}
+	v.durationBetween("wecom.request_timeout", w.RequestTimeout, 100*time.Millisecond, time.Minute)
+}
+
+// ValidateTimings reports every sync duration out of its range, by its
+// key; the syncer (package producer) checks the timings it is given with
+// it, so kf-producer's configuration and the syncer share one bound each.
+func (s Sync) ValidateTimings() error {
+	v := &validator{}
+	s.validate(v)
+	return v.err()
+}
+
+func (s Sync) validate(v *validator) {
+	v.durationBetween("sync.lock_ttl", s.LockTTL, time.Second, 10*time.Minute)
+	v.durationBetween("sync.safety_interval", s.SafetyInterval, 0, 24*time.Hour)
+	v.durationBetween("sync.retry_base", s.RetryBase, time.Millisecond, time.Minute)
+	v.durationBetween("sync.retry_max", s.RetryMax, s.RetryBase, time.Hour)
+	v.durationBetween("sync.delivery_wait", s.DeliveryWait, time.Second, 10*time.Minute)
+}
+
 func (g IDGen) validate(v *validator) {
-	if _, err := time.Parse(time.RFC3339, g.Epoch); err != nil {
+	if t, err := time.Parse(time.RFC3339, g.Epoch); err != nil {
 		v.addf("idgen.epoch", "must be an RFC 3339 time, got %q", g.Epoch)
+	} else if t.After(time.Now()) {
+		v.addf("idgen.epoch", "must not be in the future (IDs would be negative), got %s", g.Epoch)
 	}
 	v.between("idgen.datacenter_id", g.DatacenterID, 0, 31)
 	a := g.Allocator
@@ -137,6 +163,9 @@ func (g IDGen) validate(v *validator) {
 	if a.Backend == "etcd" && len(a.EtcdEndpoints) == 0 {
 		v.addf("idgen.allocator.etcd_endpoints", "must list at least one endpoint when idgen.allocator.backend is etcd")
 	}
+	for i, e := range a.EtcdEndpoints {
+		v.nonEmpty("idgen.allocator.etcd_endpoints["+itoa(i)+"]", e)
+	}
 	q := g.Sequencer
 	v.oneOf("idgen.sequencer.driver", q.Driver, "redis")
 	if q.Step < 1 {
@@ -145,7 +174,14 @@ func (g IDGen) validate(v *validator) {
 	if q.MaxValue < 0 {
 		v.addf("idgen.sequencer.max_value", "must be >= 0 (0 = no wrap), got %d", q.MaxValue)
 	}
-	v.durationAtLeast("idgen.sequencer.ttl", q.TTL, 0)
+	if q.MaxValue > 0 && q.MaxValue < q.Step {
+		v.addf("idgen.sequencer.max_value", "must be 0 (no wrap) or >= idgen.sequencer.step (%d), got %d", q.Step, q.MaxValue)
+	}
+	// 0 keeps sequences forever; a positive TTL shorter than a second
+	// would expire a sequence between two calls.
+	if q.TTL != 0 {
+		v.durationAtLeast("idgen.sequencer.ttl", q.TTL, time.Second)
+	}
 }
 
 // EpochTime returns the parsed Snowflake epoch; Validate has checked it.

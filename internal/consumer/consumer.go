@@ -190,7 +190,7 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	if c.clock == nil {
 		c.clock = realClock{}
 	}
-	if err := validate(cfg, c.topic, c.group); err != nil {
+	if err := validate(c.topic, c.group); err != nil {
 		return nil, err
 	}
 	c.m = newMetrics(c.reg)
@@ -212,33 +212,15 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	return c, nil
 }
 
-// validate checks the keys this package depends on; the full check is
-// config.Consumer.Validate.
-func validate(cfg config.Consumer, topic, group string) error {
-	p, k := cfg.Processor, cfg.Kafka.Consumer
+// validate checks what the consumer is started with beyond its
+// configuration, which config.Consumer.Validate checked when it was loaded
+// (one bound per setting: the bounds live there, not here too).
+func validate(topic, group string) error {
 	switch {
 	case topic == "":
 		return errors.New("kafka.topics.main.name must be set")
 	case group == "":
 		return errors.New("kafka.consumer.group_id must be set")
-	case p.MailboxSize < 1:
-		return fmt.Errorf("processor.mailbox_size must be >= 1, got %d", p.MailboxSize)
-	case p.IdleTimeout <= 0:
-		return fmt.Errorf("processor.idle_timeout must be > 0, got %s", p.IdleTimeout)
-	case p.MaxInFlight < 1:
-		return fmt.Errorf("processor.max_in_flight must be >= 1, got %d", p.MaxInFlight)
-	case p.ResumeBelow < 0 || p.ResumeBelow >= p.MaxInFlight:
-		return fmt.Errorf("processor.resume_below must be in [0, %d), got %d", p.MaxInFlight, p.ResumeBelow)
-	case p.RetryAttempts < 1:
-		return fmt.Errorf("processor.retry_attempts must be >= 1, got %d", p.RetryAttempts)
-	case p.AttemptTimeout <= 0:
-		return fmt.Errorf("processor.attempt_timeout must be > 0, got %s", p.AttemptTimeout)
-	case p.MaxMessageBytes < 1:
-		return fmt.Errorf("processor.max_message_bytes must be >= 1, got %d", p.MaxMessageBytes)
-	case k.CommitInterval <= 0:
-		return fmt.Errorf("kafka.consumer.commit_interval must be > 0, got %s", k.CommitInterval)
-	case k.CommitEveryN < 1:
-		return fmt.Errorf("kafka.consumer.commit_every_n must be >= 1, got %d", k.CommitEveryN)
 	}
 	return nil
 }

@@ -78,6 +78,16 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// Bounds of the settings a daemon's configuration maps onto (dedup.lease,
+// processor.pipeline_flush, processor.pipeline_max_batched): the one
+// definition, which internal/config's validation uses too.
+const (
+	MinLease         = 30 * time.Millisecond
+	MaxLease         = 24 * time.Hour
+	MaxFlushInterval = 100 * time.Millisecond
+	MaxBatchLimit    = 10000
+)
+
 // Validate checks the configuration after defaults were applied and names
 // the offending key.
 func (c Config) Validate() error {
@@ -88,10 +98,10 @@ func (c Config) Validate() error {
 		name     string
 		v, lo, h time.Duration
 	}{
-		{"once.lease", c.Lease, 30 * time.Millisecond, 24 * time.Hour},
+		{"once.lease", c.Lease, MinLease, MaxLease},
 		{"once.poll_interval", c.PollInterval, time.Millisecond, time.Minute},
 		{"once.op_timeout", c.OpTimeout, time.Millisecond, time.Minute},
-		{"once.batch.flush_interval", c.Batch.FlushInterval, 0, 100 * time.Millisecond},
+		{"once.batch.flush_interval", c.Batch.FlushInterval, 0, MaxFlushInterval},
 	}
 	for _, d := range durations {
 		if d.v < d.lo {
@@ -105,7 +115,7 @@ func (c Config) Validate() error {
 		name     string
 		v, lo, h int
 	}{
-		{"once.batch.max_batch", c.Batch.MaxBatch, 1, 10000},
+		{"once.batch.max_batch", c.Batch.MaxBatch, 1, MaxBatchLimit},
 		{"once.batch.pipelines", c.Batch.Pipelines, 1, 64},
 	}
 	for _, n := range ints {

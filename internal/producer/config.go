@@ -71,22 +71,13 @@ func (c SyncerConfig) Validate() error {
 	if c.PageLimit < 1 || c.PageLimit > 1000 {
 		add("wecom.page_limit", "must be in [1, 1000], got %d", c.PageLimit)
 	}
-	durs := []struct {
-		key      string
-		v        time.Duration
-		min, max time.Duration
-	}{
-		{"sync.lock_ttl", c.LockTTL, 100 * time.Millisecond, 10 * time.Minute},
-		{"sync.safety_interval", c.SafetyInterval, 0, 24 * time.Hour},
-		{"sync.retry_base", c.RetryBase, time.Millisecond, time.Minute},
-		{"sync.retry_max", c.RetryMax, c.RetryBase, time.Hour},
-		{"sync.delivery_wait", c.DeliveryWait, 10 * time.Millisecond, 10 * time.Minute},
-		{"sync.token_ttl", c.TokenTTL, 0, 10 * time.Minute},
+	// The sync timings have one bound each, kf-producer's configuration's.
+	if err := (config.Sync{LockTTL: c.LockTTL, SafetyInterval: c.SafetyInterval, RetryBase: c.RetryBase,
+		RetryMax: c.RetryMax, DeliveryWait: c.DeliveryWait}).ValidateTimings(); err != nil {
+		errs = append(errs, err)
 	}
-	for _, d := range durs {
-		if d.v < d.min || d.v > d.max {
-			add(d.key, "must be in [%s, %s], got %s", d.min, d.max, d.v)
-		}
+	if c.TokenTTL < 0 || c.TokenTTL > 10*time.Minute {
+		add("sync.token_ttl", "must be in [0s, 10m0s], got %s", c.TokenTTL)
 	}
 	if c.Workers < 1 || c.Workers > 1024 {
 		add("sync.workers", "must be in [1, 1024], got %d", c.Workers)

@@ -1,10 +1,8 @@
 package ratelimit
 
 import (
-	"errors"
 	"fmt"
 	"math"
-	"sort"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -51,36 +49,11 @@ func (rs *ruleSet) lookup(group string) *rule {
 	return rs.def
 }
 
+// validateGroups checks rules with the configuration's own check (one
+// bound per setting: config.ValidateRateGroups).
 func validateGroups(groups map[string]config.RateGroup, defaultGroup string) error {
-	var errs []error
-	if _, ok := groups[defaultGroup]; !ok {
-		errs = append(errs, fmt.Errorf("rate_limit.default_group must name a group in rate_limit.groups, got %q", defaultGroup))
-	}
-	names := make([]string, 0, len(groups))
-	for n := range groups {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		g, key := groups[n], "rate_limit.groups."+n
-		if n == "" {
-			errs = append(errs, errors.New("rate_limit.groups has a group with an empty name"))
-		}
-		if g.WindowSeconds < 0.001 || g.WindowSeconds > 86400*7 {
-			errs = append(errs, fmt.Errorf("%s.window_seconds must be in [0.001, 604800], got %g", key, g.WindowSeconds))
-		}
-		if g.MaxMessages < 1 || g.MaxMessages > math.MaxInt32 {
-			errs = append(errs, fmt.Errorf("%s.max_messages must be >= 1, got %d", key, g.MaxMessages))
-		}
-		if g.PenaltyThreshold < 1 || g.PenaltyThreshold > math.MaxInt32 {
-			errs = append(errs, fmt.Errorf("%s.penalty_threshold must be >= 1, got %d", key, g.PenaltyThreshold))
-		}
-		if g.BlockHours < 0 || g.BlockHours > 24*365 {
-			errs = append(errs, fmt.Errorf("%s.block_hours must be in [0, 8760], got %g", key, g.BlockHours))
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("%w: %w", ErrInvalidRules, errors.Join(errs...))
+	if err := config.ValidateRateGroups(groups, defaultGroup); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRules, err)
 	}
 	return nil
 }
