@@ -160,10 +160,16 @@ type Consumer struct {
 	closeOnce  sync.Once
 	closeErr   error
 
-	// commitPerMessage reproduces the seed's strategy (commit each
-	// message's own offset when it finishes, from the actor). Tests only:
-	// it exists to show that it loses messages on a crash (I2).
-	commitPerMessage bool
+	// onFinish, when set, replaces the tracker's commits: it is called
+	// with each finished message, from the actor, and the periodic and
+	// final commits are off. A test seam (the per-message strategy that
+	// loses messages on a crash, I2, lives in the test that shows it).
+	onFinish func(c *Consumer, p *partition, offset int64)
+
+	// retries are the pending retries of dead letters that were not
+	// durable yet; shutdown stops them.
+	retryMu sync.Mutex
+	retries map[Timer]struct{}
 }
 
 // New creates the consumer and its Kafka client; it does not consume until
@@ -196,6 +202,7 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	c.m = newMetrics(c.reg)
 	c.prefetch, _ = c.limiter.(Prefetcher)
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
+	c.retries = map[Timer]struct{}{}
 	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
 		func(d int) { c.m.active.Add(float64(d)) })
 	c.acts.onIdle = c.forget
@@ -630,7 +637,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 
 // drain waits until ps have no in-flight messages or limit passes.
 func (c *Consumer) drain(ps []*partition, limit time.Duration) bool {
-	deadline := time.Now().Add(limit)
+	deadline := c.clock.Now().Add(limit)
 	for {
 		n := 0
 		for _, p := range ps {
@@ -639,23 +646,31 @@ func (c *Consumer) drain(ps []*partition, limit time.Duration) bool {
 		if n == 0 {
 			return true
 		}
-		if !time.Now().Before(deadline) {
+		if !c.clock.Now().Before(deadline) {
 			c.log.Warn("drain limit reached; unfinished messages will be read again by the next owner", zap.Int("in_flight", n))
 			return false
 		}
-		time.Sleep(5 * time.Millisecond)
+		sleep(context.Background(), c.clock, 5*time.Millisecond)
 	}
 }
 
 func (c *Consumer) commitLoop() {
 	defer close(c.commitDone)
-	t := time.NewTicker(c.cfg.Kafka.Consumer.CommitInterval)
+	interval := c.cfg.Kafka.Consumer.CommitInterval
+	tick := make(chan struct{}, 1)
+	t := c.clock.AfterFunc(interval, func() {
+		select {
+		case tick <- struct{}{}:
+		default:
+		}
+	})
 	defer t.Stop()
 	for {
 		select {
 		case <-c.stopCommit:
 			return
-		case <-t.C:
+		case <-tick:
+			t.Reset(interval)
 		case <-c.kick:
 		}
 		c.sinceCommit.Store(0)
@@ -671,7 +686,7 @@ func (c *Consumer) commitLoop() {
 func (c *Consumer) commit(ps []*partition) error {
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
-	if c.aborted || c.commitPerMessage {
+	if c.aborted || c.onFinish != nil {
 		return nil
 	}
 	if ps == nil {
@@ -720,14 +735,8 @@ func (c *Consumer) commit(ps []*partition) error {
 // dead-lettered).
 func (c *Consumer) finish(env *envelope) {
 	p, off := env.part, int64(env.km.TopicPartition.Offset)
-	if c.commitPerMessage {
-		// The seed's strategy, kept only for the test that shows it loses
-		// messages: commit this message's own offset, whatever is before it.
-		c.commitMu.Lock()
-		if !c.aborted {
-			_, _ = c.kc.CommitOffsets([]kafka.TopicPartition{{Topic: &p.topic, Partition: p.id, Offset: kafka.Offset(off + 1)}})
-		}
-		c.commitMu.Unlock()
+	if c.onFinish != nil {
+		c.onFinish(c, p, off)
 	}
 	p.tracker.Done(off)
 	if n := c.sinceCommit.Add(1); n >= int64(c.cfg.Kafka.Consumer.CommitEveryN) {
@@ -771,6 +780,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 		}
 	}
 	c.cancelRun()
+	c.stopRetries()
 	c.acts.close()
 	if c.started {
 		close(c.stopCommit)
@@ -790,11 +800,9 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 // waitIdle waits until no message is in flight or ctx ends.
 func (c *Consumer) waitIdle(ctx context.Context) bool {
 	for c.InFlight() > 0 {
-		select {
-		case <-ctx.Done():
+		if !sleep(ctx, c.clock, 5*time.Millisecond) {
 			c.log.Warn("close: in-flight messages left unfinished", zap.Int("in_flight", c.InFlight()))
 			return false
-		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	return true

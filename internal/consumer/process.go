@@ -402,10 +402,34 @@ func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration
 		c.log.Error("dead letter not durable; retrying", zap.String("reason", dl.Reason),
 			zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.Error(err))
 		next := min(2*backoff+time.Millisecond, max(c.cfg.Processor.RetryMax, time.Millisecond))
-		c.clock.AfterFunc(backoff, func() {
+		c.retryMu.Lock()
+		defer c.retryMu.Unlock()
+		if c.runCtx.Err() != nil {
+			return // shutdown stopped the retries: the message stays uncommitted
+		}
+		if c.retries == nil {
+			c.retries = map[Timer]struct{}{}
+		}
+		var t Timer
+		t = c.clock.AfterFunc(backoff, func() {
+			c.retryMu.Lock()
+			delete(c.retries, t)
+			c.retryMu.Unlock()
 			if c.runCtx.Err() == nil {
 				c.sendDead(dl, env, next)
 			}
 		})
+		c.retries[t] = struct{}{}
 	})
+}
+
+// stopRetries stops the pending dead-letter retries (after runCtx was
+// cancelled, so none is added).
+func (c *Consumer) stopRetries() {
+	c.retryMu.Lock()
+	defer c.retryMu.Unlock()
+	for t := range c.retries {
+		t.Stop()
+	}
+	clear(c.retries)
 }

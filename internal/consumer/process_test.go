@@ -370,3 +370,40 @@ func TestHTTPHandlerReusesConnections(t *testing.T) {
 		t.Fatalf("%d connections opened for %d messages, want at most handler.http.max_conns %d", n, total, senders)
 	}
 }
+
+// failingDLQ refuses every dead letter, counting the attempts.
+type failingDLQ struct{ sends atomic.Int64 }
+
+func (d *failingDLQ) Send(_ *DeadLetter, done func(error)) {
+	d.sends.Add(1)
+	done(errors.New("dlq down"))
+}
+
+// TestDeadLetterRetriesStopAtShutdown: a dead letter that is not durable
+// is retried with backoff while the consumer runs; shutdown stops the
+// pending retry (no timer left behind, no attempt after it).
+func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
+	dlq := &failingDLQ{}
+	c, p := unitConsumer(NoopHandler, dlq, nil)
+	c.cfg.Processor.RetryBase, c.cfg.Processor.RetryMax = 5*time.Millisecond, 20*time.Millisecond
+	p.tracker.Add(0)
+	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, part: p}
+	c.sendDead(&DeadLetter{Reason: "downstream_error"}, env, c.cfg.Processor.RetryBase)
+	waitFor(t, 5*time.Second, func() bool { return dlq.sends.Load() >= 3 })
+	c.cancelRun()
+	c.stopRetries()
+	c.retryMu.Lock()
+	pending := len(c.retries)
+	c.retryMu.Unlock()
+	if pending != 0 {
+		t.Fatalf("%d retry timers left after shutdown", pending)
+	}
+	n := dlq.sends.Load()
+	time.Sleep(100 * time.Millisecond) // several backoffs
+	if got := dlq.sends.Load(); got != n {
+		t.Fatalf("%d dead-letter attempts after shutdown", got-n)
+	}
+	if p.tracker.InFlight() != 1 {
+		t.Fatal("a dead letter that never became durable was finished")
+	}
+}

@@ -21,6 +21,7 @@ type workers struct {
 	idle   []*worker // parked, most recently parked last
 	closed bool
 	stop   chan struct{}
+	wg     sync.WaitGroup // every worker goroutine
 }
 
 type worker struct {
@@ -46,11 +47,13 @@ func (p *workers) run(a *actor) {
 	}
 	p.mu.Unlock()
 	w := &worker{p: p, next: make(chan *actor, 1)}
+	p.wg.Add(1)
 	go w.loop(a)
 }
 
 func (w *worker) loop(a *actor) {
 	p := w.p
+	defer p.wg.Done()
 	for {
 		a.run()
 		p.mu.Lock()
@@ -85,12 +88,14 @@ func (w *worker) loop(a *actor) {
 	}
 }
 
-// close makes parked workers leave now and working ones when they finish.
+// close makes parked workers leave now and working ones when they finish,
+// and waits for them (the registry has stopped every actor by then).
 func (p *workers) close() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if !p.closed {
 		p.closed = true
 		close(p.stop)
 	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }
