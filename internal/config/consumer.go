@@ -13,6 +13,7 @@ import (
 type Consumer struct {
 	Common    `mapstructure:",squash"`
 	Processor Processor `mapstructure:"processor"`
+	Outage    Outage    `mapstructure:"outage"`
 	Dedup     Dedup     `mapstructure:"dedup"`
 	RateLimit RateLimit `mapstructure:"rate_limit"`
 	Breaker   Breaker   `mapstructure:"breaker"`
@@ -41,6 +42,22 @@ type Processor struct {
 	// keys claimed in one Redis round trip before their turn (0: one claim
 	// per message, when its turn comes).
 	ClaimAhead int `mapstructure:"claim_ahead"`
+}
+
+// Outage configures the consumer's downstream health gate: when the
+// handler fails for many users at once, messages wait (a few probe the
+// downstream) instead of being dead-lettered (docs/operations.md).
+type Outage struct {
+	// MinUsers distinct users with a retryable failure within Window open
+	// the gate (0 turns it off) ...
+	MinUsers int `mapstructure:"min_users"`
+	// ... when failures are at least FailureRatio of the attempts.
+	FailureRatio float64       `mapstructure:"failure_ratio"`
+	Window       time.Duration `mapstructure:"window"`
+	// Probes handler calls at a time while open, one started every
+	// ProbeInterval.
+	Probes        int           `mapstructure:"probes"`
+	ProbeInterval time.Duration `mapstructure:"probe_interval"`
 }
 
 // Dedup configures the idempotency keys (I3).
@@ -149,6 +166,7 @@ func defaultConsumer(env string) Consumer {
 		Processor: Processor{MailboxSize: 256, IdleTimeout: 2 * time.Minute, MaxInFlight: 20000, ResumeBelow: 10000,
 			RetryAttempts: 3, RetryBase: 100 * time.Millisecond, RetryMax: 2 * time.Second, AttemptTimeout: 10 * time.Second,
 			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256, ClaimAhead: 32},
+		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
 		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: DefaultDedupLease},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
@@ -176,6 +194,14 @@ func (c *Consumer) Validate() error {
 	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, once.MaxFlushInterval)
 	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, once.MaxBatchLimit)
 	v.between("processor.claim_ahead", p.ClaimAhead, 0, 4096)
+	o := c.Outage
+	v.between("outage.min_users", o.MinUsers, 0, 1_000_000)
+	if o.FailureRatio <= 0 || o.FailureRatio > 1 {
+		v.addf("outage.failure_ratio", "must be in (0, 1], got %g", o.FailureRatio)
+	}
+	v.durationBetween("outage.window", o.Window, time.Second, time.Hour)
+	v.between("outage.probes", o.Probes, 1, 100)
+	v.durationBetween("outage.probe_interval", o.ProbeInterval, 10*time.Millisecond, 10*time.Minute)
 	// I3: WeChat may hand a message out again for 3 days.
 	v.durationAtLeast("dedup.ttl", c.Dedup.TTL, 72*time.Hour)
 	// Stricter than the once client's own minimum (short leases are for

@@ -126,6 +126,7 @@ type union struct {
 	Sync      Sync      `mapstructure:"sync"`
 	IDGen     IDGen     `mapstructure:"idgen"`
 	Processor Processor `mapstructure:"processor"`
+	Outage    Outage    `mapstructure:"outage"`
 	Dedup     Dedup     `mapstructure:"dedup"`
 	RateLimit RateLimit `mapstructure:"rate_limit"`
 	Breaker   Breaker   `mapstructure:"breaker"`

@@ -166,6 +166,10 @@ type Consumer struct {
 	// loses messages on a crash, I2, lives in the test that shows it).
 	onFinish func(c *Consumer, p *partition, offset int64)
 
+	// gate holds messages while the downstream fails for many users (nil:
+	// off).
+	gate *gate
+
 	// retries are the pending retries of dead letters that were not
 	// durable yet; shutdown stops them.
 	retryMu sync.Mutex
@@ -200,6 +204,7 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 		return nil, err
 	}
 	c.m = newMetrics(c.reg)
+	c.gate = newGate(cfg.Outage, c.clock, c.log, c.reg)
 	c.prefetch, _ = c.limiter.(Prefetcher)
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
 	c.retries = map[Timer]struct{}{}
@@ -807,3 +812,7 @@ func (c *Consumer) waitIdle(ctx context.Context) bool {
 	}
 	return true
 }
+
+// OutageDetail is the downstream gate's line for /readyz ("" while it is
+// closed).
+func (c *Consumer) OutageDetail() string { return c.gate.detail() }

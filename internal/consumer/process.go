@@ -259,8 +259,13 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 	m := env.msg
 	pc := c.cfg.Processor
 	backoff := pc.RetryBase
-	for attempts < pc.RetryAttempts {
+	for {
 		if attempts > 0 {
+			// Out of attempts: dead-lettered, unless the downstream is down
+			// for everyone (the gate is open): then it waits and is retried.
+			if attempts >= pc.RetryAttempts && !c.gate.isOpen() {
+				break
+			}
 			wait := backoff
 			var ra *RetryAfterError
 			if errors.As(err, &ra) && ra.After > wait {
@@ -276,8 +281,19 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 				return attempts, false, errStopping
 			}
 		}
+		// While the gate is open only probes call the handler.
+		probe, ok := c.gate.hold(ctx)
+		if !ok {
+			return attempts, false, c.stopCause(ctx)
+		}
+		if env.part.dropped.Load() {
+			c.gate.release(probe)
+			c.m.attempts[attemptAbandoned].Inc()
+			return attempts, false, errStopping
+		}
 		actx, cancel, ok := g.attempt(ctx, pc.AttemptTimeout)
 		if !ok {
+			c.gate.release(probe)
 			return attempts, false, errClaimLost
 		}
 		attempts++
@@ -286,6 +302,14 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		lost := g.ended()
 		cancel()
 		c.m.attempts[attemptOutcome(err, timedOut)].Inc()
+		switch {
+		case err != nil && (lost || ctx.Err() != nil):
+			c.gate.release(probe) // cut short: says nothing of the downstream
+		default:
+			// A permanent failure is the receiver refusing this message:
+			// the downstream answers.
+			c.gate.result(m.ExternalUserID, err == nil || IsPermanent(err), probe)
+		}
 		if err == nil {
 			return attempts, false, nil
 		}

@@ -155,6 +155,10 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		_ = s.close(ctx)
 		return nil, err
 	}
+	if base.Ops != nil {
+		// Ready stays 200: the node works as designed while it waits.
+		base.Ops.AddDetail("outage", s.C.OutageDetail)
+	}
 	if err := s.C.Start(); err != nil {
 		_ = s.close(ctx)
 		return nil, err

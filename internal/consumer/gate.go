@@ -1,0 +1,259 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+)
+
+// gate is the node's downstream health gate. A user's failing handler is
+// that user's problem: its messages are retried and then dead-lettered
+// (and its breaker opens). When the handler fails for many users at once,
+// the downstream is down for everyone, and dead-lettering the whole
+// stream would only move it into the DLQ (and Redis). Then the gate opens:
+//
+//   - no handler is called except a few probes (outage.probes at a time,
+//     one every outage.probe_interval); every other message waits where
+//     it is, in its user's order, holding its claim;
+//   - a message that has used its processor.retry_attempts is not
+//     dead-lettered while the gate is open: it waits and is retried;
+//   - the partitions' in-flight cap (processor.max_in_flight) then pauses
+//     reading, so the backlog stays in Kafka, not in memory or Redis;
+//   - the first success — a probe's, or any handler's — closes it, and
+//     everything waiting goes on at once.
+//
+// It opens when, within outage.window, at least outage.min_users distinct
+// users had a retryable failure and failures are at least
+// outage.failure_ratio of the attempts. Permanent failures (the message is
+// bad) do not count. The decision is per node: each consumer sees its own
+// partitions' users (docs/operations.md, "Downstream outages").
+type gate struct {
+	cfg   config.Outage
+	clock Clock
+	log   *zap.Logger
+	m     gateMetrics
+
+	mu        sync.Mutex
+	open      bool
+	openedAt  time.Time
+	failing   map[string]time.Time // user → last retryable failure
+	buckets   []gateBucket          // per-second attempt outcomes, a ring
+	probing   int
+	nextProbe time.Time
+	closedCh  chan struct{} // closed when the gate closes; a new one when it opens
+	held      int
+}
+
+type gateBucket struct {
+	sec        int64
+	ok, failed int
+}
+
+type gateMetrics struct {
+	open        prometheus.Gauge
+	transitions *prometheus.CounterVec
+	probes      *prometheus.CounterVec
+	held        prometheus.Gauge
+}
+
+// newGate returns the gate, or nil (never opens) with outage.min_users 0.
+func newGate(cfg config.Outage, clock Clock, log *zap.Logger, reg prometheus.Registerer) *gate {
+	if cfg.MinUsers == 0 {
+		return nil
+	}
+	g := &gate{cfg: cfg, clock: clock, log: log, failing: map[string]time.Time{},
+		buckets: make([]gateBucket, max(int(cfg.Window/time.Second), 1)), closedCh: make(chan struct{})}
+	close(g.closedCh)
+	g.m = gateMetrics{
+		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kfpipe_outage_gate_open",
+			Help: "1 while the downstream health gate is open: the handler fails for many users, messages wait instead of being dead-lettered."}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kfpipe_outage_gate_transitions_total",
+			Help: "Openings and closings of the downstream health gate."}, []string{"to"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kfpipe_outage_probes_total",
+			Help: "Handler calls let through the open gate, by result."}, []string{"result"}),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kfpipe_outage_held_messages",
+			Help: "Messages waiting at the open gate (one per user at most)."}),
+	}
+	for _, r := range []string{"ok", "failed"} {
+		g.m.probes.WithLabelValues(r)
+	}
+	for _, to := range []string{"open", "closed"} {
+		g.m.transitions.WithLabelValues(to)
+	}
+	if reg != nil {
+		reg.MustRegister(g.m.open, g.m.transitions, g.m.probes, g.m.held)
+	}
+	return g
+}
+
+// isOpen reports whether the gate is open.
+func (g *gate) isOpen() bool {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.open
+}
+
+// hold returns at once while the gate is closed. While it is open it
+// waits until the caller may call the handler as a probe (probe true) or
+// the gate closes; ok is false when ctx ended first.
+func (g *gate) hold(ctx context.Context) (probe, ok bool) {
+	if g == nil {
+		return false, true
+	}
+	counted := false
+	defer func() {
+		if counted {
+			g.mu.Lock()
+			g.held--
+			g.m.held.Set(float64(g.held))
+			g.mu.Unlock()
+		}
+	}()
+	for {
+		g.mu.Lock()
+		if !g.open {
+			g.mu.Unlock()
+			return false, true
+		}
+		now := g.clock.Now()
+		if g.probing < g.cfg.Probes && !now.Before(g.nextProbe) {
+			g.probing++
+			g.nextProbe = now.Add(g.cfg.ProbeInterval)
+			g.mu.Unlock()
+			return true, true
+		}
+		if !counted {
+			counted = true
+			g.held++
+			g.m.held.Set(float64(g.held))
+		}
+		closed, wait := g.closedCh, max(g.nextProbe.Sub(now), time.Millisecond)
+		g.mu.Unlock()
+		t := make(chan struct{})
+		timer := g.clock.AfterFunc(wait, func() { close(t) })
+		select {
+		case <-closed:
+		case <-t:
+		case <-ctx.Done():
+			timer.Stop()
+			return false, false
+		}
+		timer.Stop()
+	}
+}
+
+// result records a handler call's outcome: ok, or a retryable failure of
+// user's message. probe says whether hold let it through as a probe.
+func (g *gate) result(user string, ok, probe bool) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.clock.Now()
+	if probe {
+		g.probing--
+		if ok {
+			g.m.probes.WithLabelValues("ok").Inc()
+		} else {
+			g.m.probes.WithLabelValues("failed").Inc()
+		}
+	}
+	b := g.bucket(now)
+	if ok {
+		b.ok++
+		delete(g.failing, user)
+		if g.open {
+			g.setOpen(false, now, fmt.Sprintf("a handler call succeeded (probe=%t)", probe))
+		}
+		return
+	}
+	b.failed++
+	g.failing[user] = now
+	if g.open {
+		return
+	}
+	users, okN, failedN := g.window(now)
+	if users >= g.cfg.MinUsers && float64(failedN) >= g.cfg.FailureRatio*float64(okN+failedN) {
+		g.setOpen(true, now, fmt.Sprintf("%d users failed within %s (%d of %d attempts)", users,
+			g.cfg.Window, failedN, okN+failedN))
+	}
+}
+
+// release gives back a probe slot whose call said nothing of the
+// downstream (cut short by a stop or a lost claim).
+func (g *gate) release(probe bool) {
+	if g == nil || !probe {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.probing--
+}
+
+// bucket returns the ring's bucket for now's second, reset if stale.
+func (g *gate) bucket(now time.Time) *gateBucket {
+	sec := now.Unix()
+	b := &g.buckets[int(sec%int64(len(g.buckets)))]
+	if b.sec != sec {
+		*b = gateBucket{sec: sec}
+	}
+	return b
+}
+
+// window counts the distinct failing users and the attempts within the
+// window, dropping users whose last failure is older.
+func (g *gate) window(now time.Time) (users, ok, failed int) {
+	from := now.Add(-g.cfg.Window)
+	for u, at := range g.failing {
+		if at.Before(from) {
+			delete(g.failing, u)
+		}
+	}
+	for _, b := range g.buckets {
+		if b.sec > from.Unix() && b.sec <= now.Unix() {
+			ok, failed = ok+b.ok, failed+b.failed
+		}
+	}
+	return len(g.failing), ok, failed
+}
+
+func (g *gate) setOpen(open bool, now time.Time, why string) {
+	g.open = open
+	if open {
+		g.openedAt, g.closedCh, g.nextProbe = now, make(chan struct{}), now.Add(g.cfg.ProbeInterval)
+		g.m.open.Set(1)
+		g.m.transitions.WithLabelValues("open").Inc()
+		g.log.Warn("downstream gate open: the handler fails for many users; messages wait instead of being dead-lettered",
+			zap.String("why", why), zap.Duration("probe_interval", g.cfg.ProbeInterval))
+		return
+	}
+	close(g.closedCh)
+	clear(g.failing)
+	g.m.open.Set(0)
+	g.m.transitions.WithLabelValues("closed").Inc()
+	g.log.Info("downstream gate closed", zap.String("why", why), zap.Duration("was_open", now.Sub(g.openedAt)))
+}
+
+// Detail is the gate's line for /readyz ("" when closed).
+func (g *gate) detail() string {
+	if g == nil {
+		return ""
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.open {
+		return ""
+	}
+	return fmt.Sprintf("downstream gate open for %s: %d messages waiting, probing every %s",
+		g.clock.Now().Sub(g.openedAt).Round(time.Second), g.held, g.cfg.ProbeInterval)
+}

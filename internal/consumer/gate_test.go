@@ -1,0 +1,147 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/offsets"
+)
+
+func testOutage() config.Outage {
+	return config.Outage{MinUsers: 3, FailureRatio: 0.8, Window: 2 * time.Second, Probes: 1, ProbeInterval: 50 * time.Millisecond}
+}
+
+// TestGateOpensOnWidespreadFailures: retryable failures of one user, or
+// of many users among successes, leave the gate closed; failures of three
+// users with no successes open it; then only one probe at a time passes,
+// and its success closes the gate and lets the held callers go.
+func TestGateOpensOnWidespreadFailures(t *testing.T) {
+	g := newGate(testOutage(), realClock{}, zap.NewNop(), nil)
+	for range 10 {
+		g.result("u1", false, false)
+	}
+	if g.isOpen() {
+		t.Fatal("one failing user opened the gate")
+	}
+	for i := range 20 {
+		g.result(fmt.Sprintf("ok%d", i), true, false)
+	}
+	g.result("u2", false, false)
+	g.result("u3", false, false)
+	if g.isOpen() {
+		t.Fatal("three failing users among many successes opened the gate")
+	}
+	g2 := newGate(testOutage(), realClock{}, zap.NewNop(), nil)
+	g2.result("u1", false, false)
+	g2.result("u2", false, false)
+	if g2.isOpen() {
+		t.Fatal("two users opened the gate (min_users 3)")
+	}
+	g2.result("u3", false, false)
+	if !g2.isOpen() || g2.detail() == "" {
+		t.Fatal("three failing users did not open the gate")
+	}
+	// Held callers: one probe at a time, after the probe interval.
+	var probes, passed atomic.Int64
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			probe, ok := g2.hold(context.Background())
+			if !ok {
+				t.Error("hold ended without a stop")
+			}
+			if probe {
+				probes.Add(1)
+				g2.result("u9", false, true) // the downstream is still down
+				return
+			}
+			passed.Add(1)
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if p := probes.Load(); p < 2 || p > 8 || passed.Load() != 0 {
+		t.Fatalf("%d probes in 300 ms at one per 50 ms, %d passed while open", p, passed.Load())
+	}
+	probe, _ := g2.hold(context.Background())
+	for !probe {
+		probe, _ = g2.hold(context.Background())
+	}
+	g2.result("u9", true, true) // the downstream answers again
+	wg.Wait()
+	if g2.isOpen() || passed.Load() == 0 {
+		t.Fatalf("a successful probe did not close the gate and release the held callers (passed %d)", passed.Load())
+	}
+}
+
+// TestOutageHoldsMessagesInsteadOfDeadLettering: the handler fails for
+// every user; with the gate each message waits and is handled once the
+// downstream is back — no dead letter; without it (min_users 0) the same
+// outage dead-letters them. One user whose handler keeps failing after
+// the outage is still dead-lettered.
+func TestOutageHoldsMessagesInsteadOfDeadLettering(t *testing.T) {
+	for _, withGate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("gate=%t", withGate), func(t *testing.T) {
+			var down atomic.Bool
+			down.Store(true)
+			h := HandlerFunc(func(_ context.Context, m *chatmsg.ChatMessage) error {
+				if down.Load() || m.ExternalUserID == "broken" {
+					return errors.New("503 from the downstream")
+				}
+				return nil
+			})
+			dlq := &memDLQ{}
+			c, _ := unitConsumer(h, dlq, nil)
+			cfg := testOutage()
+			if !withGate {
+				cfg.MinUsers = 0
+			}
+			c.gate = newGate(cfg, c.clock, zap.NewNop(), nil)
+			users := []string{"a", "b", "c", "d", "e", "broken"}
+			parts := make([]*partition, len(users))
+			var wg sync.WaitGroup
+			for i, u := range users {
+				parts[i] = &partition{topic: "t", id: int32(i), tracker: offsets.NewTracker(0)}
+				parts[i].tracker.Add(0)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, msg: chat(u, 0), part: parts[i]})
+				}()
+			}
+			time.Sleep(400 * time.Millisecond) // the outage: many retries' worth
+			down.Store(false)
+			wg.Wait()
+			dlq.wg.Wait()
+			got := map[string]bool{}
+			for _, l := range dlq.all() {
+				got[l.Msg.ExternalUserID] = true
+			}
+			if withGate {
+				if len(got) != 1 || !got["broken"] {
+					t.Fatalf("dead letters for %v, want only the broken user's", got)
+				}
+				for i, p := range parts {
+					if next, ok := p.tracker.Committable(); !ok || next != 1 {
+						t.Fatalf("%s's message not finished", users[i])
+					}
+				}
+				return
+			}
+			if len(got) < len(users)-1 {
+				t.Fatalf("without the gate only %v were dead-lettered: the test's outage is too short to show anything", got)
+			}
+		})
+	}
+}
