@@ -43,7 +43,7 @@ type gate struct {
 	open      bool
 	openedAt  time.Time
 	failing   map[string]time.Time // user → last retryable failure
-	buckets   []gateBucket          // per-second attempt outcomes, a ring
+	buckets   []gateBucket         // per-second attempt outcomes, a ring
 	probing   int
 	nextProbe time.Time
 	closedCh  chan struct{} // closed when the gate closes; a new one when it opens
