@@ -41,9 +41,14 @@ type Feeder struct {
 func NewFeeder(p *Pipeline, users int) *Feeder {
 	f := &Feeder{p: p, perUser: map[string]int{}}
 	for i := range users {
-		f.users = append(f.users, fmt.Sprintf("u%04d-%s", i, p.Prefix[len("chaos-"):len(p.Prefix)-1]))
+		f.users = append(f.users, p.UserName(i))
 	}
 	return f
+}
+
+// UserName is the external_userid of the Feeder's user i in this pipeline.
+func (p *Pipeline) UserName(i int) string {
+	return fmt.Sprintf("u%04d-%s", i, p.Prefix[len("chaos-"):len(p.Prefix)-1])
 }
 
 func (f *Feeder) account(userIdx int) string {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -42,6 +43,9 @@ type Options struct {
 	// this for its next effect after a consumer kill (max_user_stall).
 	StallLimit time.Duration
 	PageLimit  int // wecom.page_limit; default 1000
+	// Judge, when set, adds a scenario's own checks on the evidence to the
+	// report (Problem fails the scenario) before the line is printed.
+	Judge func(ev *Evidence, rep *Report)
 	// Replies makes the Sink answer each message with a reply that the
 	// consumers send to the fake WeChat; the evidence then judges them
 	// (Evidence.judgeReplies).
@@ -425,4 +429,20 @@ func randomAESKey() string {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	return base64.RawStdEncoding.EncodeToString(b)[:43]
+}
+
+// KeyMemory returns the number of this pipeline's Redis keys and the
+// memory Redis reports for them (MEMORY USAGE, summed): what the run costs
+// Redis, apart from anything else sharing the server.
+func (p *Pipeline) KeyMemory(ctx context.Context) (keys int, bytes int64, err error) {
+	iter := p.rdb.Scan(ctx, 0, p.Prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		n, err := p.rdb.MemoryUsage(ctx, iter.Val()).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return keys, bytes, err
+		}
+		keys++
+		bytes += n
+	}
+	return keys, bytes, iter.Err()
 }

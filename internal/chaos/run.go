@@ -64,6 +64,9 @@ func Run(t *testing.T, name string, p *Pipeline, load Load, settle time.Duration
 	t.Logf("%s: evidence collected in %s", name, time.Since(collectAt).Round(time.Millisecond))
 	rep := ev.Report(name, elapsed)
 	rep.absorb(rec)
+	if p.Opts.Judge != nil {
+		p.Opts.Judge(ev, rep)
+	}
 	if settleErr != nil {
 		rep.note("%v", settleErr)
 	}

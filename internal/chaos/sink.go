@@ -38,6 +38,8 @@ type Sink struct {
 	changed    time.Time
 	failUsers  map[string]bool
 	failures   map[string]int // user → 500 answers
+	down       bool           // the whole downstream answers 503
+	downCalls  int            // 503 answers given while down
 }
 
 // NewSink starts a Sink on a loopback port; Close stops it.
@@ -78,6 +80,12 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
+	if s.down {
+		s.downCalls++
+		s.mu.Unlock()
+		http.Error(w, "sink: downstream unavailable", http.StatusServiceUnavailable)
+		return
+	}
 	if s.failUsers[m.ExternalUserID] {
 		// A broken downstream for this user: the consumer retries and then
 		// dead-letters it as downstream_error. Not an effect.
@@ -121,6 +129,16 @@ func (s *Sink) FailUser(user string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failUsers[user] = true
+}
+
+// Down makes the Sink answer 503 to every message (on) or serve again:
+// the downstream is down for everyone. It returns the 503 answers given
+// so far.
+func (s *Sink) Down(on bool) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.down = on
+	return s.downCalls
 }
 
 // Failures returns the number of 500 answers given to user.

@@ -28,9 +28,11 @@ import (
 //   - the first success — a probe's, or any handler's — closes it, and
 //     everything waiting goes on at once.
 //
-// It opens when, within outage.window, at least outage.min_users distinct
-// users had a retryable failure and failures are at least
-// outage.failure_ratio of the attempts. Permanent failures (the message is
+// It opens when, among the handler's last calls (2×outage.min_users, at
+// least 20, none older than outage.window), failures are at least
+// outage.failure_ratio and come from at least outage.min_users users:
+// a count of calls, not of seconds, so it sees an outage after a few
+// dozen calls at any traffic. Permanent failures (the message is
 // bad) do not count. The decision is per node: each consumer sees its own
 // partitions' users (docs/operations.md, "Downstream outages").
 type gate struct {
@@ -42,17 +44,18 @@ type gate struct {
 	mu        sync.Mutex
 	open      bool
 	openedAt  time.Time
-	failing   map[string]time.Time // user → last retryable failure
-	buckets   []gateBucket         // per-second attempt outcomes, a ring
+	calls     []gateCall // the last calls' outcomes, a ring
+	next      int        // where the next call goes in calls
 	probing   int
 	nextProbe time.Time
 	closedCh  chan struct{} // closed when the gate closes; a new one when it opens
 	held      int
 }
 
-type gateBucket struct {
-	sec        int64
-	ok, failed int
+type gateCall struct {
+	user string
+	at   time.Time
+	ok   bool
 }
 
 type gateMetrics struct {
@@ -67,8 +70,8 @@ func newGate(cfg config.Outage, clock Clock, log *zap.Logger, reg prometheus.Reg
 	if cfg.MinUsers == 0 {
 		return nil
 	}
-	g := &gate{cfg: cfg, clock: clock, log: log, failing: map[string]time.Time{},
-		buckets: make([]gateBucket, max(int(cfg.Window/time.Second), 1)), closedCh: make(chan struct{})}
+	g := &gate{cfg: cfg, clock: clock, log: log, calls: make([]gateCall, max(2*cfg.MinUsers, 20)),
+		closedCh: make(chan struct{})}
 	close(g.closedCh)
 	g.m = gateMetrics{
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kfpipe_outage_gate_open",
@@ -168,25 +171,57 @@ func (g *gate) result(user string, ok, probe bool) {
 			g.m.probes.WithLabelValues("failed").Inc()
 		}
 	}
-	b := g.bucket(now)
+	g.calls[g.next] = gateCall{user: user, at: now, ok: ok}
+	g.next = (g.next + 1) % len(g.calls)
 	if ok {
-		b.ok++
-		delete(g.failing, user)
 		if g.open {
 			g.setOpen(false, now, fmt.Sprintf("a handler call succeeded (probe=%t)", probe))
 		}
 		return
 	}
-	b.failed++
-	g.failing[user] = now
 	if g.open {
 		return
 	}
-	users, okN, failedN := g.window(now)
-	if users >= g.cfg.MinUsers && float64(failedN) >= g.cfg.FailureRatio*float64(okN+failedN) {
-		g.setOpen(true, now, fmt.Sprintf("%d users failed within %s (%d of %d attempts)", users,
-			g.cfg.Window, failedN, okN+failedN))
+	users, calls, failed := g.recent(now)
+	if users >= g.cfg.MinUsers && float64(failed) >= g.cfg.FailureRatio*float64(calls) {
+		g.setOpen(true, now, fmt.Sprintf("%d of the last %d calls failed, for %d users", failed, calls, users))
 	}
+}
+
+// suspect reports whether the gate may be about to open: recent calls of
+// more than one user failing, at least half of them. A message out of
+// attempts then waits (up to outage.window) instead of being dead-lettered
+// at once, so the first messages of an outage do not go to the DLQ while
+// the gate counts users.
+func (g *gate) suspect() bool {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	users, calls, failed := g.recent(g.clock.Now())
+	return users >= 2 && 2*failed >= calls
+}
+
+// recent counts, among the last calls (at most outage.window old), the
+// calls, the failed ones and the distinct users that failed.
+func (g *gate) recent(now time.Time) (users, calls, failed int) {
+	from := now.Add(-g.cfg.Window)
+	seen := make(map[string]bool, len(g.calls))
+	for _, c := range g.calls {
+		if c.at.IsZero() || c.at.Before(from) {
+			continue
+		}
+		calls++
+		if !c.ok {
+			failed++
+			if !seen[c.user] {
+				seen[c.user] = true
+				users++
+			}
+		}
+	}
+	return users, calls, failed
 }
 
 // release gives back a probe slot whose call said nothing of the
@@ -200,33 +235,6 @@ func (g *gate) release(probe bool) {
 	g.probing--
 }
 
-// bucket returns the ring's bucket for now's second, reset if stale.
-func (g *gate) bucket(now time.Time) *gateBucket {
-	sec := now.Unix()
-	b := &g.buckets[int(sec%int64(len(g.buckets)))]
-	if b.sec != sec {
-		*b = gateBucket{sec: sec}
-	}
-	return b
-}
-
-// window counts the distinct failing users and the attempts within the
-// window, dropping users whose last failure is older.
-func (g *gate) window(now time.Time) (users, ok, failed int) {
-	from := now.Add(-g.cfg.Window)
-	for u, at := range g.failing {
-		if at.Before(from) {
-			delete(g.failing, u)
-		}
-	}
-	for _, b := range g.buckets {
-		if b.sec > from.Unix() && b.sec <= now.Unix() {
-			ok, failed = ok+b.ok, failed+b.failed
-		}
-	}
-	return len(g.failing), ok, failed
-}
-
 func (g *gate) setOpen(open bool, now time.Time, why string) {
 	g.open = open
 	if open {
@@ -238,7 +246,7 @@ func (g *gate) setOpen(open bool, now time.Time, why string) {
 		return
 	}
 	close(g.closedCh)
-	clear(g.failing)
+	clear(g.calls)
 	g.m.open.Set(0)
 	g.m.transitions.WithLabelValues("closed").Inc()
 	g.log.Info("downstream gate closed", zap.String("why", why), zap.Duration("was_open", now.Sub(g.openedAt)))

@@ -259,12 +259,20 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 	m := env.msg
 	pc := c.cfg.Processor
 	backoff := pc.RetryBase
+	var outOfAttempts time.Time
 	for {
 		if attempts > 0 {
 			// Out of attempts: dead-lettered, unless the downstream is down
-			// for everyone (the gate is open): then it waits and is retried.
+			// for everyone (the gate is open) or may be (the gate is about
+			// to open, for at most outage.window): then it waits and is
+			// retried.
 			if attempts >= pc.RetryAttempts && !c.gate.isOpen() {
-				break
+				if outOfAttempts.IsZero() {
+					outOfAttempts = c.clock.Now()
+				}
+				if !c.gate.suspect() || c.clock.Now().Sub(outOfAttempts) >= c.cfg.Outage.Window {
+					break
+				}
 			}
 			wait := backoff
 			var ra *RetryAfterError
