@@ -177,6 +177,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep.account(p, rec.snapshot(), view, now, start)
 	rep.Duplicates = int(counterValue(pl.consumerBase.Registry, "kfpipe_messages_duplicate_total"))
+	rep.GateTransitions = int(counterValue(pl.consumerBase.Registry, "kfpipe_outage_gate_transitions_total"))
 	rep.RepliesSent, rep.RepliesSkipped, rep.RepliesRefused, _ = pl.replies.Counts()
 	rep.RepliesAtWeChat, rep.ReplyMsgIDRepeats = len(fake.Replies("", "")), fake.DuplicateMsgIDs()
 	_, rep.Redelivered, rep.Callbacks, rep.CallbackErrors = drv.counts()

@@ -31,6 +31,10 @@ type Report struct {
 	DoubleEffects   int            // messages the handler finished more than once (I3)
 	DLQRecords      map[string]int // dead-letter records by reason (a message may have several)
 	HandlerFailures int            // handler calls failed by the outage
+	// GateTransitions are the downstream gate's openings and closings
+	// (the outage opens it: its messages wait instead of being
+	// dead-lettered).
+	GateTransitions int
 	// Replies: sent to WeChat by the handler (one per processed message),
 	// skipped because a handler that ran again had sent them already (a
 	// duplicate reply prevented), refused by WeChat for good (the
@@ -287,6 +291,8 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(&b, "messages in:            %d (via %d signed callbacks, %d failed; %d re-delivered by WeChat with the same msgid)\n",
 		r.In, r.Callbacks, r.CallbackErrors, r.Redelivered)
 	fmt.Fprintf(&b, "processed:              %d (handler failures during the outage: %d)\n", r.Processed, r.HandlerFailures)
+	fmt.Fprintf(&b, "downstream outage:      held by the downstream gate (%d openings and closings), %d messages dead-lettered for it\n",
+		r.GateTransitions, r.DLQRecords["downstream_error"])
 	fmt.Fprintf(&b, "deduplicated:           %d records recognised as already done (I3); double effects: %d\n", r.Duplicates, r.DoubleEffects)
 	fmt.Fprintf(&b, "replies:                %d sent to WeChat (it delivered %d; %d sends repeated a delivered msgid); %d duplicates prevented (the handler failed after replying %d times and ran again); %d refused by WeChat's 5-in-48h rule\n",
 		r.RepliesSent, r.RepliesAtWeChat, r.ReplyMsgIDRepeats, r.RepliesSkipped, r.AfterReplyFailures, r.RepliesRefused)
