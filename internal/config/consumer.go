@@ -42,6 +42,11 @@ type Processor struct {
 	// keys claimed in one Redis round trip before their turn (0: one claim
 	// per message, when its turn comes).
 	ClaimAhead int `mapstructure:"claim_ahead"`
+	// DeadLetterQueue is how many dead letters of one partition may wait
+	// for their durable DLQ write before the partition is paused (it
+	// resumes below half of it): a slow DLQ then holds back only the
+	// partitions that dead-letter, never the poll goroutine (I5, I6).
+	DeadLetterQueue int `mapstructure:"dead_letter_queue"`
 }
 
 // Outage configures the consumer's downstream health gate: when the
@@ -165,7 +170,14 @@ func defaultConsumer(env string) Consumer {
 		Common: defaultCommon(env, "consumer"),
 		Processor: Processor{MailboxSize: 256, IdleTimeout: 2 * time.Minute, MaxInFlight: 20000, ResumeBelow: 10000,
 			RetryAttempts: 3, RetryBase: 100 * time.Millisecond, RetryMax: 2 * time.Second, AttemptTimeout: 10 * time.Second,
-			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256, ClaimAhead: 32},
+			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256, ClaimAhead: 32,
+			// 1024 dead letters waiting per partition: four poll batches
+			// (256), so one batch of refusals never pauses a partition
+			// while the DLQ acknowledges in milliseconds, and a twentieth
+			// of max_in_flight, so a slow DLQ pauses long before the
+			// in-flight cap would. The letters are records already in
+			// memory (counted by max_in_flight); waiting costs no more.
+			DeadLetterQueue: 1024},
 		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
 		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: DefaultDedupLease},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
@@ -194,6 +206,9 @@ func (c *Consumer) Validate() error {
 	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, once.MaxFlushInterval)
 	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, once.MaxBatchLimit)
 	v.between("processor.claim_ahead", p.ClaimAhead, 0, 4096)
+	// Above processor.max_in_flight it never pauses: the in-flight cap,
+	// which counts the same letters, pauses first.
+	v.between("processor.dead_letter_queue", p.DeadLetterQueue, 1, 1<<20)
 	o := c.Outage
 	v.between("outage.min_users", o.MinUsers, 0, 1_000_000)
 	if o.FailureRatio <= 0 || o.FailureRatio > 1 {

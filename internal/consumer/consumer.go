@@ -91,7 +91,17 @@ type partition struct {
 	tracker *offsets.Tracker
 	// committed is the last committed offset (guarded by Consumer.commitMu).
 	committed int64
-	paused    bool // owned by the poll goroutine
+	// paused is whether the partition is paused in the Kafka client;
+	// pausedCap and pausedDead are the reasons it should be: the in-flight
+	// cap, a full dead-letter queue. It is paused while either holds
+	// (flowControl). All three are owned by the poll goroutine.
+	paused     bool
+	pausedCap  bool
+	pausedDead bool
+	// dead holds the partition's dead letters until they are durable; its
+	// goroutine lives as long as the assignment (nil only for partitions
+	// that unit tests build without a consumer loop).
+	dead *deadQueue
 	// base is the group's committed offset when the partition was assigned
 	// (-1: none committed; -2: not read yet), so that lag shows from the
 	// assignment on, before the first message is finished (poll goroutine).
@@ -174,6 +184,9 @@ type Consumer struct {
 	// durable yet; shutdown stops them.
 	retryMu sync.Mutex
 	retries map[Timer]struct{}
+
+	// deadWG counts the partitions' dead-letter goroutines (deadqueue.go).
+	deadWG sync.WaitGroup
 }
 
 // New creates the consumer and its Kafka client; it does not consume until
@@ -324,8 +337,12 @@ func (c *Consumer) poll(batch []polled) []polled {
 			}
 			batch = append(batch, polled{km: e, part: p})
 			// Stop at the in-flight cap so that flowControl pauses the
-			// partition before more of it is read, as without batching.
+			// partition before more of it is read, as without batching;
+			// likewise at a full dead-letter queue.
 			if p.batched++; p.tracker.InFlight()+p.batched >= c.cfg.Processor.MaxInFlight {
+				return batch
+			}
+			if p.dead != nil && p.dead.waiting.Load() >= int64(c.cfg.Processor.DeadLetterQueue) {
 				return batch
 			}
 		case kafka.Error:
@@ -468,10 +485,18 @@ func (c *Consumer) route(env *envelope) {
 	}
 }
 
-// flowControl pauses a partition whose in-flight count reached
-// processor.max_in_flight and resumes it below processor.resume_below. It
-// is the node-overload valve: one user can hold at most mailbox_size
-// messages, so a single user cannot trigger it (I5).
+// flowControl pauses and resumes partitions (poll goroutine only). A
+// partition is paused for two reasons, each with its own high and low
+// mark, and stays paused until neither holds:
+//   - its in-flight count reached processor.max_in_flight (cleared below
+//     processor.resume_below). It is the node-overload valve: one user can
+//     hold at most mailbox_size messages, so a single user cannot trigger
+//     it (I5).
+//   - its dead-letter queue holds processor.dead_letter_queue letters not
+//     durable yet (cleared below half of that): the DLQ is slower than the
+//     partition's refusals, and only this partition waits for it (I5).
+//
+// Pausing stops fetching the partition; messages already dispatched go on.
 func (c *Consumer) flowControl() {
 	pc := c.cfg.Processor
 	for _, p := range c.parts {
@@ -479,32 +504,75 @@ func (c *Consumer) flowControl() {
 			continue
 		}
 		n := p.tracker.InFlight()
-		tp := []kafka.TopicPartition{{Topic: &p.topic, Partition: p.id}}
 		switch {
-		case !p.paused && n >= pc.MaxInFlight:
-			if err := c.kc.Pause(tp); err != nil {
-				c.log.Warn("pause partition", zap.Int32("partition", p.id), zap.Error(err))
-				continue
-			}
-			p.paused = true
+		case !p.pausedCap && n >= pc.MaxInFlight:
+			p.pausedCap = true
 			c.m.paused.Inc()
 			c.log.Info("partition paused: in-flight cap", zap.Int32("partition", p.id), zap.Int("in_flight", n))
-		case p.paused && n < pc.ResumeBelow:
-			if err := c.kc.Resume(tp); err != nil {
-				c.log.Warn("resume partition", zap.Int32("partition", p.id), zap.Error(err))
-				continue
-			}
-			p.paused = false
+		case p.pausedCap && n < pc.ResumeBelow:
+			p.pausedCap = false
 			c.m.paused.Dec()
-			c.log.Info("partition resumed", zap.Int32("partition", p.id), zap.Int("in_flight", n))
+			c.log.Info("partition in-flight cap cleared", zap.Int32("partition", p.id), zap.Int("in_flight", n))
 		}
+		if p.dead != nil {
+			w := p.dead.waiting.Load()
+			switch {
+			case !p.pausedDead && w >= int64(pc.DeadLetterQueue):
+				p.pausedDead = true
+				c.m.deadPaused.Inc()
+				c.m.deadPauses.Inc()
+				c.log.Warn("partition paused: dead-letter queue full (the DLQ is slower than this partition's refusals)",
+					zap.Int32("partition", p.id), zap.Int64("dead_letters_waiting", w))
+			case p.pausedDead && w < int64(resumeDeadBelow(pc.DeadLetterQueue)):
+				p.pausedDead = false
+				c.m.deadPaused.Dec()
+				c.log.Info("partition dead-letter queue drained", zap.Int32("partition", p.id),
+					zap.Int64("dead_letters_waiting", w))
+			}
+		}
+		c.setPaused(p, p.pausedCap || p.pausedDead)
 	}
 }
 
-// resumeForRevoke resumes the partitions of ps that the in-flight cap
-// paused (poll goroutine, inside the rebalance callback).
+// resumeDeadBelow is the dead-letter queue's low mark: half of the high
+// mark, so a queue hovering at the mark does not pause and resume the
+// partition (each resume refetches it) for every letter.
+func resumeDeadBelow(mark int) int { return max(mark/2, 1) }
+
+// setPaused pauses or resumes p in the Kafka client when it is not as
+// wanted; a failure is logged and tried again on the next call.
+func (c *Consumer) setPaused(p *partition, want bool) {
+	if p.paused == want {
+		return
+	}
+	tp := []kafka.TopicPartition{{Topic: &p.topic, Partition: p.id}}
+	if want {
+		if err := c.kc.Pause(tp); err != nil {
+			c.log.Warn("pause partition", zap.Int32("partition", p.id), zap.Error(err))
+			return
+		}
+	} else if err := c.kc.Resume(tp); err != nil {
+		c.log.Warn("resume partition", zap.Int32("partition", p.id), zap.Error(err))
+		return
+	}
+	p.paused = want
+	if !want {
+		c.log.Info("partition resumed", zap.Int32("partition", p.id), zap.Int("in_flight", p.tracker.InFlight()))
+	}
+}
+
+// resumeForRevoke resumes the partitions of ps that are paused and clears
+// their pause reasons (poll goroutine, inside the rebalance callback).
 func (c *Consumer) resumeForRevoke(kc *kafka.Consumer, ps []*partition) {
 	for _, p := range ps {
+		if p.pausedCap {
+			p.pausedCap = false
+			c.m.paused.Dec()
+		}
+		if p.pausedDead {
+			p.pausedDead = false
+			c.m.deadPaused.Dec()
+		}
 		if !p.paused {
 			continue
 		}
@@ -512,7 +580,6 @@ func (c *Consumer) resumeForRevoke(kc *kafka.Consumer, ps []*partition) {
 			c.log.Warn("resume revoked partition", zap.Int32("partition", p.id), zap.Error(err))
 		}
 		p.paused = false
-		c.m.paused.Dec()
 	}
 }
 
@@ -588,8 +655,10 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 		c.mu.Lock()
 		for _, tp := range e.Partitions {
 			k := tpKey{*tp.Topic, tp.Partition}
-			c.parts[k] = &partition{topic: k.topic, id: k.id, tracker: offsets.NewTracker(k.id), committed: -1,
+			p := &partition{topic: k.topic, id: k.id, tracker: offsets.NewTracker(k.id), committed: -1,
 				base: baseUnknown, label: strconv.Itoa(int(k.id))}
+			c.startDeadQueue(p)
+			c.parts[k] = p
 		}
 		c.mu.Unlock()
 		c.m.rebalances.WithLabelValues("assign").Inc()
@@ -620,13 +689,16 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 				c.log.Warn("commit on revoke", zap.Error(err))
 			}
 		}
-		// A partition the in-flight cap paused must be resumed before it
-		// goes: librdkafka keeps the application's pause across an unassign
-		// and a later assign of the same partition, which would then never
-		// be fetched again on this member.
+		// A paused partition must be resumed before it goes: librdkafka
+		// keeps the application's pause across an unassign and a later
+		// assign of the same partition, which would then never be fetched
+		// again on this member.
 		c.resumeForRevoke(kc, ps)
 		c.mu.Lock()
 		for _, p := range ps {
+			// Its letters not durable yet stay uncommitted: the next owner
+			// reads their records again.
+			c.stopDeadQueue(p)
 			p.dropped.Store(true)
 			delete(c.parts, tpKey{p.topic, p.id})
 			c.m.lag.DeleteLabelValues(p.label)
@@ -786,6 +858,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	}
 	c.cancelRun()
 	c.stopRetries()
+	c.stopDeadQueues()
 	c.acts.close()
 	if c.started {
 		close(c.stopCommit)
@@ -799,7 +872,18 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	if cerr := c.kc.Close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("close kafka consumer: %w", cerr))
 	}
+	c.stopDeadQueues() // any assigned while the client closed
+	c.deadWG.Wait()
 	return err
+}
+
+// stopDeadQueues halts the dead-letter queues of the assigned partitions.
+func (c *Consumer) stopDeadQueues() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.parts {
+		c.stopDeadQueue(p)
+	}
 }
 
 // waitIdle waits until no message is in flight or ctx ends.

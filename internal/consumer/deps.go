@@ -138,7 +138,9 @@ type DeadLetter struct {
 // letter is durable (acknowledged by Kafka or fsync'd to the emergency
 // file); only then does the consumer count the message finished and let
 // its offset be committed. done(err) means it is not durable; the consumer
-// sends it again after a backoff.
+// sends it again after a backoff. Send may block while the sender's own
+// queue is full, but must return: the consumer calls it only from the
+// letter's partition's dead-letter goroutine, which Close waits for.
 type DeadLetters interface {
 	Send(dl *DeadLetter, done func(error))
 }

@@ -31,7 +31,7 @@ func testConfig(t testing.TB, topic string) config.Consumer {
 	}
 	c.Processor = config.Processor{MailboxSize: 256, IdleTimeout: time.Second, MaxInFlight: 10000, ResumeBelow: 5000,
 		RetryAttempts: 3, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, AttemptTimeout: 2 * time.Second,
-		MaxMessageBytes: 1 << 20}
+		MaxMessageBytes: 1 << 20, DeadLetterQueue: 1024}
 	c.Dedup = config.Dedup{TTL: time.Hour, Lease: 30 * time.Second}
 	return c
 }

@@ -15,6 +15,12 @@ type metrics struct {
 	rebalances *prometheus.CounterVec // type: assign, revoke, lost
 	commits    *prometheus.CounterVec // result: ok, error
 	attemptsV  *prometheus.CounterVec // outcome of each handler attempt
+	// deadWaiting is the dead letters per partition not durable yet;
+	// deadPaused the partitions paused because of them; deadPauses counts
+	// those pauses.
+	deadWaiting *prometheus.GaugeVec // partition
+	deadPaused  prometheus.Gauge
+	deadPauses  prometheus.Counter
 
 	// results holds processed's children for the known results, bound
 	// once so the per-message path does no label lookup. Read-only after
@@ -57,6 +63,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			[]string{"partition"}),
 		paused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kfpipe_partitions_paused", Help: "Partitions paused by the in-flight cap."}),
+		deadWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kfpipe_dead_letters_waiting",
+			Help: "Dead letters per partition waiting for their durable DLQ write (their offsets are not committed yet)."},
+			[]string{"partition"}),
+		deadPaused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kfpipe_partitions_paused_dead_letters",
+			Help: "Partitions paused because processor.dead_letter_queue dead letters wait for the DLQ."}),
+		deadPauses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_dead_letter_pauses_total",
+			Help: "Times a partition was paused because its dead-letter queue was full."}),
 		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_rebalances_total", Help: "Rebalance events by type: assign, revoke, lost."}, []string{"type"}),
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -77,7 +93,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,
-			m.rebalances, m.commits, m.attemptsV)
+			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses)
 	}
 	return m
 }

@@ -394,9 +394,12 @@ func (c *Consumer) safeHandle(ctx context.Context, m *chatmsg.ChatMessage) (err 
 }
 
 // deadLetter hands env to the DLQ; the message is finished only when the
-// dead letter is durable (I6). A failed send is repeated after a backoff
-// until it succeeds or the consumer stops (then the offset stays
-// uncommitted and the record is read again).
+// dead letter is durable (I6). It queues the letter on the partition's
+// dead-letter queue, whose goroutine sends it (deadqueue.go), so neither
+// the poll goroutine nor an actor waits for the DLQ. A failed send is
+// repeated after a backoff until it succeeds or the consumer stops, or the
+// partition goes (then the offset stays uncommitted and the record is read
+// again).
 func (c *Consumer) deadLetter(env *envelope, reason, details string, recoverable bool, attempts int) {
 	km := env.km
 	dl := &DeadLetter{
@@ -418,7 +421,12 @@ func (c *Consumer) deadLetter(env *envelope, reason, details string, recoverable
 	}
 	c.log.Info("dead letter", zap.String("reason", reason), zap.String("user_id", dl.UserID),
 		zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.String("details", dl.Details))
-	c.sendDead(dl, env, c.cfg.Processor.RetryBase)
+	l := &letter{dl: dl, env: env, backoff: c.cfg.Processor.RetryBase}
+	if q := env.part.dead; q != nil {
+		q.push(l, false) // never blocks: the poll goroutine and the actors only queue
+		return
+	}
+	c.sendDead(l.dl, l.env, l.backoff) // a partition built without a queue (unit tests of process)
 }
 
 func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration) {
@@ -426,6 +434,9 @@ func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration
 		if err == nil {
 			c.m.result(dl.Reason).Inc()
 			c.finish(env)
+			if q := env.part.dead; q != nil {
+				q.durable()
+			}
 			return
 		}
 		if c.runCtx.Err() != nil {
@@ -447,7 +458,11 @@ func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration
 			c.retryMu.Lock()
 			delete(c.retries, t)
 			c.retryMu.Unlock()
-			if c.runCtx.Err() == nil {
+			switch q := env.part.dead; {
+			case c.runCtx.Err() != nil:
+			case q != nil:
+				q.push(&letter{dl: dl, env: env, backoff: next}, true) // sent again by the partition's sender
+			default:
 				c.sendDead(dl, env, next)
 			}
 		})

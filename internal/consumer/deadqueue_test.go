@@ -1,0 +1,423 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/offsets"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// stallingDLQ is a DeadLetters whose Send blocks, for the letters of the
+// stalled partitions, until release is closed — as the DLQ producer's Send
+// blocks while its emergency queue is full — and confirms every letter as
+// durable. It records how often each (partition, offset) was sent.
+type stallingDLQ struct {
+	stalled map[int32]bool
+	release chan struct{}
+	once    sync.Once
+
+	mu    sync.Mutex
+	sends map[[2]int64]int
+	calls atomic.Int64
+	// failFirst makes the first send of every letter fail (not durable).
+	failFirst bool
+}
+
+func newStallingDLQ(stalled ...int32) *stallingDLQ {
+	d := &stallingDLQ{stalled: map[int32]bool{}, release: make(chan struct{}), sends: map[[2]int64]int{}}
+	for _, p := range stalled {
+		d.stalled[p] = true
+	}
+	return d
+}
+
+func (d *stallingDLQ) Send(dl *DeadLetter, done func(error)) {
+	d.calls.Add(1)
+	if d.stalled[dl.Partition] {
+		<-d.release
+	}
+	k := [2]int64{int64(dl.Partition), dl.Offset}
+	d.mu.Lock()
+	d.sends[k]++
+	first := d.sends[k] == 1
+	d.mu.Unlock()
+	if d.failFirst && first {
+		done(errors.New("dlq refused"))
+		return
+	}
+	done(nil)
+}
+
+func (d *stallingDLQ) unblock() { d.once.Do(func() { close(d.release) }) }
+
+// sent returns how many letters of partition were sent, and the largest
+// number of sends of one of them.
+func (d *stallingDLQ) sent(partition int32) (letters, maxSends int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for k, n := range d.sends {
+		if k[0] == int64(partition) {
+			letters++
+			maxSends = max(maxSends, n)
+		}
+	}
+	return letters, maxSends
+}
+
+// queuedConsumer is a Consumer without Kafka whose partitions 0 and 1 have
+// their dead-letter queues running; closing the queues is registered as
+// cleanup (after dlq's release, so no sender is left blocked).
+func queuedConsumer(t *testing.T, dlq *stallingDLQ) (*Consumer, [2]*partition) {
+	t.Helper()
+	c, _ := unitConsumer(NoopHandler, dlq, nil)
+	c.cfg.Processor.DeadLetterQueue = 1024
+	var ps [2]*partition
+	for i := range ps {
+		ps[i] = &partition{topic: "t", id: int32(i), tracker: offsets.NewTracker(int32(i)), label: strconv.Itoa(i)}
+		c.startDeadQueue(ps[i])
+	}
+	t.Cleanup(func() {
+		dlq.unblock()
+		c.cancelRun()
+		c.stopRetries()
+		for _, p := range ps {
+			c.stopDeadQueue(p)
+		}
+		c.deadWG.Wait()
+	})
+	return c, ps
+}
+
+// deadLetterAll dead-letters offsets [0, n) of p and fails the test if
+// that takes long: deadLetter must only queue.
+func deadLetterAll(t *testing.T, c *Consumer, p *partition, n int) {
+	t.Helper()
+	returned := make(chan struct{})
+	go func() {
+		defer close(returned)
+		for off := range n {
+			p.tracker.Add(int64(off))
+			env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: kafka.Offset(off)}}, part: p, user: "u"}
+			c.deadLetter(env, ReasonInvalidMessage, "poison", false, 0)
+		}
+	}()
+	select {
+	case <-returned:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("dead-lettering %d messages of partition %d blocked the caller", n, p.id)
+	}
+}
+
+// TestBlockedDeadLetterSendBlocksNoDispatch: the DLQ's Send blocks for
+// partition 0's letters. Dead-lettering partition 0's messages still
+// returns at once (the poll goroutine and the actors only queue), partition
+// 1's letters become durable and its offsets committable meanwhile, and
+// partition 0's letters wait, counted in kfpipe_dead_letters_waiting,
+// uncommitted. Released, each is sent once and the partition's offsets
+// become committable. With Send called by the dead-lettering goroutine (the
+// poll goroutine before), the first letter of partition 0 blocked it.
+func TestBlockedDeadLetterSendBlocksNoDispatch(t *testing.T) {
+	dlq := newStallingDLQ(0)
+	c, ps := queuedConsumer(t, dlq)
+	deadLetterAll(t, c, ps[0], 50)
+	deadLetterAll(t, c, ps[1], 50)
+	waitFor(t, 5*time.Second, func() bool { next, ok := ps[1].tracker.Committable(); return ok && next == 50 })
+	if n, _ := dlq.sent(1); n != 50 {
+		t.Fatalf("partition 1: %d letters sent, want 50", n)
+	}
+	if got := ps[0].dead.waiting.Load(); got != 50 {
+		t.Fatalf("partition 0: %d letters waiting, want 50", got)
+	}
+	if got := metricValue(t, c.m.deadWaiting.WithLabelValues("0")); got != 50 {
+		t.Fatalf("kfpipe_dead_letters_waiting{partition=0} = %v, want 50", got)
+	}
+	if _, ok := ps[0].tracker.Committable(); ok {
+		t.Fatal("partition 0 committable before its dead letters are durable (I6)")
+	}
+	dlq.unblock()
+	waitFor(t, 5*time.Second, func() bool { next, ok := ps[0].tracker.Committable(); return ok && next == 50 })
+	if n, most := dlq.sent(0); n != 50 || most != 1 {
+		t.Fatalf("partition 0: %d letters sent, one of them %d times; want 50, once each", n, most)
+	}
+	if got := metricValue(t, c.m.deadWaiting.WithLabelValues("0")); got != 0 {
+		t.Fatalf("kfpipe_dead_letters_waiting{partition=0} = %v after all were durable", got)
+	}
+}
+
+// TestDeadLetterRetriedThroughQueue: a send that is not durable is tried
+// again after its backoff by the partition's sender; the letter is counted
+// waiting once until it is durable, and its message is finished once.
+func TestDeadLetterRetriedThroughQueue(t *testing.T) {
+	dlq := newStallingDLQ()
+	dlq.failFirst = true
+	c, ps := queuedConsumer(t, dlq)
+	deadLetterAll(t, c, ps[0], 10)
+	waitFor(t, 5*time.Second, func() bool { next, ok := ps[0].tracker.Committable(); return ok && next == 10 })
+	if n, most := dlq.sent(0); n != 10 || most != 2 {
+		t.Fatalf("%d letters, sent at most %d times; want 10, each twice (refused, then durable)", n, most)
+	}
+	if got := ps[0].dead.waiting.Load(); got != 0 {
+		t.Fatalf("%d letters waiting after all were durable", got)
+	}
+}
+
+// TestHaltedDeadQueueLeavesMessagesUnfinished: letters still queued when
+// the partition goes (revoke, shutdown) are dropped, not sent, and their
+// messages stay unfinished, so the next reader reads them again (I2).
+func TestHaltedDeadQueueLeavesMessagesUnfinished(t *testing.T) {
+	dlq := newStallingDLQ(0)
+	c, ps := queuedConsumer(t, dlq)
+	deadLetterAll(t, c, ps[0], 20)
+	waitFor(t, 5*time.Second, func() bool { return dlq.calls.Load() == 1 }) // the first is in Send
+	c.stopDeadQueue(ps[0])
+	dlq.unblock()
+	time.Sleep(100 * time.Millisecond)
+	if n := dlq.calls.Load(); n != 1 {
+		t.Fatalf("%d sends after the queue was halted with one in Send, want 1", n)
+	}
+	if next, ok := ps[0].tracker.Committable(); !ok || next != 1 {
+		t.Fatalf("committable %d %v, want 1 (only the letter that was in Send is durable)", next, ok)
+	}
+	c.deadLetter(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 20}}, part: ps[0]},
+		ReasonInvalidMessage, "late", false, 0)
+	if n := dlq.calls.Load(); n != 1 {
+		t.Fatal("a letter pushed after halt was sent")
+	}
+}
+
+// TestPauseReasonsCompose: a partition paused by the in-flight cap and by
+// a full dead-letter queue stays paused until both clear, whichever clears
+// first; each reason has its own metric; a revoke clears both.
+func TestPauseReasonsCompose(t *testing.T) {
+	topic := testenv.Topic(t, 1)
+	kc, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t),
+		"group.id": testenv.Name(t, "group"), "enable.auto.commit": false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	if err := kc.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: 0, Offset: kafka.OffsetBeginning}}); err != nil {
+		t.Fatal(err)
+	}
+	c := &Consumer{kc: kc, log: zap.NewNop(), m: newMetrics(prometheus.NewRegistry()), parts: map[tpKey]*partition{}}
+	c.cfg.Processor.MaxInFlight, c.cfg.Processor.ResumeBelow, c.cfg.Processor.DeadLetterQueue = 4, 2, 4
+	p := &partition{topic: topic, id: 0, tracker: offsets.NewTracker(0), label: "0"}
+	p.dead = newDeadQueue(c.m.deadWaiting.WithLabelValues("0")) // no sender: waiting is set by hand
+	c.parts[tpKey{topic, 0}] = p
+
+	type state struct{ paused, cap, dead bool }
+	check := func(step string, want state) {
+		t.Helper()
+		c.flowControl()
+		if got := (state{p.paused, p.pausedCap, p.pausedDead}); got != want {
+			t.Fatalf("%s: paused/cap/dead = %+v, want %+v", step, got, want)
+		}
+		if v := metricValue(t, c.m.paused); v != b2f(want.cap) {
+			t.Fatalf("%s: kfpipe_partitions_paused = %v", step, v)
+		}
+		if v := metricValue(t, c.m.deadPaused); v != b2f(want.dead) {
+			t.Fatalf("%s: kfpipe_partitions_paused_dead_letters = %v", step, v)
+		}
+	}
+	for off := range 4 {
+		p.tracker.Add(int64(off))
+	}
+	check("in-flight cap", state{true, true, false})
+	p.dead.waiting.Store(4)
+	check("and dead letters", state{true, true, true})
+	for off := range 4 {
+		p.tracker.Done(int64(off))
+	}
+	check("in flight drained, letters wait", state{true, false, true})
+	p.dead.waiting.Store(2) // the low mark is half of 4: not below yet
+	check("letters at the low mark", state{true, false, true})
+	p.dead.waiting.Store(1)
+	check("letters below the low mark", state{false, false, false})
+	// The other order: dead letters first, the cap clears last.
+	p.dead.waiting.Store(5)
+	check("dead letters again", state{true, false, true})
+	for off := 4; off < 8; off++ {
+		p.tracker.Add(int64(off))
+	}
+	check("and the cap", state{true, true, true})
+	p.dead.waiting.Store(0)
+	check("letters drained, cap holds", state{true, true, false})
+	if v := metricValue(t, c.m.deadPauses); v != 2 {
+		t.Fatalf("kfpipe_dead_letter_pauses_total = %v, want 2", v)
+	}
+	p.dead.waiting.Store(9)
+	check("both", state{true, true, true})
+	c.resumeForRevoke(kc, []*partition{p})
+	if p.paused || p.pausedCap || p.pausedDead || metricValue(t, c.m.paused) != 0 || metricValue(t, c.m.deadPaused) != 0 {
+		t.Fatal("revoke left a pause reason or a paused gauge")
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// produceTo writes recs to one partition of topic and waits for delivery.
+func produceTo(t *testing.T, topic string, partition int32, recs []testenv.Record) {
+	t.Helper()
+	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t), "acks": "all",
+		"enable.idempotence": true, "linger.ms": 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dr := make(chan kafka.Event, len(recs))
+	for _, r := range recs {
+		m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: partition}, Key: r.Key, Value: r.Value}
+		if err := p.Produce(m, dr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range recs {
+		if m := (<-dr).(*kafka.Message); m.TopicPartition.Error != nil {
+			t.Fatal(m.TopicPartition.Error)
+		}
+	}
+}
+
+// TestFullDeadLetterQueuePausesOnlyItsPartition is issue #19's done-when
+// on the real broker: partition 0 holds only poison records (half without
+// key, refused on the poll goroutine; half keyed, refused by their users'
+// actors) and partition 1 ordinary messages. The DLQ's Send blocks for
+// partition 0's letters until released, as the DLQ producer's does while
+// its emergency file takes fsync'd writes. Partition 0 is paused once
+// processor.dead_letter_queue letters wait and stops being read; every
+// partition-1 message is handled meanwhile. Released, every partition-0
+// record is dead-lettered exactly once, the partition resumes and both
+// partitions' offsets are committed to the end: nothing lost. With the
+// DLQ's Send on the poll goroutine, partition 1 stalled behind partition
+// 0's first letter; without the pause, partition 0 was read to its end
+// into memory.
+func TestFullDeadLetterQueuePausesOnlyItsPartition(t *testing.T) {
+	const poison, good, mark = 1200, 300, 20
+	topic := testenv.Topic(t, 2)
+	var bad []testenv.Record
+	for i := range poison {
+		r := testenv.Record{Value: []byte(fmt.Sprintf("not json %d", i))}
+		if i%2 == 1 {
+			r.Key = []byte(fmt.Sprintf("poisoner-%d", i%10))
+		}
+		bad = append(bad, r)
+	}
+	produceTo(t, topic, 0, bad)
+	var ok []testenv.Record
+	for i := range good {
+		m := chat(fmt.Sprintf("user-%02d", i%20), i)
+		b, err := chatmsg.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok = append(ok, testenv.Record{Key: []byte(m.ExternalUserID), Value: b})
+	}
+	produceTo(t, topic, 1, ok)
+
+	cfg := testConfig(t, topic)
+	cfg.Processor.DeadLetterQueue = mark
+	dlq := newStallingDLQ(0)
+	var handled atomic.Int64
+	c := startConsumer(t, cfg, HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error {
+		handled.Add(1)
+		return nil
+	}), dlq, WithRegisterer(prometheus.NewRegistry()))
+	t.Cleanup(dlq.unblock) // runs before the consumer's Close: no sender left blocked
+
+	waitFor(t, 60*time.Second, func() bool { return handled.Load() == good })
+	waitFor(t, 10*time.Second, func() bool { return metricValue(t, c.m.deadPaused) == 1 })
+	if v := metricValue(t, c.m.deadPauses); v != 1 {
+		t.Fatalf("kfpipe_dead_letter_pauses_total = %v, want 1", v)
+	}
+	// Partition 0 stops being read: the records read from it are all
+	// letters waiting (once the actors queued theirs), and no more are read.
+	waiting := func() float64 { return metricValue(t, c.m.deadWaiting.WithLabelValues("0")) }
+	consumed := func() float64 { return metricValue(t, c.m.consumed) }
+	waitFor(t, 10*time.Second, func() bool { return waiting() == consumed()-good })
+	read := consumed() - good
+	time.Sleep(time.Second)
+	t.Logf("partition 0 paused with %v of its %d records read, all waiting for the DLQ (mark %d)", read, poison, mark)
+	if got := consumed() - good; got != read || waiting() != read {
+		t.Fatalf("partition 0 still read while paused: %v → %v records read, %v waiting", read, got, waiting())
+	}
+	if read < mark || read >= poison/2 {
+		t.Fatalf("%v records of partition 0 read: want at least the mark %d and far fewer than its %d records", read, mark, poison)
+	}
+	if got := committed(t, cfg.Kafka.Consumer.GroupID, topic, 2); got[0] > 0 {
+		t.Fatalf("partition 0 committed to %d while its dead letters were not durable", got[0])
+	}
+
+	dlq.unblock()
+	waitFor(t, 60*time.Second, func() bool {
+		got := committed(t, cfg.Kafka.Consumer.GroupID, topic, 2)
+		return got[0] == poison && got[1] == good
+	})
+	if n, most := dlq.sent(0); n != poison || most != 1 {
+		t.Fatalf("partition 0: %d records dead-lettered, one of them %d times; want %d, each once", n, most, poison)
+	}
+	if n, _ := dlq.sent(1); n != 0 {
+		t.Fatalf("%d letters from partition 1, whose messages are all good", n)
+	}
+	waitFor(t, 5*time.Second, func() bool { return metricValue(t, c.m.deadPaused) == 0 && waiting() == 0 })
+	if v := metricValue(t, c.m.result(ReasonInvalidMessage)); v != poison {
+		t.Fatalf("invalid_message results %v, want %d", v, poison)
+	}
+}
+
+// instantDLQ confirms every letter at once, from the caller.
+type instantDLQ struct{}
+
+func (instantDLQ) Send(_ *DeadLetter, done func(error)) { done(nil) }
+
+// BenchmarkDeadLetter compares a dead letter sent by the dead-lettering
+// goroutine (a partition without queue: what the poll goroutine did before)
+// with one queued and sent by the partition's goroutine, with a DLQ that is
+// durable at once: the cost of the hop. ns/op is per letter, up to durable.
+func BenchmarkDeadLetter(b *testing.B) {
+	for _, queued := range []bool{false, true} {
+		b.Run(map[bool]string{false: "direct", true: "queued"}[queued], func(b *testing.B) {
+			c, _ := unitConsumer(NoopHandler, instantDLQ{}, nil)
+			c.cfg.Kafka.Consumer.CommitEveryN = 1 << 30
+			p := &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0), label: "0"}
+			if queued {
+				c.startDeadQueue(p)
+			}
+			envs := make([]*envelope, b.N)
+			for i := range envs {
+				p.tracker.Add(int64(i))
+				envs[i] = &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: kafka.Offset(i)}}, part: p, user: "u"}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for _, env := range envs {
+				c.deadLetter(env, ReasonRateLimited, "over the limit", true, 0)
+			}
+			for p.tracker.InFlight() > 0 {
+				time.Sleep(10 * time.Microsecond)
+			}
+			b.StopTimer()
+			if queued {
+				c.stopDeadQueue(p)
+				c.deadWG.Wait()
+			}
+			c.cancelRun()
+		})
+	}
+}
