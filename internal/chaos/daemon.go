@@ -269,3 +269,46 @@ func tailFile(path string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// CountLog counts the lines containing substr in every incarnation's log.
+func (d *Daemon) CountLog(substr string) int {
+	d.mu.Lock()
+	logs := append([]string(nil), d.logs...)
+	d.mu.Unlock()
+	n := 0
+	for _, p := range logs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		n += strings.Count(string(b), substr)
+	}
+	return n
+}
+
+// Metric reads one sample of the ops server's /metrics: the value of the
+// line that starts with series (a name with its labels, as exposed), 0
+// when the series is absent.
+func (d *Daemon) Metric(ctx context.Context, series string) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.OpsURL()+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		}
+	}
+	return 0, nil
+}

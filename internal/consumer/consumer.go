@@ -808,6 +808,22 @@ func (c *Consumer) commit(ps []*partition) error {
 	return nil
 }
 
+// groupMovedOn reports whether err is the group coordinator refusing a
+// commit because the group has moved to a new generation without this
+// member (a rebalance in progress, or it was expelled): the partitions
+// are no longer this member's to commit.
+func groupMovedOn(err error) bool {
+	var ke kafka.Error
+	if !errors.As(err, &ke) {
+		return false
+	}
+	switch ke.Code() {
+	case kafka.ErrIllegalGeneration, kafka.ErrRebalanceInProgress, kafka.ErrUnknownMemberID, kafka.ErrFencedInstanceID:
+		return true
+	}
+	return false
+}
+
 // finish marks env's offset finished (handled, duplicate, or durably
 // dead-lettered).
 func (c *Consumer) finish(env *envelope) {
@@ -864,7 +880,15 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 		close(c.stopCommit)
 		<-c.commitDone
 		if !crash {
-			if cerr := c.commit(nil); cerr != nil {
+			if cerr := c.commit(nil); groupMovedOn(cerr) {
+				// Stopping while the group rebalances (a member joined,
+				// left or died): the group refuses this member's commit,
+				// and its partitions go to others, who read the finished
+				// but uncommitted records again and find them done. A
+				// clean stop, not a failure.
+				c.log.Warn("final commit refused: the group rebalanced while stopping; "+
+					"the next owner reads the uncommitted records again (their effects are done)", zap.Error(cerr))
+			} else if cerr != nil {
 				err = errors.Join(err, cerr)
 			}
 		}

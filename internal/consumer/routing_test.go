@@ -3,12 +3,15 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -140,5 +143,29 @@ func TestRoutingByKey(t *testing.T) {
 	if l := byOffset[7]; l == nil || l.UserID != "k2" || l.Msg == nil || l.Msg.ExternalUserID != "other" ||
 		!strings.Contains(l.Details, `routed by record key "k2"; payload external_userid "other"`) {
 		t.Fatalf("key/payload mismatch dead letter: %+v", l)
+	}
+}
+
+// A stop during a rebalance: the coordinator refuses the final commit
+// because the group moved to a new generation without this member. That
+// is a clean stop (the next owner re-reads and finds the effects done);
+// any other commit failure still fails Close. Found by the scale-storm
+// chaos scenario (a SIGTERM'd consumer exited with status 1).
+func TestGroupMovedOnClassifiesCommitErrors(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{errors.New("commit offsets: something"), false},
+		{fmt.Errorf("commit offsets: %w", kafka.NewError(kafka.ErrIllegalGeneration, "generation id is not valid", false)), true},
+		{fmt.Errorf("commit offsets: partition 3: %w", kafka.NewError(kafka.ErrRebalanceInProgress, "rebalance in progress", false)), true},
+		{fmt.Errorf("commit offsets: %w", kafka.NewError(kafka.ErrUnknownMemberID, "unknown member", false)), true},
+		{fmt.Errorf("commit offsets: %w", kafka.NewError(kafka.ErrTransport, "broker down", false)), false},
+		{fmt.Errorf("commit offsets: %w", kafka.NewError(kafka.ErrTimedOut, "timed out", false)), false},
+	} {
+		if got := groupMovedOn(tc.err); got != tc.want {
+			t.Errorf("groupMovedOn(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
