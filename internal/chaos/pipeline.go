@@ -61,6 +61,9 @@ type Options struct {
 	Env map[string]string
 	// ProducerEnv, ConsumerEnv and DLQEnv are applied to one kind only.
 	ProducerEnv, ConsumerEnv, DLQEnv map[string]string
+	// ConsumerRedis, when set, gives each schedule-consumer (by name,
+	// "consumer-1"…) its own Redis address, e.g. a fault proxy's.
+	ConsumerRedis func(name string) string
 }
 
 func (o *Options) setDefaults() {
@@ -231,7 +234,11 @@ func Start(t *testing.T, o Options) *Pipeline {
 	}
 	p.Producer = newDaemon("producer", "kf-producer", producerEnv, o.ProducerEnv)
 	for i := range o.Consumers {
-		c := newDaemon(fmt.Sprintf("consumer-%d", i+1), "schedule-consumer", consumerEnv, o.ConsumerEnv)
+		name := fmt.Sprintf("consumer-%d", i+1)
+		c := newDaemon(name, "schedule-consumer", consumerEnv, o.ConsumerEnv)
+		if o.ConsumerRedis != nil {
+			c.env = append(c.env, "KFPIPE_REDIS_ADDR="+o.ConsumerRedis(name))
+		}
 		c.envFor = func(tag string) []string { return []string{"KFPIPE_HANDLER_HTTP_URL=" + p.Sink.URL(tag)} }
 		p.Consumers = append(p.Consumers, c)
 	}
