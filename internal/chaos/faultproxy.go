@@ -89,3 +89,20 @@ func Heal(p *toxiclient.Proxy) error {
 	}
 	return nil
 }
+
+// PrivateKafkaBehind starts a single-node Kafka of the scenario's own with
+// a second listener, PROXIED, whose advertised address is a toxiproxy
+// link: a client that bootstraps from the link's address is told to reach
+// the broker through it for everything, while clients of Node.Addr talk
+// to the broker directly.
+func PrivateKafkaBehind(t *testing.T, f *FaultProxy) (*Node, *toxiclient.Proxy) {
+	t.Helper()
+	testenv.Tool(t, "java")
+	port, proxied := testenv.FreePortPair(t), testenv.FreePort(t)
+	link := f.Link(t, "kafka-"+testenv.Short(), fmt.Sprintf("127.0.0.1:%d", proxied))
+	n := startNode(t, "kafka.sh", "kafka", port, nil,
+		"--set", fmt.Sprintf("listeners=PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d,PROXIED://127.0.0.1:%d", port, port+1, proxied),
+		"--set", fmt.Sprintf("advertised.listeners=PLAINTEXT://127.0.0.1:%d,PROXIED://%s", port, link.Listen),
+		"--set", "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,PROXIED:PLAINTEXT")
+	return n, link
+}

@@ -64,6 +64,10 @@ type Options struct {
 	// ConsumerRedis, when set, gives each schedule-consumer (by name,
 	// "consumer-1"…) its own Redis address, e.g. a fault proxy's.
 	ConsumerRedis func(name string) string
+	// ConsumerBrokers, when set, is the schedule-consumers' Kafka
+	// bootstrap address (e.g. a broker listener behind a fault proxy);
+	// the other daemons and the evidence use Brokers.
+	ConsumerBrokers string
 }
 
 func (o *Options) setDefaults() {
@@ -236,6 +240,9 @@ func Start(t *testing.T, o Options) *Pipeline {
 	for i := range o.Consumers {
 		name := fmt.Sprintf("consumer-%d", i+1)
 		c := newDaemon(name, "schedule-consumer", consumerEnv, o.ConsumerEnv)
+		if o.ConsumerBrokers != "" {
+			c.env = append(c.env, "KFPIPE_KAFKA_BROKERS="+o.ConsumerBrokers)
+		}
 		if o.ConsumerRedis != nil {
 			c.env = append(c.env, "KFPIPE_REDIS_ADDR="+o.ConsumerRedis(name))
 		}

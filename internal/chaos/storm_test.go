@@ -146,6 +146,18 @@ func killInRevoke(ctx context.Context, members []*Daemon, join func() error) (la
 // judgeWaits reports how long messages waited from being sent to their
 // first effect: the p99 and the longest wait of the run.
 func judgeWaits(ev *Evidence, rep *Report) {
+	p99, max, n := waitsOf(ev, ev.Sent)
+	if n == 0 {
+		rep.Problem("no effects to measure waits on")
+		return
+	}
+	rep.Extra("wait_p99", p99.Round(10*time.Millisecond))
+	rep.Extra("max_wait", max.Round(10*time.Millisecond))
+}
+
+// waitsOf returns the p99 and the longest of the waits from sending to
+// first effect of sent's messages that had an effect, and how many had.
+func waitsOf(ev *Evidence, sent []Sent) (p99, max time.Duration, n int) {
 	first := map[string]time.Time{}
 	for _, d := range ev.Deliveries {
 		if at, ok := first[d.MsgID]; !ok || d.At.Before(at) {
@@ -153,16 +165,14 @@ func judgeWaits(ev *Evidence, rep *Report) {
 		}
 	}
 	var waits []time.Duration
-	for _, s := range ev.Sent {
+	for _, s := range sent {
 		if at, ok := first[s.MsgID]; ok {
 			waits = append(waits, at.Sub(s.At))
 		}
 	}
 	if len(waits) == 0 {
-		rep.Problem("no effects to measure waits on")
-		return
+		return 0, 0, 0
 	}
 	slices.Sort(waits)
-	rep.Extra("wait_p99", waits[len(waits)*99/100].Round(10*time.Millisecond))
-	rep.Extra("max_wait", waits[len(waits)-1].Round(10*time.Millisecond))
+	return waits[len(waits)*99/100], waits[len(waits)-1], len(waits)
 }
