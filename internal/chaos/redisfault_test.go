@@ -22,8 +22,12 @@ import (
 // stays ready; the cut-off consumer takes no effect it cannot protect (none
 // later than the dedup lease after the cut, when no claim it took before
 // can still be valid); it is ready again soon after the link heals.
-// Reported: how long messages waited (wait_p99, max_wait) — the users of
-// the cut-off consumer wait for the link to heal.
+// The cut-off consumer leaves its group after
+// processor.standby_after_redis_lost (shortened to 5 s in the reduced run,
+// the shipped value in the full one) so that its users are served by the
+// other: messages sent once that happened must have their effect before
+// the link heals; after the heal it joins again. Reported: how long
+// messages waited (wait_p99, max_wait).
 func TestChaosRedisSlowAndPartition(t *testing.T) {
 	svc := NeedServices(t)
 	fp := StartFaultProxy(t)
@@ -31,15 +35,51 @@ func TestChaosRedisSlowAndPartition(t *testing.T) {
 	for _, n := range []string{"consumer-1", "consumer-2"} {
 		links[n] = fp.Link(t, "redis-"+n+"-"+testenv.Short(), svc.Redis)
 	}
-	load := Size(Load{Total: 6000, Users: 300, Rate: 150}, Load{Total: 24000, Users: 1000, Rate: 200})
+	load := Size(Load{Total: 10000, Users: 300, Rate: 150}, Load{Total: 24000, Users: 1000, Rate: 200})
 	slowFor := Size(10*time.Second, 30*time.Second)
-	cutFor := Size(15*time.Second, 30*time.Second)
+	cutFor := Size(45*time.Second, 75*time.Second)
+	// The full run keeps the shipped processor.standby_after_redis_lost.
+	standbyAfter := Size(5*time.Second, config.DefaultStandbyAfterRedisLost)
+	var consumerEnv map[string]string
+	if !Full() {
+		consumerEnv = map[string]string{"KFPIPE_PROCESSOR_STANDBY_AFTER_REDIS_LOST": standbyAfter.String()}
+	}
 	var cutAt, healAt time.Time
 	judge := func(ev *Evidence, rep *Report) {
 		judgeWaits(ev, rep)
+		// Once the cut-off consumer stood by and its partitions moved (its
+		// claims then expire within the lease), its users are served by
+		// the consumer that has Redis: what they send then is handled
+		// before the link heals.
+		from, to := cutAt.Add(standbyAfter+25*time.Second), healAt.Add(-2*time.Second)
+		var sent []Sent
+		for _, s := range ev.Sent {
+			if s.At.After(from) && s.At.Before(to) {
+				sent = append(sent, s)
+			}
+		}
+		first := map[string]time.Time{}
+		for _, d := range ev.Deliveries {
+			if at, ok := first[d.MsgID]; !ok || d.At.Before(at) {
+				first[d.MsgID] = d.At
+			}
+		}
+		waiting := 0
+		for _, s := range sent {
+			if at, ok := first[s.MsgID]; !ok || !at.Before(healAt) {
+				waiting++
+			}
+		}
+		rep.Extra("sent_during_standby", len(sent))
+		rep.Extra("served_after_heal", waiting)
+		if len(sent) == 0 {
+			rep.Problem("no message sent while the cut-off consumer stood by: the check proves nothing")
+		} else if waiting > 0 {
+			rep.Problem("%d of %d messages sent while the cut-off consumer stood by waited for its link to heal", waiting, len(sent))
+		}
 		// A claim taken before the cut protects its effect until the lease
 		// ends; after that the consumer must not take effects at all.
-		from := cutAt.Add(config.DefaultDedupLease + 2*time.Second)
+		from = cutAt.Add(config.DefaultDedupLease + 2*time.Second)
 		late := 0
 		for _, d := range ev.Deliveries {
 			if strings.HasPrefix(d.Tag, "consumer-1.") && d.At.After(from) && d.At.Before(healAt) {
@@ -52,7 +92,7 @@ func TestChaosRedisSlowAndPartition(t *testing.T) {
 		}
 	}
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2,
-		SinkSleep: 2 * time.Millisecond, Judge: judge,
+		SinkSleep: 2 * time.Millisecond, Judge: judge, ConsumerEnv: consumerEnv,
 		ConsumerRedis: func(name string) string { return links[name].Listen }})
 	Run(t, "redis-slow-partition", p, load, Size(2*time.Minute, 5*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
 		if !Pause(ctx, 3*time.Second, 3*time.Second) {
@@ -92,6 +132,11 @@ func TestChaosRedisSlowAndPartition(t *testing.T) {
 		if code, body, err := other.Readyz(ctx); err != nil || code != http.StatusOK {
 			rec.Problem("the consumer that kept Redis is not ready: %d %q %v", code, body, err)
 		}
+		if waitMetric(ctx, victim, "kfpipe_consumer_standby", 1, standbyAfter+30*time.Second) {
+			rec.Extra("standby_after", time.Since(cutAt).Round(100*time.Millisecond))
+		} else {
+			rec.Problem("cut-off consumer did not leave its group within %s", standbyAfter+30*time.Second)
+		}
 		if !Pause(ctx, time.Until(cutAt.Add(cutFor)), time.Until(cutAt.Add(cutFor))) {
 			return ctx.Err()
 		}
@@ -104,6 +149,9 @@ func TestChaosRedisSlowAndPartition(t *testing.T) {
 			rec.Problem("cut-off consumer not ready 60 s after its link healed (last: %s)", body)
 		} else {
 			rec.Extra("cut_ready_after_heal", time.Since(healAt).Round(100*time.Millisecond))
+		}
+		if !waitMetric(ctx, victim, "kfpipe_consumer_standby", 0, 30*time.Second) {
+			rec.Problem("cut-off consumer did not join its group again within 30 s of the link healing")
 		}
 		return nil
 	})
@@ -159,4 +207,19 @@ func TestChaosKafkaSlow(t *testing.T) {
 		slowTo = time.Now()
 		return Heal(link)
 	})
+}
+
+// waitMetric polls d's /metrics until series equals want; false after
+// timeout.
+func waitMetric(ctx context.Context, d *Daemon, series string, want float64, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if v, err := d.Metric(ctx, series); err == nil && v == want {
+			return true
+		}
+		if !Pause(ctx, 100*time.Millisecond, 100*time.Millisecond) {
+			return false
+		}
+	}
+	return false
 }

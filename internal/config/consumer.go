@@ -47,6 +47,10 @@ type Processor struct {
 	// resumes below half of it): a slow DLQ then holds back only the
 	// partitions that dead-letter, never the poll goroutine (I5, I6).
 	DeadLetterQueue int `mapstructure:"dead_letter_queue"`
+	// StandbyAfterRedisLost: a consumer whose Redis has been unreachable
+	// this long leaves its group (its partitions go to members that still
+	// have Redis) and joins again once Redis answers; 0 never leaves.
+	StandbyAfterRedisLost time.Duration `mapstructure:"standby_after_redis_lost"`
 }
 
 // Outage configures the consumer's downstream health gate: when the
@@ -165,6 +169,12 @@ func defaultDLQ() DLQ {
 // and not longer.
 const DefaultDedupLease = 10 * time.Second
 
+// DefaultStandbyAfterRedisLost is processor.standby_after_redis_lost's
+// default: three dedup leases, so a blip (a Sentinel failover takes ~2 s)
+// never churns the group, while a consumer cut off from Redis for longer
+// hands its users to the members that can serve them.
+const DefaultStandbyAfterRedisLost = 3 * DefaultDedupLease
+
 func defaultConsumer(env string) Consumer {
 	return Consumer{
 		Common: defaultCommon(env, "consumer"),
@@ -177,7 +187,8 @@ func defaultConsumer(env string) Consumer {
 			// of max_in_flight, so a slow DLQ pauses long before the
 			// in-flight cap would. The letters are records already in
 			// memory (counted by max_in_flight); waiting costs no more.
-			DeadLetterQueue: 1024},
+			DeadLetterQueue:       1024,
+			StandbyAfterRedisLost: DefaultStandbyAfterRedisLost},
 		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
 		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: DefaultDedupLease},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
@@ -209,6 +220,9 @@ func (c *Consumer) Validate() error {
 	// Above processor.max_in_flight it never pauses: the in-flight cap,
 	// which counts the same letters, pauses first.
 	v.between("processor.dead_letter_queue", p.DeadLetterQueue, 1, 1<<20)
+	if p.StandbyAfterRedisLost != 0 {
+		v.durationBetween("processor.standby_after_redis_lost", p.StandbyAfterRedisLost, time.Second, time.Hour)
+	}
 	o := c.Outage
 	v.between("outage.min_users", o.MinUsers, 0, 1_000_000)
 	if o.FailureRatio <= 0 || o.FailureRatio > 1 {

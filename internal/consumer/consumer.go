@@ -176,6 +176,9 @@ type Consumer struct {
 	// loses messages on a crash, I2, lives in the test that shows it).
 	onFinish func(c *Consumer, p *partition, offset int64)
 
+	// sb is the standby state: out of the group on purpose (SetStandby).
+	sb standby
+
 	// gate holds messages while the downstream fails for many users (nil:
 	// off).
 	gate *gate
@@ -309,6 +312,7 @@ func (c *Consumer) pollLoop() {
 			clear(c.batch)
 		}
 		c.flowControl()
+		c.applyStandby()
 		if now := c.clock.Now(); !now.Before(nextLag) {
 			c.updateLag()
 			nextLag = now.Add(lagEvery)
@@ -682,7 +686,9 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 		} else {
 			c.m.rebalances.WithLabelValues("revoke").Inc()
 			c.log.Info("partitions revoked", zap.Any("partitions", e.Partitions))
-			if !c.closing.Load() {
+			// On standby (Redis lost) nothing in flight can finish: hand
+			// the partitions over at once.
+			if !c.closing.Load() && !c.sb.on {
 				c.drain(ps, c.cfg.Kafka.Consumer.RevokeDrainLimit)
 			}
 			if err := c.commit(ps); err != nil {

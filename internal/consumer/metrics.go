@@ -21,6 +21,10 @@ type metrics struct {
 	deadWaiting *prometheus.GaugeVec // partition
 	deadPaused  prometheus.Gauge
 	deadPauses  prometheus.Counter
+	// standby is 1 while the consumer is out of its group on purpose
+	// (SetStandby), standbys counts the times it left.
+	standby  prometheus.Gauge
+	standbys prometheus.Counter
 
 	// results holds processed's children for the known results, bound
 	// once so the per-message path does no label lookup. Read-only after
@@ -73,6 +77,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		deadPauses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kfpipe_dead_letter_pauses_total",
 			Help: "Times a partition was paused because its dead-letter queue was full."}),
+		standby: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kfpipe_consumer_standby",
+			Help: "1 while the consumer has left its group because it cannot protect effects (Redis unreachable); its partitions go to the other members."}),
+		standbys: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_consumer_standbys_total", Help: "Times the consumer left its group on standby."}),
 		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_rebalances_total", Help: "Rebalance events by type: assign, revoke, lost."}, []string{"type"}),
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -93,7 +102,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,
-			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses)
+			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses, m.standby, m.standbys)
 	}
 	return m
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
+	"github.com/kfpipe/kfpipe/internal/redisconn"
 )
 
 // deduper adapts once.Client to consumer.Deduper.
@@ -106,6 +107,10 @@ type Consumer struct {
 	once     *once.Client
 	limiter  *ratelimit.Limiter
 	producer *dlq.Producer
+	// stopWatch ends the Redis watch (nil when standby is off);
+	// watchDone is closed when it returned.
+	stopWatch context.CancelFunc
+	watchDone chan struct{}
 }
 
 // StartConsumer starts the schedule-consumer's parts on base's clients
@@ -163,7 +168,52 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		_ = s.close(ctx)
 		return nil, err
 	}
+	if after := cfg.Processor.StandbyAfterRedisLost; after > 0 {
+		if base.Ops != nil {
+			base.Ops.AddDetail("standby", s.C.StandbyDetail)
+		}
+		wctx, cancel := context.WithCancel(context.Background())
+		s.stopWatch, s.watchDone = cancel, make(chan struct{})
+		go func() {
+			defer close(s.watchDone)
+			watchRedis(wctx, redisconn.Ping(base.Redis), time.Second, after, s.C.SetStandby)
+		}()
+	}
 	return s, nil
+}
+
+// watchRedis pings Redis every interval; once no ping has succeeded for
+// after, it calls standby(true, why), and standby(false, "") at the next
+// success. It returns when ctx ends.
+func watchRedis(ctx context.Context, ping func(context.Context) error, interval, after time.Duration, standby func(bool, string)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	lastOK, on := time.Now(), false
+	for {
+		pctx, cancel := context.WithTimeout(ctx, interval)
+		err := ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err == nil:
+			lastOK = time.Now()
+			if on {
+				on = false
+				standby(false, "")
+			}
+		case !on && time.Since(lastOK) >= after:
+			on = true
+			standby(true, fmt.Sprintf("Redis unreachable for %s (processor.standby_after_redis_lost %s): %v",
+				time.Since(lastOK).Round(time.Second), after, err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Close drains the actors and commits, then closes the DLQ producer (after
@@ -171,6 +221,10 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 // limiter and the dedup client.
 func (s *Consumer) Close(ctx context.Context) error {
 	var errs []error
+	if s.stopWatch != nil {
+		s.stopWatch()
+		<-s.watchDone
+	}
 	if s.C != nil {
 		errs = append(errs, s.C.Close(ctx))
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -328,5 +329,65 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 			t.Fatalf("timed out waiting: %s", what)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// watchRedis stands the consumer by only after Redis has failed for the
+// whole "after", ignores a shorter blip, and ends the standby at the first
+// success.
+func TestWatchRedisStandsByAfterSustainedLoss(t *testing.T) {
+	var down atomic.Bool
+	ping := func(context.Context) error {
+		if down.Load() {
+			return errors.New("dial tcp: i/o timeout")
+		}
+		return nil
+	}
+	type call struct {
+		on bool
+		at time.Time
+	}
+	calls := make(chan call, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		watchRedis(ctx, ping, 10*time.Millisecond, 200*time.Millisecond, func(on bool, why string) {
+			if on && !strings.Contains(why, "processor.standby_after_redis_lost") {
+				t.Errorf("standby reason does not name the setting: %q", why)
+			}
+			calls <- call{on, time.Now()}
+		})
+	}()
+	defer func() { cancel(); <-done }()
+
+	// A blip shorter than "after": no standby.
+	down.Store(true)
+	time.Sleep(80 * time.Millisecond)
+	down.Store(false)
+	select {
+	case c := <-calls:
+		t.Fatalf("standby(%v) after an 80 ms blip", c.on)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// A sustained loss: standby once, not before "after".
+	lost := time.Now()
+	down.Store(true)
+	select {
+	case c := <-calls:
+		if !c.on || c.at.Sub(lost) < 200*time.Millisecond {
+			t.Fatalf("standby(%v) %s after the loss, want on after ≥ 200ms", c.on, c.at.Sub(lost))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no standby 5 s into a sustained Redis loss")
+	}
+	down.Store(false)
+	select {
+	case c := <-calls:
+		if c.on {
+			t.Fatal("standby(true) twice")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("standby not ended after Redis answered again")
 	}
 }
