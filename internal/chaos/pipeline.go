@@ -68,6 +68,9 @@ type Options struct {
 	// bootstrap address (e.g. a broker listener behind a fault proxy);
 	// the other daemons and the evidence use Brokers.
 	ConsumerBrokers string
+	// ProducerRedis, when set, is kf-producer's Redis address (e.g. a
+	// fault proxy's).
+	ProducerRedis string
 }
 
 func (o *Options) setDefaults() {
@@ -237,6 +240,9 @@ func Start(t *testing.T, o Options) *Pipeline {
 		return d
 	}
 	p.Producer = newDaemon("producer", "kf-producer", producerEnv, o.ProducerEnv)
+	if o.ProducerRedis != "" {
+		p.Producer.env = append(p.Producer.env, "KFPIPE_REDIS_ADDR="+o.ProducerRedis)
+	}
 	for i := range o.Consumers {
 		name := fmt.Sprintf("consumer-%d", i+1)
 		c := newDaemon(name, "schedule-consumer", consumerEnv, o.ConsumerEnv)
