@@ -111,6 +111,10 @@ type Redis struct {
 	DialTimeout   time.Duration `mapstructure:"dial_timeout"`
 	ReadTimeout   time.Duration `mapstructure:"read_timeout"`
 	WriteTimeout  time.Duration `mapstructure:"write_timeout"`
+	// SkipEvictionPolicyCheck turns off the start-up check that Redis's
+	// maxmemory-policy cannot evict kfpipe's keys, for a managed Redis
+	// that hides CONFIG: the operator then vouches for noeviction.
+	SkipEvictionPolicyCheck bool `mapstructure:"skip_eviction_policy_check"`
 }
 
 const week = 7 * 24 * time.Hour

@@ -30,14 +30,15 @@ var outOfRange = map[string]struct {
 	anyOK   string // why every value is valid
 	wantKey string // the key the error names, when it is not the key itself
 }{
-	"env":                  {bad: "staging", readBy: rAll},
-	"log.level":            {bad: "verbose", readBy: rAll},
-	"log.format":           {bad: "xml", readBy: rAll},
-	"ops.addr":             {bad: " ", readBy: rAll},
-	"ops.addrs":            {bad: map[string]string{"kf-consumer": "127.0.0.1:1"}, readBy: rAll, wantKey: "ops.addrs.kf-consumer"},
-	"ops.pprof":            {anyOK: "a flag"},
-	"ops.shutdown_timeout": {bad: "10m", readBy: rAll},
-	"ops.ready_timeout":    {bad: "1ms", readBy: rAll},
+	"env":                              {bad: "staging", readBy: rAll},
+	"log.level":                        {bad: "verbose", readBy: rAll},
+	"log.format":                       {bad: "xml", readBy: rAll},
+	"ops.addr":                         {bad: " ", readBy: rAll},
+	"ops.addrs":                        {bad: map[string]string{"kf-consumer": "127.0.0.1:1"}, readBy: rAll, wantKey: "ops.addrs.kf-consumer"},
+	"ops.pprof":                        {anyOK: "a flag"},
+	"redis.skip_eviction_policy_check": {anyOK: "a flag (checked against the server at start-up)"},
+	"ops.shutdown_timeout":             {bad: "10m", readBy: rAll},
+	"ops.ready_timeout":                {bad: "1ms", readBy: rAll},
 
 	"kafka.brokers":                         {bad: " ", readBy: rAll},
 	"kafka.topics.main.name":                {bad: " ", readBy: rAll},

@@ -80,6 +80,10 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 	}
 	bctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
+	if err := b.checkRedisPolicy(bctx); err != nil {
+		_ = b.Close(context.Background())
+		return nil, err
+	}
 	if err := b.bootstrapTopics(bctx); err != nil {
 		_ = b.Close(context.Background())
 		return nil, err
@@ -99,6 +103,34 @@ func (b *Base) bootstrapTopics(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (kafka.brokers=%s)", err, b.common.Kafka.Brokers)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// checkRedisPolicy refuses to start on a Redis that may evict kfpipe's
+// keys (redisconn.CheckEvictionPolicy), retrying while Redis is not yet
+// reachable, like the topic bootstrap. redis.skip_eviction_policy_check
+// skips it, loudly.
+func (b *Base) checkRedisPolicy(ctx context.Context) error {
+	if b.common.Redis.SkipEvictionPolicyCheck {
+		b.Log.Warn("redis.skip_eviction_policy_check is set: Redis's maxmemory-policy is NOT checked; " +
+			"a policy that evicts keys (allkeys-*, volatile-*) repeats effects and loses cursors")
+		return nil
+	}
+	for {
+		policy, err := redisconn.CheckEvictionPolicy(ctx, b.Redis)
+		if err == nil {
+			b.Log.Info("redis eviction policy", zap.String("maxmemory_policy", policy))
+			return nil
+		}
+		if errors.Is(err, redisconn.ErrEvictionPolicy) {
+			return err
+		}
+		b.Log.Warn("reading Redis's maxmemory-policy failed; retrying", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("redis: cannot read maxmemory-policy: %w", err)
 		case <-time.After(time.Second):
 		}
 	}

@@ -98,3 +98,77 @@ func get(url string) (string, int) {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b), resp.StatusCode
 }
+
+// TestRefusesEvictingRedis: a daemon against a Redis whose
+// maxmemory-policy may evict its keys exits at start-up with a message
+// naming the setting, before it serves; with
+// redis.skip_eviction_policy_check it starts, warning loudly.
+func TestRefusesEvictingRedis(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	redisAddr := testenv.PrivateRedis(t, "--maxmemory-policy", "allkeys-lru")
+	root := testenv.RepoRoot(t)
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/schedule-consumer")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	run := func(extra ...string) (*exec.Cmd, *strings.Builder, string) {
+		ops := testenv.FreeAddr(t)
+		cmd := exec.Command(filepath.Join(bin, "schedule-consumer"), "--config", "config/development.yaml")
+		cmd.Dir = root
+		cmd.Env = append(append(os.Environ(),
+			"KFPIPE_OPS_ADDR="+ops,
+			"KFPIPE_KAFKA_BROKERS="+brokers,
+			"KFPIPE_REDIS_ADDR="+redisAddr,
+			"KFPIPE_REDIS_KEY_PREFIX="+testenv.Name(t, "ev")+":",
+			"KFPIPE_DLQ_EMERGENCY_FILE="+filepath.Join(t.TempDir(), "emergency.jsonl"),
+		), extra...)
+		var logs strings.Builder
+		cmd.Stdout, cmd.Stderr = &logs, &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if cmd.ProcessState == nil {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
+		})
+		return cmd, &logs, "http://" + ops
+	}
+
+	cmd, logs, _ := run()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err == nil {
+			t.Fatalf("exit status 0 against an allkeys-lru Redis\n%s", logs)
+		}
+		if !strings.Contains(logs.String(), `maxmemory-policy is "allkeys-lru"`) {
+			t.Fatalf("the refusal does not name the setting:\n%s", logs)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("still running 60 s after start against an allkeys-lru Redis\n%s", logs)
+	}
+
+	cmd, logs, base := run("KFPIPE_REDIS_SKIP_EVICTION_POLICY_CHECK=true")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if body, code := get(base + "/healthz"); code == 200 && strings.Contains(body, "ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("not serving with the override\n%s", logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Wait() // the logs are complete (and not written any more) only now
+	if !strings.Contains(logs.String(), "maxmemory-policy is NOT checked") {
+		t.Errorf("the override is not logged loudly:\n%s", logs)
+	}
+}

@@ -346,6 +346,8 @@ func configure(o Options, be *backends, tmp, fakeURL string) (*configs, error) {
 		cm.Kafka.Brokers = be.brokers
 		cm.Redis.Mode = "single"
 		cm.Redis.Addr = be.redisAddr
+		// The embedded Redis evicts nothing and has no CONFIG command.
+		cm.Redis.SkipEvictionPolicyCheck = true
 		if be.suffix != "" {
 			// Real services: nothing of an earlier run may be seen.
 			cm.Kafka.Topics.Main.Name += "-" + be.suffix
