@@ -5,9 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
-	"net/url"
 	"os/exec"
 	"sort"
 	"strings"
@@ -52,54 +53,44 @@ type Evidence struct {
 	RepliesOn          bool
 }
 
-// DeadLetters reads the whole DLQ index through the admin API.
+// DeadLetters reads the whole DLQ index through the admin API's export,
+// whose letters are whole (read back from the DLQ topic): the index's
+// lists carry summaries without the message.
 func (p *Pipeline) DeadLetters(ctx context.Context) (map[string][]DeadLetter, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.AdminURL+"/admin/dlq/export?format=json", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+OperatorToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("dlq admin: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("dlq admin export: %s", resp.Status)
+	}
 	out := map[string][]DeadLetter{}
-	cursor := ""
+	dec := json.NewDecoder(resp.Body)
 	for {
-		q := url.Values{"limit": {"500"}}
-		if cursor != "" {
-			q.Set("cursor", cursor)
+		var m struct {
+			ID      string          `json:"id"`
+			User    string          `json:"user"`
+			Reason  string          `json:"reason"`
+			State   string          `json:"state"`
+			Message json.RawMessage `json:"message"`
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.AdminURL+"/admin/dlq/messages?"+q.Encode(), nil)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Authorization", "Bearer "+OperatorToken)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return nil, fmt.Errorf("dlq admin: %w", err)
-		}
-		var page struct {
-			Messages []struct {
-				ID      string          `json:"id"`
-				User    string          `json:"user"`
-				Reason  string          `json:"reason"`
-				State   string          `json:"state"`
-				Message json.RawMessage `json:"message"`
-			} `json:"messages"`
-			NextCursor string `json:"next_cursor"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&page)
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return nil, fmt.Errorf("dlq admin: %s", resp.Status)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("dlq admin: decode: %w", err)
-		}
-		for _, m := range page.Messages {
-			var orig struct {
-				UpstreamMsgID string `json:"upstream_msgid"`
-			}
-			_ = json.Unmarshal(m.Message, &orig)
-			out[orig.UpstreamMsgID] = append(out[orig.UpstreamMsgID],
-				DeadLetter{ID: m.ID, MsgID: orig.UpstreamMsgID, User: m.User, Reason: m.Reason, State: m.State})
-		}
-		if page.NextCursor == "" || len(page.Messages) == 0 {
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
 			return out, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("dlq admin export: decode: %w", err)
 		}
-		cursor = page.NextCursor
+		var orig struct {
+			UpstreamMsgID string `json:"upstream_msgid"`
+		}
+		_ = json.Unmarshal(m.Message, &orig)
+		out[orig.UpstreamMsgID] = append(out[orig.UpstreamMsgID],
+			DeadLetter{ID: m.ID, MsgID: orig.UpstreamMsgID, User: m.User, Reason: m.Reason, State: m.State})
 	}
 }
 

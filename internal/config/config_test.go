@@ -209,6 +209,10 @@ func TestDLQConsumerValidation(t *testing.T) {
 		{"admin:\n  tokens:\n    - {name: a, token: aaaaaaaaaaaaaaaaaaaa, role: root}\n", "admin.tokens[0].role must be one of viewer|operator"},
 		{"recovery:\n  max_delay: 1s\n", "recovery.max_delay must be in [1m0s, 168h0m0s], got 1s"},
 		{"recovery:\n  max_retries:\n    rate_limited: -1\n", "recovery.max_retries.rate_limited must be in [0, 1000], got -1"},
+		// The index reads letters back from the topic: it may not keep
+		// them longer than the topic does.
+		{"recovery:\n  ttl:\n    queue_full: 192h\n", "recovery.ttl.queue_full 192h0m0s is longer than kafka.topics.dlq.retention_ms (168h0m0s)"},
+		{"kafka:\n  topics:\n    dlq:\n      retention_ms: 86400000\n", "recovery.default_ttl 168h0m0s is longer than kafka.topics.dlq.retention_ms (24h0m0s)"},
 	}
 	for _, c := range cases {
 		t.Run(c.want, func(t *testing.T) {

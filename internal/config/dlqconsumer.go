@@ -15,6 +15,16 @@ type DLQConsumer struct {
 	Recovery  Recovery  `mapstructure:"recovery"`
 	Admin     Admin     `mapstructure:"admin"`
 	RateLimit RateLimit `mapstructure:"rate_limit"` // to pace re-injection inside a user's limit
+	DLQIndex  DLQIndex  `mapstructure:"dlq_index"`
+}
+
+// DLQIndex bounds the Redis index of the DLQ topic (docs/operations.md,
+// "The DLQ index in Redis").
+type DLQIndex struct {
+	// MaxEntries is the most entries the index holds; past it new dead
+	// letters wait in the DLQ topic (alert KfpipeDLQIndexFull) until
+	// expiry or a purge makes room. About 600 bytes of Redis each.
+	MaxEntries int64 `mapstructure:"max_entries"`
 }
 
 // Recovery configures delayed retries of dead letters (docs/operations.md,
@@ -51,6 +61,7 @@ func defaultDLQConsumer(env string) DLQConsumer {
 			MaxRetries: deadletter.DefaultMaxRetriesByName(),
 			TTL:        map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
 		Admin:     Admin{Addr: "127.0.0.1:8090", MaxBodyBytes: 64 << 10},
+		DLQIndex:  DLQIndex{MaxEntries: 1_000_000},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 	}
 	c.Kafka.Consumer.GroupID = "kfpipe-dlq"
@@ -79,6 +90,23 @@ func (c *DLQConsumer) Validate() error {
 	}
 	for _, k := range sortedKeys(r.TTL) {
 		v.durationAtLeast("recovery.ttl."+k, r.TTL[k], time.Minute)
+	}
+	// The index reads a letter back from the DLQ topic by its coordinates
+	// for as long as it keeps the letter: the topic must keep it as long.
+	if ret := c.Kafka.Topics.DLQ.RetentionMs; ret > 0 {
+		keep := time.Duration(ret) * time.Millisecond
+		ttls := map[string]time.Duration{"recovery.default_ttl": r.DefaultTTL}
+		for k, d := range r.TTL {
+			ttls["recovery.ttl."+k] = d
+		}
+		for _, k := range sortedKeys(ttls) {
+			if ttls[k] > keep {
+				v.addf(k, "%s is longer than kafka.topics.dlq.retention_ms (%s): the DLQ index reads letters back from the topic, which must keep them at least as long", ttls[k], keep)
+			}
+		}
+	}
+	if n := c.DLQIndex.MaxEntries; n < 1000 || n > 1_000_000_000 {
+		v.addf("dlq_index.max_entries", "must be between 1000 and 1000000000, got %d", n)
 	}
 	v.nonEmpty("admin.addr", c.Admin.Addr)
 	v.between("admin.max_body_bytes", c.Admin.MaxBodyBytes, 1024, 16<<20)

@@ -168,6 +168,8 @@ var outOfRange = map[string]struct {
 	"recovery.scan_interval": {bad: "1ms", readBy: rD},
 	"recovery.ttl":           {bad: map[string]string{"rate_limited": "1s"}, readBy: rD, wantKey: "recovery.ttl.rate_limited"},
 
+	"dlq_index.max_entries": {bad: 10, readBy: rD},
+
 	"admin.addr":           {bad: " ", readBy: rD},
 	"admin.max_body_bytes": {bad: 10, readBy: rD},
 	"admin.tokens":         {bad: []map[string]string{{"name": "x", "token": "short", "role": "viewer"}}, readBy: rD, wantKey: "admin.tokens[0].token"},

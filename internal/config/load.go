@@ -134,6 +134,7 @@ type union struct {
 	DLQ       DLQ       `mapstructure:"dlq"`
 	Recovery  Recovery  `mapstructure:"recovery"`
 	Admin     Admin     `mapstructure:"admin"`
+	DLQIndex  DLQIndex  `mapstructure:"dlq_index"`
 }
 
 func describe(path string) string {

@@ -101,6 +101,9 @@ func loadDLQ(ctx context.Context, idx *dlq.Index) (dlqView, error) {
 	f := dlq.Filter{Limit: 1000}
 	for {
 		es, next, err := idx.List(ctx, f)
+		if err == nil {
+			err = idx.Whole(ctx, es) // the upstream msgid is in the letter
+		}
 		if err != nil {
 			return v, err
 		}

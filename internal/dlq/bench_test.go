@@ -12,7 +12,7 @@ import (
 // test Redis, one request at a time.
 func BenchmarkIndex(b *testing.B) {
 	rdb, prefix := testenv.Redis(b)
-	idx := NewIndex(rdb, prefix)
+	idx := NewIndex(rdb, prefix, WithLetters(mem))
 	pol := NewPolicy(testRecovery())
 	ctx := context.Background()
 	now := time.Now()
@@ -23,7 +23,7 @@ func BenchmarkIndex(b *testing.B) {
 	}
 	b.ResetTimer()
 	for i := range b.N {
-		if _, err := idx.Index(ctx, dls[i]); err != nil {
+		if _, err := indexDL(b, ctx, idx, dls[i]); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -54,6 +54,9 @@ type consumerMetrics struct {
 	unrecoverable prometheus.Counter
 	undecodable   prometheus.Counter
 	reviewPending prometheus.Gauge
+	indexFull     prometheus.Gauge
+	entries       prometheus.Gauge
+	maxEntries    prometheus.Gauge
 }
 
 // NewConsumer builds a DLQ consumer; Run runs it. Options: WithLogger,
@@ -73,6 +76,13 @@ func NewConsumer(cfg ConsumerConfig, idx *Index, policy *Policy, opts ...Option)
 			undecodable: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
 				Name: "kfpipe_dlq_undecodable_total", Help: "DLQ records that did not decode; indexed raw for review."})),
 			reviewPending: newReviewGauge(o.reg),
+			indexFull: register(o.reg, prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "kfpipe_dlq_index_full",
+				Help: "1 while the DLQ index is at dlq_index.max_entries and new dead letters wait in the DLQ topic."})),
+			entries: register(o.reg, prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "kfpipe_dlq_index_entries", Help: "Entries in the DLQ index (every state)."})),
+			maxEntries: register(o.reg, prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "kfpipe_dlq_index_max_entries", Help: "dlq_index.max_entries: the bound of the DLQ index (0: none)."})),
 		}}, nil
 }
 
@@ -100,9 +110,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		clear(pending)
 	}
+	// held are the partitions paused at a letter the full index refused
+	// (dlq_index.max_entries): each waits at that letter, in the topic,
+	// until expiry or a purge makes room.
+	held := map[int32]kafka.TopicPartition{}
 	err = kc.SubscribeTopics([]string{c.cfg.Kafka.Topics.DLQ.Name}, func(_ *kafka.Consumer, ev kafka.Event) error {
-		if _, ok := ev.(kafka.RevokedPartitions); ok {
+		if r, ok := ev.(kafka.RevokedPartitions); ok {
 			commit() // everything polled is indexed already
+			for _, tp := range r.Partitions {
+				delete(held, tp.Partition)
+			}
 		}
 		return nil // the library does the (incremental) assign itself
 	})
@@ -111,6 +128,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	n := 0
 	lastGauge := time.Time{}
+	c.m.maxEntries.Set(float64(c.idx.MaxEntries()))
 	for ctx.Err() == nil {
 		ev := kc.Poll(100)
 		switch e := ev.(type) {
@@ -118,9 +136,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 			commit()
 			n = 0
 		case *kafka.Message:
-			if err := c.applyWithRetry(ctx, e, false); err != nil {
+			if _, ok := held[e.TopicPartition.Partition]; ok {
+				continue // fetched before the pause; read again on resume
+			}
+			res, err := c.applyWithRetry(ctx, e, false)
+			if err != nil {
 				commit()
 				return nil // cancelled while Redis was failing: not committed
+			}
+			if res == IndexFull {
+				c.hold(kc, e.TopicPartition, held)
+				continue
 			}
 			tp := e.TopicPartition
 			tp.Offset++
@@ -137,26 +163,70 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if v, err := c.idx.reviewCount(ctx); err == nil {
 				c.m.reviewPending.Set(float64(v))
 			}
+			if v, err := c.idx.Size(ctx); err == nil {
+				c.m.entries.Set(float64(v))
+			}
+			c.release(ctx, kc, held)
 		}
 	}
 	commit()
 	return nil
 }
 
+// hold pauses tp's partition at tp's letter, which the full index
+// refused; nothing after it is committed, so nothing is lost.
+func (c *Consumer) hold(kc *kafka.Consumer, tp kafka.TopicPartition, held map[int32]kafka.TopicPartition) {
+	tps := []kafka.TopicPartition{tp}
+	if err := kc.Pause(tps); err != nil {
+		c.log.Warn("dlq consumer: pause", zap.Error(err))
+	}
+	if err := kc.Seek(tp, 1000); err != nil {
+		c.log.Warn("dlq consumer: seek back to the refused letter", zap.Error(err))
+	}
+	if len(held) == 0 {
+		c.log.Error("DLQ index full (dlq_index.max_entries): new dead letters wait in the DLQ topic until expiry or a purge makes room",
+			zap.Int32("partition", tp.Partition), zap.Int64("offset", int64(tp.Offset)))
+	}
+	held[tp.Partition] = tp
+	c.m.indexFull.Set(1)
+}
+
+// release resumes the held partitions once the index has room again.
+func (c *Consumer) release(ctx context.Context, kc *kafka.Consumer, held map[int32]kafka.TopicPartition) {
+	if len(held) == 0 {
+		return
+	}
+	room, err := c.idx.Room(ctx)
+	if err != nil || !room {
+		return
+	}
+	tps := make([]kafka.TopicPartition, 0, len(held))
+	for _, tp := range held {
+		tps = append(tps, tp)
+	}
+	if err := kc.Resume(tps); err != nil {
+		c.log.Warn("dlq consumer: resume", zap.Error(err))
+		return
+	}
+	clear(held)
+	c.m.indexFull.Set(0)
+	c.log.Info("DLQ index has room again; indexing resumed")
+}
+
 // applyWithRetry indexes one record, retrying while Redis fails: a record
 // is never skipped, and the offset waits. park is Rebuild's (see apply).
-func (c *Consumer) applyWithRetry(ctx context.Context, m *kafka.Message, park bool) error {
+func (c *Consumer) applyWithRetry(ctx context.Context, m *kafka.Message, park bool) (IndexResult, error) {
 	backoff := 100 * time.Millisecond
 	for {
-		err := c.apply(ctx, m, park)
+		res, err := c.apply(ctx, m, park)
 		if err == nil {
-			return nil
+			return res, nil
 		}
 		c.log.Warn("indexing dead letter failed; retrying", zap.Int32("partition", m.TopicPartition.Partition),
 			zap.Int64("offset", int64(m.TopicPartition.Offset)), zap.Error(err))
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)
@@ -165,21 +235,17 @@ func (c *Consumer) applyWithRetry(ctx context.Context, m *kafka.Message, park bo
 
 // apply decodes, places and indexes one DLQ record. With park, a new
 // entry that would be due is indexed parked (Index.indexParked).
-func (c *Consumer) apply(ctx context.Context, m *kafka.Message, park bool) error {
-	dl, err := Decode(m.Value)
-	if err == nil && dl.Event == "" && dl.Reason == "" {
-		err = errors.New("no failure_reason")
-	}
+func (c *Consumer) apply(ctx context.Context, m *kafka.Message, park bool) (IndexResult, error) {
+	dl, err := letterFromRecord(m)
+	at := Coord{Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset)}
 	if err != nil {
-		// Never crash, never skip: keep the raw bytes for an operator.
+		// Never crash, never skip: the raw bytes stay for an operator.
 		c.m.undecodable.Inc()
 		c.log.Error("undecodable DLQ record; indexed for manual review",
-			zap.Int32("partition", m.TopicPartition.Partition), zap.Int64("offset", int64(m.TopicPartition.Offset)), zap.Error(err))
-		dl = c.undecodable(m, err)
+			zap.Int32("partition", at.Partition), zap.Int64("offset", at.Offset), zap.Error(err))
 	}
 	if dl.Event != "" {
-		_, err := c.idx.Index(ctx, dl)
-		return err
+		return c.idx.Index(ctx, dl, at)
 	}
 	dl.EnsureID()
 	c.policy.Place(ctx, dl)
@@ -187,37 +253,14 @@ func (c *Consumer) apply(ctx context.Context, m *kafka.Message, park bool) error
 	if park {
 		index = c.idx.indexParked
 	}
-	res, err := index(ctx, dl)
+	res, err := index(ctx, dl, at)
 	if err != nil {
-		return err
+		return res, err
 	}
 	if res == IndexNew && dl.ManualReview {
 		c.m.unrecoverable.Inc()
 	}
-	return nil
-}
-
-// undecodable builds a review entry from a DLQ record that did not decode;
-// its ID comes from the record's own DLQ coordinates.
-func (c *Consumer) undecodable(m *kafka.Message, err error) *DeadLetterMessage {
-	hs := make([]Header, len(m.Headers))
-	for i, h := range m.Headers {
-		hs[i] = Header{Key: h.Key, Value: h.Value}
-	}
-	topic := ""
-	if m.TopicPartition.Topic != nil {
-		topic = *m.TopicPartition.Topic
-	}
-	ts := m.Timestamp
-	if ts.IsZero() {
-		ts = c.clock.Now()
-	}
-	dl := New(Source{Topic: topic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
-		Timestamp: m.Timestamp, Key: m.Key, Value: m.Value, Headers: hs}, ReasonInvalidMessage,
-		"undecodable DLQ record: "+err.Error(), ts)
-	dl.Original = nil
-	dl.ManualReview, dl.Recoverable = true, false
-	return dl
+	return res, nil
 }
 
 // Rebuild resets the index and re-reads the DLQ topic from the beginning
@@ -277,8 +320,13 @@ func (c *Consumer) Rebuild(ctx context.Context) (int, error) {
 			if hi, ok := high[p]; !ok || off >= hi {
 				continue // written after the rebuild began: Run indexes it
 			}
-			if err := c.applyWithRetry(ctx, e, true); err != nil {
+			res, err := c.applyWithRetry(ctx, e, true)
+			if err != nil {
 				return n, err
+			}
+			if res == IndexFull {
+				return n, fmt.Errorf("dlq rebuild: the index is full (dlq_index.max_entries) at %s/%d offset %d: raise the limit or purge, then rebuild again",
+					topic, p, off)
 			}
 			n++
 			if off+1 >= high[p] {

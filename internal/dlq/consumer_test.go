@@ -37,7 +37,7 @@ func newRebuildEnv(t *testing.T) *rebuildEnv {
 func TestConsumerIndexesAndRebuild(t *testing.T) {
 	e := newRebuildEnv(t)
 	brokers, dlqTopic, mainTopic, rdb, prefix, clk, cfg := e.brokers, e.dlqTopic, e.mainTopic, e.rdb, e.prefix, e.clk, e.cfg
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(topicLetters(t, cfg)))
 	pol := NewPolicy(testRecovery())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -93,9 +93,15 @@ func TestConsumerIndexesAndRebuild(t *testing.T) {
 	if st.Review != 6 || st.Due != n-5 || st.ByReason["invalid_message"] != 6 || st.ByReason["rate_limited"] != 5 {
 		t.Fatalf("stats %+v", st)
 	}
+	// The index keeps a summary; the whole letter comes from the topic.
 	es, _, _ := idx.List(ctx, Filter{User: "zz"})
-	if len(es) != 1 || !strings.Contains(es[0].Details, "undecodable") || string(es[0].OriginalValue) != "{not json" {
-		t.Fatalf("undecodable entry %+v", es)
+	if len(es) != 1 || es[0].Preview != "{not json" || es[0].Whole {
+		t.Fatalf("undecodable entry's summary %+v", es)
+	}
+	whole, err := idx.Get(ctx, es[0].ID)
+	if err != nil || !whole.Whole || !strings.Contains(whole.Details, "undecodable") || string(whole.OriginalValue) != "{not json" ||
+		whole.State != StateReview {
+		t.Fatalf("undecodable entry %+v %v", whole, err)
 	}
 	if metricValue(c.m.undecodable) != 1 || metricValue(c.m.unrecoverable) != 6 {
 		t.Errorf("undecodable %v unrecoverable %v", metricValue(c.m.undecodable), metricValue(c.m.unrecoverable))
@@ -162,7 +168,7 @@ func TestOperatorActionsSurviveRebuild(t *testing.T) {
 	}
 	defer closeProducer(t, p)
 	sink := &sinkWaiter{p: p}
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithEventSink(sink))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithEventSink(sink), WithLetters(topicLetters(t, cfg)))
 	const n = 12
 	for i := range n {
 		sendSync(t, p, deadLetter(fmt.Sprintf("u%d", i%3), ReasonDownstreamError, int64(i), clk.Now()))
@@ -246,4 +252,70 @@ func TestOperatorActionsSurviveRebuild(t *testing.T) {
 		t.Fatalf("stats after rebuild %+v, want %d entries, 1 in review", st, len(kept))
 	}
 	checkMoved("after the rebuild")
+}
+
+// TestFullIndexHoldsLettersInTheTopic: the guard rail. With room for 5
+// entries and 8 dead letters in the topic, the consumer indexes 5, reports
+// the index full and indexes nothing more — the rest wait in the topic,
+// uncommitted; when an operator purges 3, it resumes and indexes the other
+// 3. Nothing is skipped: every one of the 8 was indexed at some point.
+func TestFullIndexHoldsLettersInTheTopic(t *testing.T) {
+	e := newRebuildEnv(t)
+	ctx := context.Background()
+	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk), WithLetters(topicLetters(t, e.cfg)), WithMaxEntries(5))
+	p, err := NewProducer(ProducerConfig{Kafka: e.cfg.Kafka, DLQ: e.cfg.DLQ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeProducer(t, p)
+	want := map[string]bool{}
+	for i := range 8 {
+		dl := deadLetter("held", ReasonDownstreamError, int64(i), e.clk.Now())
+		want[dl.ID] = true
+		sendSync(t, p, dl)
+	}
+	c, err := NewConsumer(ConsumerConfig{Kafka: e.cfg.Kafka}, idx, NewPolicy(testRecovery()), WithClock(e.clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	seen := map[string]bool{}
+	note := func() {
+		es, _, err := idx.List(ctx, Filter{User: "held"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, en := range es {
+			seen[en.ID] = true
+		}
+	}
+	waitFor(t, "index full", 30*time.Second, func() bool { return metricValue(c.m.indexFull) == 1 })
+	time.Sleep(500 * time.Millisecond) // would index more if it did not hold
+	if n, _ := idx.Size(ctx); n != 5 {
+		t.Fatalf("index holds %d entries, want its 5", n)
+	}
+	note()
+	es, _, _ := idx.List(ctx, Filter{User: "held", Limit: 3})
+	for _, en := range es {
+		if _, err := idx.Delete(ctx, en.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the held letters indexed", 30*time.Second, func() bool {
+		note()
+		return len(seen) == 8 && metricValue(c.m.indexFull) == 0
+	})
+	for id := range want {
+		if !seen[id] {
+			t.Errorf("letter %s never indexed", id)
+		}
+	}
 }

@@ -126,3 +126,71 @@ func metricValue(m prometheus.Metric) float64 {
 	}
 	return d.Gauge.GetValue()
 }
+
+// memLetters is the Letters of tests that index letters directly rather
+// than through the DLQ topic: each letter is kept encoded, as the topic
+// keeps it, at a coordinate of its own (partition 0, offsets counted up
+// across the package's tests). Tests of the topic path use TopicLetters.
+type memLetters struct {
+	mu   sync.Mutex
+	m    map[Coord][]byte
+	next int64
+}
+
+var mem = &memLetters{m: map[Coord][]byte{}}
+
+func (l *memLetters) Read(_ context.Context, at []Coord) ([]*DeadLetterMessage, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*DeadLetterMessage, len(at))
+	for i, c := range at {
+		if b, ok := l.m[c]; ok {
+			dl, err := Decode(b)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = dl
+		}
+	}
+	return out, nil
+}
+
+// put stores dl and returns its coordinate.
+func (l *memLetters) put(t testing.TB, dl *DeadLetterMessage) Coord {
+	b, err := Encode(dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := Coord{Offset: l.next}
+	l.next++
+	l.m[c] = b
+	return c
+}
+
+// forget drops the letter at c, as retention would.
+func (l *memLetters) forget(c Coord) {
+	l.mu.Lock()
+	delete(l.m, c)
+	l.mu.Unlock()
+}
+
+// indexDL indexes dl as the DLQ consumer would after reading it from the
+// topic at a coordinate of mem.
+func indexDL(t testing.TB, ctx context.Context, idx *Index, dl *DeadLetterMessage) (IndexResult, error) {
+	dl.EnsureID()
+	return idx.Index(ctx, dl, mem.put(t, dl))
+}
+
+// topicLetters is a TopicLetters of the test's DLQ topic, closed at the
+// end of the test.
+func topicLetters(t *testing.T, cfg *config.DLQConsumer) *TopicLetters {
+	t.Helper()
+	l, err := NewTopicLetters(cfg.Kafka)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}

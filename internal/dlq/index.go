@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,25 +32,46 @@ var ErrNotFound = errors.New("dlq: entry not found")
 var ErrBadCursor = errors.New("dlq: bad cursor")
 
 // Index is the Redis view of the DLQ topic, which stays the source of
-// truth (Rebuild recreates the view from it). Every
-// write of an entry is one Lua script, so an entry, its sets and the
-// counters never disagree, and indexing the same ID twice is a no-op.
+// truth (Rebuild recreates the view from it). It is compact: per dead
+// letter one small hash of its summary and its DLQ coordinates, and its ID
+// in three sorted sets; the whole letter is read back from the topic by
+// its coordinates (WithLetters) when it is re-injected, opened or
+// exported. Every write of an entry is one Lua script, so an entry, its
+// sets and the counters never disagree, and indexing the same ID twice is
+// a no-op.
 //
-// The scripts that take an ID alone derive the user and reason keys from
-// the stored entry; that is fine for a single node or Sentinel (never
-// Redis Cluster).
+// Keys, under prefix + "dlq:":
+//
+//	msg:<id>       hash, the summary (field names kept to one letter: the
+//	               hash stays in Redis's compact encoding, see hashFields)
+//	reason:<r>     sorted set of the reason's entries by failure time; the
+//	               reasons' sets together list every entry
+//	user:<u>       sorted set of the user's entries by failure time
+//	due            sorted set of entries waiting for a retry, by due time
+//	review         sorted set of entries waiting for an operator, by failure time
+//	stats          hash of counters: total, retried, reason:<r>
+//	ttl            hash reason → the shortest TTL (ms) of its entries, so
+//	               PurgeExpired walks only the part of a reason's set that
+//	               may have expired
+//
+// Retried entries are in neither due nor review. The scripts that take an
+// ID alone derive the user and reason keys from the stored entry; that is
+// fine for a single node or Sentinel (never Redis Cluster).
 type Index struct {
-	rdb    redis.UniversalClient
-	prefix string
-	clock  Clock
-	events EventSink // records purges in the DLQ topic; may be nil
-	log    *zap.Logger
-	m      indexMetrics
+	rdb     redis.UniversalClient
+	prefix  string
+	clock   Clock
+	events  EventSink // records purges in the DLQ topic; may be nil
+	letters Letters   // reads whole letters back; may be nil
+	max     int64     // dlq_index.max_entries; 0 unbounded
+	log     *zap.Logger
+	m       indexMetrics
 }
 
 type indexMetrics struct {
 	indexed            *prometheus.CounterVec
 	undecodableEntries prometheus.Counter
+	gone               prometheus.Counter
 }
 
 // Stats summarises the index.
@@ -62,11 +84,21 @@ type Stats struct {
 	Retried  int64            `json:"retried"`   // re-injected into the main topic
 }
 
-// Entry is an indexed dead letter with its index state.
+// Entry is an indexed dead letter with its index state. From List it
+// carries the index's summary only (Whole false): ID, reason, user,
+// failure, due and expiry times, attempts, retry count, source partition
+// and offset, Preview and At. From Get and Export, and with WithLetters,
+// DeadLetterMessage is the whole letter read from the DLQ topic (Whole).
 type Entry struct {
 	*DeadLetterMessage
 	State     string     `json:"state"`
 	RetriedAt *time.Time `json:"retried_at,omitempty"`
+	// Preview is the start of the message text (see Preview).
+	Preview string `json:"preview,omitempty"`
+	// At is where the letter sits in the DLQ topic.
+	At Coord `json:"dlq_at"`
+	// Whole says DeadLetterMessage was read whole from the DLQ topic.
+	Whole bool `json:"-"`
 }
 
 // Filter selects entries. Empty fields match everything.
@@ -78,54 +110,77 @@ type Filter struct {
 	Limit  int    // page size; <= 0 means 100
 }
 
-// NewIndex returns the index under prefix (e.g. "kfpipe:").
+// NewIndex returns the index under prefix (e.g. "kfpipe:"). Options:
+// WithLetters, WithMaxEntries, WithEventSink, WithClock, WithLogger,
+// WithRegisterer.
 func NewIndex(rdb redis.UniversalClient, prefix string, opts ...Option) *Index {
 	o := buildOptions(opts)
-	return &Index{rdb: rdb, prefix: prefix, clock: o.clock, events: o.events, log: o.log, m: indexMetrics{
-		indexed: register(o.reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kfpipe_dlq_index_total", Help: "DLQ records applied to the Redis index, by result (new, duplicate, expired, event)."},
-			[]string{"result"})),
-		undecodableEntries: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kfpipe_dlq_index_undecodable_entries_total",
-			Help: "Index entries the scheduler could not decode; each is moved to review instead of failing the scan."})),
-	}}
+	return &Index{rdb: rdb, prefix: prefix, clock: o.clock, events: o.events, letters: o.letters, max: o.maxEntries,
+		log: o.log, m: indexMetrics{
+			indexed: register(o.reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "kfpipe_dlq_index_total", Help: "DLQ records applied to the Redis index, by result (new, duplicate, expired, event, full)."},
+				[]string{"result"})),
+			undecodableEntries: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "kfpipe_dlq_index_undecodable_entries_total",
+				Help: "Index entries the scheduler could not decode; each is moved to review instead of failing the scan."})),
+			gone: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "kfpipe_dlq_letters_gone_total",
+				Help: "Due dead letters the DLQ topic no longer held (retention shorter than the index TTL); each is moved to review."})),
+		}}
 }
 
 func (x *Index) key(parts ...string) string { return x.prefix + "dlq:" + strings.Join(parts, ":") }
 func (x *Index) msgKey(id string) string    { return x.key("msg", id) }
 
+// hashFields are the summary's fields in msg:<id>. One letter each: with
+// names spelled out a letter's hash took 30 bytes more, and the whole
+// entry's budget is 600 bytes (BENCHMARKS.md, "DLQ index bytes").
+//
+//	r reason   u user       s state     e expires_at (ms, 0 never)
+//	a attempts k DLQ coord  o source partition:offset
+//	p preview  c retry_count t retried_at (ms)
+//
+// The failure time is the entry's score in reason:<r>, the due time its
+// score in due.
+
 // indexScript applies one DLQ record. Returns 1 new entry, 0 duplicate or
-// stale event, -1 already expired, 2 event applied.
+// stale event, -1 already expired, 2 event applied, -2 index full.
+// KEYS: msg, user set, reason set, due, review, stats, ttl.
 var indexScript = redis.NewScript(`
 local id = ARGV[1]
-if ARGV[10] == 'retried' then
+if ARGV[9] == 'retried' then
   if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-  local a = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-  local n = tonumber(ARGV[11])
+  local a = tonumber(redis.call('HGET', KEYS[1], 'a') or '0')
+  local n = tonumber(ARGV[10])
   if n <= a then return 0 end
-  local st = redis.call('HGET', KEYS[1], 'state')
-  redis.call('HSET', KEYS[1], 'attempts', n, 'state', 'retried', 'retried_at', ARGV[9])
+  local st = redis.call('HGET', KEYS[1], 's')
+  redis.call('HSET', KEYS[1], 'a', n, 's', 'retried', 't', ARGV[8])
+  redis.call('ZREM', KEYS[4], id)
   redis.call('ZREM', KEYS[5], id)
-  redis.call('ZREM', KEYS[6], id)
-  if st ~= 'retried' then redis.call('HINCRBY', KEYS[8], 'retried', 1) end
+  if st ~= 'retried' then redis.call('HINCRBY', KEYS[6], 'retried', 1) end
   return 2
 end
-local exp = tonumber(ARGV[8])
-if exp > 0 and exp <= tonumber(ARGV[9]) then return -1 end
+local exp = tonumber(ARGV[7])
+if exp > 0 and exp <= tonumber(ARGV[8]) then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'json', ARGV[2], 'reason', ARGV[3], 'user', ARGV[4], 'state', ARGV[5],
-  'failed_at', ARGV[7], 'next_retry', ARGV[6], 'expires_at', ARGV[8], 'attempts', 0)
-redis.call('ZADD', KEYS[2], ARGV[7], id)
-if ARGV[4] ~= '' then redis.call('ZADD', KEYS[3], ARGV[7], id) end
-redis.call('ZADD', KEYS[4], ARGV[7], id)
-if ARGV[5] == 'due' then
-  redis.call('ZADD', KEYS[5], ARGV[6], id)
+local max = tonumber(ARGV[15])
+if max > 0 and tonumber(redis.call('HGET', KEYS[6], 'total') or '0') >= max then return -2 end
+redis.call('HSET', KEYS[1], 'r', ARGV[2], 'u', ARGV[3], 's', ARGV[4], 'e', ARGV[7], 'a', 0,
+  'k', ARGV[11], 'o', ARGV[12], 'p', ARGV[13], 'c', ARGV[14])
+redis.call('ZADD', KEYS[3], ARGV[6], id)
+if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[6], id) end
+if ARGV[4] == 'due' then
+  redis.call('ZADD', KEYS[4], ARGV[5], id)
 else
-  redis.call('ZADD', KEYS[6], ARGV[7], id)
+  redis.call('ZADD', KEYS[5], ARGV[6], id)
 end
-if exp > 0 then redis.call('ZADD', KEYS[7], exp, id) end
-redis.call('HINCRBY', KEYS[8], 'total', 1)
-redis.call('HINCRBY', KEYS[8], 'reason:' .. ARGV[3], 1)
+if exp > 0 then
+  local ttl = exp - tonumber(ARGV[6])
+  local cur = tonumber(redis.call('HGET', KEYS[7], ARGV[2]) or '-1')
+  if cur < 0 or ttl < cur then redis.call('HSET', KEYS[7], ARGV[2], ttl) end
+end
+redis.call('HINCRBY', KEYS[6], 'total', 1)
+redis.call('HINCRBY', KEYS[6], 'reason:' .. ARGV[2], 1)
 return 1
 `)
 
@@ -133,15 +188,13 @@ return 1
 var deleteScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
 local mk = p .. 'dlq:msg:' .. id
-local h = redis.call('HMGET', mk, 'reason', 'user', 'state')
+local h = redis.call('HMGET', mk, 'r', 'u', 's')
 if not h[1] then return 0 end
 redis.call('DEL', mk)
-redis.call('ZREM', p .. 'dlq:all', id)
 if h[2] and h[2] ~= '' then redis.call('ZREM', p .. 'dlq:user:' .. h[2], id) end
 redis.call('ZREM', p .. 'dlq:reason:' .. h[1], id)
 redis.call('ZREM', p .. 'dlq:due', id)
 redis.call('ZREM', p .. 'dlq:review', id)
-redis.call('ZREM', p .. 'dlq:expiry', id)
 redis.call('HINCRBY', p .. 'dlq:stats', 'total', -1)
 redis.call('HINCRBY', p .. 'dlq:stats', 'reason:' .. h[1], -1)
 if h[3] == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
@@ -153,17 +206,19 @@ return 1
 var moveScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
 local mk = p .. 'dlq:msg:' .. id
-local st = redis.call('HGET', mk, 'state')
+local h = redis.call('HMGET', mk, 's', 'r')
+local st = h[1]
 if not st then return 0 end
 if st == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
 if ARGV[3] == 'due' then
   redis.call('ZREM', p .. 'dlq:review', id)
   redis.call('ZADD', p .. 'dlq:due', ARGV[4], id)
-  redis.call('HSET', mk, 'state', 'due', 'next_retry', ARGV[4])
+  redis.call('HSET', mk, 's', 'due')
 else
   redis.call('ZREM', p .. 'dlq:due', id)
-  redis.call('ZADD', p .. 'dlq:review', redis.call('HGET', mk, 'failed_at'), id)
-  redis.call('HSET', mk, 'state', 'review')
+  local failed = redis.call('ZSCORE', p .. 'dlq:reason:' .. h[2], id) or '0'
+  redis.call('ZADD', p .. 'dlq:review', failed, id)
+  redis.call('HSET', mk, 's', 'review')
 end
 return 1
 `)
@@ -171,7 +226,7 @@ return 1
 // claimScript hands out due entries and pushes their score forward by a
 // lease, so a second scheduler (or this one after a crash) takes them
 // again only when the lease ran out without MarkRetried. ARGV: prefix,
-// now_ms, limit, lease_ms. Returns id, json, attempts triples.
+// now_ms, limit, lease_ms. Returns id, DLQ coordinates, attempts triples.
 var claimScript = redis.NewScript(`
 local p = ARGV[1]
 local due = p .. 'dlq:due'
@@ -179,7 +234,7 @@ local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[2], 'LIMIT', 0, tonumb
 local until_ms = tonumber(ARGV[2]) + tonumber(ARGV[4])
 local out = {}
 for _, id in ipairs(ids) do
-  local h = redis.call('HMGET', p .. 'dlq:msg:' .. id, 'json', 'attempts')
+  local h = redis.call('HMGET', p .. 'dlq:msg:' .. id, 'k', 'a')
   if h[1] then
     redis.call('ZADD', due, 'XX', until_ms, id)
     table.insert(out, id)
@@ -196,10 +251,29 @@ return out
 // still due. ARGV: prefix, id, score_ms.
 var rescheduleScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-if redis.call('ZADD', p .. 'dlq:due', 'XX', 'CH', ARGV[3], id) == 1 then
-  redis.call('HSET', p .. 'dlq:msg:' .. id, 'next_retry', ARGV[3])
-end
+redis.call('ZADD', p .. 'dlq:due', 'XX', ARGV[3], id)
 return 1
+`)
+
+// loadScript reads summaries: per ID false, or {r, u, s, e, a, k, o, p, c,
+// t, failure time, due time}. ARGV: prefix, ids.
+var loadScript = redis.NewScript(`
+local p = ARGV[1]
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local h = redis.call('HMGET', p .. 'dlq:msg:' .. id, 'r', 'u', 's', 'e', 'a', 'k', 'o', 'p', 'c', 't')
+  if h[1] then
+    h[11] = redis.call('ZSCORE', p .. 'dlq:reason:' .. h[1], id) or '0'
+    h[12] = '0'
+    if h[3] == 'due' then h[12] = redis.call('ZSCORE', p .. 'dlq:due', id) or '0' end
+    for j = 1, 12 do if not h[j] then h[j] = '' end end
+    out[#out + 1] = h
+  else
+    out[#out + 1] = false
+  end
+end
+return out
 `)
 
 func ms(t time.Time) int64 {
@@ -214,21 +288,23 @@ type IndexResult int
 
 // Index results.
 const (
+	IndexFull      IndexResult = -2 // a new entry would pass dlq_index.max_entries: not indexed
 	IndexExpired   IndexResult = -1 // past its TTL: not indexed
 	IndexDuplicate IndexResult = 0  // ID already indexed (or stale event): nothing changed
 	IndexNew       IndexResult = 1  // a new entry
 	IndexEvent     IndexResult = 2  // an event record changed an entry
 )
 
-// Index adds dl to the index, placed in review when dl.ManualReview is set
-// and in due at dl.NextRetryTime otherwise. Indexing an ID that is already
-// there changes nothing, so the DLQ topic can be re-read at will. An
-// EventRetried record marks the entry as re-injected instead, an
-// EventMoved record moves it to review or due, and an EventPurged record
-// deletes it.
-func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
+// Index adds dl, the DLQ record at `at`, to the index, placed in review
+// when dl.ManualReview is set and in due at dl.NextRetryTime otherwise.
+// Indexing an ID that is already there changes nothing, so the DLQ topic
+// can be re-read at will. An EventRetried record marks the entry as
+// re-injected instead, an EventMoved record moves it to review or due, and
+// an EventPurged record deletes it. A new entry past WithMaxEntries is
+// refused with IndexFull.
+func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage, at Coord) (IndexResult, error) {
 	dl.EnsureID()
-	res, err := x.apply(ctx, dl)
+	res, err := x.applyAt(ctx, dl, at, 0)
 	if err == nil {
 		x.m.indexed.WithLabelValues(res.String()).Inc()
 	}
@@ -246,17 +322,17 @@ func (x *Index) parkedKey() string { return x.key("rebuild", "parked") }
 
 // indexParked is Index for Rebuild: a new entry that would be due is
 // parked (not due) and its due time remembered for unpark.
-func (x *Index) indexParked(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
+func (x *Index) indexParked(ctx context.Context, dl *DeadLetterMessage, at Coord) (IndexResult, error) {
 	dl.EnsureID()
 	if dl.Event != "" || dl.ManualReview || dl.NextRetryTime == nil {
-		return x.Index(ctx, dl)
+		return x.Index(ctx, dl, at)
 	}
 	real := ms(*dl.NextRetryTime)
 	// Remembered first: an entry parked without it would stay parked.
 	if err := x.rdb.HSet(ctx, x.parkedKey(), dl.ID, real).Err(); err != nil {
 		return 0, fmt.Errorf("dlq park %s: %w", dl.ID, err)
 	}
-	res, err := x.applyAt(ctx, dl, parkedScore)
+	res, err := x.applyAt(ctx, dl, at, parkedScore)
 	if err == nil {
 		x.m.indexed.WithLabelValues(res.String()).Inc()
 	}
@@ -271,7 +347,6 @@ local p, id = ARGV[1], ARGV[2]
 local sc = redis.call('ZSCORE', p .. 'dlq:due', id)
 if sc and tonumber(sc) == tonumber(ARGV[4]) then
   redis.call('ZADD', p .. 'dlq:due', ARGV[3], id)
-  redis.call('HSET', p .. 'dlq:msg:' .. id, 'next_retry', ARGV[3])
   return 1
 end
 return 0
@@ -300,14 +375,9 @@ func (x *Index) unpark(ctx context.Context) (int, error) {
 	return n, x.rdb.Del(ctx, x.parkedKey()).Err()
 }
 
-// apply is Index without the metric.
-func (x *Index) apply(ctx context.Context, dl *DeadLetterMessage) (IndexResult, error) {
-	return x.applyAt(ctx, dl, 0)
-}
-
-// applyAt is apply with the due score of a new due entry set to dueAt
+// applyAt indexes dl with the due score of a new due entry set to dueAt
 // (0: its NextRetryTime).
-func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, dueAt int64) (IndexResult, error) {
+func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, at Coord, dueAt int64) (IndexResult, error) {
 	switch dl.Event {
 	case EventMoved:
 		state, at := StateReview, time.Time{}
@@ -326,10 +396,6 @@ func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, dueAt int64)
 		}
 		return IndexEvent, err
 	}
-	body, err := Encode(dl)
-	if err != nil {
-		return 0, fmt.Errorf("dlq index: encode: %w", err)
-	}
 	state := StateDue
 	var next int64
 	if dl.ManualReview || dl.NextRetryTime == nil {
@@ -340,10 +406,12 @@ func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, dueAt int64)
 			next = dueAt
 		}
 	}
-	keys := []string{x.msgKey(dl.ID), x.key("all"), x.key("user", dl.UserID), x.key("reason", string(dl.Reason)),
-		x.key("due"), x.key("review"), x.key("expiry"), x.key("stats")}
-	n, err := indexScript.Run(ctx, x.rdb, keys, dl.ID, body, string(dl.Reason), dl.UserID, state,
-		next, ms(dl.FailureTime), ms(dl.ExpiresAt), x.clock.Now().UnixMilli(), dl.Event, dl.Attempts).Int()
+	keys := []string{x.msgKey(dl.ID), x.key("user", dl.UserID), x.key("reason", string(dl.Reason)),
+		x.key("due"), x.key("review"), x.key("stats"), x.key("ttl")}
+	src := strconv.FormatInt(int64(dl.SourcePartition), 10) + ":" + strconv.FormatInt(dl.SourceOffset, 10)
+	n, err := indexScript.Run(ctx, x.rdb, keys, dl.ID, string(dl.Reason), dl.UserID, state,
+		next, ms(dl.FailureTime), ms(dl.ExpiresAt), x.clock.Now().UnixMilli(), dl.Event, dl.Attempts,
+		at.String(), src, Preview(dl), dl.RetryCount, x.max).Int()
 	if err != nil {
 		return 0, fmt.Errorf("dlq index %s: %w", dl.ID, err)
 	}
@@ -358,6 +426,8 @@ func (r IndexResult) String() string {
 		return "new"
 	case IndexEvent:
 		return "event"
+	case IndexFull:
+		return "full"
 	default:
 		return "duplicate"
 	}
@@ -366,7 +436,7 @@ func (r IndexResult) String() string {
 // MarkRetried records that the entry was re-injected for the attempts-th
 // time. Applying the same attempt twice is a no-op.
 func (x *Index) MarkRetried(ctx context.Context, id string, attempts int) (bool, error) {
-	res, err := x.Index(ctx, &DeadLetterMessage{ID: id, Event: EventRetried, Attempts: attempts})
+	res, err := x.Index(ctx, &DeadLetterMessage{ID: id, Event: EventRetried, Attempts: attempts}, Coord{})
 	return res == IndexEvent, err
 }
 
@@ -430,7 +500,10 @@ func (x *Index) recordMove(ctx context.Context, id string, review bool, at time.
 	if x.events == nil {
 		return
 	}
-	e, err := x.Get(ctx, id)
+	e, err := x.summary(ctx, id)
+	if err == nil {
+		err = x.eventKey(ctx, e)
+	}
 	if err != nil {
 		x.log.Warn("moved event not recorded; a rebuild would put this dead letter back where it was",
 			zap.String("dlq_id", id), zap.Error(err))
@@ -464,8 +537,18 @@ func (x *Index) Delete(ctx context.Context, id string) (bool, error) {
 	return n == 1, nil
 }
 
-// Get returns one entry.
-func (x *Index) Get(ctx context.Context, id string) (*Entry, error) {
+// eventKey makes sure e can key its event records like the letter (Key):
+// by user, or, for a letter without one, by the original key, which only
+// the whole letter has.
+func (x *Index) eventKey(ctx context.Context, e *Entry) error {
+	if e.UserID != "" || e.Whole || x.letters == nil {
+		return nil
+	}
+	return x.Whole(ctx, []*Entry{e})
+}
+
+// summary returns one entry's summary.
+func (x *Index) summary(ctx context.Context, id string) (*Entry, error) {
 	es, err := x.load(ctx, []string{id})
 	if err != nil {
 		return nil, err
@@ -476,44 +559,93 @@ func (x *Index) Get(ctx context.Context, id string) (*Entry, error) {
 	return es[0], nil
 }
 
-// load reads entries in one pipeline; a missing ID yields nil.
-func (x *Index) load(ctx context.Context, ids []string) ([]*Entry, error) {
-	pipe := x.rdb.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(ids))
-	for i, id := range ids {
-		cmds[i] = pipe.HMGet(ctx, x.msgKey(id), "json", "state", "attempts", "retried_at", "next_retry")
+// Get returns one entry, whole when the index reads letters (WithLetters)
+// and the DLQ topic still holds it; a letter the topic no longer holds, or
+// a topic that does not answer, leaves the summary (logged).
+func (x *Index) Get(ctx context.Context, id string) (*Entry, error) {
+	e, err := x.summary(ctx, id)
+	if err != nil || x.letters == nil {
+		return e, err
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("dlq index load: %w", err)
+	if err := x.Whole(ctx, []*Entry{e}); err != nil {
+		x.log.Warn("dead letter not read from the DLQ topic; showing its summary", zap.String("dlq_id", id), zap.Error(err))
 	}
-	out := make([]*Entry, len(ids))
-	for i, c := range cmds {
-		v := c.Val()
-		body, ok := v[0].(string)
-		if !ok {
+	return e, nil
+}
+
+// Whole replaces the summaries of es (from List) by their whole letters,
+// read from the DLQ topic (WithLetters), keeping the index's state
+// (attempts, due time). An entry the topic no longer holds keeps its
+// summary (Whole false).
+func (x *Index) Whole(ctx context.Context, es []*Entry) error {
+	if x.letters == nil || len(es) == 0 {
+		return nil
+	}
+	at := make([]Coord, len(es))
+	for i, e := range es {
+		at[i] = e.At
+	}
+	dls, err := x.letters.Read(ctx, at)
+	if err != nil {
+		return err
+	}
+	for i, dl := range dls {
+		e := es[i]
+		if dl == nil || dl.ID != e.ID {
 			continue
 		}
-		dl, err := Decode([]byte(body))
-		if err != nil {
-			return nil, fmt.Errorf("dlq index load %s: %w", ids[i], err)
+		dl.Attempts, dl.NextRetryTime = e.Attempts, e.NextRetryTime
+		e.DeadLetterMessage, e.Whole = dl, true
+	}
+	return nil
+}
+
+// load reads summaries in one script; a missing ID yields nil.
+func (x *Index) load(ctx context.Context, ids []string) ([]*Entry, error) {
+	out := make([]*Entry, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	args := make([]any, 0, len(ids)+1)
+	args = append(args, x.prefix)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	vals, err := loadScript.Run(ctx, x.rdb, []string{x.key("due")}, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("dlq index load: %w", err)
+	}
+	for i, v := range vals {
+		h, ok := v.([]any)
+		if !ok || len(h) < 12 || i >= len(out) {
+			continue
 		}
-		e := &Entry{DeadLetterMessage: dl}
-		e.State, _ = v[1].(string)
-		if s, ok := v[2].(string); ok {
-			dl.Attempts, _ = strconv.Atoi(s)
+		f := func(j int) string { s, _ := h[j].(string); return s }
+		num := func(j int) int64 { n, _ := strconv.ParseInt(f(j), 10, 64); return n }
+		dl := &DeadLetterMessage{ID: ids[i], Reason: Reason(f(0)), UserID: f(1)}
+		e := &Entry{DeadLetterMessage: dl, State: f(2), Preview: f(7)}
+		if n := num(3); n > 0 {
+			dl.ExpiresAt = time.UnixMilli(n).UTC()
 		}
-		if s, ok := v[3].(string); ok {
-			if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-				t := time.UnixMilli(n).UTC()
-				e.RetriedAt = &t
-			}
+		dl.Attempts = int(num(4))
+		e.At, _ = parseCoord(f(5))
+		if c, ok := parseCoord(f(6)); ok {
+			dl.SourcePartition, dl.SourceOffset = c.Partition, c.Offset
 		}
-		if s, ok := v[4].(string); ok && e.State == StateDue {
-			if n, err := strconv.ParseInt(s, 10, 64); err == nil && n > 0 {
-				t := time.UnixMilli(n).UTC()
-				dl.NextRetryTime = &t
-			}
+		dl.RetryCount = int(num(8))
+		if n := num(9); n > 0 {
+			t := time.UnixMilli(n).UTC()
+			e.RetriedAt = &t
 		}
+		if n, err := strconv.ParseFloat(f(10), 64); err == nil && n > 0 {
+			dl.FailureTime = time.UnixMilli(int64(n)).UTC()
+		}
+		if n, err := strconv.ParseFloat(f(11), 64); err == nil && n > 0 && e.State == StateDue {
+			t := time.UnixMilli(int64(n)).UTC()
+			dl.NextRetryTime = &t
+		}
+		dl.Recoverable = IsRecoverable(dl.Reason)
+		dl.ManualReview = e.State == StateReview
 		out[i] = e
 	}
 	return out, nil
@@ -544,51 +676,71 @@ func (x *Index) Stats(ctx context.Context) (Stats, error) {
 	return s, nil
 }
 
-// List returns one page of entries matching f, newest failure first, and
-// the cursor of the next page ("" when there is none).
+// List returns one page of entry summaries matching f, newest failure
+// first, and the cursor of the next page ("" when there is none). Without
+// a user, reason or review filter it merges the reasons' sets.
 func (x *Index) List(ctx context.Context, f Filter) ([]*Entry, string, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
 	}
-	base := x.key("all")
+	var bases []string
 	switch {
 	case f.User != "":
-		base = x.key("user", f.User)
+		bases = []string{x.key("user", f.User)}
 	case f.Reason != "":
-		base = x.key("reason", f.Reason)
+		bases = []string{x.key("reason", f.Reason)}
 	case f.Review != nil && *f.Review:
-		base = x.key("review")
+		bases = []string{x.key("review")}
+	default:
+		reasons, err := x.reasons(ctx)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, r := range reasons {
+			bases = append(bases, x.key("reason", r))
+		}
 	}
-	maxScore, curScore, curID := "+inf", int64(0), ""
+	cur := listPos{score: math.MaxInt64}
 	if f.Cursor != "" {
 		s, id, ok := strings.Cut(f.Cursor, ":")
 		n, err := strconv.ParseInt(s, 10, 64)
 		if !ok || err != nil || id == "" {
 			return nil, "", fmt.Errorf("dlq list: %w %q", ErrBadCursor, f.Cursor)
 		}
-		maxScore, curScore, curID = s, n, id
+		cur = listPos{score: n, id: id}
+	}
+	batch := int64(max(limit, 50))
+	its := make([]*zsetIter, len(bases))
+	for i, b := range bases {
+		its[i] = &zsetIter{key: b, after: cur, batch: batch}
 	}
 	var out []*Entry
-	var last redis.Z
-	batch := int64(max(limit, 50))
-	for offset := int64(0); ; offset += batch {
-		zs, err := x.rdb.ZRevRangeByScoreWithScores(ctx, base, &redis.ZRangeBy{
-			Max: maxScore, Min: "-inf", Offset: offset, Count: batch}).Result()
-		if err != nil {
-			return nil, "", fmt.Errorf("dlq list: %w", err)
-		}
-		ids := make([]string, 0, len(zs))
-		zsKept := make([]redis.Z, 0, len(zs))
-		for _, z := range zs {
-			id := z.Member.(string)
-			// Equal scores come in reverse lexicographic order: after
-			// the cursor only smaller IDs of its score remain.
-			if f.Cursor != "" && int64(z.Score) == curScore && id >= curID {
-				continue
+	for {
+		// The next batch in merged order: up to batch heads.
+		var page []listPos
+		for int64(len(page)) < batch {
+			var best *zsetIter
+			for _, it := range its {
+				if err := it.fill(ctx, x.rdb); err != nil {
+					return nil, "", fmt.Errorf("dlq list: %w", err)
+				}
+				if len(it.buf) > 0 && (best == nil || it.buf[0].before(best.buf[0])) {
+					best = it
+				}
 			}
-			ids = append(ids, id)
-			zsKept = append(zsKept, z)
+			if best == nil {
+				break
+			}
+			page = append(page, best.buf[0])
+			best.buf = best.buf[1:]
+		}
+		if len(page) == 0 {
+			return out, "", nil
+		}
+		ids := make([]string, len(page))
+		for i, p := range page {
+			ids[i] = p.id
 		}
 		es, err := x.load(ctx, ids)
 		if err != nil {
@@ -599,15 +751,72 @@ func (x *Index) List(ctx context.Context, f Filter) ([]*Entry, string, error) {
 				continue
 			}
 			out = append(out, e)
-			last = zsKept[i]
 			if len(out) == limit {
-				return out, fmt.Sprintf("%d:%s", int64(last.Score), last.Member.(string)), nil
+				return out, fmt.Sprintf("%d:%s", page[i].score, page[i].id), nil
 			}
 		}
-		if int64(len(zs)) < batch {
-			return out, "", nil
+	}
+}
+
+// reasons lists the reasons the index has entries of.
+func (x *Index) reasons(ctx context.Context) ([]string, error) {
+	h, err := x.rdb.HGetAll(ctx, x.key("stats")).Result()
+	if err != nil {
+		return nil, fmt.Errorf("dlq stats: %w", err)
+	}
+	var rs []string
+	for k, v := range h {
+		if r, ok := strings.CutPrefix(k, "reason:"); ok && v != "0" {
+			rs = append(rs, r)
 		}
 	}
+	slices.Sort(rs)
+	return rs, nil
+}
+
+// listPos is a place in List's order: failure time descending, then ID
+// descending (how ZREVRANGEBYSCORE orders equal scores).
+type listPos struct {
+	score int64
+	id    string
+}
+
+func (p listPos) before(q listPos) bool {
+	return p.score > q.score || (p.score == q.score && p.id > q.id)
+}
+
+// zsetIter walks one sorted set in List's order, after a position.
+type zsetIter struct {
+	key    string
+	after  listPos
+	batch  int64
+	offset int64
+	buf    []listPos
+	done   bool
+}
+
+// fill reads the next batch when the buffer is empty.
+func (it *zsetIter) fill(ctx context.Context, rdb redis.UniversalClient) error {
+	for len(it.buf) == 0 && !it.done {
+		max := "+inf"
+		if it.after.score != math.MaxInt64 {
+			max = strconv.FormatInt(it.after.score, 10)
+		}
+		zs, err := rdb.ZRevRangeByScoreWithScores(ctx, it.key, &redis.ZRangeBy{
+			Max: max, Min: "-inf", Offset: it.offset, Count: it.batch}).Result()
+		if err != nil {
+			return err
+		}
+		it.offset += int64(len(zs))
+		it.done = int64(len(zs)) < it.batch
+		for _, z := range zs {
+			p := listPos{score: int64(z.Score), id: z.Member.(string)}
+			if it.after.before(p) {
+				it.buf = append(it.buf, p)
+			}
+		}
+	}
+	return nil
 }
 
 func (f Filter) match(e *Entry) bool {
@@ -623,12 +832,16 @@ func (f Filter) match(e *Entry) bool {
 	return true
 }
 
-// Export streams every entry matching f (Cursor and Limit ignored) to fn;
-// an error from fn stops it and is returned.
-func (x *Index) Export(ctx context.Context, f Filter, fn func(*DeadLetterMessage) error) error {
+// Export streams every entry matching f (Cursor and Limit ignored) to fn,
+// each whole when the index reads letters (WithLetters) and the DLQ topic
+// still holds it; an error from fn stops it and is returned.
+func (x *Index) Export(ctx context.Context, f Filter, fn func(*Entry) error) error {
 	return x.each(ctx, f, func(es []*Entry) error {
+		if err := x.Whole(ctx, es); err != nil {
+			return fmt.Errorf("dlq export: read letters: %w", err)
+		}
 		for _, e := range es {
-			if err := fn(e.DeadLetterMessage); err != nil {
+			if err := fn(e); err != nil {
 				return err
 			}
 		}
@@ -663,6 +876,11 @@ func (x *Index) Purge(ctx context.Context, f Filter) (int, error) {
 	n := 0
 	err := x.each(ctx, f, func(es []*Entry) error {
 		for _, e := range es {
+			if x.events != nil {
+				if err := x.eventKey(ctx, e); err != nil {
+					x.log.Warn("purged event keyed without the letter's original key", zap.String("dlq_id", e.ID), zap.Error(err))
+				}
+			}
 			ok, err := x.Delete(ctx, e.ID)
 			if err != nil {
 				return err
@@ -698,30 +916,59 @@ func (x *Index) sendEvent(ev *DeadLetterMessage) {
 }
 
 // PurgeExpired deletes every entry whose TTL (per reason) ended by now.
+// It walks each reason's set from its oldest failure up to now minus the
+// reason's shortest TTL (dlq:ttl): no later entry can have expired.
 func (x *Index) PurgeExpired(ctx context.Context, now time.Time) (int, error) {
+	ttls, err := x.rdb.HGetAll(ctx, x.key("ttl")).Result()
+	if err != nil {
+		return 0, fmt.Errorf("dlq purge expired: %w", err)
+	}
 	n := 0
-	for {
-		ids, err := x.rdb.ZRangeByScore(ctx, x.key("expiry"), &redis.ZRangeBy{
-			Min: "-inf", Max: strconv.FormatInt(now.UnixMilli(), 10), Count: 500}).Result()
+	for reason, v := range ttls {
+		ttl, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return n, fmt.Errorf("dlq purge expired: %w", err)
+			continue
 		}
-		if len(ids) == 0 {
-			return n, nil
-		}
-		for _, id := range ids {
-			ok, err := x.Delete(ctx, id)
+		upto := strconv.FormatInt(now.UnixMilli()-ttl, 10)
+		var offset int64
+		for {
+			ids, err := x.rdb.ZRangeByScore(ctx, x.key("reason", reason), &redis.ZRangeBy{
+				Min: "-inf", Max: upto, Offset: offset, Count: 500}).Result()
 			if err != nil {
-				return n, err
+				return n, fmt.Errorf("dlq purge expired: %w", err)
 			}
-			if ok {
-				n++
-			} else {
-				// An expiry member without entry: drop it or we loop.
-				x.rdb.ZRem(ctx, x.key("expiry"), id)
+			if len(ids) == 0 {
+				break
+			}
+			pipe := x.rdb.Pipeline()
+			exps := make([]*redis.StringCmd, len(ids))
+			for i, id := range ids {
+				exps[i] = pipe.HGet(ctx, x.msgKey(id), "e")
+			}
+			if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+				return n, fmt.Errorf("dlq purge expired: %w", err)
+			}
+			for i, id := range ids {
+				exp, err := exps[i].Int64()
+				switch {
+				case errors.Is(err, redis.Nil):
+					// A member without entry: drop it.
+					x.rdb.ZRem(ctx, x.key("reason", reason), id)
+				case err == nil && exp > 0 && exp <= now.UnixMilli():
+					ok, err := x.Delete(ctx, id)
+					if err != nil {
+						return n, err
+					}
+					if ok {
+						n++
+					}
+				default:
+					offset++ // kept: a longer TTL, or none
+				}
 			}
 		}
 	}
+	return n, nil
 }
 
 // Reset deletes the whole index (before a Rebuild).
@@ -755,36 +1002,86 @@ type claimed struct {
 	attempts int
 }
 
-// claim hands out up to limit entries due by now, leased for lease.
+// claim hands out up to limit entries due by now, leased for lease, with
+// their whole letters read from the DLQ topic. A letter the topic no
+// longer holds cannot be re-injected: it goes to review (counted and
+// logged), as does a record that does not decode.
 func (x *Index) claim(ctx context.Context, now time.Time, limit int, lease time.Duration) ([]claimed, error) {
+	if x.letters == nil {
+		return nil, errors.New("dlq claim: the index reads no letters (WithLetters)")
+	}
 	vals, err := claimScript.Run(ctx, x.rdb, []string{x.key("due")}, x.prefix, now.UnixMilli(), limit, lease.Milliseconds()).Slice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("dlq claim: %w", err)
 	}
-	out := make([]claimed, 0, len(vals)/3)
+	var ids []string
+	var at []Coord
+	var atts []int
 	for i := 0; i+2 < len(vals); i += 3 {
 		id, _ := vals[i].(string)
-		body, _ := vals[i+1].(string)
+		k, _ := vals[i+1].(string)
 		att, _ := strconv.Atoi(fmt.Sprint(vals[i+2]))
-		dl, err := Decode([]byte(body))
-		if err != nil {
-			// One bad entry must not fail every scan's whole batch: it goes
-			// to manual review, where an operator can see and purge it.
+		c, ok := parseCoord(k)
+		if !ok {
+			x.toReview(ctx, id, "undecodable DLQ index entry; moved to review", fmt.Errorf("bad coordinates %q", k))
 			x.m.undecodableEntries.Inc()
-			x.log.Error("undecodable DLQ index entry; moved to review", zap.String("dlq_id", id), zap.Error(err))
-			if err := x.move(ctx, id, StateReview, time.Time{}); err != nil && !errors.Is(err, ErrNotFound) {
-				x.log.Warn("move undecodable DLQ index entry to review", zap.String("dlq_id", id), zap.Error(err))
-			}
 			continue
 		}
-		out = append(out, claimed{id: id, dl: dl, attempts: att})
+		ids, at, atts = append(ids, id), append(at, c), append(atts, att)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	dls, err := x.letters.Read(ctx, at)
+	if err != nil {
+		// Unread claims are due again when their lease ends.
+		return nil, fmt.Errorf("dlq claim: read letters: %w", err)
+	}
+	out := make([]claimed, 0, len(ids))
+	for i, dl := range dls {
+		if dl == nil || dl.ID != ids[i] {
+			x.m.gone.Inc()
+			x.toReview(ctx, ids[i], "due dead letter no longer in the DLQ topic (retention shorter than its TTL); moved to review",
+				fmt.Errorf("not at %s", at[i]))
+			continue
+		}
+		out = append(out, claimed{id: ids[i], dl: dl, attempts: atts[i]})
 	}
 	return out, nil
+}
+
+// toReview moves an entry the scheduler cannot re-inject to review.
+func (x *Index) toReview(ctx context.Context, id, msg string, why error) {
+	x.log.Error(msg, zap.String("dlq_id", id), zap.Error(why))
+	if err := x.move(ctx, id, StateReview, time.Time{}); err != nil && !errors.Is(err, ErrNotFound) {
+		x.log.Warn("move DLQ index entry to review", zap.String("dlq_id", id), zap.Error(err))
+	}
 }
 
 // reschedule moves a still-due entry to at.
 func (x *Index) reschedule(ctx context.Context, id string, at time.Time) error {
 	return rescheduleScript.Run(ctx, x.rdb, []string{x.key("due")}, x.prefix, id, at.UnixMilli()).Err()
+}
+
+// Size is the number of entries in the index.
+func (x *Index) Size(ctx context.Context) (int64, error) {
+	n, err := x.rdb.HGet(ctx, x.key("stats"), "total").Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, err
+}
+
+// MaxEntries is the bound set by WithMaxEntries (0: none).
+func (x *Index) MaxEntries() int64 { return x.max }
+
+// Room reports whether a new entry fits under WithMaxEntries.
+func (x *Index) Room(ctx context.Context) (bool, error) {
+	if x.max <= 0 {
+		return true, nil
+	}
+	n, err := x.Size(ctx)
+	return n < x.max, err
 }
 
 // reviewCount is the manual-review backlog.

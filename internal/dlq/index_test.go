@@ -20,12 +20,12 @@ func testRecovery() config.Recovery {
 func TestIndexIdempotent(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery())
 	ctx := context.Background()
 	dl := deadLetter("u1", ReasonRateLimited, 7, clk.Now())
 	pol.Place(ctx, dl)
-	if res, err := idx.Index(ctx, dl); err != nil || res != IndexNew {
+	if res, err := indexDL(t, ctx, idx, dl); err != nil || res != IndexNew {
 		t.Fatalf("first index: %v %v", res, err)
 	}
 	before, _ := idx.Stats(ctx)
@@ -34,7 +34,7 @@ func TestIndexIdempotent(t *testing.T) {
 	again := deadLetter("u1", ReasonRateLimited, 7, clk.Now().Add(time.Second))
 	pol.Place(ctx, again)
 	for _, d := range []*DeadLetterMessage{dl, again} {
-		if res, err := idx.Index(ctx, d); err != nil || res != IndexDuplicate {
+		if res, err := indexDL(t, ctx, idx, d); err != nil || res != IndexDuplicate {
 			t.Fatalf("re-index: %v %v", res, err)
 		}
 	}
@@ -67,7 +67,7 @@ func TestIndexIdempotent(t *testing.T) {
 func TestIndexListPaginationAndFilters(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery())
 	ctx := context.Background()
 	users := []string{"ann", "ben", "cat"}
@@ -77,7 +77,7 @@ func TestIndexListPaginationAndFilters(t *testing.T) {
 		// Several share a failure millisecond, to exercise the cursor's tie break.
 		dl := deadLetter(users[i%3], reasons[i%2], int64(i), clk.Now().Add(time.Duration(i/3)*time.Millisecond))
 		pol.Place(ctx, dl)
-		if _, err := idx.Index(ctx, dl); err != nil {
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
 			t.Fatal(err)
 		}
 		want[dl.ID] = dl
@@ -146,7 +146,12 @@ func TestIndexListPaginationAndFilters(t *testing.T) {
 		})
 	}
 	var exported int
-	if err := idx.Export(ctx, Filter{User: "cat"}, func(*DeadLetterMessage) error { exported++; return nil }); err != nil || exported != 8 {
+	if err := idx.Export(ctx, Filter{User: "cat"}, func(e *Entry) error {
+		if e.Whole {
+			exported++
+		}
+		return nil
+	}); err != nil || exported != 8 {
 		t.Fatalf("export %d %v", exported, err)
 	}
 	if _, _, err := idx.List(ctx, Filter{Cursor: "garbage"}); err == nil {
@@ -165,7 +170,7 @@ func TestIndexListPaginationAndFilters(t *testing.T) {
 func TestPurgeExpiredByReasonTTL(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery()) // rate_limited 1h, others 24h
 	ctx := context.Background()
 	var short, long []*DeadLetterMessage
@@ -176,7 +181,7 @@ func TestPurgeExpiredByReasonTTL(t *testing.T) {
 		}
 		dl := deadLetter("fay", r, int64(i), clk.Now())
 		pol.Place(ctx, dl)
-		if _, err := idx.Index(ctx, dl); err != nil {
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
 			t.Fatal(err)
 		}
 		if r == ReasonRateLimited {
@@ -209,7 +214,7 @@ func TestPurgeExpiredByReasonTTL(t *testing.T) {
 	clk.Add(48 * time.Hour)
 	old := deadLetter("fay", ReasonDownstreamError, 99, clk.Now().Add(-25*time.Hour))
 	pol.Place(ctx, old)
-	if res, err := idx.Index(ctx, old); err != nil || res != IndexExpired {
+	if res, err := indexDL(t, ctx, idx, old); err != nil || res != IndexExpired {
 		t.Fatalf("expired index: %v %v", res, err)
 	}
 	_ = long
@@ -280,5 +285,45 @@ func TestIDStable(t *testing.T) {
 		Headers: []Header{{Key: "retry_count", Value: []byte("3")}}}, ReasonInvalidMessage, "", time.Now())
 	if d.RetryCount != 3 || d.Original != nil || d.UserID != "k" || d.Recoverable || !d.ManualReview {
 		t.Fatalf("%+v", d)
+	}
+}
+
+// TestIndexFullRefusesNewEntriesOnly: past WithMaxEntries a new entry is
+// refused (IndexFull) and nothing is written; a duplicate and an event
+// still apply, and a deletion makes room.
+func TestIndexFullRefusesNewEntriesOnly(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem), WithMaxEntries(2))
+	pol := NewPolicy(testRecovery())
+	var dls []*DeadLetterMessage
+	for i := range 3 {
+		dl := deadLetter(fmt.Sprintf("u%d", i), ReasonDownstreamError, int64(i), clk.Now())
+		pol.Place(ctx, dl)
+		dls = append(dls, dl)
+	}
+	for i, want := range []IndexResult{IndexNew, IndexNew, IndexFull} {
+		if res, err := indexDL(t, ctx, idx, dls[i]); err != nil || res != want {
+			t.Fatalf("letter %d: %v %v, want %v", i, res, err, want)
+		}
+	}
+	if _, err := idx.Get(ctx, dls[2].ID); err != ErrNotFound {
+		t.Fatalf("refused letter: %v, want not found", err)
+	}
+	if room, err := idx.Room(ctx); err != nil || room {
+		t.Fatalf("room %v %v, want none", room, err)
+	}
+	if res, err := indexDL(t, ctx, idx, dls[0]); err != nil || res != IndexDuplicate {
+		t.Fatalf("duplicate: %v %v", res, err)
+	}
+	if ok, err := idx.MarkRetried(ctx, dls[0].ID, 1); err != nil || !ok {
+		t.Fatalf("event on a full index: %v %v", ok, err)
+	}
+	if _, err := idx.Delete(ctx, dls[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := indexDL(t, ctx, idx, dls[2]); err != nil || res != IndexNew {
+		t.Fatalf("after a deletion: %v %v", res, err)
 	}
 }

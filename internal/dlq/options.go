@@ -25,11 +25,13 @@ var SystemClock Clock = systemClock{}
 type Option func(*options)
 
 type options struct {
-	log    *zap.Logger
-	reg    prometheus.Registerer
-	clock  Clock
-	blocks BlockLookup
-	events EventSink
+	log        *zap.Logger
+	reg        prometheus.Registerer
+	clock      Clock
+	blocks     BlockLookup
+	events     EventSink
+	letters    Letters
+	maxEntries int64
 }
 
 // WithLogger sets the logger (default: no logging).
@@ -48,6 +50,11 @@ func WithBlockLookup(b BlockLookup) Option { return func(o *options) { o.blocks 
 // purged entries, in the DLQ topic (normally the DLQ Producer), so that
 // Rebuild neither sends them again nor brings them back.
 func WithEventSink(s EventSink) Option { return func(o *options) { o.events = s } }
+
+// WithMaxEntries bounds the index (dlq_index.max_entries): a new dead
+// letter beyond it is refused with IndexFull, and the DLQ consumer holds
+// it in the topic until expiry or a purge makes room. 0: unbounded.
+func WithMaxEntries(n int64) Option { return func(o *options) { o.maxEntries = n } }
 
 func buildOptions(opts []Option) options {
 	o := options{log: zap.NewNop(), clock: SystemClock}

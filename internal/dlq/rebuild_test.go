@@ -74,12 +74,12 @@ func TestRebuildBesideSchedulerResendsNothing(t *testing.T) {
 	slow := redis.NewClient(e.rdb.Options())
 	slow.AddHook(slowIndex{delay: 3 * time.Millisecond})
 	defer slow.Close()
-	idx := NewIndex(slow, e.prefix, WithClock(e.clk))
+	idx := NewIndex(slow, e.prefix, WithClock(e.clk), WithLetters(topicLetters(t, e.cfg)))
 	c, err := NewConsumer(ConsumerConfig{Kafka: e.cfg.Kafka}, idx, NewPolicy(testRecovery()), WithClock(e.clk))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newScheduler(t, e.brokers, e.mainTopic, NewIndex(e.rdb, e.prefix, WithClock(e.clk)), e.clk)
+	s := newScheduler(t, e.brokers, e.mainTopic, NewIndex(e.rdb, e.prefix, WithClock(e.clk), WithLetters(topicLetters(t, e.cfg))), e.clk)
 	var scans atomic.Int64
 	stop := make(chan struct{})
 	scanned := make(chan struct{})
@@ -130,36 +130,49 @@ func TestRebuildBesideSchedulerResendsNothing(t *testing.T) {
 	}
 }
 
-// TestUndecodableIndexEntrySkipped: one index entry whose stored letter
-// does not decode no longer fails every scan's batch: it is moved to
-// review and counted, and the others are sent.
+// TestUndecodableIndexEntrySkipped: one index entry whose DLQ coordinates
+// do not parse does not fail the scan's batch: it is moved to review and
+// counted, and the others are sent. A second whose letter the topic no
+// longer holds (retention) goes to review too, counted as gone.
 func TestUndecodableIndexEntrySkipped(t *testing.T) {
 	e := newRebuildEnv(t)
 	ctx := context.Background()
-	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk))
+	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk), WithLetters(mem))
 	long := e.clk.Now().Add(-2 * time.Hour)
 	var ids []string
-	for i := range 3 {
+	var gone Coord
+	for i := range 4 {
 		dl := deadLetter(fmt.Sprintf("u%d", i), ReasonDownstreamError, int64(i), long)
 		NewPolicy(testRecovery()).Place(ctx, dl)
-		if _, err := idx.Index(ctx, dl); err != nil {
+		dl.EnsureID()
+		at := mem.put(t, dl)
+		if _, err := idx.Index(ctx, dl, at); err != nil {
 			t.Fatal(err)
+		}
+		if i == 3 {
+			gone = at
 		}
 		ids = append(ids, dl.ID)
 	}
-	if err := e.rdb.HSet(ctx, idx.msgKey(ids[1]), "json", "{garbled").Err(); err != nil {
+	if err := e.rdb.HSet(ctx, idx.msgKey(ids[1]), "k", "garbled").Err(); err != nil {
 		t.Fatal(err)
 	}
+	mem.forget(gone)
 	s := newScheduler(t, e.brokers, e.mainTopic, idx, e.clk)
 	sent, err := s.ScanOnce(ctx)
 	if err != nil || sent != 2 {
 		t.Fatalf("scan sent %d, %v; want the 2 good entries", sent, err)
 	}
-	if en, err := e.rdb.HGet(ctx, idx.msgKey(ids[1]), "state").Result(); err != nil || en != StateReview {
-		t.Fatalf("garbled entry state %q %v, want review", en, err)
+	for _, id := range []string{ids[1], ids[3]} {
+		if en, err := idx.Get(ctx, id); err != nil || en.State != StateReview {
+			t.Fatalf("entry %s: %+v %v, want review", id, en, err)
+		}
 	}
 	if v := metricValue(idx.m.undecodableEntries); v != 1 {
 		t.Fatalf("undecodable entries = %v", v)
+	}
+	if v := metricValue(idx.m.gone); v != 1 {
+		t.Fatalf("letters gone = %v", v)
 	}
 }
 
@@ -171,13 +184,13 @@ func TestUndecodableIndexEntrySkipped(t *testing.T) {
 func TestBatchRetryKeepsUserOrder(t *testing.T) {
 	e := newRebuildEnv(t)
 	ctx := context.Background()
-	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk))
+	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk), WithLetters(mem))
 	at := e.clk.Now()
 	var entries []*Entry
 	for off := range 20 {
 		dl := deadLetter("ordered", ReasonDownstreamError, int64(off), at)
 		dl.ManualReview = true // in review; the operator retries them all
-		if _, err := idx.Index(ctx, dl); err != nil {
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
 			t.Fatal(err)
 		}
 		en, err := idx.Get(ctx, dl.ID)

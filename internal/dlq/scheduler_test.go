@@ -51,11 +51,11 @@ func TestSchedulerRetriesWhenDue(t *testing.T) {
 	mainTopic := testenv.Topic(t, 2)
 	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	ctx := context.Background()
 	dl := deadLetter("ivy", ReasonDownstreamError, 3, clk.Now())
 	NewPolicy(testRecovery()).Place(ctx, dl)
-	if _, err := idx.Index(ctx, dl); err != nil {
+	if _, err := indexDL(t, ctx, idx, dl); err != nil {
 		t.Fatal(err)
 	}
 	events := &eventLog{}
@@ -107,7 +107,7 @@ func TestSchedulerRetriesWhenDue(t *testing.T) {
 	last := deadLetter("ivy", ReasonDownstreamError, 4, clk.Now())
 	last.RetryCount = 5
 	NewPolicy(testRecovery()).Place(ctx, last)
-	if _, err := idx.Index(ctx, last); err != nil {
+	if _, err := indexDL(t, ctx, idx, last); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := idx.Stats(ctx); st.Review != 1 {
@@ -128,11 +128,11 @@ func toHeaders(m *kafka.Message) []Header {
 func TestSchedulerNoAckNoIndexUpdate(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	ctx := context.Background()
 	dl := deadLetter("jay", ReasonQueueFull, 1, clk.Now())
 	NewPolicy(testRecovery()).Place(ctx, dl)
-	if _, err := idx.Index(ctx, dl); err != nil {
+	if _, err := indexDL(t, ctx, idx, dl); err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t, "127.0.0.1:1", "nowhere", "unused")
@@ -169,18 +169,18 @@ func TestTwoSchedulersSendOnce(t *testing.T) {
 	mainTopic := testenv.Topic(t, 2)
 	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	ctx := context.Background()
 	const n = 30
 	for i := range n {
 		dl := deadLetter("user-"+strconv.Itoa(i%7), ReasonDownstreamError, int64(i), clk.Now())
 		NewPolicy(testRecovery()).Place(ctx, dl)
-		if _, err := idx.Index(ctx, dl); err != nil {
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
 			t.Fatal(err)
 		}
 	}
 	a := newScheduler(t, brokers, mainTopic, idx, clk)
-	b := newScheduler(t, brokers, mainTopic, NewIndex(rdb, prefix, WithClock(clk)), clk)
+	b := newScheduler(t, brokers, mainTopic, NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem)), clk)
 	a.Start()
 	b.Start()
 	clk.Add(time.Minute)
@@ -211,11 +211,11 @@ func TestSchedulerRestartLosesNothing(t *testing.T) {
 	mainTopic := testenv.Topic(t, 1)
 	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	ctx := context.Background()
 	dl := deadLetter("kim", ReasonCircuitOpen, 1, clk.Now())
 	NewPolicy(testRecovery()).Place(ctx, dl)
-	if _, err := idx.Index(ctx, dl); err != nil {
+	if _, err := indexDL(t, ctx, idx, dl); err != nil {
 		t.Fatal(err)
 	}
 	first := newScheduler(t, brokers, mainTopic, idx, clk)
@@ -225,7 +225,7 @@ func TestSchedulerRestartLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Add(time.Minute)
-	second := newScheduler(t, brokers, mainTopic, NewIndex(rdb, prefix, WithClock(clk)), clk)
+	second := newScheduler(t, brokers, mainTopic, NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem)), clk)
 	second.Start()
 	waitFor(t, "retried by the second scheduler", 10*time.Second, func() bool {
 		e, err := idx.Get(ctx, dl.ID)
@@ -240,12 +240,12 @@ func TestSchedulerPacesRateLimitedUser(t *testing.T) {
 	mainTopic := testenv.Topic(t, 1)
 	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk))
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	ctx := context.Background()
 	for i := range 6 {
 		dl := deadLetter("loud", ReasonRateLimited, int64(i), clk.Now())
 		NewPolicy(testRecovery()).Place(ctx, dl)
-		if _, err := idx.Index(ctx, dl); err != nil {
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -36,8 +36,11 @@ type dlqStore struct{ x *dlq.Index }
 func toAdminMessage(e *dlq.Entry) admin.DLQMessage {
 	m := admin.DLQMessage{ID: e.ID, User: e.UserID, OpenKfID: e.OpenKfID, Reason: string(e.Reason), Details: e.Details,
 		State: e.State, FailureTime: e.FailureTime, RetryCount: e.RetryCount + e.Attempts, NextRetryTime: e.NextRetryTime,
-		SourceTopic: e.SourceTopic, SourcePartition: e.SourcePartition, SourceOffset: e.SourceOffset}
+		SourceTopic: e.SourceTopic, SourcePartition: e.SourcePartition, SourceOffset: e.SourceOffset,
+		Preview: e.Preview, DLQPartition: e.At.Partition, DLQOffset: e.At.Offset}
 	switch {
+	case !e.Whole:
+		// A summary (List): the message is read from the DLQ topic on Get.
 	case e.Original != nil:
 		m.Message, _ = json.Marshal(e.Original)
 	case len(e.OriginalValue) > 0:
@@ -143,9 +146,7 @@ func (s dlqStore) Purge(ctx context.Context, f admin.DLQFilter) (int, error) {
 }
 
 func (s dlqStore) Export(ctx context.Context, f admin.DLQFilter, fn func(admin.DLQMessage) error) error {
-	return s.x.Export(ctx, toFilter(f), func(dl *dlq.DeadLetterMessage) error {
-		return fn(toAdminMessage(&dlq.Entry{DeadLetterMessage: dl}))
-	})
+	return s.x.Export(ctx, toFilter(f), func(e *dlq.Entry) error { return fn(toAdminMessage(e)) })
 }
 
 // rateLimitAdmin adapts ratelimit.Admin to the admin API.

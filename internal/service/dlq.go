@@ -44,6 +44,7 @@ type DLQ struct {
 
 	log       *zap.Logger
 	producer  *dlq.Producer
+	letters   *dlq.TopicLetters
 	scheduler *dlq.Scheduler
 	http      *http.Server
 	cancel    context.CancelFunc
@@ -65,24 +66,34 @@ func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (
 	if err != nil {
 		return nil, fmt.Errorf("dlq producer: %w", err)
 	}
+	// The index keeps summaries; whole letters are read back from the
+	// DLQ topic.
+	letters, err := dlq.NewTopicLetters(cfg.Kafka)
+	if err != nil {
+		_ = producer.Close(context.Background())
+		return nil, err
+	}
 	// The index records purges, the scheduler sent retries, in the DLQ
 	// topic, so a rebuild reproduces both.
-	idx := dlq.NewIndex(base.Redis, prefix, append(opts, dlq.WithEventSink(producer))...)
+	idx := dlq.NewIndex(base.Redis, prefix, append(opts, dlq.WithEventSink(producer), dlq.WithLetters(letters),
+		dlq.WithMaxEntries(cfg.DLQIndex.MaxEntries))...)
 	policy := dlq.NewPolicy(cfg.Recovery, opts...)
 	sched, err := dlq.NewScheduler(dlq.SchedulerConfig{Kafka: cfg.Kafka, Recovery: cfg.Recovery, RateLimit: cfg.RateLimit, Prefix: prefix},
 		base.Redis, idx, policy, append(opts, dlq.WithEventSink(producer))...)
 	if err != nil {
 		_ = producer.Close(context.Background())
+		_ = letters.Close()
 		return nil, fmt.Errorf("dlq scheduler: %w", err)
 	}
 	cons, err := dlq.NewConsumer(dlq.ConsumerConfig{Kafka: cfg.Kafka}, idx, policy, opts...)
 	if err != nil {
 		_ = sched.Close(context.Background())
 		_ = producer.Close(context.Background())
+		_ = letters.Close()
 		return nil, fmt.Errorf("dlq consumer: %w", err)
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d := &DLQ{Index: idx, Admin: rlAdmin, log: base.Log, producer: producer, scheduler: sched, cancel: cancel}
+	d := &DLQ{Index: idx, Admin: rlAdmin, log: base.Log, producer: producer, letters: letters, scheduler: sched, cancel: cancel}
 	sched.Start()
 	d.wg.Add(2)
 	go func() {
@@ -153,6 +164,6 @@ func (d *DLQ) Close(ctx context.Context) error {
 	errs = append(errs, d.scheduler.Close(ctx))
 	d.cancel()
 	d.wg.Wait()
-	errs = append(errs, d.producer.Close(ctx), d.runErr)
+	errs = append(errs, d.producer.Close(ctx), d.letters.Close(), d.runErr)
 	return errors.Join(errs...)
 }

@@ -88,19 +88,27 @@ type DLQFilter struct {
 
 // DLQMessage is one dead letter as the API shows it.
 type DLQMessage struct {
-	ID              string          `json:"id"`
-	User            string          `json:"user"`
-	OpenKfID        string          `json:"open_kfid,omitempty"`
-	Reason          string          `json:"reason"`
-	Details         string          `json:"details,omitempty"`
-	State           string          `json:"state"`
-	FailureTime     time.Time       `json:"failure_time"`
-	RetryCount      int             `json:"retry_count"`
-	NextRetryTime   *time.Time      `json:"next_retry_time,omitempty"`
-	SourceTopic     string          `json:"source_topic,omitempty"`
-	SourcePartition int32           `json:"source_partition"`
-	SourceOffset    int64           `json:"source_offset"`
-	Message         json.RawMessage `json:"message,omitempty"` // the original message, as stored
+	ID              string     `json:"id"`
+	User            string     `json:"user"`
+	OpenKfID        string     `json:"open_kfid,omitempty"`
+	Reason          string     `json:"reason"`
+	Details         string     `json:"details,omitempty"`
+	State           string     `json:"state"`
+	FailureTime     time.Time  `json:"failure_time"`
+	RetryCount      int        `json:"retry_count"`
+	NextRetryTime   *time.Time `json:"next_retry_time,omitempty"`
+	SourceTopic     string     `json:"source_topic,omitempty"`
+	SourcePartition int32      `json:"source_partition"`
+	SourceOffset    int64      `json:"source_offset"`
+	// Preview is the start of the message's text (lists show it).
+	Preview string `json:"preview,omitempty"`
+	// DLQPartition and DLQOffset are where the letter sits in the DLQ
+	// topic (kcat -p … -o …).
+	DLQPartition int32 `json:"dlq_partition"`
+	DLQOffset    int64 `json:"dlq_offset"`
+	// Message is the original message, read from the DLQ topic: in a
+	// single letter and in exports, not in lists.
+	Message json.RawMessage `json:"message,omitempty"`
 }
 
 // RateLimitStatus is what an operator sees of one user.

@@ -139,6 +139,7 @@ async function loadMessages(append) {
     cell(tr, m.user);
     cell(tr, m.reason);
     cell(tr, m.state);
+    cell(tr, m.preview || "");
     cell(tr, m.failure_time ? new Date(m.failure_time).toLocaleString() : "");
     cell(tr, m.retry_count);
     const td = cell(tr, "");
