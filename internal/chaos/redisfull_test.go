@@ -48,7 +48,29 @@ func TestChaosRedisFull(t *testing.T) {
 			return err
 		}
 		rec.Extra("maxmemory_kib", limit>>10)
-		if !Pause(ctx, full, full) {
+		// While Redis is full, the consumers say so: PING still answers,
+		// so readiness alone would not; the /readyz detail and
+		// kfpipe_redis_errors_total{kind="oom"} (alert
+		// KfpipeRedisOutOfMemory) do.
+		told := map[string]bool{}
+		deadline := time.Now().Add(full)
+		for time.Now().Before(deadline) && len(told) < len(p.Consumers) {
+			for _, c := range p.Consumers {
+				_, body, err := c.Readyz(ctx)
+				n, _ := c.Metric(ctx, `kfpipe_redis_errors_total{kind="oom"}`)
+				if err == nil && strings.Contains(body, "out of memory") && n > 0 {
+					told[c.Tag()] = true
+				}
+			}
+			if !Pause(ctx, 500*time.Millisecond, 500*time.Millisecond) {
+				return ctx.Err()
+			}
+		}
+		rec.Extra("consumers_reporting_oom", len(told))
+		if len(told) == 0 {
+			rec.Problem("no consumer reported Redis out of memory on /readyz and in kfpipe_redis_errors_total")
+		}
+		if !Pause(ctx, time.Until(deadline), time.Until(deadline)) {
 			return ctx.Err()
 		}
 		if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {

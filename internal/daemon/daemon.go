@@ -66,6 +66,7 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 	}
 	b := &Base{Name: name, Log: log, Registry: obs.NewRegistry(name, Version), common: c}
 	b.Redis = redisconn.New(c.Redis)
+	redisErrs := redisconn.Instrument(b.Redis, b.Registry)
 	b.Admin, err = kafka.NewAdminClient(kafkaclient.Admin(c.Kafka))
 	if err != nil {
 		_ = b.Redis.Close()
@@ -74,6 +75,7 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 	b.Ops = obs.NewServer(obs.ServerConfig{Addr: c.Ops.Addr, Pprof: c.Ops.Pprof, ReadyTimeout: c.Ops.ReadyTimeout}, b.Registry, log)
 	b.Ops.AddCheck("kafka", func(ctx context.Context) error { return kafkaclient.Ping(ctx, b.Admin) })
 	b.Ops.AddCheck("redis", redisconn.Ping(b.Redis))
+	b.Ops.AddDetail("redis", redisErrs.OOMDetail)
 	if err := b.Ops.Start(); err != nil {
 		b.closeClients()
 		return nil, err

@@ -7,8 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -73,4 +77,110 @@ func CheckEvictionPolicy(ctx context.Context, c redis.UniversalClient) (string, 
 			ErrEvictionPolicy, policy)
 	}
 	return policy, nil
+}
+
+// Errors counts the commands Redis refused or that failed on the way, by
+// kind (kfpipe_redis_errors_total), and remembers when Redis last refused
+// a write for want of memory: a Redis at maxmemory under noeviction
+// answers PING, so readiness alone would not show it.
+type Errors struct {
+	byKind  *prometheus.CounterVec
+	lastOOM atomic.Int64 // unix nanoseconds; 0 never
+}
+
+// Instrument adds Errors' hook to c and registers its counter with reg.
+func Instrument(c redis.UniversalClient, reg prometheus.Registerer) *Errors {
+	e := &Errors{byKind: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kfpipe_redis_errors_total",
+		Help: "Redis commands that failed, by kind: oom (maxmemory reached: writes refused), readonly (a replica answered: failover), loading, timeout, connection, other.",
+	}, []string{"kind"})}
+	for _, k := range []string{"oom", "readonly", "loading", "timeout", "connection", "other"} {
+		e.byKind.WithLabelValues(k)
+	}
+	if reg != nil {
+		reg.MustRegister(e.byKind)
+	}
+	c.AddHook(e)
+	return e
+}
+
+// Kind classifies a command's error; "" for none (redis.Nil is an answer).
+func Kind(err error) string {
+	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) {
+		return ""
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		switch {
+		case strings.HasPrefix(msg, "OOM "):
+			return "oom"
+		case strings.HasPrefix(msg, "READONLY "):
+			return "readonly"
+		case strings.HasPrefix(msg, "LOADING "):
+			return "loading"
+		case strings.HasPrefix(msg, "NOSCRIPT "):
+			return "" // go-redis answers it by sending the script
+		}
+		return "other"
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return "timeout"
+	}
+	return "connection"
+}
+
+func (e *Errors) count(err error) {
+	k := Kind(err)
+	if k == "" {
+		return
+	}
+	e.byKind.WithLabelValues(k).Inc()
+	if k == "oom" {
+		e.lastOOM.Store(time.Now().UnixNano())
+	}
+}
+
+// DialHook implements redis.Hook.
+func (e *Errors) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (e *Errors) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() != "client" { // connection set-up Redis 7.0 does not know; ignored
+			e.count(err)
+		}
+		return err
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (e *Errors) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			if c.Name() == "client" {
+				continue // CLIENT SETINFO at connection set-up, as above
+			}
+			e.count(c.Err())
+		}
+		return err
+	}
+}
+
+// OOMDetail is a /readyz detail: non-empty while Redis refused a write for
+// want of memory in the last 30 s.
+func (e *Errors) OOMDetail() string {
+	at := e.lastOOM.Load()
+	if at == 0 {
+		return ""
+	}
+	ago := time.Since(time.Unix(0, at))
+	if ago > 30*time.Second {
+		return ""
+	}
+	return fmt.Sprintf("Redis refuses writes: out of memory (maxmemory reached, last refusal %s ago); nothing is committed that is not recorded — raise maxmemory or free memory",
+		ago.Round(time.Second))
 }

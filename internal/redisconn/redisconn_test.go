@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -87,5 +89,58 @@ func TestCheckEvictionPolicy(t *testing.T) {
 	defer down.Close()
 	if _, err := CheckEvictionPolicy(ctx, down); err == nil || errors.Is(err, ErrEvictionPolicy) {
 		t.Errorf("unreachable Redis: got %v, want a connection error to retry on", err)
+	}
+}
+
+// TestErrorsCountOOM: a Redis at maxmemory under noeviction refuses writes
+// with OOM while it still answers PING and reads. The hook counts each
+// refusal as oom — in a pipeline too — and the /readyz detail says so;
+// a missing key (redis.Nil) and a script's first NOSCRIPT are not errors.
+func TestErrorsCountOOM(t *testing.T) {
+	addr := testenv.PrivateRedis(t)
+	c := New(config.Redis{Mode: "single", Addr: addr, PoolSize: 2,
+		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	defer c.Close()
+	reg := prometheus.NewRegistry()
+	e := Instrument(c, reg)
+	ctx := context.Background()
+	count := func(kind string) float64 {
+		var m dto.Metric
+		if err := e.byKind.WithLabelValues(kind).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+
+	if err := c.Get(ctx, "missing").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("get missing: %v", err)
+	}
+	if err := redis.NewScript(`return 1`).Run(ctx, c, nil).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if e.OOMDetail() != "" || count("oom") != 0 || count("other") != 0 {
+		t.Fatalf("errors before any refusal: oom %v other %v detail %q", count("oom"), count("other"), e.OOMDetail())
+	}
+	if err := c.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "k", "v", 0).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM ") {
+		t.Fatalf("set at maxmemory: %v, want OOM", err)
+	}
+	pipe := c.Pipeline()
+	pipe.Set(ctx, "a", "1", 0)
+	pipe.Set(ctx, "b", "1", 0)
+	_, _ = pipe.Exec(ctx)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping at maxmemory: %v (readiness alone would not show it)", err)
+	}
+	if got := count("oom"); got != 3 {
+		t.Fatalf("oom refusals counted %v, want 3", got)
+	}
+	if d := e.OOMDetail(); !strings.Contains(d, "out of memory") {
+		t.Fatalf("detail %q", d)
+	}
+	if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
 	}
 }
