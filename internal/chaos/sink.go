@@ -131,6 +131,13 @@ func (s *Sink) FailUser(user string) {
 	s.failUsers[user] = true
 }
 
+// UnfailUser undoes FailUser: user's downstream works again.
+func (s *Sink) UnfailUser(user string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.failUsers, user)
+}
+
 // Down makes the Sink answer 503 to every message (on) or serve again:
 // the downstream is down for everyone. It returns the 503 answers given
 // so far.

@@ -1,0 +1,229 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestChaosDLQKill9: the dlq-consumer (index, scheduler, admin API) is
+// killed with SIGKILL while it re-injects scheduled retries, and again in
+// the middle of an operator's batch retry. Five users' downstream fails
+// from the start, so their messages go to the DLQ, come back on the
+// scheduler's backoff (1 s … 10 s), fail again and end in review; then
+// their downstream recovers and an operator retries every letter in
+// review. Judged, beyond lost=0 dup=0 reordered=0: each letter is
+// re-injected into the main topic at most once per attempt — no
+// (upstream msgid, retry_count) among the re-injected records twice
+// (counted in a kcat dump) — and none is stranded: at the end nothing is
+// due, nothing waits in review, and every message of the five users had
+// its effect.
+func TestChaosDLQKill9(t *testing.T) {
+	svc := NeedServices(t)
+	load := Size(Load{Total: 3000, Users: 200, Rate: 150}, Load{Total: 12000, Users: 600, Rate: 200})
+	kills := Size(3, 8)
+	var pp *Pipeline
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2,
+		SinkSleep: time.Millisecond, Judge: func(_ *Evidence, rep *Report) { judgeReinjections(pp, rep) }})
+	pp = p
+	var failing []string
+	for i := range 5 {
+		u := p.UserName(i * 7)
+		failing = append(failing, u)
+		p.Sink.FailUser(u)
+	}
+	Run(t, "dlq-kill9", p, load, Size(3*time.Minute, 6*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
+		// Phase 1: kills while the scheduler re-injects on its backoff.
+		for range kills {
+			if !Pause(ctx, 3*time.Second, 6*time.Second) {
+				return ctx.Err()
+			}
+			if err := killRestart(p.DLQ); err != nil {
+				return err
+			}
+		}
+		// Until every failing letter has exhausted its retries.
+		if err := waitStats(ctx, p, 2*time.Minute, func(s dlqStats) bool { return s.Review > 0 && s.Due == 0 }); err != nil {
+			return fmt.Errorf("failing users' letters never all in review: %w", err)
+		}
+		st, _ := getStats(ctx, p)
+		rec.Extra("review_before_batch", st.Review)
+		// Phase 2: the downstream recovers; an operator retries them all,
+		// and the dlq-consumer dies in the middle of it, twice.
+		for _, u := range failing {
+			p.Sink.UnfailUser(u)
+		}
+		n, err := batchRetryReview(ctx, p)
+		if err != nil {
+			return err
+		}
+		rec.Extra("batch_retried", n)
+		for _, d := range []time.Duration{150 * time.Millisecond, 2 * time.Second} {
+			if !Pause(ctx, d, d) {
+				return ctx.Err()
+			}
+			if err := killRestart(p.DLQ); err != nil {
+				return err
+			}
+		}
+		if err := waitStats(ctx, p, 2*time.Minute, func(s dlqStats) bool { return s.Review == 0 && s.Due == 0 }); err != nil {
+			st, _ := getStats(ctx, p)
+			rec.Problem("letters stranded after the batch retry: due=%d review=%d (%v)", st.Due, st.Review, err)
+		}
+		for _, u := range failing {
+			if p.Sink.Failures(u) == 0 {
+				rec.Problem("failing user %s never failed: the scenario proved nothing", u)
+			}
+		}
+		return nil
+	})
+}
+
+// killRestart SIGKILLs d and starts it again once it is gone.
+func killRestart(d *Daemon) error {
+	if _, err := d.Kill9(); err != nil {
+		return err
+	}
+	if err := d.Start(); err != nil {
+		return err
+	}
+	return d.WaitReady(30 * time.Second)
+}
+
+type dlqStats struct {
+	Total   int64 `json:"total"`
+	Due     int64 `json:"due"`
+	Review  int64 `json:"review"`
+	Retried int64 `json:"retried"`
+}
+
+func getStats(ctx context.Context, p *Pipeline) (dlqStats, error) {
+	var s dlqStats
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.AdminURL+"/admin/dlq/stats", nil)
+	if err != nil {
+		return s, err
+	}
+	req.Header.Set("Authorization", "Bearer "+OperatorToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return s, fmt.Errorf("dlq stats: %s", resp.Status)
+	}
+	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
+
+// waitStats polls the DLQ stats until ok, ctx ends or timeout passes.
+func waitStats(ctx context.Context, p *Pipeline, timeout time.Duration, ok func(dlqStats) bool) error {
+	deadline := time.Now().Add(timeout)
+	var last dlqStats
+	for time.Now().Before(deadline) {
+		if s, err := getStats(ctx, p); err == nil {
+			if ok(s) {
+				return nil
+			}
+			last = s
+		}
+		if !Pause(ctx, 500*time.Millisecond, 500*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("timed out; last stats %+v", last)
+}
+
+// batchRetryReview is the operator's "retry every letter in review".
+func batchRetryReview(ctx context.Context, p *Pipeline) (int, error) {
+	body := []byte(`{"reason":"chaos: downstream fixed","filter":{"review":true}}`)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.AdminURL+"/admin/dlq/batch-retry", bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+OperatorToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Count int `json:"count"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("batch retry: %s", resp.Status)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&out)
+	return out.Count, err
+}
+
+// judgeReinjections counts the records the scheduler put back on the main
+// topic by (upstream msgid, retry_count): each attempt of a letter at most
+// once.
+func judgeReinjections(p *Pipeline, rep *Report) {
+	counts, total, err := p.reinjections()
+	if err != nil {
+		rep.Problem("dump re-injections: %v", err)
+		return
+	}
+	dups := 0
+	for k, n := range counts {
+		if n > 1 {
+			dups += n - 1
+			if dups <= 5 {
+				rep.note("re-injected %d times: %s", n, k)
+			}
+		}
+	}
+	rep.Extra("reinjected", total)
+	rep.Extra("reinjected_twice", dups)
+	if total == 0 {
+		rep.Problem("nothing was re-injected: the scenario proved nothing")
+	}
+	if dups > 0 {
+		rep.Problem("%d re-injections of a letter's attempt that had been re-injected already", dups)
+	}
+}
+
+// reinjections dumps the main topic (read_committed) and counts the
+// records carrying retry_from_dlq=true by upstream_msgid/retry_count.
+func (p *Pipeline) reinjections() (map[string]int, int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, p.Opts.Kcat, "-b", p.Opts.Brokers, "-C", "-t", p.MainTopic, "-e", "-q",
+		"-X", "isolation.level=read_committed", "-f", "%h\n")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, 0, fmt.Errorf("kcat: %v: %s", err, stderr.String())
+	}
+	counts := map[string]int{}
+	total := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		var msgid, count string
+		retried := false
+		for _, h := range strings.Split(line, ",") {
+			k, v, _ := strings.Cut(h, "=")
+			switch k {
+			case "upstream_msgid":
+				msgid = v
+			case "retry_count":
+				count = v
+			case "retry_from_dlq":
+				retried = v == "true"
+			}
+		}
+		if retried {
+			counts[msgid+"/"+count]++
+			total++
+		}
+	}
+	return counts, total, nil
+}
