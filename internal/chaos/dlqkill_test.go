@@ -30,7 +30,12 @@ func TestChaosDLQKill9(t *testing.T) {
 	kills := Size(3, 8)
 	var pp *Pipeline
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2,
-		SinkSleep: time.Millisecond, Judge: func(_ *Evidence, rep *Report) { judgeReinjections(pp, rep) }})
+		SinkSleep: time.Millisecond, Judge: func(_ *Evidence, rep *Report) { judgeReinjections(pp, rep) },
+		// A failing message goes to the DLQ after one quick attempt, and
+		// after three re-injections to review: the scenario is about the
+		// DLQ side, and a user's messages fail one after another.
+		ConsumerEnv: map[string]string{"KFPIPE_PROCESSOR_RETRY_ATTEMPTS": "1"},
+		DLQEnv:      map[string]string{"KFPIPE_RECOVERY_MAX_RETRIES_DOWNSTREAM_ERROR": "3", "KFPIPE_RECOVERY_MAX_RETRIES_CIRCUIT_OPEN": "3"}})
 	pp = p
 	var failing []string
 	for i := range 5 {

@@ -89,7 +89,12 @@ func NewConsumer(cfg ConsumerConfig, idx *Index, policy *Policy, opts ...Option)
 // Run consumes until ctx is cancelled, then commits what was indexed and
 // leaves the group. It returns nil on cancellation.
 func (c *Consumer) Run(ctx context.Context) error {
-	kc, err := kafka.NewConsumer(kafkaclient.Consumer(c.cfg.Kafka, c.cfg.Kafka.Consumer.GroupID))
+	cm := kafkaclient.Consumer(c.cfg.Kafka, c.cfg.Kafka.Consumer.GroupID)
+	// At the end of a partition its position can be past the last record
+	// (the scheduler's transactions end with a commit marker); committing
+	// that position lets the scheduler see the index caught up.
+	_ = cm.SetKey("enable.partition.eof", true)
+	kc, err := kafka.NewConsumer(cm)
 	if err != nil {
 		return fmt.Errorf("dlq consumer: %w", err)
 	}
@@ -154,6 +159,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if n++; n >= c.cfg.CommitEvery {
 				commit()
 				n = 0
+			}
+		case kafka.PartitionEOF:
+			if _, ok := held[e.Partition]; !ok && e.Offset >= 0 {
+				// Everything before the end is indexed (or a marker).
+				pending[e.Partition] = kafka.TopicPartition(e)
 			}
 		case kafka.Error:
 			c.log.Warn("dlq consumer error", zap.Error(e))
@@ -278,7 +288,11 @@ func (c *Consumer) Rebuild(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	topic := c.cfg.Kafka.Topics.DLQ.Name
-	kc, err := kafka.NewConsumer(kafkaclient.Consumer(c.cfg.Kafka, c.cfg.Kafka.Consumer.GroupID+"-rebuild-"+uuid.NewString()))
+	cm := kafkaclient.Consumer(c.cfg.Kafka, c.cfg.Kafka.Consumer.GroupID+"-rebuild-"+uuid.NewString())
+	// The end of a partition may be a transaction's commit marker, never
+	// delivered as a record: its end-of-partition event says it was read.
+	_ = cm.SetKey("enable.partition.eof", true)
+	kc, err := kafka.NewConsumer(cm)
 	if err != nil {
 		return 0, fmt.Errorf("dlq rebuild: %w", err)
 	}
@@ -331,6 +345,10 @@ func (c *Consumer) Rebuild(ctx context.Context) (int, error) {
 			n++
 			if off+1 >= high[p] {
 				delete(high, p)
+			}
+		case kafka.PartitionEOF:
+			if hi, ok := high[e.Partition]; ok && int64(e.Offset) >= hi {
+				delete(high, e.Partition)
 			}
 		case kafka.Error:
 			c.log.Warn("dlq rebuild consumer error", zap.Error(e))

@@ -36,7 +36,7 @@ func newRebuildEnv(t *testing.T) *rebuildEnv {
 
 func TestConsumerIndexesAndRebuild(t *testing.T) {
 	e := newRebuildEnv(t)
-	brokers, dlqTopic, mainTopic, rdb, prefix, clk, cfg := e.brokers, e.dlqTopic, e.mainTopic, e.rdb, e.prefix, e.clk, e.cfg
+	brokers, dlqTopic, rdb, prefix, clk, cfg := e.brokers, e.dlqTopic, e.rdb, e.prefix, e.clk, e.cfg
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(topicLetters(t, cfg)))
 	pol := NewPolicy(testRecovery())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -107,15 +107,14 @@ func TestConsumerIndexesAndRebuild(t *testing.T) {
 		t.Errorf("undecodable %v unrecoverable %v", metricValue(c.m.undecodable), metricValue(c.m.unrecoverable))
 	}
 
-	// Retry the due ones; their events go to the DLQ topic.
-	sink := &sinkWaiter{p: p}
-	s := newScheduler(t, brokers, mainTopic, idx, clk, WithEventSink(sink))
+	// Retry the due ones; their events go to the DLQ topic in the
+	// retries' transaction.
+	s := schedulerWith(t, cfg, idx, clk)
 	clk.Add(time.Minute) // base delay: every first retry is due (u0's rate_limited ones are paced)
 	sent, err := s.ScanOnce(ctx)
 	if err != nil || sent == 0 {
 		t.Fatalf("scan sent %d %v", sent, err)
 	}
-	sink.wg.Wait()
 	waitFor(t, "events consumed", 20*time.Second, func() bool {
 		s, _ := idx.Stats(ctx)
 		return s.Retried == int64(sent)

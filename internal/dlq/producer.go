@@ -207,6 +207,12 @@ func (p *Producer) Send(dl *DeadLetterMessage, done func(error)) {
 
 // record builds the DLQ Kafka record of dl.
 func (p *Producer) record(dl *DeadLetterMessage, value []byte, opaque any) *kafka.Message {
+	return dlqRecord(&p.topic, dl, value, opaque)
+}
+
+// dlqRecord builds the Kafka record of dl (encoded as value) for the DLQ
+// topic.
+func dlqRecord(topic *string, dl *DeadLetterMessage, value []byte, opaque any) *kafka.Message {
 	src := dl.SourceTopic + "/" + strconv.FormatInt(int64(dl.SourcePartition), 10) + "/" + strconv.FormatInt(dl.SourceOffset, 10)
 	hs := []kafka.Header{
 		{Key: HeaderReason, Value: []byte(dl.Reason)},
@@ -218,7 +224,7 @@ func (p *Producer) record(dl *DeadLetterMessage, value []byte, opaque any) *kafk
 		hs = append(hs, kafka.Header{Key: HeaderEvent, Value: []byte(dl.Event)})
 	}
 	return &kafka.Message{
-		TopicPartition: kafka.TopicPartition{Topic: &p.topic, Partition: kafka.PartitionAny},
+		TopicPartition: kafka.TopicPartition{Topic: topic, Partition: kafka.PartitionAny},
 		Key:            dl.Key(),
 		Value:          value,
 		Headers:        hs,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -69,17 +70,32 @@ type Scheduler struct {
 	clock  Clock
 	log    *zap.Logger
 	events EventSink
-	kp     *kafka.Producer
 	mutex  *redsync.Mutex
-	lease  time.Duration
-	m      schedulerMetrics
+
+	// tx is the transactional producer of re-injections: a retry and its
+	// "retried" event go to the main and DLQ topics in one transaction,
+	// so a scheduler killed after the commit and before the index learnt
+	// of it cannot send the letter again — the event is in the DLQ topic
+	// and the index applies it. Made on the first scan that sends; closed
+	// when the lock is lost or after a fatal error (another scheduler
+	// fenced it). One transactional.id per DLQ group: a new lock holder's
+	// InitTransactions aborts whatever a dead holder left open.
+	txMu    sync.Mutex
+	tx      *kafka.Producer
+	txDrain sync.WaitGroup
+	// catchUp is set when the index may lag behind committed
+	// transactions (a new lock holder, a failed index update): the next
+	// scan first waits until the DLQ consumer group has read the DLQ
+	// topic to its end.
+	catchUp atomic.Bool
+	lease   time.Duration
+	m       schedulerMetrics
 
 	paceMu sync.Mutex
 	pace   map[string]*paceWindow
 
 	stop      chan struct{}
 	loopWG    sync.WaitGroup
-	drainWG   sync.WaitGroup
 	closeOnce sync.Once
 }
 
@@ -110,10 +126,6 @@ func NewScheduler(cfg SchedulerConfig, rdb redis.UniversalClient, idx *Index, po
 		cfg.Batch = 500
 	}
 	o := buildOptions(opts)
-	kp, err := kafka.NewProducer(kafkaclient.Producer(cfg.Kafka))
-	if err != nil {
-		return nil, fmt.Errorf("dlq retry producer: %w", err)
-	}
 	rs := redsync.New(goredispool.NewPool(rdb))
 	s := &Scheduler{
 		cfg:    cfg,
@@ -122,7 +134,6 @@ func NewScheduler(cfg SchedulerConfig, rdb redis.UniversalClient, idx *Index, po
 		clock:  o.clock,
 		log:    o.log.Named("dlq-scheduler"),
 		events: o.events,
-		kp:     kp,
 		mutex: rs.NewMutex(cfg.Prefix+"lock:dlq:scheduler",
 			redsync.WithExpiry(cfg.Recovery.LockTTL), redsync.WithTries(1)),
 		// Long enough for Kafka to answer (its delivery timeout) before
@@ -143,18 +154,114 @@ func NewScheduler(cfg SchedulerConfig, rdb redis.UniversalClient, idx *Index, po
 	if s.lease < time.Second {
 		s.lease = time.Second
 	}
-	s.drainWG.Add(1)
-	go s.drainEvents()
+	s.catchUp.Store(true)
 	return s, nil
 }
 
-func (s *Scheduler) drainEvents() {
-	defer s.drainWG.Done()
-	for ev := range s.kp.Events() {
-		if e, ok := ev.(kafka.Error); ok {
-			s.log.Debug("retry producer error", zap.Error(e))
+// transactionalID is the scheduler's, shared by every replica of the DLQ
+// group: at most one of them (the lock holder) sends at a time, and a new
+// holder fences a paused old one.
+func (c SchedulerConfig) transactionalID() string { return c.Kafka.Consumer.GroupID + "-scheduler" }
+
+// producer returns the transactional producer, making it (and running
+// InitTransactions, which aborts what a dead holder left open) if needed.
+func (s *Scheduler) producer(ctx context.Context) (*kafka.Producer, error) {
+	s.txMu.Lock()
+	defer s.txMu.Unlock()
+	if s.tx != nil {
+		return s.tx, nil
+	}
+	cm := kafkaclient.Producer(s.cfg.Kafka)
+	_ = cm.SetKey("transactional.id", s.cfg.transactionalID())
+	kp, err := kafka.NewProducer(cm)
+	if err != nil {
+		return nil, fmt.Errorf("dlq retry producer: %w", err)
+	}
+	s.txDrain.Add(1)
+	go func() {
+		defer s.txDrain.Done()
+		for ev := range kp.Events() {
+			if e, ok := ev.(kafka.Error); ok {
+				s.log.Debug("retry producer error", zap.Error(e))
+			}
+		}
+	}()
+	ictx, cancel := context.WithTimeout(ctx, s.cfg.Kafka.Producer.DeliveryTimeout+10*time.Second)
+	defer cancel()
+	if err := kp.InitTransactions(ictx); err != nil {
+		kp.Close()
+		return nil, fmt.Errorf("dlq retry producer: init transactions: %w", err)
+	}
+	s.tx = kp
+	return kp, nil
+}
+
+// dropProducer closes the transactional producer (lock lost, fatal
+// error); the next scan makes a new one.
+func (s *Scheduler) dropProducer() {
+	s.txMu.Lock()
+	kp := s.tx
+	s.tx = nil
+	s.txMu.Unlock()
+	if kp != nil {
+		kp.Close()
+	}
+}
+
+// waitIndexed waits until the DLQ consumer group has committed, on every
+// partition of the DLQ topic, the high watermark seen now — it commits
+// only what it indexed, so every "retried" event a killed scheduler
+// committed is in the index — or until twice the claim lease passed
+// (logged; the lease still holds such letters back for as long).
+func (s *Scheduler) waitIndexed(ctx context.Context) error {
+	topic := s.cfg.Kafka.Topics.DLQ.Name
+	kc, err := kafka.NewConsumer(kafkaclient.Consumer(s.cfg.Kafka, s.cfg.Kafka.Consumer.GroupID))
+	if err != nil {
+		return fmt.Errorf("dlq index catch-up: %w", err)
+	}
+	defer kc.Close()
+	md, err := kc.GetMetadata(&topic, false, 10000)
+	if err != nil {
+		return fmt.Errorf("dlq index catch-up: metadata: %w", err)
+	}
+	high := map[int32]int64{}
+	var tps []kafka.TopicPartition
+	for _, p := range md.Topics[topic].Partitions {
+		lo, hi, err := kc.QueryWatermarkOffsets(topic, p.ID, 10000)
+		if err != nil {
+			return fmt.Errorf("dlq index catch-up: watermarks: %w", err)
+		}
+		if hi > lo {
+			high[p.ID] = hi
+			tps = append(tps, kafka.TopicPartition{Topic: &topic, Partition: p.ID})
 		}
 	}
+	deadline := time.Now().Add(2 * s.lease)
+	for len(tps) > 0 {
+		got, err := kc.Committed(tps, 10000)
+		if err == nil {
+			tps = tps[:0]
+			for _, tp := range got {
+				if int64(tp.Offset) < high[tp.Partition] {
+					tps = append(tps, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition})
+				}
+			}
+			if len(tps) == 0 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			s.log.Warn("the DLQ index did not catch up with the DLQ topic; scanning anyway (claim leases hold back letters a dead scheduler sent)",
+				zap.Int("partitions_behind", len(tps)), zap.Error(err))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // Start runs the scan loop until Close.
@@ -190,6 +297,7 @@ func (s *Scheduler) loop() {
 		if held {
 			if ok, err := s.mutex.ExtendContext(ctx); !ok || err != nil {
 				held = false
+				s.dropProducer()
 				s.log.Warn("scheduler lock lost", zap.Error(err))
 			}
 		}
@@ -198,6 +306,7 @@ func (s *Scheduler) loop() {
 				continue // another replica schedules
 			}
 			held = true
+			s.catchUp.Store(true)
 			s.log.Info("scheduler lock acquired")
 		}
 		if _, err := s.ScanOnce(ctx); err != nil && ctx.Err() == nil {
@@ -207,9 +316,22 @@ func (s *Scheduler) loop() {
 }
 
 // ScanOnce sends every entry due by now (up to Batch) and returns how
-// many Kafka acknowledged. The loop calls it while holding the lock;
-// calling it without the lock is still safe (claims are leased).
+// many it re-injected. The loop calls it while holding the lock; calling
+// it without the lock is still safe (claims are leased, and the
+// transactional producer fences a second sender).
+//
+// The retries of one scan and their "retried" events go to the main and
+// DLQ topics in one Kafka transaction: either every one of them is
+// committed (and the index learns of it, from this scan or, if the
+// scheduler dies first, from the events in the DLQ topic) or none is
+// visible to the consumers (read_committed) and the letters stay due.
 func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
+	if s.catchUp.Load() {
+		if err := s.waitIndexed(ctx); err != nil {
+			return 0, err
+		}
+		s.catchUp.Store(false)
+	}
 	now := s.clock.Now()
 	items, err := s.idx.claim(ctx, now, s.cfg.Batch, s.lease)
 	if err != nil {
@@ -220,10 +342,11 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 	// the order the user sent them.
 	SortBySource(items, func(c claimed) *DeadLetterMessage { return c.dl })
 	type inflight struct {
-		c  claimed
-		st RecoveryStrategy
+		c        claimed
+		st       RecoveryStrategy
+		attempts int
+		rec      *RetryRecord
 	}
-	ch := make(chan kafka.Event, len(items))
 	sent := make([]inflight, 0, len(items))
 	var errs []error
 	paced := 0
@@ -246,58 +369,86 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 			}
 			continue
 		}
+		sent = append(sent, inflight{c: c, st: st, attempts: c.attempts + 1, rec: rec})
+	}
+	if len(sent) == 0 {
+		return 0, errors.Join(errs...)
+	}
+	fail := func(err error) (int, error) {
+		s.m.retryErrors.Add(float64(len(sent)))
+		at := s.clock.Now().Add(s.cfg.Recovery.BaseDelay)
+		for _, in := range sent {
+			in.st.OnFailure(in.c.dl, err)
+			errs = append(errs, s.idx.reschedule(ctx, in.c.id, at))
+		}
+		return 0, errors.Join(append(errs, fmt.Errorf("dlq retry transaction: %w", err))...)
+	}
+	kp, err := s.producer(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	if err := kp.BeginTransaction(); err != nil {
+		s.dropProducer()
+		return fail(err)
+	}
+	dlqTopic := s.cfg.Kafka.Topics.DLQ.Name
+	for _, in := range sent {
 		msg := &kafka.Message{
 			TopicPartition: kafka.TopicPartition{Topic: &s.cfg.Kafka.Topics.Main.Name, Partition: kafka.PartitionAny},
-			Key:            rec.Key,
-			Value:          rec.Value,
-			Headers:        make([]kafka.Header, len(rec.Headers)),
-			Opaque:         len(sent),
+			Key:            in.rec.Key,
+			Value:          in.rec.Value,
+			Headers:        make([]kafka.Header, len(in.rec.Headers)),
 		}
-		for i, h := range rec.Headers {
+		for i, h := range in.rec.Headers {
 			msg.Headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
 		}
-		if err := s.kp.Produce(msg, ch); err != nil {
-			st.OnFailure(c.dl, err)
-			s.m.retryErrors.Inc()
-			errs = append(errs, fmt.Errorf("retry %s: %w", c.id, err),
-				s.idx.reschedule(ctx, c.id, now.Add(s.cfg.Recovery.BaseDelay)))
-			continue
+		ev := s.retriedEvent(in.c, in.attempts)
+		body, err := Encode(ev)
+		if err == nil {
+			err = kp.Produce(msg, nil)
 		}
-		sent = append(sent, inflight{c: c, st: st})
+		if err == nil {
+			err = kp.Produce(dlqRecord(&dlqTopic, ev, body, nil), nil)
+		}
+		if err != nil {
+			s.abort(ctx, kp)
+			return fail(err)
+		}
 	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.Kafka.Producer.DeliveryTimeout+5*time.Second)
+	err = kp.CommitTransaction(cctx)
+	cancel()
+	if err != nil {
+		// A retriable commit error may still commit on a retry; anything
+		// else aborts. Either way the letters' claims are not marked: if
+		// the commit did happen, the events in the DLQ topic mark them.
+		if ke, ok := err.(kafka.Error); ok && ke.IsRetriable() {
+			cctx, cancel := context.WithTimeout(ctx, s.cfg.Kafka.Producer.DeliveryTimeout+5*time.Second)
+			err2 := kp.CommitTransaction(cctx)
+			cancel()
+			if err2 == nil {
+				err = nil
+			}
+		}
+		if err != nil {
+			s.abort(ctx, kp)
+			s.catchUp.Store(true) // a commit of unknown outcome
+			return fail(err)
+		}
+	}
+	// Committed: the retries are on the main topic.
 	ok := 0
-	for range len(sent) {
-		var ev kafka.Event
-		select {
-		case ev = <-ch:
-		case <-ctx.Done():
-			// Unanswered claims become due again when their lease ends.
-			return ok, ctx.Err()
-		}
-		m, isMsg := ev.(*kafka.Message)
-		if !isMsg {
-			continue
-		}
-		in := sent[m.Opaque.(int)]
-		if err := m.TopicPartition.Error; err != nil {
-			in.st.OnFailure(in.c.dl, err)
-			s.m.retryErrors.Inc()
-			errs = append(errs, fmt.Errorf("retry %s: %w", in.c.id, err),
-				s.idx.reschedule(ctx, in.c.id, s.clock.Now().Add(s.cfg.Recovery.BaseDelay)))
-			continue
-		}
-		// Acknowledged: only now does the index learn about it.
-		attempts := in.c.attempts + 1
-		if _, err := s.idx.MarkRetried(ctx, in.c.id, attempts); err != nil {
-			// The lease runs out and the retry is sent again: a
-			// duplicate, never a loss.
-			errs = append(errs, err)
-			continue
-		}
+	for _, in := range sent {
 		ok++
 		s.m.recovered.Inc()
 		in.st.OnSuccess(in.c.dl)
-		s.recordEvent(in.c, attempts)
+		if _, err := s.idx.MarkRetried(ctx, in.c.id, in.attempts); err != nil {
+			// The retried event in the DLQ topic marks it; until then its
+			// claim lease holds it back, and the next scan waits for the
+			// index to catch up.
+			s.catchUp.Store(true)
+			errs = append(errs, err)
+		}
 	}
 	if n, err := s.idx.reviewCount(ctx); err == nil {
 		s.m.reviewPending.Set(float64(n))
@@ -305,20 +456,23 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 	return ok, errors.Join(errs...)
 }
 
-// recordEvent writes the "retried" event to the DLQ topic, keyed like the
-// dead letter so it follows it in the same partition; a Rebuild replays it.
-func (s *Scheduler) recordEvent(c claimed, attempts int) {
-	if s.events == nil {
-		return
+// abort aborts the open transaction; a producer that cannot abort (fenced,
+// fatal) is dropped.
+func (s *Scheduler) abort(ctx context.Context, kp *kafka.Producer) {
+	actx, cancel := context.WithTimeout(ctx, s.cfg.Kafka.Producer.DeliveryTimeout+5*time.Second)
+	defer cancel()
+	if err := kp.AbortTransaction(actx); err != nil {
+		s.log.Warn("abort of the retry transaction failed; the producer is made anew", zap.Error(err))
+		s.dropProducer()
 	}
-	ev := &DeadLetterMessage{ID: c.id, Event: EventRetried, Attempts: attempts, Reason: c.dl.Reason,
+}
+
+// retriedEvent is the "retried" event of c's attempts-th re-injection,
+// keyed like the dead letter so it follows it in the same partition; a
+// Rebuild replays it.
+func (s *Scheduler) retriedEvent(c claimed, attempts int) *DeadLetterMessage {
+	return &DeadLetterMessage{ID: c.id, Event: EventRetried, Attempts: attempts, Reason: c.dl.Reason,
 		UserID: c.dl.UserID, OriginalKey: c.dl.OriginalKey, FailureTime: s.clock.Now()}
-	s.events.Send(ev, func(err error) {
-		if err != nil {
-			s.log.Warn("retried event not recorded; a rebuild would retry this dead letter again",
-				zap.String("dlq_id", c.id), zap.Error(err))
-		}
-	})
 }
 
 // admit applies the pacing rule: a user's rate_limited and user_blocked
@@ -363,11 +517,8 @@ func (s *Scheduler) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.loopWG.Wait()
-		for s.kp.Len() > 0 && ctx.Err() == nil {
-			s.kp.Flush(50)
-		}
-		s.kp.Close()
-		s.drainWG.Wait()
+		s.dropProducer()
+		s.txDrain.Wait()
 	})
 	return nil
 }

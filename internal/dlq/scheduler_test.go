@@ -3,33 +3,35 @@ package dlq
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
-type eventLog struct {
-	mu     sync.Mutex
-	events []*DeadLetterMessage
-}
-
-func (l *eventLog) Send(dl *DeadLetterMessage, done func(error)) {
-	l.mu.Lock()
-	l.events = append(l.events, dl)
-	l.mu.Unlock()
-	done(nil)
-}
-
 func newScheduler(t *testing.T, cfgBrokers, mainTopic string, idx *Index, clk Clock, opts ...Option) *Scheduler {
 	t.Helper()
-	rdb, _ := idx.rdb, idx.prefix
-	cfg := testConfig(t, cfgBrokers, mainTopic, "unused-dlq")
+	return newSchedulerDLQ(t, cfgBrokers, mainTopic, testenv.Topic(t, 2), idx, clk, opts...)
+}
+
+// newSchedulerDLQ is newScheduler whose "retried" events go to dlqTopic.
+func newSchedulerDLQ(t *testing.T, cfgBrokers, mainTopic, dlqTopic string, idx *Index, clk Clock, opts ...Option) *Scheduler {
+	t.Helper()
+	return schedulerWith(t, testConfig(t, cfgBrokers, mainTopic, dlqTopic), idx, clk, opts...)
+}
+
+// schedulerWith is a scheduler of cfg (its DLQ group, with the DLQ
+// consumer of a test that runs one).
+func schedulerWith(t *testing.T, cfg *config.DLQConsumer, idx *Index, clk Clock, opts ...Option) *Scheduler {
+	t.Helper()
+	rdb := idx.rdb
 	s, err := NewScheduler(SchedulerConfig{Kafka: cfg.Kafka, Recovery: testRecovery(), RateLimit: cfg.RateLimit, Prefix: idx.prefix},
 		rdb, idx, NewPolicy(testRecovery()), append([]Option{WithClock(clk)}, opts...)...)
 	if err != nil {
@@ -58,8 +60,8 @@ func TestSchedulerRetriesWhenDue(t *testing.T) {
 	if _, err := indexDL(t, ctx, idx, dl); err != nil {
 		t.Fatal(err)
 	}
-	events := &eventLog{}
-	s := newScheduler(t, brokers, mainTopic, idx, clk, WithEventSink(events))
+	dlqTopic := testenv.Topic(t, 2)
+	s := newSchedulerDLQ(t, brokers, mainTopic, dlqTopic, idx, clk)
 
 	clk.Add(59 * time.Second)
 	if n, err := s.ScanOnce(ctx); err != nil || n != 0 {
@@ -86,8 +88,10 @@ func TestSchedulerRetriesWhenDue(t *testing.T) {
 	if e.State != StateRetried || st.Due != 0 || st.Retried != 1 {
 		t.Errorf("index after ack: %s %+v", e.State, st)
 	}
-	if got := len(events.events); got != 1 || events.events[0].Event != EventRetried || events.events[0].ID != dl.ID {
-		t.Errorf("events %+v", events.events)
+	// The retried event went to the DLQ topic in the same transaction.
+	if evs := readTopic(t, brokers, dlqTopic, 1, 300*time.Millisecond); len(evs) != 1 ||
+		header(evs[0], HeaderEvent) != EventRetried || header(evs[0], HeaderDLQID) != dl.ID || string(evs[0].Key) != "ivy" {
+		t.Errorf("events on the DLQ topic: %d %v", len(evs), evs)
 	}
 	// Nothing more to send.
 	clk.Add(time.Hour)
@@ -260,5 +264,82 @@ func TestSchedulerPacesRateLimitedUser(t *testing.T) {
 	clk.Add(10*time.Second + 10*time.Millisecond)
 	if n, _ := s.ScanOnce(ctx); n != 2 {
 		t.Fatalf("second window sent %d, want 2", n)
+	}
+}
+
+// failRetriedMarks is a go-redis hook that fails the index's "retried"
+// updates: the scheduler dies, in effect, between Kafka's commit and
+// the index update.
+type failRetriedMarks struct{}
+
+func (failRetriedMarks) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (failRetriedMarks) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if a == EventRetried {
+				return errors.New("injected: index update lost")
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (failRetriedMarks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestCommittedRetryIsNotSentAgain: the scheduler re-injects a letter and
+// its index update is lost (as when it is killed right after Kafka's
+// commit). The retry and its "retried" event were one transaction, so the
+// event is in the DLQ topic; the DLQ consumer indexes it, and a scheduler
+// scanning after the claim lease sends nothing more: the main topic holds
+// the retry once. Before, the event went separately after the index
+// update, and the letter was re-sent when its lease ran out.
+func TestCommittedRetryIsNotSentAgain(t *testing.T) {
+	e := newRebuildEnv(t)
+	ctx := context.Background()
+	letters := topicLetters(t, e.cfg)
+	p, err := NewProducer(ProducerConfig{Kafka: e.cfg.Kafka, DLQ: e.cfg.DLQ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeProducer(t, p)
+	dl := deadLetter("lee", ReasonDownstreamError, 1, e.clk.Now())
+	dl.EnsureID()
+	sendSync(t, p, dl)
+	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk), WithLetters(letters))
+	c, err := NewConsumer(ConsumerConfig{Kafka: e.cfg.Kafka}, idx, NewPolicy(testRecovery()), WithClock(e.clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	waitFor(t, "indexed", 20*time.Second, func() bool { n, _ := idx.Size(ctx); return n == 1 })
+
+	broken := redis.NewClient(e.rdb.Options())
+	broken.AddHook(failRetriedMarks{})
+	defer broken.Close()
+	first := schedulerWith(t, e.cfg, NewIndex(broken, e.prefix, WithClock(e.clk), WithLetters(letters)), e.clk)
+	e.clk.Add(2 * time.Minute)
+	if n, err := first.ScanOnce(ctx); n != 1 || err == nil {
+		t.Fatalf("first scan: sent %d, %v; want 1 and the lost index update", n, err)
+	}
+	waitFor(t, "the retried event indexed from the DLQ topic", 20*time.Second, func() bool {
+		en, err := idx.Get(ctx, dl.ID)
+		return err == nil && en.State == StateRetried && en.Attempts == 1
+	})
+	e.clk.Add(10 * time.Minute) // far past the claim lease
+	second := schedulerWith(t, e.cfg, idx, e.clk)
+	if n, err := second.ScanOnce(ctx); n != 0 || err != nil {
+		t.Fatalf("second scan: sent %d, %v; want nothing", n, err)
+	}
+	if got := readTopic(t, e.brokers, e.mainTopic, 1, time.Second); len(got) != 1 {
+		t.Fatalf("%d retries on the main topic, want 1", len(got))
 	}
 }
