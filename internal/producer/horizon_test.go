@@ -141,3 +141,18 @@ func TestHorizonMetrics(t *testing.T) {
 		t.Fatalf("last success moved to %v while failing", v)
 	}
 }
+
+// TestHorizonLeftToTheLockHolder: a replica that finds the account's lock
+// held by another drops its waiting time (the holder reports it), so a
+// replica that lost the race does not alert for an account that syncs.
+func TestHorizonLeftToTheLockHolder(t *testing.T) {
+	r := newRig(t, unitCfg(), nil, nil)
+	r.lk.busyFor.Store(2) // the try and the retry after the pending flag
+	if err := r.s.Trigger("wk-1", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the busy lock handed over", func() bool { return counterValue(r.s.m.busy) == 1 && r.s.idle() })
+	if w := r.s.oldestWaiting(); len(w) != 0 {
+		t.Fatalf("oldest waiting %v after the lock was busy, want none", w)
+	}
+}
