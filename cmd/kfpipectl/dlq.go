@@ -23,7 +23,9 @@ type filterFlags struct {
 	limit         int
 }
 
-func (f *filterFlags) add(cmd *cobra.Command, batch bool) {
+// add registers the filter flags; batch adds --all, and --limit when
+// limited (purge has none: the index purges every match).
+func (f *filterFlags) add(cmd *cobra.Command, batch, limited bool) {
 	cmd.Flags().StringVar(&f.user, "user", "", "only this user (external_userid)")
 	cmd.Flags().StringVar(&f.failure, "failure-reason", "", "only this failure reason, e.g. rate_limited")
 	cmd.Flags().StringVar(&f.review, "review", "", "true: only letters in manual review; false: only the others")
@@ -31,6 +33,8 @@ func (f *filterFlags) add(cmd *cobra.Command, batch bool) {
 	_ = cmd.RegisterFlagCompletionFunc("failure-reason", cobra.FixedCompletions(failureReasons(), cobra.ShellCompDirectiveNoFileComp))
 	if batch {
 		cmd.Flags().BoolVar(&f.all, "all", false, "select every dead letter (needed when no other filter is given)")
+	}
+	if batch && limited {
 		cmd.Flags().IntVar(&f.limit, "limit", 0, "act on at most this many (0: no limit)")
 	}
 }
@@ -146,7 +150,7 @@ func (a *app) dlqLs() *cobra.Command {
 			return nil
 		},
 	}
-	f.add(cmd, false)
+	f.add(cmd, false, false)
 	cmd.Flags().IntVar(&limit, "limit", 50, "page size (1-500)")
 	cmd.Flags().StringVar(&cursor, "cursor", "", "the next page's cursor from the previous ls")
 	return cmd
@@ -240,7 +244,7 @@ batch the server counts what it would retry.`,
 			return a.batch(cmd, c, "/admin/dlq/batch-retry", body, "retried", "would retry")
 		},
 	}
-	f.add(cmd, true)
+	f.add(cmd, true, true)
 	writeFlags(cmd, &reason, &dry)
 	return cmd
 }
@@ -325,7 +329,7 @@ With --dry-run the server counts what it would delete and deletes nothing.`,
 			return a.batch(cmd, c, "/admin/dlq/purge", body, "purged", "would purge")
 		},
 	}
-	f.add(cmd, true)
+	f.add(cmd, true, false)
 	writeFlags(cmd, &reason, &dry)
 	return cmd
 }
@@ -382,7 +386,7 @@ apply: the export is written as the server streams it.`,
 			return nil
 		},
 	}
-	f.add(cmd, false)
+	f.add(cmd, false, false)
 	cmd.Flags().StringVar(&format, "format", "csv", "csv or json (JSON lines)")
 	cmd.Flags().StringVarP(&file, "file", "f", "", "write to this file instead of stdout")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{"csv", "json"}, cobra.ShellCompDirectiveNoFileComp))

@@ -249,6 +249,7 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	}
 	op.must(2, "dlq", "purge", "--reason", "no filter")
 	op.must(2, "dlq", "purge", "--user", "u3")
+	op.must(2, "dlq", "purge", "--user", "u1", "--limit", "1", "--reason", "purge has no limit")
 
 	// dlq export: JSON lines to stdout, CSV to a file.
 	r := viewer.must(0, "dlq", "export", "--format", "json", "--user", "u2")
