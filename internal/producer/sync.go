@@ -148,6 +148,8 @@ type Syncer struct {
 	produceErr error // last produce outcome; nil after a success
 	// failing holds the open_kfids whose last sync failed permanently.
 	failing map[string]*permanentFailure
+	// hz is what the horizon metrics export (horizon.go).
+	hz horizon
 }
 
 // permanentFailure is an open_kfid whose sync_msg failed with a permanent
@@ -182,6 +184,8 @@ type syncMetrics struct {
 	busy     prometheus.Counter
 	triggers *prometheus.CounterVec
 	failing  *prometheus.GaugeVec
+	// lastSuccess is kfpipe_sync_last_success_timestamp_seconds.
+	lastSuccess *prometheus.GaugeVec
 }
 
 func newSyncMetrics(reg prometheus.Registerer) syncMetrics {
@@ -214,9 +218,13 @@ func newSyncMetrics(reg prometheus.Registerer) syncMetrics {
 			Name: "kfpipe_sync_permanent_failure",
 			Help: "1 while an open_kfid's sync fails with a permanent WeChat errcode (bad credentials, unknown account, no permission); the errcode is a label. Retried every few minutes.",
 		}, []string{"open_kfid", "errcode"}),
+		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kfpipe_sync_last_success_timestamp_seconds",
+			Help: "Per open_kfid, when this process last finished a sync pass (sync_msg down to has_more=0, every page produced and its cursor stored).",
+		}, []string{"open_kfid"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.runs, m.messages, m.pending, m.advances, m.busy, m.triggers, m.failing)
+		reg.MustRegister(m.runs, m.messages, m.pending, m.advances, m.busy, m.triggers, m.failing, m.lastSuccess)
 	}
 	return m
 }
@@ -232,11 +240,15 @@ func NewSyncer(cfg SyncerConfig, d SyncerDeps, opts ...Option) (*Syncer, error) 
 	}
 	s := &Syncer{cfg: cfg, d: d, clock: realClock{}, log: zap.NewNop(),
 		kfs: make(map[string]*kfState), queue: make(chan string, cfg.MaxPending),
-		failing: make(map[string]*permanentFailure)}
+		failing: make(map[string]*permanentFailure),
+		hz:      horizon{triggered: map[string]time.Time{}, fetched: map[string]time.Time{}}}
 	for _, o := range opts {
 		o(s)
 	}
 	s.m = newSyncMetrics(s.reg)
+	if s.reg != nil {
+		s.reg.MustRegister(newHorizonCollector(s))
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -282,6 +294,7 @@ func (s *Syncer) Trigger(openKfID, callbackToken string) error {
 		s.m.triggers.WithLabelValues("unknown_open_kfid").Inc()
 		return fmt.Errorf("%w: %q", ErrUnknownOpenKfID, openKfID)
 	}
+	s.noteTrigger(openKfID)
 	if s.suppressed(openKfID) {
 		s.m.triggers.WithLabelValues("suppressed").Inc()
 		return nil
@@ -534,6 +547,7 @@ func (s *Syncer) syncKf(kf, token string) (again bool) {
 		}
 		if m == nil {
 			s.m.busy.Inc()
+			s.forgetWaiting(kf)
 			return false
 		}
 		err = s.hold(m, kf, token)
@@ -650,8 +664,10 @@ func (s *Syncer) syncUntilDone(ctx context.Context, m Mutex, kf, token string) e
 			s.m.runs.WithLabelValues("paused").Inc()
 			return ErrPaused
 		}
+		start := s.clock.Now()
 		err := s.pass(ctx, m, kf, &token)
 		if err == nil {
+			s.noteSuccess(kf, start)
 			s.m.runs.WithLabelValues("ok").Inc()
 			s.clearPermanent(kf)
 			return nil
@@ -725,12 +741,14 @@ func (s *Syncer) pass(ctx context.Context, m Mutex, kf string, token *string) er
 		if len(resp.MsgList) > 0 {
 			msgs, err := s.build(kf, resp.MsgList)
 			if err != nil {
+				s.noteUnacknowledged(kf, resp.MsgList)
 				return &stepError{kind: "idgen_error", err: err}
 			}
 			dctx, cancel := context.WithTimeout(ctx, s.cfg.DeliveryWait)
 			err = s.d.Publisher.ProduceBatch(dctx, s.cfg.Topic, msgs)
 			cancel()
 			if err != nil {
+				s.noteUnacknowledged(kf, resp.MsgList)
 				if ctx.Err() == nil { // not our own cancellation (stop, lock lost)
 					s.setProduceErr(err)
 				}

@@ -136,13 +136,35 @@ func (s dlqStore) BatchRetry(ctx context.Context, f admin.DLQFilter) (int, error
 		}
 		df.Cursor = next
 	}
+	if f.DryRun {
+		return len(batch), nil
+	}
 	// Requeued in their messages' order, so each user's letters go back
 	// in the order the user sent them.
 	return s.x.RequeueInOrder(ctx, batch, now)
 }
 
+// Purge deletes every entry the filter selects; a dry run counts them
+// (Limit ignored, as the index's Purge ignores it).
 func (s dlqStore) Purge(ctx context.Context, f admin.DLQFilter) (int, error) {
-	return s.x.Purge(ctx, toFilter(f))
+	if !f.DryRun {
+		return s.x.Purge(ctx, toFilter(f))
+	}
+	df := toFilter(f)
+	df.Limit = 200
+	df.Cursor = ""
+	n := 0
+	for {
+		entries, next, err := s.x.List(ctx, df)
+		if err != nil {
+			return 0, err
+		}
+		n += len(entries)
+		if next == "" {
+			return n, nil
+		}
+		df.Cursor = next
+	}
 }
 
 func (s dlqStore) Export(ctx context.Context, f admin.DLQFilter, fn func(admin.DLQMessage) error) error {

@@ -140,6 +140,8 @@ func (s *Server) register() {
 	s.read("GET /admin/dlq/export", s.dlqExport)
 	s.read("GET /admin/ratelimit/status/{user}", s.rlStatus)
 	s.read("GET /admin/ratelimit/blocked", s.rlBlocked)
+	s.read("GET /admin/health", s.health)
+	s.read("GET /admin/audit", s.auditList)
 	// Writes: each is audited under its action name.
 	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.dlqRetry)
 	s.write("POST /admin/dlq/batch-retry", "dlq.batch_retry", s.dlqBatchRetry)
@@ -217,6 +219,9 @@ func (s *Server) read(pattern string, h http.HandlerFunc) {
 type writeOp struct {
 	target string
 	reason string
+	// dryRun marks a write that only counts: audited with result
+	// "dry_run" when it succeeds.
+	dryRun bool
 	do     func(r *http.Request) (any, error)
 }
 
@@ -242,6 +247,9 @@ func (s *Server) write(pattern, action string, parse func(r *http.Request) (writ
 		resp, err := op.do(r)
 		aerr = s.storeError(err, action)
 		result := "ok"
+		if op.dryRun {
+			result = "dry_run"
+		}
 		if aerr != nil {
 			result = resultOf(err)
 		}

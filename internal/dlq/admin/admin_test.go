@@ -132,6 +132,50 @@ func TestEndpoints(t *testing.T) {
 			body: `{"filter":{"all":true},"reason":"outage over"}`, status: 200, audit: "dlq.batch_retry ok", check: wantCount(3)},
 		{name: "batch retry limit", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
 			body: `{"filter":{"reason":"rate_limited","limit":1},"reason":"one"}`, status: 200, audit: "dlq.batch_retry ok", check: wantCount(1)},
+		{name: "batch retry dry run", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
+			body: `{"filter":{"all":true},"reason":"how many?","dry_run":true}`, status: 200, audit: "dlq.batch_retry dry_run",
+			check: func(t *testing.T, f *fixture, r response) {
+				if m := r.json(t); m["count"] != 3.0 || m["dry_run"] != true {
+					t.Errorf("answer %v, want count 3 dry_run true", m)
+				}
+				if ids := f.dlq.retriedIDs(); len(ids) != 0 {
+					t.Errorf("dry run retried %v", ids)
+				}
+			}},
+		{name: "purge dry run", auth: op, method: "POST", path: "/admin/dlq/purge",
+			body: `{"filter":{"user":"u1"},"reason":"how many?","dry_run":true}`, status: 200, audit: "dlq.purge dry_run",
+			check: func(t *testing.T, f *fixture, r response) {
+				if m := r.json(t); m["count"] != 2.0 || m["dry_run"] != true {
+					t.Errorf("answer %v, want count 2 dry_run true", m)
+				}
+				if n := len(f.dlq.msgs); n != 4 {
+					t.Errorf("dry run purged: %d messages left, want 4", n)
+				}
+			}},
+		{name: "dry run still needs operator", auth: vw, method: "POST", path: "/admin/dlq/purge",
+			body: `{"filter":{"user":"u1"},"reason":"x","dry_run":true}`, status: 403},
+		{name: "dry run wrong type", auth: op, method: "POST", path: "/admin/dlq/purge",
+			body: `{"filter":{"user":"u1"},"reason":"x","dry_run":"yes"}`, status: 400, field: "dry_run"},
+		{name: "health", auth: vw, method: "GET", path: "/admin/health", status: 200,
+			check: func(t *testing.T, _ *fixture, r response) {
+				var h healthResponse
+				if err := json.Unmarshal(r.body, &h); err != nil {
+					t.Fatal(err)
+				}
+				if h.Status != "attention" || h.ReviewBacklog != 2 || h.BlockedUsers != 2 || h.BlockedUsersCapped ||
+					h.DLQ.Total != 4 || len(h.Attention) == 0 || !h.Time.Equal(t0) {
+					t.Errorf("health %+v", h)
+				}
+			}},
+		{name: "health store down", setup: storeDown, auth: vw, method: "GET", path: "/admin/health", status: 503},
+		{name: "audit empty", auth: vw, method: "GET", path: "/admin/audit", status: 200,
+			check: func(t *testing.T, _ *fixture, r response) {
+				if m := r.json(t); fmt.Sprint(m["entries"]) != "[]" || m["next_cursor"] != "" {
+					t.Errorf("audit %v", m)
+				}
+			}},
+		{name: "audit bad cursor", auth: vw, method: "GET", path: "/admin/audit?cursor=abc", status: 400, field: "cursor"},
+		{name: "audit bad limit", auth: vw, method: "GET", path: "/admin/audit?limit=0", status: 400, field: "limit"},
 		{name: "batch retry no filter", auth: op, method: "POST", path: "/admin/dlq/batch-retry", body: `{"reason":"x"}`, status: 422, field: "filter"},
 		{name: "batch retry empty filter", auth: op, method: "POST", path: "/admin/dlq/batch-retry", body: `{"filter":{},"reason":"x"}`, status: 422, field: "filter"},
 		{name: "batch retry all with user", auth: op, method: "POST", path: "/admin/dlq/batch-retry",

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -90,4 +91,45 @@ func counterValue(c prometheus.Collector) float64 {
 	var m dto.Metric
 	_ = (<-ch).Write(&m)
 	return m.GetCounter().GetValue()
+}
+
+// TestAuditList reads the audit stream back newest first, one page at a
+// time, as GET /admin/audit serves it to viewers.
+func TestAuditList(t *testing.T) {
+	f := newFixture(t)
+	for _, u := range []string{"a1", "a2", "a3"} {
+		if r := f.do(t, op, "POST", "/admin/ratelimit/unblock/"+u, `{"reason":"check `+u+`"}`); r.status != 200 {
+			t.Fatalf("unblock %s: %d %s", u, r.status, r.body)
+		}
+	}
+	var got []auditRecord
+	path := "/admin/audit?limit=2"
+	for pages := 0; ; pages++ {
+		if pages > 3 {
+			t.Fatal("paging does not end")
+		}
+		r := f.do(t, vw, "GET", path, "")
+		if r.status != 200 {
+			t.Fatalf("audit: %d %s", r.status, r.body)
+		}
+		var p auditPage
+		if err := json.Unmarshal(r.body, &p); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, p.Entries...)
+		if p.NextCursor == "" {
+			break
+		}
+		path = "/admin/audit?limit=2&cursor=" + p.NextCursor
+	}
+	if len(got) != 3 {
+		t.Fatalf("entries %+v, want 3", got)
+	}
+	for i, u := range []string{"a3", "a2", "a1"} {
+		e := got[i]
+		if e.Who != "alice" || e.Action != "ratelimit.unblock" || e.Target != "user:"+u || e.Reason != "check "+u ||
+			e.Result != "ok" || e.Time != t0.Format(time.RFC3339Nano) || e.ID == "" {
+			t.Errorf("entry %d = %+v, want unblock of %s by alice", i, e, u)
+		}
+	}
 }

@@ -83,9 +83,11 @@ func (s *Server) dlqRetry(r *http.Request) (writeOp, *apiError) {
 
 // batchBody is the body of batch-retry and purge. The filter's "reason" is
 // the failure reason; the top-level "reason" is why the operator acts.
+// DryRun answers the count the write would act on, acting on nothing.
 type batchBody struct {
 	Filter *batchFilter `json:"filter"`
 	Reason string       `json:"reason"`
+	DryRun bool         `json:"dry_run"`
 }
 
 type batchFilter struct {
@@ -98,9 +100,11 @@ type batchFilter struct {
 	All bool `json:"all"`
 }
 
-// countResponse answers batch writes.
+// countResponse answers batch writes; DryRun echoes a dry run (Count is
+// then what the write would have acted on).
 type countResponse struct {
-	Count int `json:"count"`
+	Count  int  `json:"count"`
+	DryRun bool `json:"dry_run,omitempty"`
 }
 
 func (s *Server) batchOp(r *http.Request, run func(*http.Request, DLQFilter) (int, error)) (writeOp, *apiError) {
@@ -116,7 +120,7 @@ func (s *Server) batchOp(r *http.Request, run func(*http.Request, DLQFilter) (in
 		return writeOp{}, unprocessable("filter", `filter is required, e.g. {"filter": {"user": "u1"}}; {"filter": {"all": true}} selects everything`)
 	}
 	bf := *b.Filter
-	f := DLQFilter{User: bf.User, Reason: bf.Reason, Review: bf.Review, Limit: bf.Limit}
+	f := DLQFilter{User: bf.User, Reason: bf.Reason, Review: bf.Review, Limit: bf.Limit, DryRun: b.DryRun}
 	if e := s.checkFilter(f, http.StatusUnprocessableEntity); e != nil {
 		e.Field = "filter." + e.Field
 		return writeOp{}, e
@@ -131,9 +135,9 @@ func (s *Server) batchOp(r *http.Request, run func(*http.Request, DLQFilter) (in
 	if !empty && bf.All {
 		return writeOp{}, unprocessable("filter.all", "filter.all cannot be combined with user, reason or review")
 	}
-	return writeOp{target: filterTarget(f), reason: reason, do: func(r *http.Request) (any, error) {
+	return writeOp{target: filterTarget(f), reason: reason, dryRun: b.DryRun, do: func(r *http.Request) (any, error) {
 		n, err := run(r, f)
-		return countResponse{Count: n}, err
+		return countResponse{Count: n, DryRun: b.DryRun}, err
 	}}, nil
 }
 

@@ -107,12 +107,19 @@ func (d *memDLQ) Get(_ context.Context, id string) (DLQMessage, error) {
 	return DLQMessage{}, ErrNotFound
 }
 
-func (d *memDLQ) retryLocked(m *DLQMessage) error {
+func (d *memDLQ) checkRetry(m *DLQMessage) error {
 	if m.Reason == "invalid_message" {
 		return fmt.Errorf("%w: reason invalid_message is not retryable", ErrConflict)
 	}
 	if m.State == "due" && !m.NextRetryTime.After(d.now) {
 		return fmt.Errorf("%w: already due for a retry", ErrConflict)
+	}
+	return nil
+}
+
+func (d *memDLQ) retryLocked(m *DLQMessage) error {
+	if err := d.checkRetry(m); err != nil {
+		return err
 	}
 	now := d.now
 	m.State, m.NextRetryTime = "due", &now
@@ -141,6 +148,14 @@ func (d *memDLQ) BatchRetry(_ context.Context, f DLQFilter) (int, error) {
 	}
 	n := 0
 	for _, m := range d.msgs {
+		if f.DryRun {
+			if d.match(f, m) && d.checkRetry(m) == nil {
+				if n++; n == f.Limit {
+					break
+				}
+			}
+			continue
+		}
 		if d.match(f, m) && d.retryLocked(m) == nil {
 			if n++; n == f.Limit {
 				break
@@ -160,7 +175,7 @@ func (d *memDLQ) Purge(_ context.Context, f DLQFilter) (int, error) {
 	d.msgs = slices.DeleteFunc(d.msgs, func(m *DLQMessage) bool {
 		if (f.Limit == 0 || n < f.Limit) && d.match(f, m) {
 			n++
-			return true
+			return !f.DryRun
 		}
 		return false
 	})

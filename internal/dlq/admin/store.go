@@ -84,6 +84,9 @@ type DLQFilter struct {
 	Review *bool  // true: only in manual review; false: only not in review
 	Cursor string
 	Limit  int
+	// DryRun makes BatchRetry and Purge return how many messages they
+	// would act on, without acting.
+	DryRun bool
 }
 
 // DLQMessage is one dead letter as the API shows it.

@@ -1,0 +1,394 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kfpipe/kfpipe/internal/deadletter"
+	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/spf13/cobra"
+)
+
+// filterFlags are the DLQ selection flags shared by ls, export, retry and
+// purge.
+type filterFlags struct {
+	user, failure string
+	review        string // "", "true", "false"
+	all           bool
+	limit         int
+}
+
+// add registers the filter flags; batch adds --all, and --limit when
+// limited (purge has none: the index purges every match).
+func (f *filterFlags) add(cmd *cobra.Command, batch, limited bool) {
+	cmd.Flags().StringVar(&f.user, "user", "", "only this user (external_userid)")
+	cmd.Flags().StringVar(&f.failure, "failure-reason", "", "only this failure reason, e.g. rate_limited")
+	cmd.Flags().StringVar(&f.review, "review", "", "true: only letters in manual review; false: only the others")
+	_ = cmd.RegisterFlagCompletionFunc("review", cobra.FixedCompletions([]string{"true", "false"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("failure-reason", cobra.FixedCompletions(failureReasons(), cobra.ShellCompDirectiveNoFileComp))
+	if batch {
+		cmd.Flags().BoolVar(&f.all, "all", false, "select every dead letter (needed when no other filter is given)")
+	}
+	if batch && limited {
+		cmd.Flags().IntVar(&f.limit, "limit", 0, "act on at most this many (0: no limit)")
+	}
+}
+
+func (f *filterFlags) reviewValue() (*bool, error) {
+	if f.review == "" {
+		return nil, nil
+	}
+	b, err := strconv.ParseBool(f.review)
+	if err != nil {
+		return nil, usagef("--review must be true or false, got %q", f.review)
+	}
+	return &b, nil
+}
+
+func (f *filterFlags) query() (url.Values, error) {
+	q := url.Values{}
+	if f.user != "" {
+		q.Set("user", f.user)
+	}
+	if f.failure != "" {
+		q.Set("reason", f.failure)
+	}
+	r, err := f.reviewValue()
+	if r != nil {
+		q.Set("review", strconv.FormatBool(*r))
+	}
+	return q, err
+}
+
+// batchBody is the API's body for batch-retry and purge.
+type batchBody struct {
+	Filter batchFilter `json:"filter"`
+	Reason string      `json:"reason"`
+	DryRun bool        `json:"dry_run,omitempty"`
+}
+
+type batchFilter struct {
+	User   string `json:"user,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Review *bool  `json:"review,omitempty"`
+	Limit  int    `json:"limit,omitempty"`
+	All    bool   `json:"all,omitempty"`
+}
+
+func (f *filterFlags) body(reason string, dry bool) (batchBody, error) {
+	r, err := f.reviewValue()
+	if err != nil {
+		return batchBody{}, err
+	}
+	if f.user == "" && f.failure == "" && r == nil && !f.all {
+		return batchBody{}, usagef("select the dead letters with --user, --failure-reason or --review, or pass --all")
+	}
+	return batchBody{Filter: batchFilter{User: f.user, Reason: f.failure, Review: r, Limit: f.limit, All: f.all},
+		Reason: reason, DryRun: dry}, nil
+}
+
+func failureReasons() []string { return deadletter.Names() }
+
+func (a *app) dlqCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "dlq", Short: "Dead letters: list, show, retry, purge, export"}
+	cmd.AddCommand(a.dlqLs(), a.dlqShow(), a.dlqRetry(), a.dlqPurge(), a.dlqExport())
+	return cmd
+}
+
+func (a *app) dlqLs() *cobra.Command {
+	var f filterFlags
+	var limit int
+	var cursor string
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List dead letters, newest first (one page; the next page's cursor goes to stderr)",
+		Args:  args(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			q, err := f.query()
+			if err != nil {
+				return err
+			}
+			q.Set("limit", strconv.Itoa(limit))
+			if cursor != "" {
+				q.Set("cursor", cursor)
+			}
+			data, err := c.do(cmd.Context(), "GET", "/admin/dlq/messages", q, nil)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(data)
+			}
+			var page struct {
+				Messages   []admin.DLQMessage `json:"messages"`
+				NextCursor string             `json:"next_cursor"`
+			}
+			if err := decode(data, &page); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tUSER\tREASON\tSTATE\tFAILED\tRETRIES\tNEXT RETRY\tPREVIEW")
+			for _, m := range page.Messages {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", m.ID, m.User, m.Reason, m.State, fmtTime(&m.FailureTime),
+					m.RetryCount, fmtTime(m.NextRetryTime), oneLine(m.Preview))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if page.NextCursor != "" {
+				fmt.Fprintf(a.errOut, "more: kfpipectl dlq ls --cursor %s\n", page.NextCursor)
+			}
+			return nil
+		},
+	}
+	f.add(cmd, false, false)
+	cmd.Flags().IntVar(&limit, "limit", 50, "page size (1-500)")
+	cmd.Flags().StringVar(&cursor, "cursor", "", "the next page's cursor from the previous ls")
+	return cmd
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func (a *app) dlqShow() *cobra.Command {
+	return &cobra.Command{
+		Use:   "show ID",
+		Short: "Show one dead letter with its original message",
+		Args:  args(1, "one dead-letter ID"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			data, err := c.do(cmd.Context(), "GET", "/admin/dlq/messages/"+url.PathEscape(argv[0]), nil, nil)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(data)
+			}
+			var m admin.DLQMessage
+			if err := decode(data, &m); err != nil {
+				return err
+			}
+			return a.showMessage(m)
+		},
+	}
+}
+
+func (a *app) showMessage(m admin.DLQMessage) error {
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	rows := [][2]string{
+		{"id", m.ID}, {"user", m.User}, {"open_kfid", orDash(m.OpenKfID)}, {"reason", m.Reason},
+		{"details", orDash(oneLine(m.Details))}, {"state", m.State}, {"failure_time", fmtTime(&m.FailureTime)},
+		{"retry_count", strconv.Itoa(m.RetryCount)}, {"next_retry_time", fmtTime(m.NextRetryTime)},
+		{"source", fmt.Sprintf("%s/%d@%d", m.SourceTopic, m.SourcePartition, m.SourceOffset)},
+		{"dlq", fmt.Sprintf("partition %d offset %d", m.DLQPartition, m.DLQOffset)},
+	}
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(m.Message) > 0 {
+		fmt.Fprintln(a.out, "message:")
+		return a.printJSON(m.Message)
+	}
+	return nil
+}
+
+func (a *app) dlqRetry() *cobra.Command {
+	var f filterFlags
+	var reason string
+	var dry bool
+	cmd := &cobra.Command{
+		Use:   "retry [ID]",
+		Short: "Retry one dead letter now, or every one a filter selects",
+		Long: `Retry one dead letter now (by ID), or every retryable one that --user,
+--failure-reason, --review or --all select (a batch retry, at most --limit).
+With --dry-run nothing is retried: for one ID the letter is read and shown, for a
+batch the server counts what it would retry.`,
+		Args: func(cmd *cobra.Command, argv []string) error {
+			if len(argv) > 1 {
+				return usagef("%s takes at most one dead-letter ID", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if err := needReason(reason); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if len(argv) == 1 {
+				if f.user != "" || f.failure != "" || f.review != "" || f.all || f.limit != 0 {
+					return usagef("give either a dead-letter ID or filter flags, not both")
+				}
+				return a.retryOne(cmd, c, argv[0], reason, dry)
+			}
+			body, err := f.body(reason, dry)
+			if err != nil {
+				return err
+			}
+			return a.batch(cmd, c, "/admin/dlq/batch-retry", body, "retried", "would retry")
+		},
+	}
+	f.add(cmd, true, true)
+	writeFlags(cmd, &reason, &dry)
+	return cmd
+}
+
+func (a *app) retryOne(cmd *cobra.Command, c *client, id, reason string, dry bool) error {
+	path := "/admin/dlq/retry/" + url.PathEscape(id)
+	if dry {
+		// The API has no dry run for one letter: read it, say what would
+		// be sent.
+		data, err := c.do(cmd.Context(), "GET", "/admin/dlq/messages/"+url.PathEscape(id), nil, nil)
+		if err != nil {
+			return err
+		}
+		var m admin.DLQMessage
+		if err := decode(data, &m); err != nil {
+			return err
+		}
+		if a.json() {
+			return a.printValue(map[string]any{"dry_run": true, "would": "POST " + path, "message": m})
+		}
+		fmt.Fprintf(a.out, "dry run: would retry %s (user %s, reason %s, state %s, retries %d)\n",
+			m.ID, m.User, m.Reason, m.State, m.RetryCount)
+		return nil
+	}
+	data, err := c.do(cmd.Context(), "POST", path, nil, map[string]string{"reason": reason})
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(data)
+	}
+	fmt.Fprintf(a.out, "retried %s\n", id)
+	return nil
+}
+
+// batch sends a batch write and prints its count.
+func (a *app) batch(cmd *cobra.Command, c *client, path string, body batchBody, done, would string) error {
+	data, err := c.do(cmd.Context(), "POST", path, nil, body)
+	if err != nil {
+		return err
+	}
+	if a.json() {
+		return a.printJSON(data)
+	}
+	var r struct {
+		Count int `json:"count"`
+	}
+	if err := decode(data, &r); err != nil {
+		return err
+	}
+	if body.DryRun {
+		fmt.Fprintf(a.out, "dry run: %s %d dead letter(s)\n", would, r.Count)
+		return nil
+	}
+	fmt.Fprintf(a.out, "%s %d dead letter(s)\n", done, r.Count)
+	return nil
+}
+
+func (a *app) dlqPurge() *cobra.Command {
+	var f filterFlags
+	var reason string
+	var dry bool
+	cmd := &cobra.Command{
+		Use:   "purge",
+		Short: "Delete the dead letters a filter selects from the index",
+		Long: `Delete every dead letter that --user, --failure-reason, --review or --all select
+from the DLQ index (the DLQ topic keeps the letters until its retention ends).
+With --dry-run the server counts what it would delete and deletes nothing.`,
+		Args: args(0, "no arguments (select with filter flags)"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := needReason(reason); err != nil {
+				return err
+			}
+			body, err := f.body(reason, dry)
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return a.batch(cmd, c, "/admin/dlq/purge", body, "purged", "would purge")
+		},
+	}
+	f.add(cmd, true, false)
+	writeFlags(cmd, &reason, &dry)
+	return cmd
+}
+
+func (a *app) dlqExport() *cobra.Command {
+	var f filterFlags
+	var format, file string
+	cmd := &cobra.Command{
+		Use:   "export",
+		Short: "Export the selected dead letters with their messages (CSV or JSON lines)",
+		Long: `Export every dead letter the filters select, with the original message, as CSV
+(the default) or JSON lines (--format json), to stdout or --file. --output does not
+apply: the export is written as the server streams it.`,
+		Args: args(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if format != "csv" && format != "json" {
+				return usagef("--format must be csv or json, got %q", format)
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			q, err := f.query()
+			if err != nil {
+				return err
+			}
+			q.Set("format", format)
+			resp, err := c.send(cmd.Context(), "GET", "/admin/dlq/export", q, nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode >= 300 {
+				data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+				return answerError("GET", "/admin/dlq/export", resp.StatusCode, data)
+			}
+			out := a.out
+			if file != "" {
+				fh, err := os.Create(file)
+				if err != nil {
+					return failf("--file: %v", err)
+				}
+				defer fh.Close()
+				out = fh
+			}
+			if _, err := io.Copy(out, resp.Body); err != nil {
+				return failf("export interrupted: %v", err)
+			}
+			if file != "" {
+				if err := out.(*os.File).Close(); err != nil {
+					return failf("--file: %v", err)
+				}
+			}
+			return nil
+		},
+	}
+	f.add(cmd, false, false)
+	cmd.Flags().StringVar(&format, "format", "csv", "csv or json (JSON lines)")
+	cmd.Flags().StringVarP(&file, "file", "f", "", "write to this file instead of stdout")
+	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{"csv", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}

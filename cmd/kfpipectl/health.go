@@ -1,0 +1,138 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/spf13/cobra"
+)
+
+// health is GET /admin/health's answer.
+type health struct {
+	Status             string         `json:"status"`
+	Attention          []string       `json:"attention"`
+	Time               time.Time      `json:"time"`
+	DLQ                admin.DLQStats `json:"dlq"`
+	ReviewBacklog      int64          `json:"review_backlog"`
+	BlockedUsers       int            `json:"blocked_users"`
+	BlockedUsersCapped bool           `json:"blocked_users_capped"`
+}
+
+func (a *app) healthCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "health",
+		Short: "The on-call overview: DLQ counters, review backlog, blocked users",
+		Long: `The on-call overview from GET /admin/health. The status is "attention" when
+dead letters wait for manual review or are due for a retry now; the command still
+exits 0 (it answered), scripts read the status from --output json.`,
+		Args: args(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			data, err := c.do(cmd.Context(), "GET", "/admin/health", nil, nil)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(data)
+			}
+			var h health
+			if err := decode(data, &h); err != nil {
+				return err
+			}
+			blocked := strconv.Itoa(h.BlockedUsers)
+			if h.BlockedUsersCapped {
+				blocked = "≥ " + blocked
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			rows := [][2]string{
+				{"status", h.Status}, {"time", h.Time.UTC().Format(time.RFC3339)},
+				{"dlq total", fmt.Sprint(h.DLQ.Total)}, {"dlq due", fmt.Sprint(h.DLQ.Due)},
+				{"dlq due now", fmt.Sprint(h.DLQ.DueNow)}, {"review backlog", fmt.Sprint(h.ReviewBacklog)},
+				{"dlq retried", fmt.Sprint(h.DLQ.Retried)}, {"blocked users", blocked},
+			}
+			reasons := make([]string, 0, len(h.DLQ.ByReason))
+			for r := range h.DLQ.ByReason {
+				reasons = append(reasons, r)
+			}
+			sort.Strings(reasons)
+			for _, r := range reasons {
+				rows = append(rows, [2]string{"dlq " + r, fmt.Sprint(h.DLQ.ByReason[r])})
+			}
+			for _, r := range rows {
+				fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
+			}
+			for _, s := range h.Attention {
+				fmt.Fprintf(tw, "attention\t%s\n", s)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+// auditEntry is one entry of GET /admin/audit.
+type auditEntry struct {
+	ID     string `json:"id"`
+	Who    string `json:"who"`
+	Action string `json:"action"`
+	Target string `json:"target"`
+	Reason string `json:"reason"`
+	Time   string `json:"time"`
+	Result string `json:"result"`
+}
+
+func (a *app) auditCmd() *cobra.Command {
+	var limit int
+	var cursor string
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "The audit trail of admin writes, newest first (one page)",
+		Args:  args(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			q := url.Values{"limit": {strconv.Itoa(limit)}}
+			if cursor != "" {
+				q.Set("cursor", cursor)
+			}
+			data, err := c.do(cmd.Context(), "GET", "/admin/audit", q, nil)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(data)
+			}
+			var page struct {
+				Entries    []auditEntry `json:"entries"`
+				NextCursor string       `json:"next_cursor"`
+			}
+			if err := decode(data, &page); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TIME\tWHO\tACTION\tTARGET\tRESULT\tREASON")
+			for _, e := range page.Entries {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.Time, e.Who, e.Action, e.Target, e.Result, oneLine(e.Reason))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if page.NextCursor != "" {
+				fmt.Fprintf(a.errOut, "more: kfpipectl audit --cursor %s\n", page.NextCursor)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", 50, "page size (1-500)")
+	cmd.Flags().StringVar(&cursor, "cursor", "", "the next page's cursor from the previous call")
+	return cmd
+}

@@ -1,0 +1,346 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/service"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// result is one kfpipectl run.
+type result struct {
+	code        int
+	out, errOut string
+}
+
+// ctl runs kfpipectl in-process with the given environment.
+type ctl struct {
+	t   *testing.T
+	env map[string]string
+}
+
+func (c ctl) run(args ...string) result {
+	c.t.Helper()
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	code := run(ctx, args, &out, &errOut, func(k string) string { return c.env[k] })
+	return result{code: code, out: out.String(), errOut: errOut.String()}
+}
+
+// must runs args and fails unless they exit with code.
+func (c ctl) must(code int, args ...string) result {
+	c.t.Helper()
+	r := c.run(args...)
+	if r.code != code {
+		c.t.Fatalf("kfpipectl %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, code, r.out, r.errOut)
+	}
+	return r
+}
+
+func (c ctl) with(k, v string) ctl {
+	env := map[string]string{}
+	for a, b := range c.env {
+		env[a] = b
+	}
+	env[k] = v
+	return ctl{t: c.t, env: env}
+}
+
+func jsonOf(t *testing.T, r result, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(r.out), v); err != nil {
+		t.Fatalf("output %q is not JSON: %v", r.out, err)
+	}
+}
+
+func contains(t *testing.T, r result, subs ...string) {
+	t.Helper()
+	for _, s := range subs {
+		if !strings.Contains(r.out, s) {
+			t.Errorf("output lacks %q:\n%s", s, r.out)
+		}
+	}
+}
+
+// startDLQConsumer starts a real dlq-consumer (Kafka, Redis) with its admin
+// API and returns it with the DLQ producer that feeds it.
+func startDLQConsumer(t *testing.T) (*service.DLQ, *config.DLQConsumer, *dlq.Producer) {
+	t.Helper()
+	brokers := testenv.KafkaBrokers(t)
+	_, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
+	})
+	cfg, err := config.LoadDLQConsumer(filepath.Join(testenv.RepoRoot(t), "config", "test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Kafka.Brokers = brokers
+	cfg.Kafka.Topics.Main.Name, cfg.Kafka.Topics.DLQ.Name = mainTopic, dlqTopic
+	cfg.Kafka.Consumer.GroupID = testenv.Name(t, "gdlq")
+	cfg.Redis.Addr = testenv.RedisAddr(t)
+	cfg.Redis.KeyPrefix = prefix
+	cfg.Ops.Addr = testenv.FreeAddr(t)
+	cfg.Admin.Addr = testenv.FreeAddr(t)
+	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	// Retries an hour away: the letters stay as the test leaves them.
+	cfg.Recovery.BaseDelay, cfg.Recovery.MaxDelay = time.Hour, 2*time.Hour
+
+	ctx, cancel := context.WithCancel(context.Background())
+	base, err := daemon.Start(ctx, "dlq-consumer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := service.StartDLQ(ctx, cfg, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The feeding producer plays a schedule-consumer: its own emergency file.
+	pdlq := cfg.DLQ
+	pdlq.EmergencyFile = t.TempDir() + "/feeder-emergency.jsonl"
+	p, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: cfg.Kafka, DLQ: pdlq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
+		defer c()
+		_ = p.Close(sctx)
+		if err := d.Close(sctx); err != nil {
+			t.Errorf("dlq-consumer close: %v", err)
+		}
+		_ = base.Close(sctx)
+		cancel()
+	})
+	return d, cfg, p
+}
+
+// sendLetter dead-letters a text message of user with reason.
+func sendLetter(t *testing.T, p *dlq.Producer, topic, user string, reason dlq.Reason, off int64) string {
+	t.Helper()
+	b, err := chatmsg.Encode(&chatmsg.ChatMessage{MessageID: off, UpstreamMsgID: fmt.Sprintf("up-%d", off), OpenKfID: "wk-1",
+		ExternalUserID: user, MsgType: "text", SendTime: time.Now().Unix(), Content: []byte(`{"text":{"content":"hello ` + user + `"}}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl := dlq.New(dlq.Source{Topic: topic, Offset: off, Timestamp: time.Now(), Key: []byte(user), Value: b},
+		reason, "test failure", time.Now())
+	ch := make(chan error, 1)
+	p.Send(dl, func(err error) { ch <- err })
+	if err := <-ch; err != nil {
+		t.Fatalf("send dead letter: %v", err)
+	}
+	return dl.ID
+}
+
+// TestCommandsAgainstDLQConsumer runs every kfpipectl subcommand against a
+// real dlq-consumer and checks outputs, exit codes and that writes happen
+// only when asked (not with --dry-run, not with a viewer token).
+func TestCommandsAgainstDLQConsumer(t *testing.T) {
+	d, cfg, p := startDLQConsumer(t)
+	opTok, viewTok := cfg.Admin.Tokens[0].Token, cfg.Admin.Tokens[1].Token
+	mainTopic := cfg.Kafka.Topics.Main.Name
+	a := sendLetter(t, p, mainTopic, "u1", dlq.ReasonRateLimited, 1)
+	b := sendLetter(t, p, mainTopic, "u1", dlq.ReasonRateLimited, 2)
+	c := sendLetter(t, p, mainTopic, "u2", dlq.ReasonInvalidMessage, 3)
+	dd := sendLetter(t, p, mainTopic, "u3", dlq.ReasonDownstreamError, 4)
+
+	op := ctl{t: t, env: map[string]string{"KFPIPE_ADMIN_URL": d.AdminURL, "KFPIPE_TOKEN": opTok}}
+	viewer := op.with("KFPIPE_TOKEN", viewTok)
+
+	// health, as JSON until the letters are indexed, then as a table.
+	var h health
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		jsonOf(t, viewer.must(0, "health", "-o", "json"), &h)
+		if h.DLQ.Total == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead letters not indexed: health %+v", h)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if h.Status != "attention" || h.ReviewBacklog != 1 || h.BlockedUsers != 0 {
+		t.Errorf("health %+v, want attention with 1 in review, 0 blocked", h)
+	}
+	contains(t, viewer.must(0, "health"), "status", "attention", "review backlog", "dlq rate_limited")
+
+	// dlq ls: table and JSON, filtered.
+	contains(t, viewer.must(0, "dlq", "ls"), "ID", a, b, c, dd, "invalid_message", "hello u2")
+	var page struct {
+		Messages []struct {
+			ID    string `json:"id"`
+			State string `json:"state"`
+		} `json:"messages"`
+	}
+	jsonOf(t, viewer.must(0, "dlq", "ls", "--user", "u1", "--output", "json"), &page)
+	if len(page.Messages) != 2 {
+		t.Errorf("ls --user u1: %+v, want 2 letters", page.Messages)
+	}
+	if r := viewer.must(0, "dlq", "ls", "--limit", "1"); !strings.Contains(r.errOut, "--cursor") {
+		t.Errorf("ls --limit 1 gives no next cursor: %q", r.errOut)
+	}
+	viewer.must(2, "dlq", "ls", "--review", "maybe")
+	viewer.must(2, "dlq", "ls", "--limit", "9999") // the API's 400
+
+	// dlq show.
+	contains(t, viewer.must(0, "dlq", "show", c), c, "invalid_message", "u2", "message:", "hello u2")
+	var shown struct {
+		ID      string          `json:"id"`
+		Message json.RawMessage `json:"message"`
+	}
+	jsonOf(t, viewer.must(0, "dlq", "show", a, "-o", "json"), &shown)
+	if shown.ID != a || len(shown.Message) == 0 {
+		t.Errorf("show -o json: %+v", shown)
+	}
+	viewer.must(3, "dlq", "show", "no-such-letter")
+	viewer.must(2, "dlq", "show")
+
+	// Writes refused to the viewer, with or without reason checks passing.
+	viewer.must(4, "dlq", "retry", a, "--reason", "viewer tries")
+	viewer.must(4, "dlq", "purge", "--user", "u3", "--reason", "viewer tries")
+	viewer.must(4, "dlq", "purge", "--user", "u3", "--reason", "viewer tries", "--dry-run")
+	viewer.must(4, "ratelimit", "block", "u9", "--reason", "viewer tries")
+
+	// dlq retry: usage errors, dry runs, one, conflict.
+	op.must(2, "dlq", "retry", a) // no --reason
+	op.must(2, "dlq", "retry", "--reason", "x")
+	op.must(2, "dlq", "retry", a, "--user", "u1", "--reason", "x")
+	contains(t, op.must(0, "dlq", "retry", a, "--reason", "check", "--dry-run"), "dry run: would retry "+a)
+	op.must(3, "dlq", "retry", "no-such-letter", "--reason", "check", "--dry-run")
+	var count struct {
+		Count  int  `json:"count"`
+		DryRun bool `json:"dry_run"`
+	}
+	jsonOf(t, op.must(0, "dlq", "retry", "--user", "u1", "--reason", "how many", "--dry-run", "-o", "json"), &count)
+	if count.Count != 2 || !count.DryRun {
+		t.Errorf("batch retry dry run: %+v, want 2", count)
+	}
+	jsonOf(t, op.must(0, "dlq", "ls", "--user", "u1", "-o", "json"), &page)
+	for _, m := range page.Messages {
+		if m.State != "due" {
+			t.Errorf("after dry runs letter %s is %s, want due (untouched)", m.ID, m.State)
+		}
+	}
+	contains(t, op.must(0, "dlq", "retry", a, "--reason", "limiter fixed"), "retried "+a)
+	op.must(4, "dlq", "retry", c, "--reason", "invalid cannot be retried")
+
+	// dlq purge: dry run counts and keeps, then the real one.
+	contains(t, op.must(0, "dlq", "purge", "--user", "u3", "--reason", "noise", "--dry-run"), "would purge 1 dead letter")
+	contains(t, viewer.must(0, "dlq", "ls", "--user", "u3"), dd)
+	contains(t, op.must(0, "dlq", "purge", "--user", "u3", "--reason", "noise"), "purged 1 dead letter")
+	if r := viewer.must(0, "dlq", "ls", "--user", "u3"); strings.Contains(r.out, dd) {
+		t.Errorf("purged letter still listed:\n%s", r.out)
+	}
+	op.must(2, "dlq", "purge", "--reason", "no filter")
+	op.must(2, "dlq", "purge", "--user", "u3")
+	op.must(2, "dlq", "purge", "--user", "u1", "--limit", "1", "--reason", "purge has no limit")
+
+	// dlq export: JSON lines to stdout, CSV to a file.
+	r := viewer.must(0, "dlq", "export", "--format", "json", "--user", "u2")
+	if lines := strings.Split(strings.TrimSpace(r.out), "\n"); len(lines) != 1 || !strings.Contains(lines[0], c) {
+		t.Errorf("export json: %q", r.out)
+	}
+	file := filepath.Join(t.TempDir(), "dlq.csv")
+	viewer.must(0, "dlq", "export", "--user", "u1", "--file", file)
+	if data, err := os.ReadFile(file); err != nil || !strings.Contains(string(data), a) || !strings.Contains(string(data), b) {
+		t.Errorf("export csv file: %q %v", data, err)
+	}
+	viewer.must(2, "dlq", "export", "--format", "xml")
+
+	// ratelimit: block (dry run first), status, blocked, group, unblock.
+	contains(t, op.must(0, "ratelimit", "block", "u9", "--for", "2h", "--reason", "spam", "--dry-run"), "would block u9 for 2h0m0s")
+	contains(t, viewer.must(0, "ratelimit", "status", "u9"), "u9", "normal", "no")
+	contains(t, op.must(0, "ratelimit", "block", "u9", "--for", "2h", "--reason", "spam"), "done: block u9")
+	var st struct {
+		Blocked bool   `json:"blocked"`
+		Group   string `json:"group"`
+	}
+	jsonOf(t, viewer.must(0, "ratelimit", "status", "u9", "-o", "json"), &st)
+	if !st.Blocked {
+		t.Error("u9 not blocked after block")
+	}
+	contains(t, viewer.must(0, "ratelimit", "blocked"), "u9", "until")
+	op.must(2, "ratelimit", "block", "u9", "--for", "soon", "--reason", "x")
+	op.must(0, "ratelimit", "unblock", "u9", "--reason", "false positive", "--dry-run")
+	jsonOf(t, viewer.must(0, "ratelimit", "status", "u9", "-o", "json"), &st)
+	if !st.Blocked {
+		t.Error("u9 unblocked by a dry run")
+	}
+	op.must(0, "ratelimit", "unblock", "u9", "--reason", "false positive")
+	op.must(0, "ratelimit", "group", "u9", "vip", "--reason", "partner")
+	jsonOf(t, viewer.must(0, "ratelimit", "status", "u9", "-o", "json"), &st)
+	if st.Blocked || st.Group != "vip" {
+		t.Errorf("u9 status %+v, want unblocked in vip", st)
+	}
+	op.must(2, "ratelimit", "group", "u9", "no-such-group", "--reason", "x")
+
+	// audit: the writes, newest first, with who and result; refused and
+	// rejected requests left nothing.
+	var audit struct {
+		Entries []auditEntry `json:"entries"`
+	}
+	jsonOf(t, viewer.must(0, "audit", "--limit", "500", "-o", "json"), &audit)
+	var got []string
+	for _, e := range audit.Entries {
+		got = append(got, e.Who+" "+e.Action+" "+e.Result)
+	}
+	want := []string{
+		"test-operator ratelimit.set_group ok", "test-operator ratelimit.unblock ok", "test-operator ratelimit.block ok",
+		"test-operator dlq.purge ok", "test-operator dlq.purge dry_run", "test-operator dlq.retry conflict",
+		"test-operator dlq.retry ok", "test-operator dlq.batch_retry dry_run",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	contains(t, viewer.must(0, "audit"), "WHO", "dlq.purge", "noise")
+
+	// Token and server handling.
+	tokFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokFile, []byte(viewTok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noTok := op.with("KFPIPE_TOKEN", "")
+	noTok.must(0, "health", "--token-file", tokFile)
+	noTok.must(2, "health")
+	noTok.must(2, "health", "--token-file", filepath.Join(t.TempDir(), "missing"))
+	op.with("KFPIPE_TOKEN", "not-a-configured-token").must(4, "health")
+	op.must(0, "health", "--server", d.AdminURL+"/")
+	op.with("KFPIPE_ADMIN_URL", "").must(2, "health", "--server", "localhost:8090")
+	op.must(2, "health", "--output", "yaml")
+	op.must(2, "no-such-command")
+
+	// Shell completion.
+	for _, sh := range []string{"bash", "zsh", "fish"} {
+		if r := op.must(0, "completion", sh); !strings.Contains(r.out, "kfpipectl") {
+			t.Errorf("completion %s: %q", sh, r.out[:min(len(r.out), 200)])
+		}
+	}
+	if r := op.must(0, "__complete", "dlq", "ls", "--failure-reason", ""); !strings.Contains(r.out, "rate_limited") {
+		t.Errorf("flag completion: %q", r.out)
+	}
+}
+
+// TestServerDown: an unreachable server is exit 1, not a usage error.
+func TestServerDown(t *testing.T) {
+	c := ctl{t: t, env: map[string]string{"KFPIPE_TOKEN": "some-token-0123456789", "KFPIPE_ADMIN_URL": "http://" + testenv.FreeAddr(t)}}
+	r := c.must(1, "health")
+	if !strings.Contains(r.errOut, "admin API") {
+		t.Errorf("stderr %q does not say what it tried", r.errOut)
+	}
+}

@@ -1,0 +1,125 @@
+package admin
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxBlockedCount caps how many blocked users GET /admin/health counts:
+// past it the answer says "at least".
+const maxBlockedCount = 10000
+
+// healthResponse is the answer of GET /admin/health: the overview an
+// on-call engineer reads first.
+type healthResponse struct {
+	// Status is "ok", or "attention" when Attention lists something an
+	// operator should look at.
+	Status    string    `json:"status"`
+	Attention []string  `json:"attention"`
+	Time      time.Time `json:"time"`
+	DLQ       DLQStats  `json:"dlq"`
+	// ReviewBacklog is the number of dead letters waiting for manual review.
+	ReviewBacklog int64 `json:"review_backlog"`
+	// BlockedUsers counts the users blocked now, up to 10000;
+	// BlockedUsersCapped says the count stopped there.
+	BlockedUsers       int  `json:"blocked_users"`
+	BlockedUsersCapped bool `json:"blocked_users_capped"`
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	st, err := s.dlq.Stats(r.Context())
+	if e := s.storeError(err, "health.dlq"); e != nil {
+		writeError(w, e)
+		return
+	}
+	if st.ByReason == nil {
+		st.ByReason = map[string]int64{}
+	}
+	h := healthResponse{Status: "ok", Attention: []string{}, Time: s.clock.Now().UTC(), DLQ: st, ReviewBacklog: st.Review}
+	for cursor := 0; ; {
+		users, next, err := s.rl.ListBlocked(r.Context(), cursor, maxPageLimit)
+		if e := s.storeError(err, "health.blocked"); e != nil {
+			writeError(w, e)
+			return
+		}
+		h.BlockedUsers += len(users)
+		if h.BlockedUsers >= maxBlockedCount {
+			h.BlockedUsers, h.BlockedUsersCapped = maxBlockedCount, next > 0 || h.BlockedUsers > maxBlockedCount
+			break
+		}
+		if next <= 0 {
+			break
+		}
+		cursor = next
+	}
+	if st.Review > 0 {
+		h.Attention = append(h.Attention, fmt.Sprintf("%d dead letter(s) wait for manual review", st.Review))
+	}
+	if st.DueNow > 0 {
+		h.Attention = append(h.Attention, fmt.Sprintf("%d dead letter(s) are due for a retry now", st.DueNow))
+	}
+	if len(h.Attention) > 0 {
+		h.Status = "attention"
+	}
+	writeJSON(w, http.StatusOK, h)
+}
+
+// auditRecord is one entry of the audit stream as GET /admin/audit shows it.
+type auditRecord struct {
+	ID     string `json:"id"`
+	Who    string `json:"who"`
+	Action string `json:"action"`
+	Target string `json:"target"`
+	Reason string `json:"reason"`
+	Time   string `json:"time"`
+	Result string `json:"result"`
+}
+
+// auditPage is the answer of GET /admin/audit, newest first; next_cursor is
+// "" after the last page.
+type auditPage struct {
+	Entries    []auditRecord `json:"entries"`
+	NextCursor string        `json:"next_cursor"`
+}
+
+var streamID = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+
+func (s *Server) auditList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit, e := queryLimit(q)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	top := "+"
+	if c := q.Get("cursor"); c != "" {
+		if !streamID.MatchString(c) {
+			writeError(w, badRequest("cursor", "cursor must be the next_cursor of the previous page"))
+			return
+		}
+		top = "(" + c // exclusive: the page after the cursor's entry
+	}
+	msgs, err := s.rdb.XRevRangeN(r.Context(), s.cfg.Prefix+"audit", top, "-", int64(limit)).Result()
+	if errors.Is(err, redis.Nil) {
+		err = nil
+	}
+	if e := s.storeError(err, "audit.list"); e != nil {
+		writeError(w, e)
+		return
+	}
+	page := auditPage{Entries: make([]auditRecord, 0, len(msgs))}
+	for _, m := range msgs {
+		str := func(k string) string { v, _ := m.Values[k].(string); return v }
+		page.Entries = append(page.Entries, auditRecord{ID: m.ID, Who: str("who"), Action: str("action"),
+			Target: str("target"), Reason: str("reason"), Time: str("time"), Result: str("result")})
+	}
+	if len(msgs) == limit {
+		page.NextCursor = msgs[len(msgs)-1].ID
+	}
+	writeJSON(w, http.StatusOK, page)
+}

@@ -1,0 +1,158 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/kfpipe/kfpipe/internal/wecom"
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+)
+
+// gaugeOf returns the value of metric name{open_kfid=kf} in reg, and whether
+// the series exists.
+func gaugeOf(t *testing.T, reg *prometheus.Registry, name, kf string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelOf(m, "open_kfid") == kf {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+func labelOf(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// TestHorizonMetrics drives the sync of one account against the fake
+// WeChat on a hand-moved clock and checks the two horizon gauges: the
+// oldest waiting time is the send_time of a fetched message Kafka did not
+// acknowledge, or the oldest unserved trigger when sync_msg fails; a
+// successful pass removes it and stamps the last success.
+func TestHorizonMetrics(t *testing.T) {
+	const kf = "wk-horizon"
+	t0 := time.Date(2026, 3, 1, 8, 0, 0, 0, time.UTC)
+	clock := testenv.NewClock(t0)
+	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kf}, Clock: clock.Now})
+	t.Cleanup(fake.Close)
+	wc, err := wecom.NewClient(wecom.ClientConfig{BaseURL: fake.URL(), CorpID: fake.CorpID(), Secret: fake.Secret()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newMemStore()
+	pub := &recPublisher{}
+	kafkaDown := errors.New("kafka down")
+	var down atomic.Bool
+	down.Store(true)
+	pub.fail = func(int) error {
+		if down.Load() {
+			return kafkaDown
+		}
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	s, err := NewSyncer(unitCfg(), SyncerDeps{Source: WeComSource{wc}, Locker: &fakeLocker{s: st}, State: st, Publisher: pub,
+		IDs: &seqIDs{}}, WithRegisterer(reg), WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() {
+		if err := s.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	const oldest, last = "kfpipe_sync_oldest_waiting_timestamp_seconds", "kfpipe_sync_last_success_timestamp_seconds"
+
+	// Nothing triggered: no series.
+	if _, ok := gaugeOf(t, reg, oldest, kf); ok {
+		t.Fatal("oldest waiting exported before any trigger")
+	}
+	// Two messages sent at t0; Kafka is down; the sync runs 30 h later.
+	fake.AddText(kf, "u1", "one")
+	fake.AddText(kf, "u2", "two")
+	clock.Advance(30 * time.Hour)
+	if err := s.Trigger(kf, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a failed produce", func() bool { return counterValue(s.m.runs.WithLabelValues("produce_error")) >= 1 })
+	if v, ok := gaugeOf(t, reg, oldest, kf); !ok || v != float64(t0.Unix()) {
+		t.Fatalf("oldest waiting = %v (exported %v), want the send_time %d of the unacknowledged messages", v, ok, t0.Unix())
+	}
+	if _, ok := gaugeOf(t, reg, last, kf); ok {
+		t.Fatal("last success exported before any success")
+	}
+
+	// Kafka back: the retry (after the backoff on the clock) succeeds.
+	down.Store(false)
+	waitFor(t, "the retry waiting on the clock", func() bool { return clock.Waiters() > 0 })
+	clock.Advance(time.Second)
+	waitFor(t, "a successful pass", func() bool { return counterValue(s.m.runs.WithLabelValues("ok")) >= 1 })
+	waitFor(t, "the oldest waiting series removed", func() bool { _, ok := gaugeOf(t, reg, oldest, kf); return !ok })
+	okAt := clock.Now()
+	if v, ok := gaugeOf(t, reg, last, kf); !ok || v != float64(okAt.UnixNano())/1e9 {
+		t.Fatalf("last success = %v (exported %v), want %v", v, ok, okAt.Unix())
+	}
+	if got := pub.ids(); len(got) != 2 {
+		t.Fatalf("produced %v, want the 2 messages", got)
+	}
+	waitFor(t, "the syncer idle", s.idle)
+
+	// sync_msg failing: nothing fetched, the oldest unserved trigger counts.
+	fake.FailNext(1000, -1)
+	clock.Advance(time.Hour)
+	trig := clock.Now()
+	if err := s.Trigger(kf, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a failed sync_msg", func() bool { return counterValue(s.m.runs.WithLabelValues("source_error")) >= 1 })
+	// Time passes, the retries keep failing, more triggers come: the
+	// oldest unserved one stays.
+	for range 3 {
+		waitFor(t, "the retry waiting on the clock", func() bool { return clock.Waiters() > 0 })
+		clock.Advance(time.Minute)
+		_ = s.Trigger(kf, "")
+	}
+	if v, ok := gaugeOf(t, reg, oldest, kf); !ok || v != float64(trig.UnixNano())/1e9 {
+		t.Fatalf("oldest waiting = %v (exported %v), want the first unserved trigger %v", v, ok, trig.Unix())
+	}
+	if v, _ := gaugeOf(t, reg, last, kf); v != float64(okAt.UnixNano())/1e9 {
+		t.Fatalf("last success moved to %v while failing", v)
+	}
+}
+
+// TestHorizonLeftToTheLockHolder: a replica that finds the account's lock
+// held by another drops its waiting time (the holder reports it), so a
+// replica that lost the race does not alert for an account that syncs.
+func TestHorizonLeftToTheLockHolder(t *testing.T) {
+	r := newRig(t, unitCfg(), nil, nil)
+	r.lk.busyFor.Store(2) // the try and the retry after the pending flag
+	if err := r.s.Trigger("wk-1", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the busy lock handed over", func() bool { return counterValue(r.s.m.busy) == 1 && r.s.idle() })
+	if w := r.s.oldestWaiting(); len(w) != 0 {
+		t.Fatalf("oldest waiting %v after the lock was busy, want none", w)
+	}
+}
