@@ -866,16 +866,23 @@ func (x *Index) each(ctx context.Context, f Filter, fn func([]*Entry) error) err
 	}
 }
 
-// Purge deletes every entry matching f (Cursor and Limit ignored). With an
+// errPurgeLimit ends Purge's walk once f.Limit entries are deleted.
+var errPurgeLimit = errors.New("purge limit reached")
+
+// Purge deletes the entries matching f, newest first, at most f.Limit of
+// them when it is set (Cursor ignored). With an
 // event sink (WithEventSink, normally the DLQ Producer) each deletion is
 // recorded in the DLQ topic as an EventPurged record, keyed like the dead
 // letter so it follows it in the same partition, and a Rebuild deletes the
 // entry again; without one (or when the record cannot be written, which is
 // logged) a Rebuild brings back those not yet expired.
 func (x *Index) Purge(ctx context.Context, f Filter) (int, error) {
-	n := 0
+	n, limit := 0, f.Limit
 	err := x.each(ctx, f, func(es []*Entry) error {
 		for _, e := range es {
+			if limit > 0 && n >= limit {
+				return errPurgeLimit
+			}
 			if x.events != nil {
 				if err := x.eventKey(ctx, e); err != nil {
 					x.log.Warn("purged event keyed without the letter's original key", zap.String("dlq_id", e.ID), zap.Error(err))
@@ -892,6 +899,9 @@ func (x *Index) Purge(ctx context.Context, f Filter) (int, error) {
 		}
 		return nil
 	})
+	if errors.Is(err, errPurgeLimit) {
+		err = nil
+	}
 	return n, err
 }
 

@@ -157,8 +157,16 @@ func TestIndexListPaginationAndFilters(t *testing.T) {
 	if _, _, err := idx.List(ctx, Filter{Cursor: "garbage"}); err == nil {
 		t.Fatal("bad cursor accepted")
 	}
-	n, err := idx.Purge(ctx, Filter{User: "cat"})
-	if err != nil || n != 8 {
+	// A limit purges that many, newest first; the rest stay.
+	n, err := idx.Purge(ctx, Filter{User: "cat", Limit: 3})
+	if err != nil || n != 3 {
+		t.Fatalf("purge with limit 3: %d %v", n, err)
+	}
+	if left, _, _ := idx.List(ctx, Filter{User: "cat"}); len(left) != 5 {
+		t.Fatalf("%d left after purging 3 of 8", len(left))
+	}
+	n, err = idx.Purge(ctx, Filter{User: "cat"})
+	if err != nil || n != 5 {
 		t.Fatalf("purge %d %v", n, err)
 	}
 	s, _ := idx.Stats(ctx)
