@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 GO    ?= go
 BIN   ?= bin
 
-.PHONY: all build test demo bench chaos up down vet fmt clean
+.PHONY: all build test demo bench chaos soak up down vet fmt clean
 
 all: build
 
@@ -26,6 +26,10 @@ bench:
 ## chaos: the full fault-injection suite.
 chaos:
 	scripts/chaos.sh
+
+## soak: 30 minutes at 2k msg/s with failures and a bot, sampled and plotted (not in CI).
+soak:
+	scripts/soak.sh
 
 ## up/down: real local Kafka + Redis + etcd for running the daemons by hand.
 up:

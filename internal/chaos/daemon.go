@@ -290,6 +290,31 @@ func (d *Daemon) CountLog(substr string) int {
 // line that starts with series (a name with its labels, as exposed), 0
 // when the series is absent.
 func (d *Daemon) Metric(ctx context.Context, series string) (float64, error) {
+	return d.metric(ctx, func(line string) (string, bool) { return strings.CutPrefix(line, series+" ") })
+}
+
+// MetricSum is the sum of every series of the metric name (all label
+// sets), 0 when it has none.
+func (d *Daemon) MetricSum(ctx context.Context, name string) (float64, error) {
+	sum := 0.0
+	_, err := d.metric(ctx, func(line string) (string, bool) {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			return "", false
+		}
+		if i := strings.LastIndexByte(rest, ' '); i >= 0 {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(rest[i+1:]), 64); err == nil {
+				sum += v
+			}
+		}
+		return "", false
+	})
+	return sum, err
+}
+
+// metric reads /metrics and returns the value of the first line match
+// accepts.
+func (d *Daemon) metric(ctx context.Context, match func(line string) (string, bool)) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.OpsURL()+"/metrics", nil)
@@ -306,7 +331,7 @@ func (d *Daemon) Metric(ctx context.Context, series string) (float64, error) {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+		if rest, ok := match(line); ok {
 			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
 		}
 	}

@@ -126,6 +126,30 @@ func (f *Feeder) Feed(ctx context.Context, total int, rate float64) error {
 	return nil
 }
 
+// Bot appends messages of user at perMin a minute, on the first account,
+// until ctx ends.
+func (f *Feeder) Bot(ctx context.Context, user string, perMin float64) {
+	const tick = 100 * time.Millisecond
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	acc := 0.0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		acc += perMin / 60 * tick.Seconds()
+		var users []string
+		for ; acc >= 1; acc-- {
+			users = append(users, user)
+		}
+		if len(users) > 0 {
+			f.appendUsers(ctx, users, func(int, string) string { return f.p.OpenKfIDs[0] })
+		}
+	}
+}
+
 // notify sends one callback, retrying briefly like WeChat does; when
 // kf-producer stays unreachable the safety sync picks the messages up.
 func (f *Feeder) notify(ctx context.Context, kf string) {

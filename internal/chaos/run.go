@@ -15,6 +15,9 @@ type Load struct {
 	// MaxPerUser, when set, caps one user's messages (users are picked at
 	// random otherwise, so some send many more than Total/Users).
 	MaxPerUser int
+	// BotPerMin, when set, adds a bot: one user sending this many
+	// messages a minute for as long as the load is fed.
+	BotPerMin float64
 }
 
 // Fault injects a fault while the load runs. It records what it observed
@@ -36,7 +39,20 @@ func Run(t *testing.T, name string, p *Pipeline, load Load, settle time.Duration
 	rec := &Report{Name: name}
 	start := time.Now()
 	fed := make(chan error, 1)
-	go func() { fed <- f.Feed(ctx, load.Total, load.Rate) }()
+	botCtx, stopBot := context.WithCancel(ctx)
+	botDone := make(chan struct{})
+	go func() {
+		defer close(botDone)
+		if load.BotPerMin > 0 {
+			f.Bot(botCtx, "bot-"+p.Prefix[len("chaos-"):len(p.Prefix)-1], load.BotPerMin)
+		}
+	}()
+	go func() {
+		err := f.Feed(ctx, load.Total, load.Rate)
+		stopBot()
+		<-botDone
+		fed <- err
+	}()
 	faultDone := make(chan error, 1)
 	go func() {
 		if fault == nil {

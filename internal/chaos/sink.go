@@ -37,6 +37,7 @@ type Sink struct {
 	seen       map[string]int // msgid → deliveries
 	changed    time.Time
 	failUsers  map[string]bool
+	failRatio  float64 // FailRatio
 	failures   map[string]int // user → 500 answers
 	down       bool           // the whole downstream answers 503
 	downCalls  int            // 503 answers given while down
@@ -86,7 +87,7 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sink: downstream unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	if s.failUsers[m.ExternalUserID] {
+	if s.failUsers[m.ExternalUserID] || (s.failRatio > 0 && rand.Float64() < s.failRatio) {
 		// A broken downstream for this user: the consumer retries and then
 		// dead-letters it as downstream_error. Not an effect.
 		s.failures[m.ExternalUserID]++
@@ -129,6 +130,15 @@ func (s *Sink) FailUser(user string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failUsers[user] = true
+}
+
+// FailRatio makes the Sink answer 500 to a random fraction r of the
+// messages (each attempt drawn anew): a flaky downstream, which in-place
+// retries mostly absorb.
+func (s *Sink) FailRatio(r float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failRatio = r
 }
 
 // UnfailUser undoes FailUser: user's downstream works again.
