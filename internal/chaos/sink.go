@@ -37,7 +37,7 @@ type Sink struct {
 	seen       map[string]int // msgid → deliveries
 	changed    time.Time
 	failUsers  map[string]bool
-	failRatio  float64 // FailRatio
+	failRatio  float64        // FailRatio
 	failures   map[string]int // user → 500 answers
 	down       bool           // the whole downstream answers 503
 	downCalls  int            // 503 answers given while down
