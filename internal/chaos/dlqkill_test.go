@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 )
@@ -196,39 +194,16 @@ func judgeReinjections(p *Pipeline, rep *Report) {
 	}
 }
 
-// reinjections dumps the main topic (read_committed) and counts the
-// records carrying retry_from_dlq=true by upstream_msgid/retry_count.
+// reinjections counts the main topic's records carrying
+// retry_from_dlq=true by upstream_msgid/retry_count.
 func (p *Pipeline) reinjections() (map[string]int, int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, p.Opts.Kcat, "-b", p.Opts.Brokers, "-C", "-t", p.MainTopic, "-e", "-q",
-		"-X", "isolation.level=read_committed", "-f", "%h\n")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, 0, fmt.Errorf("kcat: %v: %s", err, stderr.String())
-	}
 	counts := map[string]int{}
 	total := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		var msgid, count string
-		retried := false
-		for _, h := range strings.Split(line, ",") {
-			k, v, _ := strings.Cut(h, "=")
-			switch k {
-			case "upstream_msgid":
-				msgid = v
-			case "retry_count":
-				count = v
-			case "retry_from_dlq":
-				retried = v == "true"
-			}
-		}
-		if retried {
-			counts[msgid+"/"+count]++
+	err := p.eachMainHeaders(context.Background(), func(hs map[string]string) {
+		if hs["retry_from_dlq"] == "true" {
+			counts[hs["upstream_msgid"]+"/"+hs["retry_count"]]++
 			total++
 		}
-	}
-	return counts, total, nil
+	})
+	return counts, total, err
 }

@@ -97,33 +97,42 @@ func (p *Pipeline) DeadLetters(ctx context.Context) (map[string][]DeadLetter, er
 // DumpMainTopic reads the whole main topic with kcat and counts the
 // records of each upstream msgid (from the upstream_msgid header).
 func (p *Pipeline) DumpMainTopic(ctx context.Context) (map[string]int, int, error) {
+	counts := map[string]int{}
+	total := 0
+	err := p.eachMainHeaders(ctx, func(hs map[string]string) {
+		total++
+		if v, ok := hs["upstream_msgid"]; ok {
+			counts[v]++
+		}
+	})
+	return counts, total, err
+}
+
+// eachMainHeaders reads the whole main topic with kcat (read_committed,
+// as the consumers read it) and hands each record's headers to fn.
+func (p *Pipeline) eachMainHeaders(ctx context.Context, fn func(map[string]string)) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, p.Opts.Kcat, "-b", p.Opts.Brokers, "-C", "-t", p.MainTopic, "-e", "-q",
-		"-X", "isolation.level=read_committed", "-f", "%p\t%o\t%k\t%h\n")
+		"-X", "isolation.level=read_committed", "-f", "%h\n")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, 0, fmt.Errorf("kcat: %v: %s", err, stderr.String())
+		return fmt.Errorf("kcat: %v: %s", err, stderr.String())
 	}
-	counts := map[string]int{}
-	total := 0
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		parts := strings.SplitN(sc.Text(), "\t", 4)
-		if len(parts) < 4 {
-			continue
-		}
-		total++
-		for _, h := range strings.Split(parts[3], ",") {
-			if v, ok := strings.CutPrefix(h, "upstream_msgid="); ok {
-				counts[v]++
+		hs := map[string]string{}
+		for _, h := range strings.Split(sc.Text(), ",") {
+			if k, v, ok := strings.Cut(h, "="); ok {
+				hs[k] = v
 			}
 		}
+		fn(hs)
 	}
-	return counts, total, sc.Err()
+	return sc.Err()
 }
 
 // Settle waits until every message fed has an effect or a dead letter,

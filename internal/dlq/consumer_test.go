@@ -277,15 +277,7 @@ func TestFullIndexHoldsLettersInTheTopic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
+	runConsumer(t, c)
 	seen := map[string]bool{}
 	note := func() {
 		es, _, err := idx.List(ctx, Filter{User: "held"})

@@ -194,3 +194,18 @@ func topicLetters(t *testing.T, cfg *config.DLQConsumer) *TopicLetters {
 	t.Cleanup(func() { _ = l.Close() })
 	return l
 }
+
+// runConsumer runs c until the end of the test, which then checks that it
+// stopped cleanly.
+func runConsumer(t *testing.T, c *Consumer) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+}

@@ -311,15 +311,7 @@ func TestCommittedRetryIsNotSentAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
+	runConsumer(t, c)
 	waitFor(t, "indexed", 20*time.Second, func() bool { n, _ := idx.Size(ctx); return n == 1 })
 
 	broken := redis.NewClient(e.rdb.Options())
