@@ -187,6 +187,8 @@ type Consumer struct {
 	// durable yet; shutdown stops them.
 	retryMu sync.Mutex
 	retries map[Timer]struct{}
+	// notDurable is the last failed dead-letter send (DeadLetterDetail).
+	notDurable atomic.Pointer[notDurable]
 
 	// deadWG counts the partitions' dead-letter goroutines (deadqueue.go).
 	deadWG sync.WaitGroup

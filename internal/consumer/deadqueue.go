@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -162,4 +163,44 @@ func (c *Consumer) stopDeadQueue(p *partition) {
 	}
 	p.dead.halt()
 	c.m.deadWaiting.DeleteLabelValues(p.label)
+}
+
+// notDurable records a dead letter the DLQ did not take: neither the DLQ
+// topic nor the emergency file.
+type notDurable struct {
+	at  time.Time
+	err error
+}
+
+// DeadLetterDetail is the /readyz detail while dead letters cannot be
+// recorded: how many wait, how many partitions are paused for them, and
+// the last error (the DLQ topic's and the emergency file's). Empty when
+// every send of the last 30 s was recorded, or nothing waits.
+func (c *Consumer) DeadLetterDetail() string {
+	nd := c.notDurable.Load()
+	if nd == nil || c.clock.Now().Sub(nd.at) > 30*time.Second {
+		return ""
+	}
+	waiting := int64(0)
+	for _, p := range c.deadQueues() {
+		waiting += p.waiting.Load()
+	}
+	if waiting == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d dead letters not recorded, retried; their partitions pause at processor.dead_letter_queue and nothing after them is committed: %v",
+		waiting, nd.err)
+}
+
+// deadQueues returns the assigned partitions' dead-letter queues.
+func (c *Consumer) deadQueues() []*deadQueue {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	qs := make([]*deadQueue, 0, len(c.parts))
+	for _, p := range c.parts {
+		if p.dead != nil {
+			qs = append(qs, p.dead)
+		}
+	}
+	return qs
 }

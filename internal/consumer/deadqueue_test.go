@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,6 +34,9 @@ type stallingDLQ struct {
 	calls atomic.Int64
 	// failFirst makes the first send of every letter fail (not durable).
 	failFirst bool
+	// failing makes every send fail while set: the DLQ topic and the
+	// emergency file both refuse.
+	failing atomic.Bool
 }
 
 func newStallingDLQ(stalled ...int32) *stallingDLQ {
@@ -55,6 +59,10 @@ func (d *stallingDLQ) Send(dl *DeadLetter, done func(error)) {
 	d.mu.Unlock()
 	if d.failFirst && first {
 		done(errors.New("dlq refused"))
+		return
+	}
+	if d.failing.Load() {
+		done(errors.New("dlq: kafka: topic unreachable; emergency file: no space left on device"))
 		return
 	}
 	done(nil)
@@ -170,6 +178,35 @@ func TestDeadLetterRetriedThroughQueue(t *testing.T) {
 	}
 	if got := ps[0].dead.waiting.Load(); got != 0 {
 		t.Fatalf("%d letters waiting after all were durable", got)
+	}
+}
+
+// TestDeadLetterDetailWhileNotRecorded: while neither the DLQ topic nor
+// the emergency file takes dead letters, /readyz's dead_letters detail
+// says how many wait and why, and their offsets are not committable; when
+// the DLQ takes them again every one is recorded and the detail clears.
+func TestDeadLetterDetailWhileNotRecorded(t *testing.T) {
+	dlq := newStallingDLQ()
+	dlq.failing.Store(true)
+	c, ps := queuedConsumer(t, dlq)
+	c.mu.Lock()
+	c.parts = map[tpKey]*partition{{"t", 0}: ps[0], {"t", 1}: ps[1]}
+	c.mu.Unlock()
+	if d := c.DeadLetterDetail(); d != "" {
+		t.Fatalf("detail before any failure: %q", d)
+	}
+	deadLetterAll(t, c, ps[0], 10)
+	waitFor(t, 5*time.Second, func() bool {
+		d := c.DeadLetterDetail()
+		return strings.Contains(d, "10 dead letters not recorded") && strings.Contains(d, "no space left on device")
+	})
+	if _, ok := ps[0].tracker.Committable(); ok {
+		t.Fatal("offsets committable while their dead letters are recorded nowhere (I6)")
+	}
+	dlq.failing.Store(false)
+	waitFor(t, 10*time.Second, func() bool { next, ok := ps[0].tracker.Committable(); return ok && next == 10 })
+	if d := c.DeadLetterDetail(); d != "" {
+		t.Fatalf("detail after every letter was recorded: %q", d)
 	}
 }
 

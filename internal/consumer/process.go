@@ -442,6 +442,7 @@ func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration
 		if c.runCtx.Err() != nil {
 			return
 		}
+		c.notDurable.Store(&notDurable{at: c.clock.Now(), err: err})
 		c.log.Error("dead letter not durable; retrying", zap.String("reason", dl.Reason),
 			zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.Error(err))
 		next := min(2*backoff+time.Millisecond, max(c.cfg.Processor.RetryMax, time.Millisecond))

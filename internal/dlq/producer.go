@@ -100,6 +100,7 @@ type producerMetrics struct {
 	produceErrors   prometheus.Counter
 	replayed        prometheus.Counter
 	tornLines       prometheus.Counter
+	unrecorded      prometheus.Counter
 }
 
 func newProducerMetrics(reg prometheus.Registerer) producerMetrics {
@@ -114,6 +115,9 @@ func newProducerMetrics(reg prometheus.Registerer) producerMetrics {
 			Name: "kfpipe_dlq_emergency_replayed_total", Help: "Emergency-file records acknowledged by the DLQ topic."})),
 		tornLines: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kfpipe_dlq_emergency_torn_lines_total", Help: "Undecodable emergency-file lines skipped at replay (torn writes)."})),
+		unrecorded: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_dlq_unrecorded_total",
+			Help: "Dead letters neither the DLQ topic nor the emergency file took (disk full): the sender retries them and their messages stay uncommitted."})),
 	}
 }
 
@@ -289,6 +293,7 @@ func (p *Producer) emergencyLoop() {
 		err := p.em.append(lines)
 		for _, j := range batch {
 			if err != nil {
+				p.m.unrecorded.Inc()
 				p.log.Error("dead letter neither in Kafka nor in the emergency file",
 					zap.String("dlq_id", j.dl.ID), zap.String("user_id", j.dl.UserID),
 					zap.NamedError("kafka_error", j.kafkaEr), zap.Error(err))

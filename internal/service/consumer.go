@@ -163,6 +163,7 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 	if base.Ops != nil {
 		// Ready stays 200: the node works as designed while it waits.
 		base.Ops.AddDetail("outage", s.C.OutageDetail)
+		base.Ops.AddDetail("dead_letters", s.C.DeadLetterDetail)
 	}
 	if err := s.C.Start(); err != nil {
 		_ = s.close(ctx)
