@@ -2,13 +2,10 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +25,7 @@ import (
 // every letter is recorded and indexed.
 func TestChaosDiskFull(t *testing.T) {
 	svc := NeedServices(t)
-	dir := mountTmpfs(t, "1m")
+	dir := testenv.Tmpfs(t, "1m")
 	load := Size(Load{Total: 3000, Users: 300, Rate: 100, BotPerMin: 600}, Load{Total: 12000, Users: 1000, Rate: 100, BotPerMin: 600})
 	hold := Size(15*time.Second, 60*time.Second)
 	limited := map[string]string{"KFPIPE_RATE_LIMIT_DEFAULT_GROUP": "normal"}
@@ -41,7 +38,7 @@ func TestChaosDiskFull(t *testing.T) {
 		if !Pause(ctx, 5*time.Second, 5*time.Second) {
 			return ctx.Err()
 		}
-		filler, err := fillDisk(dir)
+		filler, err := testenv.FillDisk(dir)
 		if err != nil {
 			return err
 		}
@@ -74,48 +71,14 @@ func TestChaosDiskFull(t *testing.T) {
 		if told == 0 {
 			rec.Problem("the consumer never said on /readyz and in kfpipe_dlq_unrecorded_total that dead letters were recorded nowhere")
 		}
-		if err := os.Remove(filler); err != nil {
+		// The topic first: freed space would otherwise fill again with
+		// the letters still refused by the topic. The emergency file must
+		// cope with that too (TestEmergencyReplayOnFullDisk).
+		if err := setTopicConfig(ctx, admin, p.DLQTopic, "max.message.bytes", ""); err != nil {
 			return err
 		}
-		return setTopicConfig(ctx, admin, p.DLQTopic, "max.message.bytes", "")
+		return os.Remove(filler)
 	})
-}
-
-// mountTmpfs mounts a tmpfs of size in a temporary directory for the
-// test; with CI set, not being able to mount one fails the test.
-func mountTmpfs(t *testing.T, size string) string {
-	t.Helper()
-	dir := t.TempDir()
-	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput()
-	if err != nil {
-		msg := fmt.Sprintf("mount a %s tmpfs (needs root): %v: %s", size, err, out)
-		if testenv.InCI() {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
-	return dir
-}
-
-// fillDisk writes a file into dir until its filesystem has no space left,
-// and returns its path.
-func fillDisk(dir string) (string, error) {
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if errors.Is(err, syscall.ENOSPC) {
-				return path, nil
-			}
-			return "", err
-		}
-	}
 }
 
 // setTopicConfig sets (value non-empty) or resets to the broker's

@@ -30,6 +30,9 @@ type emergencyFile struct {
 	f       *os.File // append handle, opened lazily
 	needNL  bool     // the file ends in a torn line that must be terminated first
 	dirSync bool     // the directory entry of the file was fsync'd
+	// memOff is the replay offset when the sidecar could not be written
+	// (disk full); the larger of it and the sidecar's counts.
+	memOff int64
 }
 
 // emergencyRecord is one line read back for replay.
@@ -179,7 +182,7 @@ func (e *emergencyFile) pending() (bool, error) {
 		return false, err
 	}
 	off, err := e.readOffset()
-	return size > off, err
+	return size > max(off, e.memOff), err
 }
 
 // readBatch returns up to max complete lines after the replay offset.
@@ -189,6 +192,9 @@ func (e *emergencyFile) readBatch(max int, maxBytes int64) ([]emergencyRecord, e
 	off, err := e.readOffset()
 	if err != nil {
 		return nil, err
+	}
+	if e.memOff > off {
+		off = e.memOff
 	}
 	f, err := os.Open(e.path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -231,6 +237,12 @@ func (e *emergencyFile) readBatch(max int, maxBytes int64) ([]emergencyRecord, e
 }
 
 // commit records that everything before end was acknowledged by Kafka.
+// On a full disk the sidecar cannot be rewritten: the offset is kept in
+// memory so the replay goes on (a restart replays from the sidecar's
+// older offset: duplicates in the topic, which the index absorbs), and
+// once everything is replayed the sidecar is removed — which needs no
+// space and means offset 0, as writing 0 would — and the file truncated,
+// which frees the disk.
 func (e *emergencyFile) commit(end int64) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -239,13 +251,22 @@ func (e *emergencyFile) commit(end int64) error {
 		return err
 	}
 	if end < size {
-		return e.writeOffset(end)
+		err := e.writeOffset(end)
+		if err == nil || errors.Is(err, syscall.ENOSPC) {
+			e.memOff = end
+			return nil
+		}
+		return err
 	}
 	// Everything replayed: reset the sidecar first, then truncate (see the
 	// type comment for why this order is the safe one).
-	if err := e.writeOffset(0); err != nil {
+	if err := os.Remove(e.offsetPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("emergency offset: %w", err)
+	}
+	if err := syncDir(filepath.Dir(e.path)); err != nil {
 		return err
 	}
+	e.memOff = 0
 	if e.f != nil {
 		_ = e.f.Close()
 		e.f = nil

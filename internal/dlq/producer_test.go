@@ -3,6 +3,7 @@ package dlq
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"errors"
 	"os"
 	"path/filepath"
@@ -284,4 +285,56 @@ func TestEmergencyFileLocked(t *testing.T) {
 		t.Fatalf("open after close: %v", err)
 	}
 	_ = e2.close()
+}
+
+// TestEmergencyReplayOnFullDisk: the emergency file's filesystem is full
+// when Kafka is back (the file filled it). The replay cannot rewrite its
+// offset sidecar, yet it replays every record, in batches, and truncates
+// the file, which frees the disk. Before, the sidecar's failed write
+// stopped the replay after its first batch, which it then sent again and
+// again, never reaching the records after it.
+func TestEmergencyReplayOnFullDisk(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.Topic(t, 2)
+	dir := testenv.Tmpfs(t, "4m")
+	cfg := testConfig(t, "127.0.0.1:1", "unused-main", topic)
+	cfg.DLQ.EmergencyFile = filepath.Join(dir, "dlq.jsonl")
+	cfg.DLQ.ProduceTimeout = 300 * time.Millisecond
+	cfg.DLQ.BreakerFailures = 1
+	cfg.DLQ.BreakerOpen = time.Minute
+	down, err := NewProducer(ProducerConfig{Kafka: cfg.Kafka, DLQ: cfg.DLQ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1200 // more than two replay batches of 500
+	now := time.Now().UTC()
+	for i := range n {
+		sendSync(t, down, deadLetter(fmt.Sprintf("u%d", i%9), ReasonQueueFull, int64(i), now))
+	}
+	closeProducer(t, down)
+	if _, err := testenv.FillDisk(dir); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.Kafka.Brokers = brokers
+	up, err := NewProducer(ProducerConfig{Kafka: cfg.Kafka, DLQ: cfg.DLQ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeProducer(t, up)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	replayed, err := up.ReplayOnce(ctx)
+	if err != nil || replayed != n {
+		t.Fatalf("replayed %d, %v; want all %d", replayed, err, n)
+	}
+	if pending, err := up.EmergencyPending(); err != nil || pending {
+		t.Fatalf("pending %v %v after the replay", pending, err)
+	}
+	if st, err := os.Stat(cfg.DLQ.EmergencyFile); err != nil || st.Size() != 0 {
+		t.Fatalf("emergency file not truncated: %v %v", st, err)
+	}
+	if got := readTopic(t, brokers, topic, n, 500*time.Millisecond); len(got) < n {
+		t.Fatalf("%d records in the DLQ topic, want %d", len(got), n)
+	}
 }

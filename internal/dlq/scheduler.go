@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -516,7 +518,25 @@ func (s *Scheduler) admit(dl *DeadLetterMessage, now time.Time) (time.Time, bool
 func (s *Scheduler) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
-		s.loopWG.Wait()
+		// A scan may be inside a Kafka call that does not see the
+		// cancellation (a transaction's commit or init waits for its own
+		// timeout): shutdown waits for it only until ctx's deadline. What
+		// it leaves is safe: its claims are leased, an open transaction
+		// is aborted by the next holder's InitTransactions.
+		looped := make(chan struct{})
+		go func() {
+			s.loopWG.Wait()
+			close(looped)
+		}()
+		select {
+		case <-looped:
+		case <-ctx.Done():
+			var stacks strings.Builder
+			_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+			s.log.Warn("scheduler: a scan was still running at the shutdown deadline; left to the process exit (its claims are leased)",
+				zap.String("goroutines", stacks.String()))
+			return
+		}
 		s.dropProducer()
 		s.txDrain.Wait()
 	})

@@ -1,9 +1,13 @@
 package testenv
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -35,4 +39,38 @@ func PrivateRedis(t testing.TB, args ...string) string {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return addr
+}
+
+// Tmpfs mounts a tmpfs of size (e.g. "1m") on a temporary directory for
+// the test and returns it; unmounted at cleanup. It needs root: with CI
+// set, not being able to mount one fails the test.
+func Tmpfs(t testing.TB, size string) string {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		missing(t, "a tmpfs (mount needs root)", fmt.Errorf("%v: %s", err, out))
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// FillDisk writes a file into dir until its filesystem has no space left,
+// and returns its path (remove it to free the space).
+func FillDisk(dir string) (string, error) {
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return path, nil
+			}
+			return "", err
+		}
+	}
 }
