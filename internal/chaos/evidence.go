@@ -44,6 +44,13 @@ type Evidence struct {
 	// done mark the dying primary never answered).
 	Failovers      []Failover
 	FailoverWindow time.Duration
+	// Cuts are consumer incarnations cut off from Redis (Tag, At): a
+	// repeat whose previous effect that incarnation made in
+	// [At-FailoverWindow, At+100ms] is explained by its done mark, in
+	// flight when the link went, never reaching Redis; the claim then
+	// expires and the next owner runs the handler again — the crash
+	// window, without the crash.
+	Cuts []Kill
 	// StallLimit, when set, is the longest a user may wait for its next
 	// effect after a consumer kill (max_user_stall); more is a problem.
 	StallLimit time.Duration
@@ -181,7 +188,7 @@ func (p *Pipeline) Settle(ctx context.Context, f *Feeder, timeout time.Duration)
 // kcat dump of the main topic and the kills.
 func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
 	ev := &Evidence{Sent: f.Sent(), Deliveries: p.Sink.Deliveries(), Kills: p.Kills(), Lease: p.Opts.DedupLease,
-		Crashes: p.Crashes(), Failovers: p.Failovers(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit,
+		Crashes: p.Crashes(), Failovers: p.Failovers(), Cuts: p.Cuts(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit,
 		RepliesOn: p.Opts.Replies}
 	if ev.RepliesOn {
 		ev.Replies, ev.ReplyDups = p.Fake.Replies("", ""), p.Fake.Duplicates()
@@ -251,6 +258,14 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		}
 		return false
 	}
+	afterCut := func(prev Delivery) bool {
+		for _, c := range e.Cuts {
+			if c.Tag == prev.Tag && (Failover{Issued: c.At, Done: c.At}).covers(prev.At, e.FailoverWindow) {
+				return true
+			}
+		}
+		return false
+	}
 	for id, ds := range byMsg {
 		if _, ok := sent[id]; !ok {
 			r.Problem("effect for a message never sent: %s (from %s)", id, ds[0].Tag)
@@ -260,12 +275,14 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		if len(ds) == 1 {
 			continue
 		}
-		unexplained, failover := false, false
+		unexplained, failover, cut := false, false, false
 		for i := 1; i < len(ds); i++ {
 			switch {
 			case explained(ds[i-1]):
 			case afterFailover(ds[i-1]):
 				failover = true
+			case afterCut(ds[i-1]):
+				cut = true
 			default:
 				unexplained = true
 			}
@@ -280,6 +297,11 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 			r.DupAfterFailover++
 			if r.DupAfterFailover <= 5 {
 				r.note("dup after failover %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
+			}
+		case cut:
+			r.DupAfterCut++
+			if r.DupAfterCut <= 5 {
+				r.note("dup after cut %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
 			}
 		default:
 			r.Redelivered++
@@ -309,6 +331,14 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		for _, d := range e.Deliveries {
 			if f.covers(d.At, e.FailoverWindow) {
 				r.FailoverWindowEffects++
+			}
+		}
+	}
+	r.Cuts = len(e.Cuts)
+	for _, c := range e.Cuts {
+		for _, d := range e.Deliveries {
+			if d.Tag == c.Tag && (Failover{Issued: c.At, Done: c.At}).covers(d.At, e.FailoverWindow) {
+				r.CutWindowEffects++
 			}
 		}
 	}

@@ -119,6 +119,7 @@ type Pipeline struct {
 	mu        sync.Mutex
 	kills     []Kill
 	failovers []Failover
+	cuts      []Kill
 }
 
 // Start starts the producer, then the consumers and the dlq-consumer, and
@@ -345,6 +346,24 @@ func (p *Pipeline) RecordFailover(issued, done time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.failovers = append(p.failovers, Failover{Issued: issued, Done: done})
+}
+
+// RecordCut notes that the consumer incarnation tag lost its link to
+// Redis at at: a second effect whose previous effect that incarnation
+// made from Options.FailoverWindow before at until 100 ms after (its done
+// mark was in flight when the link went) is counted as dup_after_cut, not
+// dup.
+func (p *Pipeline) RecordCut(tag string, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cuts = append(p.cuts, Kill{Tag: tag, At: at})
+}
+
+// Cuts returns the cuts recorded so far.
+func (p *Pipeline) Cuts() []Kill {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Kill(nil), p.cuts...)
 }
 
 // Failovers returns the failovers recorded so far.

@@ -29,6 +29,11 @@ type Report struct {
 	Failovers             int
 	DupAfterFailover      int
 	FailoverWindowEffects int
+	// With a consumer cut off from Redis: repeats explained by its done
+	// marks in flight at the cut, and its effects in that window.
+	Cuts             int
+	DupAfterCut      int
+	CutWindowEffects int
 
 	extra    []string
 	problems []string
@@ -64,6 +69,9 @@ func (r *Report) Line() string {
 	if r.Failovers > 0 {
 		fmt.Fprintf(&b, " failovers=%d dup_after_failover=%d failover_window_effects=%d",
 			r.Failovers, r.DupAfterFailover, r.FailoverWindowEffects)
+	}
+	if r.Cuts > 0 {
+		fmt.Fprintf(&b, " cuts=%d dup_after_cut=%d cut_window_effects=%d", r.Cuts, r.DupAfterCut, r.CutWindowEffects)
 	}
 	for _, e := range r.extra {
 		b.WriteString(" " + e)
