@@ -50,6 +50,12 @@ type gate struct {
 	nextProbe time.Time
 	closedCh  chan struct{} // closed when the gate closes; a new one when it opens
 	held      int
+	// judged are failing users a suspicion already waited a whole
+	// outage.window for without the gate opening (heldInVain): their
+	// failures are their own, and no longer make the gate suspect. A user
+	// leaves it with its first success or once it has no failure among
+	// the recent calls; at most the ring's length of users.
+	judged map[string]bool
 }
 
 type gateCall struct {
@@ -71,7 +77,7 @@ func newGate(cfg config.Outage, clock Clock, log *zap.Logger, reg prometheus.Reg
 		return nil
 	}
 	g := &gate{cfg: cfg, clock: clock, log: log, calls: make([]gateCall, max(2*cfg.MinUsers, 20)),
-		closedCh: make(chan struct{})}
+		closedCh: make(chan struct{}), judged: map[string]bool{}}
 	close(g.closedCh)
 	g.m = gateMetrics{
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kfpipe_outage_gate_open",
@@ -174,6 +180,7 @@ func (g *gate) result(user string, ok, probe bool) {
 	g.calls[g.next] = gateCall{user: user, at: now, ok: ok}
 	g.next = (g.next + 1) % len(g.calls)
 	if ok {
+		delete(g.judged, user)
 		if g.open {
 			g.setOpen(false, now, fmt.Sprintf("a handler call succeeded (probe=%t)", probe))
 		}
@@ -182,30 +189,51 @@ func (g *gate) result(user string, ok, probe bool) {
 	if g.open {
 		return
 	}
-	users, calls, failed := g.recent(now)
+	users, calls, failed, _ := g.recent(now)
 	if users >= g.cfg.MinUsers && float64(failed) >= g.cfg.FailureRatio*float64(calls) {
 		g.setOpen(true, now, fmt.Sprintf("%d of the last %d calls failed, for %d users", failed, calls, users))
 	}
 }
 
 // suspect reports whether the gate may be about to open: recent calls of
-// more than one user failing, at least half of them. A message out of
-// attempts then waits (up to outage.window) instead of being dead-lettered
-// at once, so the first messages of an outage do not go to the DLQ while
-// the gate counts users.
+// more than one user failing, at least half of them, and at least one of
+// those users not judged yet. A message out of attempts then waits (up to
+// outage.window) instead of being dead-lettered at once, so the first
+// messages of an outage do not go to the DLQ while the gate counts users.
+// A suspicion that waited a whole window without the gate opening is
+// spent (heldInVain): a few users whose downstream is broken, with little
+// other traffic, otherwise held one message each per window forever.
 func (g *gate) suspect() bool {
 	if g == nil {
 		return false
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	users, calls, failed := g.recent(g.clock.Now())
-	return users >= 2 && 2*failed >= calls
+	users, calls, failed, fresh := g.recent(g.clock.Now())
+	return users >= 2 && 2*failed >= calls && fresh > 0
+}
+
+// heldInVain records that a message waited outage.window while the gate
+// was suspect and it did not open: the users failing now are judged, and
+// only a user failing besides them makes the gate suspect again.
+func (g *gate) heldInVain() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, c := range g.calls {
+		if !c.at.IsZero() && !c.ok && !c.at.Before(g.clock.Now().Add(-g.cfg.Window)) {
+			g.judged[c.user] = true
+		}
+	}
 }
 
 // recent counts, among the last calls (at most outage.window old), the
-// calls, the failed ones and the distinct users that failed.
-func (g *gate) recent(now time.Time) (users, calls, failed int) {
+// calls, the failed ones, the distinct users that failed and how many of
+// those are not judged; judged users without a recent failure are
+// forgotten.
+func (g *gate) recent(now time.Time) (users, calls, failed, fresh int) {
 	from := now.Add(-g.cfg.Window)
 	seen := make(map[string]bool, len(g.calls))
 	for _, c := range g.calls {
@@ -218,10 +246,18 @@ func (g *gate) recent(now time.Time) (users, calls, failed int) {
 			if !seen[c.user] {
 				seen[c.user] = true
 				users++
+				if !g.judged[c.user] {
+					fresh++
+				}
 			}
 		}
 	}
-	return users, calls, failed
+	for u := range g.judged {
+		if !seen[u] {
+			delete(g.judged, u)
+		}
+	}
+	return users, calls, failed, fresh
 }
 
 // release gives back a probe slot whose call said nothing of the

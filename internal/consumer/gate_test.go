@@ -148,3 +148,68 @@ func TestOutageHoldsMessagesInsteadOfDeadLettering(t *testing.T) {
 		})
 	}
 }
+
+// stepClock is a Clock whose Now moves only when the test says so.
+type stepClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func (c *stepClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// TestSuspicionSpentAfterAWindow: two users failing with no other traffic
+// make the gate suspect; once a message has waited a whole window for it
+// to open in vain, those users' failures no longer do — until another
+// user fails, or their failures leave the window and start again.
+// Without it a few broken users held one message each per window forever
+// (found by chaos dlq-kill9: their letters took minutes to reach review).
+func TestSuspicionSpentAfterAWindow(t *testing.T) {
+	clock := &stepClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := testOutage()
+	cfg.MinUsers = 5
+	g := newGate(cfg, clock, zap.NewNop(), nil)
+	g.result("u1", false, false)
+	g.result("u2", false, false)
+	if !g.suspect() {
+		t.Fatal("two users failing and nothing else: not suspect")
+	}
+	g.heldInVain()
+	clock.advance(100 * time.Millisecond)
+	g.result("u1", false, false)
+	if g.suspect() {
+		t.Fatal("still suspect after a message waited a whole window for the same two users")
+	}
+	g.result("u3", false, false)
+	if !g.suspect() {
+		t.Fatal("a third user failing did not make the gate suspect again")
+	}
+	g.heldInVain()
+	g.result("u1", true, false) // u1's downstream answers: u1 is no longer judged
+	g.result("u1", false, false)
+	g.result("u1", false, false)
+	if !g.suspect() {
+		t.Fatal("u1 failing again after a success is not taken as new")
+	}
+	// The failures leave the window: everything judged is forgotten.
+	clock.advance(cfg.Window + time.Second)
+	g.result("u2", false, false)
+	g.result("u3", false, false)
+	if !g.suspect() {
+		t.Fatal("users judged a window ago still do not make the gate suspect")
+	}
+	if g.isOpen() {
+		t.Fatal("the gate opened with fewer users than min_users")
+	}
+}

@@ -270,7 +270,11 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 				if outOfAttempts.IsZero() {
 					outOfAttempts = c.clock.Now()
 				}
-				if !c.gate.suspect() || c.clock.Now().Sub(outOfAttempts) >= c.cfg.Outage.Window {
+				if !c.gate.suspect() {
+					break
+				}
+				if c.clock.Now().Sub(outOfAttempts) >= c.cfg.Outage.Window {
+					c.gate.heldInVain()
 					break
 				}
 			}
