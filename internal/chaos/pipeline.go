@@ -223,6 +223,8 @@ func Start(t *testing.T, o Options) *Pipeline {
 	dlqEnv := map[string]string{
 		"KFPIPE_KAFKA_CONSUMER_GROUP_ID":  "chaos-dlq-" + suffix,
 		"KFPIPE_RATE_LIMIT_DEFAULT_GROUP": "whitelist",
+		// The overview shows the schedule-consumers' lag.
+		"KFPIPE_ADMIN_CONSUMER_GROUP": "chaos-consumer-" + suffix,
 	}
 	adminPort := testenv.FreePort(t)
 	dlqEnv["KFPIPE_ADMIN_ADDR"] = fmt.Sprintf("127.0.0.1:%d", adminPort)

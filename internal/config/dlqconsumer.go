@@ -44,6 +44,10 @@ type Admin struct {
 	Addr         string       `mapstructure:"addr"`
 	Tokens       []AdminToken `mapstructure:"tokens"`
 	MaxBodyBytes int          `mapstructure:"max_body_bytes"`
+	// ConsumerGroup is the schedule-consumers' group (their
+	// kafka.consumer.group_id) whose lag on the main topic the console's
+	// overview shows.
+	ConsumerGroup string `mapstructure:"consumer_group"`
 }
 
 // AdminToken is one bearer token and its role.
@@ -60,7 +64,7 @@ func defaultDLQConsumer(env string) DLQConsumer {
 		Recovery: Recovery{BaseDelay: time.Minute, MaxDelay: time.Hour, ScanInterval: time.Second,
 			MaxRetries: deadletter.DefaultMaxRetriesByName(),
 			TTL:        map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
-		Admin:     Admin{Addr: "127.0.0.1:8090", MaxBodyBytes: 64 << 10},
+		Admin:     Admin{Addr: "127.0.0.1:8090", MaxBodyBytes: 64 << 10, ConsumerGroup: "kfpipe-consumer"},
 		DLQIndex:  DLQIndex{MaxEntries: 1_000_000},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 	}
@@ -110,6 +114,7 @@ func (c *DLQConsumer) Validate() error {
 	}
 	v.nonEmpty("admin.addr", c.Admin.Addr)
 	v.between("admin.max_body_bytes", c.Admin.MaxBodyBytes, 1024, 16<<20)
+	v.nonEmpty("admin.consumer_group", c.Admin.ConsumerGroup)
 	for i, t := range c.Admin.Tokens {
 		key := "admin.tokens[" + itoa(i) + "]"
 		v.nonEmpty(key+".name", t.Name)

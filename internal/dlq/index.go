@@ -1098,3 +1098,42 @@ func (x *Index) Room(ctx context.Context) (bool, error) {
 func (x *Index) reviewCount(ctx context.Context) (int64, error) {
 	return x.rdb.ZCard(ctx, x.key("review")).Result()
 }
+
+// Inflow counts, per reason, the entries whose last failure lies in each
+// of n buckets of step ending at to (oldest first): the DLQ's inflow by
+// reason for the console's overview. A letter that failed again after a
+// retry counts at its last failure; purged and expired letters are gone.
+// One pipelined ZCOUNT per reason and bucket.
+func (x *Index) Inflow(ctx context.Context, to time.Time, step time.Duration, n int) (map[string][]int64, error) {
+	if n <= 0 || step <= 0 {
+		return nil, fmt.Errorf("dlq inflow: %d buckets of %s", n, step)
+	}
+	reasons, err := x.reasons(ctx)
+	if err != nil {
+		return nil, err
+	}
+	from := to.Add(-time.Duration(n) * step)
+	pipe := x.rdb.Pipeline()
+	cmds := make(map[string][]*redis.IntCmd, len(reasons))
+	for _, r := range reasons {
+		for i := range n {
+			lo := from.Add(time.Duration(i) * step).UnixMilli()
+			hi := from.Add(time.Duration(i+1) * step).UnixMilli()
+			cmds[r] = append(cmds[r], pipe.ZCount(ctx, x.key("reason", r), strconv.FormatInt(lo, 10), "("+strconv.FormatInt(hi, 10)))
+		}
+	}
+	if len(reasons) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("dlq inflow: %w", err)
+		}
+	}
+	out := make(map[string][]int64, len(reasons))
+	for r, cs := range cmds {
+		counts := make([]int64, n)
+		for i, c := range cs {
+			counts[i] = c.Val()
+		}
+		out[r] = counts
+	}
+	return out, nil
+}

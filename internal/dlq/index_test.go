@@ -335,3 +335,43 @@ func TestIndexFullRefusesNewEntriesOnly(t *testing.T) {
 		t.Fatalf("after a deletion: %v %v", res, err)
 	}
 }
+
+// TestIndexInflow: letters counted by reason into the bucket of their
+// failure time; letters outside the window and other reasons' letters
+// are not counted in a bucket they do not belong to.
+func TestIndexInflow(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	pol := NewPolicy(testRecovery())
+	ctx := context.Background()
+	to := clk.Now()
+	// Minutes before to: rate_limited at 1, 1, 7 and 90 (outside the
+	// hour); invalid_message at 59.
+	put := func(i int64, r Reason, minutesAgo int) {
+		dl := deadLetter("u", r, i, to.Add(-time.Duration(minutesAgo)*time.Minute+time.Second))
+		pol.Place(ctx, dl)
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(1, ReasonRateLimited, 1)
+	put(2, ReasonRateLimited, 1)
+	put(3, ReasonRateLimited, 7)
+	put(4, ReasonRateLimited, 90)
+	put(5, ReasonInvalidMessage, 59)
+	got, err := idx.Inflow(ctx, to, 5*time.Minute, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]int64{
+		string(ReasonRateLimited):    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2},
+		string(ReasonInvalidMessage): {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("inflow %v, want %v", got, want)
+	}
+	if _, err := idx.Inflow(ctx, to, 0, 12); err == nil {
+		t.Fatal("a zero step accepted")
+	}
+}

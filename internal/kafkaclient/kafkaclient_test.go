@@ -266,3 +266,59 @@ func TestReadyzFollowsBroker(t *testing.T) {
 	testenv.Script(t, "kafka.sh", "resume", "--name", name)
 	waitStatus(200, 60*time.Second)
 }
+
+// TestGroupLag: a topic with 5 records in partition 0 and 3 in partition
+// 1; the group committed 2 in partition 0 and nothing in 1: the lags are
+// 3 and 3, and the committed offset of partition 1 is -1.
+func TestGroupLag(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	admin := testenv.Admin(t)
+	topic := config.Topic{Name: testenv.Name(t, "lag"), Partitions: 2, ReplicationFactor: 1, MinInsyncReplicas: 1,
+		RetentionMs: 3600000, CompressionType: "lz4", MaxMessageBytes: 1048576}
+	t.Cleanup(func() { _, _ = admin.DeleteTopics(context.Background(), []string{topic.Name}) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := Bootstrap(ctx, admin, topic); err != nil {
+		t.Fatal(err)
+	}
+	p, err := kafka.NewProducer(Producer(testKafka(brokers)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dr := make(chan kafka.Event, 8)
+	for part, n := range map[int32]int{0: 5, 1: 3} {
+		for range n {
+			if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic.Name, Partition: part},
+				Value: []byte("x")}, dr); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 8 {
+		select {
+		case ev := <-dr:
+			if m, ok := ev.(*kafka.Message); !ok || m.TopicPartition.Error != nil {
+				t.Fatalf("delivery: %v", ev)
+			}
+		case <-ctx.Done():
+			t.Fatal("records not delivered")
+		}
+	}
+	group := testenv.Name(t, "group")
+	if _, err := admin.AlterConsumerGroupOffsets(ctx, []kafka.ConsumerGroupTopicPartitions{{Group: group,
+		Partitions: []kafka.TopicPartition{{Topic: &topic.Name, Partition: 0, Offset: 2}}}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := GroupLag(ctx, admin, topic.Name, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []PartitionLag{{Partition: 0, End: 5, Committed: 2, Lag: 3}, {Partition: 1, End: 3, Committed: -1, Lag: 3}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("lag %+v, want %+v", got, want)
+	}
+	if _, err := GroupLag(ctx, admin, testenv.Name(t, "missing"), group); err == nil {
+		t.Fatal("no error for a topic that does not exist")
+	}
+}

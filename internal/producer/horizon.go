@@ -1,7 +1,12 @@
 package producer
 
 import (
+	"context"
+	"slices"
+	"strings"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -35,6 +40,7 @@ import (
 type horizon struct {
 	triggered map[string]time.Time // oldest trigger not served by a successful pass
 	fetched   map[string]time.Time // send_time of the oldest fetched, unacknowledged message
+	ok        map[string]time.Time // last successful pass, while this process holds the account
 }
 
 // horizonCollector exports kfpipe_sync_oldest_waiting_timestamp_seconds at
@@ -116,6 +122,7 @@ func (s *Syncer) noteSuccess(kf string, start time.Time) {
 		delete(s.hz.triggered, kf)
 	}
 	delete(s.hz.fetched, kf)
+	s.hz.ok[kf] = now
 	s.healthMu.Unlock()
 	s.m.lastSuccess.WithLabelValues(kf).Set(float64(now.UnixNano()) / 1e9)
 }
@@ -126,5 +133,82 @@ func (s *Syncer) forgetWaiting(kf string) {
 	s.healthMu.Lock()
 	delete(s.hz.triggered, kf)
 	delete(s.hz.fetched, kf)
+	delete(s.hz.ok, kf)
 	s.healthMu.Unlock()
+}
+
+// SyncStatus is one account's horizon as the console shows it: what this
+// replica's metrics export, published to the shared store by the replica
+// that syncs the account (WithStatus).
+type SyncStatus struct {
+	OpenKfID string `json:"open_kfid"`
+	// LastSuccess is the end of the last successful pass (zero: none since
+	// the replica started).
+	LastSuccess time.Time `json:"last_success,omitzero"`
+	// OldestWaiting is since when messages may wait in WeChat, not yet in
+	// Kafka (zero: nothing waits).
+	OldestWaiting time.Time `json:"oldest_waiting,omitzero"`
+	// Reported is when the replica wrote this; a status far older than the
+	// publishing interval comes from a replica that stopped.
+	Reported time.Time `json:"reported"`
+}
+
+// StatusInterval is how often kf-producer publishes the accounts'
+// SyncStatus; the console calls a status older than three intervals stale.
+const StatusInterval = 10 * time.Second
+
+// StatusWriter stores the accounts' SyncStatus for the console.
+type StatusWriter interface {
+	WriteSyncStatus(ctx context.Context, st []SyncStatus) error
+}
+
+// WithStatus publishes the accounts' SyncStatus to w every interval (and
+// once at start): the console's overview reads them (docs/operations.md).
+func WithStatus(w StatusWriter, every time.Duration) Option {
+	return func(s *Syncer) { s.status, s.statusEvery = w, every }
+}
+
+// statuses returns the SyncStatus of every account this process holds or
+// has something waiting for, as of now.
+func (s *Syncer) statuses(now time.Time) []SyncStatus {
+	waiting := s.oldestWaiting()
+	s.healthMu.Lock()
+	byKf := make(map[string]*SyncStatus, len(s.hz.ok)+len(waiting))
+	for kf, at := range s.hz.ok {
+		byKf[kf] = &SyncStatus{OpenKfID: kf, LastSuccess: at, Reported: now}
+	}
+	s.healthMu.Unlock()
+	for kf, at := range waiting {
+		st := byKf[kf]
+		if st == nil {
+			st = &SyncStatus{OpenKfID: kf, Reported: now}
+			byKf[kf] = st
+		}
+		st.OldestWaiting = at
+	}
+	out := make([]SyncStatus, 0, len(byKf))
+	for _, st := range byKf {
+		out = append(out, *st)
+	}
+	slices.SortFunc(out, func(a, b SyncStatus) int { return strings.Compare(a.OpenKfID, b.OpenKfID) })
+	return out
+}
+
+// statusLoop publishes the statuses every statusEvery until Stop.
+func (s *Syncer) statusLoop() {
+	defer s.wg.Done()
+	for {
+		if st := s.statuses(s.clock.Now()); len(st) > 0 {
+			ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+			if err := s.status.WriteSyncStatus(ctx, st); err != nil && s.ctx.Err() == nil {
+				s.log.Warn("publishing the accounts' sync status", zap.Error(err))
+			}
+			cancel()
+		}
+		select {
+		case <-s.clock.After(s.statusEvery):
+		case <-s.ctx.Done():
+			return
+		}
+	}
 }

@@ -140,6 +140,58 @@ func TestHorizonMetrics(t *testing.T) {
 	if v, _ := gaugeOf(t, reg, last, kf); v != float64(okAt.UnixNano())/1e9 {
 		t.Fatalf("last success moved to %v while failing", v)
 	}
+	// What the console is told is what the gauges say.
+	if st := s.statuses(clock.Now()); len(st) != 1 || st[0].OpenKfID != kf || !st[0].LastSuccess.Equal(okAt) ||
+		!st[0].OldestWaiting.Equal(trig) || !st[0].Reported.Equal(clock.Now()) {
+		t.Fatalf("sync status %+v, want last success %v and oldest waiting %v", st, okAt, trig)
+	}
+}
+
+// TestSyncStatusPublished: kf-producer's Syncer with WithStatus writes
+// each account's SyncStatus to Redis at start and every interval, and
+// RedisState.SyncStatuses (what the console's overview reads) returns
+// them as written.
+func TestSyncStatusPublished(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	state := NewRedisState(rdb, prefix)
+	const kf = "wk-status"
+	t0 := time.Date(2026, 3, 1, 8, 0, 0, 0, time.UTC)
+	clock := testenv.NewClock(t0)
+	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kf}, Clock: clock.Now})
+	t.Cleanup(fake.Close)
+	wc, err := wecom.NewClient(wecom.ClientConfig{BaseURL: fake.URL(), CorpID: fake.CorpID(), Secret: fake.Secret()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newMemStore()
+	s, err := NewSyncer(unitCfg(), SyncerDeps{Source: WeComSource{wc}, Locker: &fakeLocker{s: st}, State: st,
+		Publisher: &recPublisher{}, IDs: &seqIDs{}}, WithClock(clock), WithStatus(state, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake.AddText(kf, "u1", "one")
+	s.Start()
+	t.Cleanup(func() {
+		if err := s.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := s.Trigger(kf, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a successful pass", func() bool { return counterValue(s.m.runs.WithLabelValues("ok")) >= 1 })
+	okAt := clock.Now()
+	// Nothing was synced at start; the next write is due a minute later
+	// on the clock.
+	var got []SyncStatus
+	waitFor(t, "the published status", func() bool {
+		clock.Advance(time.Minute)
+		got, err = state.SyncStatuses(context.Background())
+		return err == nil && len(got) == 1 && got[0].LastSuccess.Equal(okAt)
+	})
+	if got[0].OpenKfID != kf || !got[0].OldestWaiting.IsZero() || !got[0].Reported.After(okAt) {
+		t.Fatalf("published %+v, want %s synced at %v, nothing waiting, reported after", got[0], kf, okAt)
+	}
 }
 
 // TestHorizonLeftToTheLockHolder: a replica that finds the account's lock

@@ -2,8 +2,11 @@ package producer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -83,4 +86,44 @@ func (r *RedisState) HasPending(ctx context.Context, kf string) (bool, error) {
 		return false, fmt.Errorf("check pending flag: %w", err)
 	}
 	return n > 0, nil
+}
+
+// statusKey is the hash of the accounts' SyncStatus, one field per
+// open_kfid.
+func (r *RedisState) statusKey() string { return r.prefix + "sync:status" }
+
+// WriteSyncStatus implements StatusWriter: one HSET of the accounts' JSON.
+func (r *RedisState) WriteSyncStatus(ctx context.Context, st []SyncStatus) error {
+	args := make([]any, 0, 2*len(st))
+	for _, s := range st {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		args = append(args, s.OpenKfID, b)
+	}
+	if err := r.c.HSet(ctx, r.statusKey(), args...).Err(); err != nil {
+		return fmt.Errorf("write sync status: %w", err)
+	}
+	return nil
+}
+
+// SyncStatuses returns every account's last published SyncStatus, sorted
+// by open_kfid; a field that does not decode is skipped.
+func (r *RedisState) SyncStatuses(ctx context.Context) ([]SyncStatus, error) {
+	m, err := r.c.HGetAll(ctx, r.statusKey()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read sync status: %w", err)
+	}
+	out := make([]SyncStatus, 0, len(m))
+	for kf, v := range m {
+		var s SyncStatus
+		if json.Unmarshal([]byte(v), &s) != nil {
+			continue
+		}
+		s.OpenKfID = kf
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b SyncStatus) int { return strings.Compare(a.OpenKfID, b.OpenKfID) })
+	return out, nil
 }

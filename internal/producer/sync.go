@@ -150,6 +150,10 @@ type Syncer struct {
 	failing map[string]*permanentFailure
 	// hz is what the horizon metrics export (horizon.go).
 	hz horizon
+	// status, when set, receives the accounts' SyncStatus every
+	// statusEvery (WithStatus).
+	status      StatusWriter
+	statusEvery time.Duration
 }
 
 // permanentFailure is an open_kfid whose sync_msg failed with a permanent
@@ -241,7 +245,7 @@ func NewSyncer(cfg SyncerConfig, d SyncerDeps, opts ...Option) (*Syncer, error) 
 	s := &Syncer{cfg: cfg, d: d, clock: realClock{}, log: zap.NewNop(),
 		kfs: make(map[string]*kfState), queue: make(chan string, cfg.MaxPending),
 		failing: make(map[string]*permanentFailure),
-		hz:      horizon{triggered: map[string]time.Time{}, fetched: map[string]time.Time{}}}
+		hz:      horizon{triggered: map[string]time.Time{}, fetched: map[string]time.Time{}, ok: map[string]time.Time{}}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -263,6 +267,10 @@ func (s *Syncer) Start() {
 		}
 		s.wg.Add(1)
 		go s.safetyLoop()
+		if s.status != nil && s.statusEvery > 0 {
+			s.wg.Add(1)
+			go s.statusLoop()
+		}
 	})
 }
 

@@ -8,10 +8,14 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 )
 
@@ -23,6 +27,8 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ) (http.Hand
 	for _, r := range dlq.Reasons {
 		ac.Reasons = append(ac.Reasons, string(r))
 	}
+	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
+		topic: cfg.Kafka.Topics.Main.Name, group: cfg.Admin.ConsumerGroup}
 	srv, err := admin.New(ac, dlqStore{x: d.Index}, rateLimitAdmin{a: d.Admin}, base.Redis, base.Log, base.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
@@ -224,4 +230,51 @@ func (r rateLimitAdmin) ListBlocked(ctx context.Context, cursor, limit int) ([]a
 		out[i] = admin.BlockedUser{User: u.User, BlockedUntil: optTime(u.BlockedUntil), Permanent: u.Permanent}
 	}
 	return out, next, mapRLErr(err)
+}
+
+func (s dlqStore) Inflow(ctx context.Context, to time.Time, step time.Duration, n int) (map[string][]int64, error) {
+	return s.x.Inflow(ctx, to, step, n)
+}
+
+// pipelineView gives the admin API's overview what kf-producer published
+// (the accounts' sync horizon, in Redis) and the schedule-consumers' lag
+// (the group's offsets, from Kafka).
+type pipelineView struct {
+	state *producer.RedisState
+	kafka *kafka.AdminClient
+	topic string
+	group string
+}
+
+func (p pipelineView) Accounts(ctx context.Context) ([]admin.AccountSync, error) {
+	st, err := p.state.SyncStatuses(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]admin.AccountSync, len(st))
+	for i, s := range st {
+		a := admin.AccountSync{OpenKfID: s.OpenKfID, Reported: s.Reported}
+		if !s.LastSuccess.IsZero() {
+			a.LastSuccess = &s.LastSuccess
+		}
+		if !s.OldestWaiting.IsZero() {
+			a.OldestWaiting = &s.OldestWaiting
+		}
+		out[i] = a
+	}
+	return out, nil
+}
+
+func (p pipelineView) Lag(ctx context.Context) ([]admin.PartitionLag, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lag, err := kafkaclient.GroupLag(ctx, p.kafka, p.topic, p.group)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]admin.PartitionLag, len(lag))
+	for i, l := range lag {
+		out[i] = admin.PartitionLag{Partition: l.Partition, End: l.End, Committed: l.Committed, Lag: l.Lag}
+	}
+	return out, nil
 }

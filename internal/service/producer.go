@@ -132,13 +132,14 @@ func (p *Producer) startSync(cfg *config.Producer, base *daemon.Base) error {
 	if err != nil {
 		return err
 	}
+	state := producer.NewRedisState(base.Redis, prefix)
 	p.Syncer, err = producer.NewSyncer(producer.SyncerConfigFrom(cfg), producer.SyncerDeps{
 		Source:    producer.WeComSource{Client: wc},
 		Locker:    producer.LockAdapter{Locker: lock.New(base.Redis, "", lock.WithLogger(log), lock.WithRegisterer(reg))},
-		State:     producer.NewRedisState(base.Redis, prefix),
+		State:     state,
 		Publisher: p.kp,
 		IDs:       &p.ids,
-	}, producer.WithLogger(log), producer.WithRegisterer(reg))
+	}, producer.WithLogger(log), producer.WithRegisterer(reg), producer.WithStatus(state, producer.StatusInterval))
 	if err != nil {
 		return err
 	}

@@ -54,6 +54,10 @@ type Config struct {
 	AuditMaxLen int64
 	// Clock stamps audit entries; nil means the system clock.
 	Clock Clock
+	// Pipeline, when set, gives GET /admin/overview the accounts' sync
+	// horizon and the schedule-consumers' lag; without it the overview
+	// has the DLQ and the rate limiter only.
+	Pipeline Pipeline
 }
 
 // FromConfig returns the Config for the daemon's admin section.
@@ -141,6 +145,7 @@ func (s *Server) register() {
 	s.read("GET /admin/ratelimit/status/{user}", s.rlStatus)
 	s.read("GET /admin/ratelimit/blocked", s.rlBlocked)
 	s.read("GET /admin/health", s.health)
+	s.read("GET /admin/overview", s.overview)
 	s.read("GET /admin/audit", s.auditList)
 	// Writes: each is audited under its action name.
 	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.dlqRetry)

@@ -1,9 +1,7 @@
 package admin
 
 import (
-	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,66 +12,24 @@ import (
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
-// chromiumPath finds Debian's chromium (KFPIPE_CHROMIUM overrides); under
-// CI a missing browser fails the test, elsewhere it skips.
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("KFPIPE_CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	msg := "chromium not found: apt-get install -y chromium (or set KFPIPE_CHROMIUM)"
-	if testenv.InCI() {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
-}
-
 // TestConsoleInBrowser drives the console in headless chromium over the
-// DevTools protocol as an operator would: log in, filter by user, open a
-// message, retry it with a reason, unblock a user, and checks that the
-// writes reached the stores and the audit stream.
+// DevTools protocol as an operator would: read the overview, log in,
+// filter by user, open a message, retry it with a reason, unblock a user,
+// and checks that the writes reached the stores and the audit stream.
 func TestConsoleInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("browser test skipped in -short mode")
 	}
-	chromium := chromiumPath(t)
-	f := newFixture(t)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(chromium),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 1100),
-	)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithErrorf(func(s string, a ...any) { t.Logf("chromedp: "+s, a...) }))
-	defer cancelBrowser()
-
-	poll := func(what, expr string) {
-		t.Helper()
-		ok, err := chromedp.Run(bctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(10*time.Second), chromedp.WithPollingInterval(50*time.Millisecond)))
-		if err != nil || !ok {
-			status, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerText`))
-			t.Fatalf("%s: waiting for %s: %v\npage text:\n%s", what, expr, err, status)
-		}
-	}
+	at := func(d time.Duration) *time.Time { v := t0.Add(d); return &v }
+	f := newFixtureWith(t, &memPipeline{
+		accounts: []AccountSync{
+			{OpenKfID: "wk-sales", LastSuccess: at(-3 * time.Second), Reported: t0},
+			{OpenKfID: "wk-support", LastSuccess: at(-50 * time.Hour), OldestWaiting: at(-50 * time.Hour), Reported: t0},
+		},
+		lag: []PartitionLag{{Partition: 0, End: 120, Committed: 100, Lag: 20}, {Partition: 1, End: 80, Committed: 80}},
+	})
+	bctx := testenv.Browser(t, 50*time.Second)
+	poll := func(what, expr string) { t.Helper(); testenv.PollJS(t, bctx, what, expr, 10*time.Second) }
 	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		if err := chromedp.Do(bctx, steps...); err != nil {
@@ -88,6 +44,15 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#login-btn")),
 		chromedp.WaitVisible(chromedp.CSS("#app")),
 	)
+	// The overview: the account 50 h behind is critical with 22 h left,
+	// the lag is summed, the chart has the last hour's reasons.
+	poll("overview accounts", `document.querySelector('#accounts tr[data-kf="wk-support"] td:nth-child(2)')?.textContent === "critical"
+		&& document.querySelector('#accounts tr[data-kf="wk-support"] td:nth-child(5)')?.textContent === "22.0 h"
+		&& document.querySelector('#accounts tr[data-kf="wk-sales"] td:nth-child(2)')?.textContent === "ok"`)
+	poll("overview lag", `document.querySelector('#ov-lag').textContent === "20" && document.querySelectorAll('#partitions tbody tr').length === 2`)
+	poll("overview inflow", `document.querySelector('#ov-inflow').textContent === "3"
+		&& document.querySelectorAll('#inflow-chart svg rect').length === 3
+		&& document.querySelector('#inflow-chart .legend [data-reason="downstream_error"]') !== null`)
 	poll("stats by reason", `document.querySelector('#stats tr[data-reason="rate_limited"] td:nth-child(2)')?.textContent === "2"`)
 	poll("all messages listed", `document.querySelectorAll('#messages tbody tr').length === 4`)
 	if tok, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`sessionStorage.getItem("kfpipe-admin-token")`)); tok != operatorToken {

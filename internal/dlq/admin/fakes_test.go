@@ -329,3 +329,33 @@ func (r *memRL) ListBlocked(_ context.Context, cursor, limit int) ([]BlockedUser
 }
 
 var errStoreDown = errors.New("dial tcp 10.9.9.9:6379: connection refused")
+
+func (d *memDLQ) Inflow(_ context.Context, to time.Time, step time.Duration, n int) (map[string][]int64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return nil, d.fail
+	}
+	from := to.Add(-time.Duration(n) * step)
+	out := map[string][]int64{}
+	for _, m := range d.msgs {
+		if m.FailureTime.Before(from) || !m.FailureTime.Before(to) {
+			continue
+		}
+		if out[m.Reason] == nil {
+			out[m.Reason] = make([]int64, n)
+		}
+		out[m.Reason][int(m.FailureTime.Sub(from)/step)]++
+	}
+	return out, nil
+}
+
+// memPipeline is a Pipeline with fixed answers (or errors).
+type memPipeline struct {
+	accounts []AccountSync
+	lag      []PartitionLag
+	lagErr   error
+}
+
+func (p *memPipeline) Accounts(context.Context) ([]AccountSync, error) { return p.accounts, nil }
+func (p *memPipeline) Lag(context.Context) ([]PartitionLag, error)     { return p.lag, p.lagErr }

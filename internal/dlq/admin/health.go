@@ -41,21 +41,10 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		st.ByReason = map[string]int64{}
 	}
 	h := healthResponse{Status: "ok", Attention: []string{}, Time: s.clock.Now().UTC(), DLQ: st, ReviewBacklog: st.Review}
-	for cursor := 0; ; {
-		users, next, err := s.rl.ListBlocked(r.Context(), cursor, maxPageLimit)
-		if e := s.storeError(err, "health.blocked"); e != nil {
-			writeError(w, e)
-			return
-		}
-		h.BlockedUsers += len(users)
-		if h.BlockedUsers >= maxBlockedCount {
-			h.BlockedUsers, h.BlockedUsersCapped = maxBlockedCount, next > 0 || h.BlockedUsers > maxBlockedCount
-			break
-		}
-		if next <= 0 {
-			break
-		}
-		cursor = next
+	h.BlockedUsers, h.BlockedUsersCapped, err = s.countBlocked(r)
+	if e := s.storeError(err, "health.blocked"); e != nil {
+		writeError(w, e)
+		return
 	}
 	if st.Review > 0 {
 		h.Attention = append(h.Attention, fmt.Sprintf("%d dead letter(s) wait for manual review", st.Review))
@@ -67,6 +56,25 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		h.Status = "attention"
 	}
 	writeJSON(w, http.StatusOK, h)
+}
+
+// countBlocked counts the users blocked now, up to maxBlockedCount
+// (capped then says there are more).
+func (s *Server) countBlocked(r *http.Request) (n int, capped bool, err error) {
+	for cursor := 0; ; {
+		users, next, err := s.rl.ListBlocked(r.Context(), cursor, maxPageLimit)
+		if err != nil {
+			return 0, false, err
+		}
+		n += len(users)
+		if n >= maxBlockedCount {
+			return maxBlockedCount, next > 0 || n > maxBlockedCount, nil
+		}
+		if next <= 0 {
+			return n, false, nil
+		}
+		cursor = next
+	}
 }
 
 // auditRecord is one entry of the audit stream as GET /admin/audit shows it.

@@ -53,13 +53,16 @@ type fixture struct {
 
 // newFixture serves the admin API on a real HTTP server, with in-memory
 // stores and the audit stream on the real Redis.
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, nil) }
+
+// newFixtureWith is newFixture with the pipeline's view p (nil: none).
+func newFixtureWith(t *testing.T, p Pipeline) *fixture {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	f := &fixture{dlq: newMemDLQ(t0, sampleMessages()...), rl: newMemRL(t0), rdb: rdb, prefix: prefix}
 	f.rl.block["bad1"] = 0
 	f.rl.block["bad2"] = time.Hour
-	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 2048, Prefix: prefix, Clock: testenv.NewClock(t0)},
+	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 2048, Prefix: prefix, Clock: testenv.NewClock(t0), Pipeline: p},
 		f.dlq, f.rl, rdb, zaptest.NewLogger(t), nil)
 	if err != nil {
 		t.Fatal(err)

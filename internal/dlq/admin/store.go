@@ -34,6 +34,43 @@ type DLQStore interface {
 	// Export calls fn for every message matching f (Cursor and Limit
 	// ignored), stopping at the first error fn returns.
 	Export(ctx context.Context, f DLQFilter, fn func(DLQMessage) error) error
+	// Inflow counts, per reason, the messages whose last failure lies in
+	// each of n buckets of step ending at to, oldest first.
+	Inflow(ctx context.Context, to time.Time, step time.Duration, n int) (map[string][]int64, error)
+}
+
+// Pipeline is what the overview shows beyond the DLQ. Each method's error
+// is shown in the overview next to the part it concerns; the rest still
+// answers.
+type Pipeline interface {
+	// Accounts returns the sync status kf-producer published per open_kfid.
+	Accounts(ctx context.Context) ([]AccountSync, error)
+	// Lag returns the schedule-consumers' group's offsets on the main
+	// topic, per partition.
+	Lag(ctx context.Context) ([]PartitionLag, error)
+}
+
+// AccountSync is one open_kfid's sync as kf-producer published it.
+type AccountSync struct {
+	OpenKfID string `json:"open_kfid"`
+	// LastSuccess is the last successful pass (nil: none since the
+	// publishing replica started).
+	LastSuccess *time.Time `json:"last_success,omitempty"`
+	// OldestWaiting is since when messages may wait in WeChat, not yet in
+	// Kafka (nil: nothing waits).
+	OldestWaiting *time.Time `json:"oldest_waiting,omitempty"`
+	// Reported is when kf-producer wrote this status.
+	Reported time.Time `json:"reported"`
+}
+
+// PartitionLag is one main-topic partition as the schedule-consumers'
+// group sees it.
+type PartitionLag struct {
+	Partition int32 `json:"partition"`
+	End       int64 `json:"end_offset"`
+	// Committed is -1 when the group has committed nothing there.
+	Committed int64 `json:"committed_offset"`
+	Lag       int64 `json:"lag"`
 }
 
 // RateLimitAdmin is the rate limiter's operator interface (unblock, groups,

@@ -88,6 +88,148 @@ function askReason(title, warning) {
   });
 }
 
+// ---- Overview -------------------------------------------------------
+
+let lastOverview = null; // the previous answer: two give the throughput
+let overviewTimer = null;
+
+function ago(iso, now) {
+  if (!iso) return "";
+  return duration((now - new Date(iso)) / 1000) + " ago";
+}
+
+function duration(sec) {
+  sec = Math.max(0, Math.round(sec));
+  if (sec < 120) return sec + " s";
+  if (sec < 7200) return Math.round(sec / 60) + " min";
+  return (sec / 3600).toFixed(1) + " h";
+}
+
+const reasonColors = ["#3366cc", "#dc3912", "#ff9900", "#109618", "#990099", "#0099c6", "#dd4477", "#66aa00", "#b82e2e", "#316395"];
+
+const SVG = "http://www.w3.org/2000/svg";
+function svgEl(name, attrs) {
+  const e = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  return e;
+}
+
+// inflowChart draws the buckets as stacked bars, one colour per reason.
+function inflowChart(inflow) {
+  const box = $("inflow-chart");
+  box.replaceChildren();
+  const reasons = Object.keys(inflow.by_reason).sort();
+  const n = reasons.length ? inflow.by_reason[reasons[0]].length : 12;
+  const totals = new Array(n).fill(0);
+  reasons.forEach((r) => inflow.by_reason[r].forEach((c, i) => { totals[i] += c; }));
+  const top = Math.max(1, ...totals);
+  const W = 480, H = 160, pad = 24, bw = (W - pad) / n;
+  const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H + 18}`, role: "img", "aria-label": "dead letters by reason, last hour" });
+  svg.appendChild(svgEl("line", { x1: pad, y1: H, x2: W, y2: H, stroke: "#999" }));
+  const label = svgEl("text", { x: 0, y: 10, "font-size": 10, fill: "#5a6172" });
+  label.textContent = String(top);
+  svg.appendChild(label);
+  for (let i = 0; i < n; i++) {
+    let y = H;
+    reasons.forEach((r, k) => {
+      const c = inflow.by_reason[r][i];
+      if (!c) return;
+      const h = (c / top) * (H - 12);
+      y -= h;
+      const rect = svgEl("rect", { x: pad + i * bw + 1, y, width: bw - 2, height: h, fill: reasonColors[k % reasonColors.length] });
+      const title = svgEl("title", {});
+      title.textContent = `${r}: ${c}`;
+      rect.appendChild(title);
+      svg.appendChild(rect);
+    });
+  }
+  const to = new Date(inflow.to);
+  [0, n / 2, n].forEach((i) => {
+    const t = svgEl("text", { x: Math.min(pad + i * bw, W - 30), y: H + 14, "font-size": 10, fill: "#5a6172" });
+    const at = new Date(to - (n - i) * inflow.step_seconds * 1000);
+    t.textContent = at.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+    svg.appendChild(t);
+  });
+  box.appendChild(svg);
+  const legend = document.createElement("div");
+  legend.className = "legend";
+  reasons.forEach((r, k) => {
+    const item = document.createElement("span");
+    item.dataset.reason = r;
+    const sw = document.createElement("i");
+    sw.style.background = reasonColors[k % reasonColors.length];
+    item.appendChild(sw);
+    item.appendChild(document.createTextNode(`${r} ${inflow.by_reason[r].reduce((a, b) => a + b, 0)}`));
+    legend.appendChild(item);
+  });
+  if (!reasons.length) legend.textContent = "no dead letters in the last hour";
+  box.appendChild(legend);
+  return totals.reduce((a, b) => a + b, 0);
+}
+
+async function loadOverview() {
+  const o = await api("GET", "/admin/overview");
+  const now = new Date(o.time);
+  $("ov-time").textContent = "as of " + now.toLocaleTimeString();
+  $("ov-lag").textContent = o.lag_error ? "?" : String(o.lag_total);
+  $("ov-review").textContent = String(o.dlq.review);
+  $("ov-due").textContent = String(o.dlq.due_now);
+  $("ov-blocked").textContent = o.blocked_users + (o.blocked_users_capped ? "+" : "");
+  if (lastOverview && !o.lag_error && !lastOverview.lag_error) {
+    const dt = (now - new Date(lastOverview.time)) / 1000;
+    if (dt > 0) {
+      const rin = (o.end_total - lastOverview.end_total) / dt;
+      const rout = (o.committed_total - lastOverview.committed_total) / dt;
+      $("ov-rate").textContent = `${Math.max(0, rin).toFixed(1)} / ${Math.max(0, rout).toFixed(1)}`;
+    }
+  }
+  lastOverview = o;
+
+  $("ov-accounts-error").textContent = o.accounts_error || "";
+  const ab = $("accounts").querySelector("tbody");
+  ab.replaceChildren();
+  o.accounts.forEach((a) => {
+    const tr = document.createElement("tr");
+    tr.dataset.kf = a.open_kfid;
+    cell(tr, a.open_kfid);
+    const st = cell(tr, a.state);
+    st.className = "state-" + a.state;
+    cell(tr, a.last_success ? ago(a.last_success, now) : "none since start");
+    cell(tr, a.oldest_waiting ? ago(a.oldest_waiting, now) : "nothing waits");
+    cell(tr, a.horizon_left_seconds == null ? "" : duration(a.horizon_left_seconds));
+    ab.appendChild(tr);
+  });
+  if (!o.accounts.length && !o.accounts_error) {
+    const tr = document.createElement("tr");
+    cell(tr, "no account has reported yet (kf-producer publishes every 10 s)").colSpan = 5;
+    ab.appendChild(tr);
+  }
+
+  $("ov-lag-error").textContent = o.lag_error || "";
+  const pb = $("partitions").querySelector("tbody");
+  pb.replaceChildren();
+  o.partitions.forEach((p) => {
+    const tr = document.createElement("tr");
+    tr.dataset.partition = p.partition;
+    cell(tr, p.partition);
+    cell(tr, p.end_offset);
+    cell(tr, p.committed_offset < 0 ? "none" : p.committed_offset);
+    cell(tr, p.lag);
+    pb.appendChild(tr);
+  });
+
+  $("ov-inflow-error").textContent = o.inflow_error || "";
+  $("ov-inflow").textContent = String(inflowChart(o.inflow));
+}
+
+function scheduleOverview() {
+  clearInterval(overviewTimer);
+  overviewTimer = null;
+  if ($("auto-refresh").checked && !$("app").hidden) {
+    overviewTimer = setInterval(() => Promise.all([loadOverview(), loadStats()]).catch(fail), 10000);
+  }
+}
+
 async function loadStats() {
   const st = await api("GET", "/admin/dlq/stats");
   $("stats-summary").textContent =
@@ -229,11 +371,15 @@ async function start() {
   $("login").hidden = true;
   $("app").hidden = false;
   $("logout").hidden = false;
-  await Promise.all([loadStats(), loadMessages(false), loadBlocked()]);
+  await Promise.all([loadOverview(), loadStats(), loadMessages(false), loadBlocked()]);
+  scheduleOverview();
 }
 
 function logout(msg) {
   sessionStorage.removeItem(TOKEN_KEY);
+  clearInterval(overviewTimer);
+  overviewTimer = null;
+  lastOverview = null;
   $("app").hidden = true;
   $("logout").hidden = true;
   $("login").hidden = false;
@@ -259,6 +405,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("filter-form").addEventListener("submit", (ev) => { ev.preventDefault(); loadMessages(false).catch(fail); });
   $("more").addEventListener("click", () => loadMessages(true).catch(fail));
   $("refresh-stats").addEventListener("click", () => loadStats().catch(fail));
+  $("refresh-overview").addEventListener("click", () => loadOverview().catch(fail));
+  $("auto-refresh").addEventListener("change", scheduleOverview);
   $("refresh-blocked").addEventListener("click", () => loadBlocked().catch(fail));
   $("batch-retry").addEventListener("click", () => batch("retry").catch(fail));
   $("purge").addEventListener("click", () => batch("purge").catch(fail));

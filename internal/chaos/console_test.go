@@ -1,0 +1,84 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestConsoleOverviewOfRunningPipeline opens the admin console in headless
+// chromium on a running pipeline (the three daemons as processes, the fake
+// WeChat, messages flowing) and reads its overview as on-call would: every
+// WeChat account with a recent successful sync and its 72-hour horizon
+// state, one row per main-topic partition with the schedule-consumers'
+// lag, and a throughput in and out above zero between two refreshes. The
+// screenshot is docs/console.png (written there with
+// KFPIPE_UPDATE_SCREENSHOT=1, else to KFPIPE_ARTIFACTS or a temp dir).
+func TestConsoleOverviewOfRunningPipeline(t *testing.T) {
+	svc := NeedServices(t)
+	bctx := testenv.Browser(t, 3*time.Minute)
+	// A bot the rate limiter blocks gives the DLQ chart something to show.
+	limited := map[string]string{"KFPIPE_RATE_LIMIT_DEFAULT_GROUP": "normal"}
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 1, SinkSleep: time.Millisecond,
+		ConsumerEnv: limited, DLQEnv: limited})
+	Run(t, "console-overview", p, Load{Total: 4000, Users: 200, Rate: 100, BotPerMin: 600}, time.Minute, func(ctx context.Context, p *Pipeline, rec *Report) error {
+		poll := func(what, expr string, within time.Duration) { t.Helper(); testenv.PollJS(t, bctx, what, expr, within) }
+		if err := chromedp.Do(bctx,
+			chromedp.Navigate(p.AdminURL+"/admin/ui/"),
+			chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), OperatorToken),
+			chromedp.Click(chromedp.CSS("#login-btn")),
+			chromedp.WaitVisible(chromedp.CSS("#app")),
+		); err != nil {
+			return fmt.Errorf("log in: %w", err)
+		}
+		// kf-producer publishes every 10 s; the console refreshes every 10 s.
+		var accounts []string
+		for _, kf := range p.OpenKfIDs {
+			accounts = append(accounts, fmt.Sprintf(`document.querySelector('#accounts tr[data-kf="%s"] td:nth-child(2)')?.textContent === "ok"
+				&& document.querySelector('#accounts tr[data-kf="%s"] td:nth-child(3)')?.textContent.endsWith(" ago")`, kf, kf))
+		}
+		poll("every account synced, horizon ok", strings.Join(accounts, " && "), 45*time.Second)
+		poll("one row per partition with the lag", fmt.Sprintf(`document.querySelectorAll('#partitions tbody tr').length === %d
+			&& /^[0-9]+$/.test(document.querySelector('#ov-lag').textContent)
+			&& document.querySelector('#ov-lag-error').textContent === ""`, p.Opts.Partitions), 30*time.Second)
+		poll("the dead letters of the last hour charted", `parseInt(document.querySelector('#ov-inflow').textContent) > 0
+			&& document.querySelectorAll('#inflow-chart svg rect').length > 0`, 30*time.Second)
+		poll("throughput in and out between two refreshes", `(() => { const m = document.querySelector('#ov-rate').textContent.match(/^([0-9.]+) \/ ([0-9.]+)$/);
+			return m !== null && parseFloat(m[1]) > 0 && parseFloat(m[2]) > 0; })()`, 30*time.Second)
+		if lag, err := chromedp.Run(bctx, chromedp.TextContent(chromedp.CSS("#ov-lag"))); err == nil {
+			rec.Extra("overview_lag", lag)
+		}
+		if rate, err := chromedp.Run(bctx, chromedp.TextContent(chromedp.CSS("#ov-rate"))); err == nil {
+			rec.Extra("overview_in_out", strings.ReplaceAll(rate, " ", ""))
+		}
+		shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			return fmt.Errorf("screenshot: %w", err)
+		}
+		if !strings.HasPrefix(string(shot), "\x89PNG") {
+			rec.Problem("the screenshot is not a PNG")
+		}
+		dir := os.Getenv("KFPIPE_ARTIFACTS")
+		if dir == "" {
+			dir = t.TempDir()
+		}
+		path := filepath.Join(dir, "console.png")
+		if os.Getenv("KFPIPE_UPDATE_SCREENSHOT") == "1" {
+			path = filepath.Join(testenv.RepoRoot(t), "docs", "console.png")
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		t.Logf("console screenshot: %s", path)
+		return os.WriteFile(path, shot, 0o644)
+	})
+}
