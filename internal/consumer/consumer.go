@@ -666,6 +666,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			c.startDeadQueue(p)
 			c.parts[k] = p
 		}
+		c.m.assigned.Set(float64(len(c.parts)))
 		c.mu.Unlock()
 		c.m.rebalances.WithLabelValues("assign").Inc()
 		c.log.Info("partitions assigned", zap.Any("partitions", e.Partitions))
@@ -711,6 +712,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			delete(c.parts, tpKey{p.topic, p.id})
 			c.m.lag.DeleteLabelValues(p.label)
 		}
+		c.m.assigned.Set(float64(len(c.parts)))
 		c.mu.Unlock()
 		if err := kc.IncrementalUnassign(e.Partitions); err != nil {
 			c.log.Error("incremental unassign", zap.Error(err))

@@ -23,7 +23,9 @@ type metrics struct {
 	deadPauses  prometheus.Counter
 	// standby is 1 while the consumer is out of its group on purpose
 	// (SetStandby), standbys counts the times it left.
-	standby  prometheus.Gauge
+	standby prometheus.Gauge
+	// assigned is the number of partitions the consumer holds now.
+	assigned prometheus.Gauge
 	standbys prometheus.Counter
 
 	// results holds processed's children for the known results, bound
@@ -80,6 +82,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		standby: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kfpipe_consumer_standby",
 			Help: "1 while the consumer has left its group because it cannot protect effects (Redis unreachable); its partitions go to the other members."}),
+		assigned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kfpipe_consumer_partitions_assigned",
+			Help: "Main-topic partitions the consumer holds now; summed over the group, 0 means nobody consumes the topic (alert KfpipeNoPartitionConsumed)."}),
 		standbys: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kfpipe_consumer_standbys_total", Help: "Times the consumer left its group on standby."}),
 		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -102,7 +107,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,
-			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses, m.standby, m.standbys)
+			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses, m.standby, m.standbys, m.assigned)
 	}
 	return m
 }
