@@ -15,6 +15,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/offsets"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 func testOutage() config.Outage {
@@ -150,24 +151,9 @@ func TestOutageHoldsMessagesInsteadOfDeadLettering(t *testing.T) {
 }
 
 // stepClock is a Clock whose Now moves only when the test says so.
-type stepClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type stepClock struct{ *testenv.Clock }
 
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stepClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-func (c *stepClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+func (stepClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 // TestSuspicionSpentAfterAWindow: two users failing with no other traffic
 // make the gate suspect; once a message has waited a whole window for it
@@ -176,7 +162,7 @@ func (c *stepClock) AfterFunc(d time.Duration, f func()) Timer { return time.Aft
 // Without it a few broken users held one message each per window forever
 // (found by chaos dlq-kill9: their letters took minutes to reach review).
 func TestSuspicionSpentAfterAWindow(t *testing.T) {
-	clock := &stepClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clock := stepClock{testenv.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
 	cfg := testOutage()
 	cfg.MinUsers = 5
 	g := newGate(cfg, clock, zap.NewNop(), nil)
@@ -186,7 +172,7 @@ func TestSuspicionSpentAfterAWindow(t *testing.T) {
 		t.Fatal("two users failing and nothing else: not suspect")
 	}
 	g.heldInVain()
-	clock.advance(100 * time.Millisecond)
+	clock.Advance(100 * time.Millisecond)
 	g.result("u1", false, false)
 	if g.suspect() {
 		t.Fatal("still suspect after a message waited a whole window for the same two users")
@@ -203,7 +189,7 @@ func TestSuspicionSpentAfterAWindow(t *testing.T) {
 		t.Fatal("u1 failing again after a success is not taken as new")
 	}
 	// The failures leave the window: everything judged is forgotten.
-	clock.advance(cfg.Window + time.Second)
+	clock.Advance(cfg.Window + time.Second)
 	g.result("u2", false, false)
 	g.result("u3", false, false)
 	if !g.suspect() {

@@ -45,6 +45,19 @@ func labelOf(m *dto.Metric, name string) string {
 	return ""
 }
 
+// fakeWeChat is the fake WeChat with account kf on clock, and a client of
+// it.
+func fakeWeChat(t *testing.T, kf string, clock *testenv.Clock) (*wecomtest.Server, *wecom.Client) {
+	t.Helper()
+	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kf}, Clock: clock.Now})
+	t.Cleanup(fake.Close)
+	wc, err := wecom.NewClient(wecom.ClientConfig{BaseURL: fake.URL(), CorpID: fake.CorpID(), Secret: fake.Secret()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fake, wc
+}
+
 // TestHorizonMetrics drives the sync of one account against the fake
 // WeChat on a hand-moved clock and checks the two horizon gauges: the
 // oldest waiting time is the send_time of a fetched message Kafka did not
@@ -54,12 +67,7 @@ func TestHorizonMetrics(t *testing.T) {
 	const kf = "wk-horizon"
 	t0 := time.Date(2026, 3, 1, 8, 0, 0, 0, time.UTC)
 	clock := testenv.NewClock(t0)
-	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kf}, Clock: clock.Now})
-	t.Cleanup(fake.Close)
-	wc, err := wecom.NewClient(wecom.ClientConfig{BaseURL: fake.URL(), CorpID: fake.CorpID(), Secret: fake.Secret()}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fake, wc := fakeWeChat(t, kf, clock)
 	st := newMemStore()
 	pub := &recPublisher{}
 	kafkaDown := errors.New("kafka down")
@@ -157,12 +165,7 @@ func TestSyncStatusPublished(t *testing.T) {
 	const kf = "wk-status"
 	t0 := time.Date(2026, 3, 1, 8, 0, 0, 0, time.UTC)
 	clock := testenv.NewClock(t0)
-	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kf}, Clock: clock.Now})
-	t.Cleanup(fake.Close)
-	wc, err := wecom.NewClient(wecom.ClientConfig{BaseURL: fake.URL(), CorpID: fake.CorpID(), Secret: fake.Secret()}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fake, wc := fakeWeChat(t, kf, clock)
 	st := newMemStore()
 	s, err := NewSyncer(unitCfg(), SyncerDeps{Source: WeComSource{wc}, Locker: &fakeLocker{s: st}, State: st,
 		Publisher: &recPublisher{}, IDs: &seqIDs{}}, WithClock(clock), WithStatus(state, time.Minute))
