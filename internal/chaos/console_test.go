@@ -29,7 +29,7 @@ func TestConsoleOverviewOfRunningPipeline(t *testing.T) {
 	limited := map[string]string{"KFPIPE_RATE_LIMIT_DEFAULT_GROUP": "normal"}
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 1, SinkSleep: time.Millisecond,
 		ConsumerEnv: limited, DLQEnv: limited})
-	Run(t, "console-overview", p, Load{Total: 4000, Users: 200, Rate: 100, BotPerMin: 600}, time.Minute, func(ctx context.Context, p *Pipeline, rec *Report) error {
+	Run(t, "console-overview", p, Load{Total: 3000, Users: 200, Rate: 100, BotPerMin: 600}, time.Minute, func(ctx context.Context, p *Pipeline, rec *Report) error {
 		poll := func(what, expr string, within time.Duration) { t.Helper(); testenv.PollJS(t, bctx, what, expr, within) }
 		if err := chromedp.Do(bctx,
 			chromedp.Navigate(p.AdminURL+"/admin/ui/"),
