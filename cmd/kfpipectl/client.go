@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -138,4 +139,14 @@ func answerError(method, path string, status int, data []byte) error {
 		}
 	}
 	return &exitErr{code: codeOf(status), msg: fmt.Sprintf("%s %s: %d %s: %s", method, path, status, http.StatusText(status), msg)}
+}
+
+// onePage adds the limit and, when set, the cursor of a listing's page to
+// q and returns it.
+func onePage(q url.Values, limit int, cursor string) url.Values {
+	q.Set("limit", strconv.Itoa(limit))
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	}
+	return q
 }

@@ -117,11 +117,7 @@ func (a *app) dlqLs() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			q.Set("limit", strconv.Itoa(limit))
-			if cursor != "" {
-				q.Set("cursor", cursor)
-			}
-			data, err := c.do(cmd.Context(), "GET", "/admin/dlq/messages", q, nil)
+			data, err := c.do(cmd.Context(), "GET", "/admin/dlq/messages", onePage(q, limit, cursor), nil)
 			if err != nil {
 				return err
 			}

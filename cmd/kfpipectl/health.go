@@ -77,17 +77,6 @@ exits 0 (it answered), scripts read the status from --output json.`,
 	}
 }
 
-// auditEntry is one entry of GET /admin/audit.
-type auditEntry struct {
-	ID     string `json:"id"`
-	Who    string `json:"who"`
-	Action string `json:"action"`
-	Target string `json:"target"`
-	Reason string `json:"reason"`
-	Time   string `json:"time"`
-	Result string `json:"result"`
-}
-
 func (a *app) auditCmd() *cobra.Command {
 	var limit int
 	var cursor string
@@ -100,11 +89,7 @@ func (a *app) auditCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			q := url.Values{"limit": {strconv.Itoa(limit)}}
-			if cursor != "" {
-				q.Set("cursor", cursor)
-			}
-			data, err := c.do(cmd.Context(), "GET", "/admin/audit", q, nil)
+			data, err := c.do(cmd.Context(), "GET", "/admin/audit", onePage(url.Values{}, limit, cursor), nil)
 			if err != nil {
 				return err
 			}
@@ -112,8 +97,8 @@ func (a *app) auditCmd() *cobra.Command {
 				return a.printJSON(data)
 			}
 			var page struct {
-				Entries    []auditEntry `json:"entries"`
-				NextCursor string       `json:"next_cursor"`
+				Entries    []admin.AuditEntry `json:"entries"`
+				NextCursor string             `json:"next_cursor"`
 			}
 			if err := decode(data, &page); err != nil {
 				return err

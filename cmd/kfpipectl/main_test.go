@@ -15,6 +15,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/service"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -293,7 +294,7 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	// audit: the writes, newest first, with who and result; refused and
 	// rejected requests left nothing.
 	var audit struct {
-		Entries []auditEntry `json:"entries"`
+		Entries []admin.AuditEntry `json:"entries"`
 	}
 	jsonOf(t, viewer.must(0, "audit", "--limit", "500", "-o", "json"), &audit)
 	var got []string

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/url"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -78,11 +77,7 @@ func (a *app) rlBlocked() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			q := url.Values{"limit": {strconv.Itoa(limit)}}
-			if cursor != "" {
-				q.Set("cursor", cursor)
-			}
-			data, err := c.do(cmd.Context(), "GET", "/admin/ratelimit/blocked", q, nil)
+			data, err := c.do(cmd.Context(), "GET", "/admin/ratelimit/blocked", onePage(url.Values{}, limit, cursor), nil)
 			if err != nil {
 				return err
 			}

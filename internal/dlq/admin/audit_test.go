@@ -102,7 +102,7 @@ func TestAuditList(t *testing.T) {
 			t.Fatalf("unblock %s: %d %s", u, r.status, r.body)
 		}
 	}
-	var got []auditRecord
+	var got []AuditEntry
 	path := "/admin/audit?limit=2"
 	for pages := 0; ; pages++ {
 		if pages > 3 {

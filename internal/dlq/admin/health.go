@@ -77,8 +77,8 @@ func (s *Server) countBlocked(r *http.Request) (n int, capped bool, err error) {
 	}
 }
 
-// auditRecord is one entry of the audit stream as GET /admin/audit shows it.
-type auditRecord struct {
+// AuditEntry is one entry of the audit stream as GET /admin/audit shows it.
+type AuditEntry struct {
 	ID     string `json:"id"`
 	Who    string `json:"who"`
 	Action string `json:"action"`
@@ -91,8 +91,8 @@ type auditRecord struct {
 // auditPage is the answer of GET /admin/audit, newest first; next_cursor is
 // "" after the last page.
 type auditPage struct {
-	Entries    []auditRecord `json:"entries"`
-	NextCursor string        `json:"next_cursor"`
+	Entries    []AuditEntry `json:"entries"`
+	NextCursor string       `json:"next_cursor"`
 }
 
 var streamID = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
@@ -120,10 +120,10 @@ func (s *Server) auditList(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	page := auditPage{Entries: make([]auditRecord, 0, len(msgs))}
+	page := auditPage{Entries: make([]AuditEntry, 0, len(msgs))}
 	for _, m := range msgs {
 		str := func(k string) string { v, _ := m.Values[k].(string); return v }
-		page.Entries = append(page.Entries, auditRecord{ID: m.ID, Who: str("who"), Action: str("action"),
+		page.Entries = append(page.Entries, AuditEntry{ID: m.ID, Who: str("who"), Action: str("action"),
 			Target: str("target"), Reason: str("reason"), Time: str("time"), Result: str("result")})
 	}
 	if len(msgs) == limit {
