@@ -20,11 +20,11 @@ if ! python3 -c 'import matplotlib' 2>/dev/null; then
   python3 -m pip install --quiet matplotlib 2>/dev/null ||
     python3 -m pip install --quiet --break-system-packages matplotlib
 fi
-export KFPIPE_SOAK=1 KFPIPE_SOAK_OUT="$RUN_DIR/soak.csv"
+export KFPIPE_SOAK_OUT="$RUN_DIR/soak.csv"
 : >"$RUN_DIR/chaos-report.txt"
 export KFPIPE_CHAOS_REPORT="$RUN_DIR/chaos-report.txt"
 set +e
-go test -v -run '^TestSoak$' -count=1 -timeout 3h ./internal/chaos/ 2>&1 | tee "$RUN_DIR/soak.log"
+go test -tags soak -v -run '^TestSoak$' -count=1 -timeout 3h ./internal/chaos/ 2>&1 | tee "$RUN_DIR/soak.log"
 status=${PIPESTATUS[0]}
 set -e
 if [[ -s $KFPIPE_SOAK_OUT ]]; then
