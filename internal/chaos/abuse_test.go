@@ -380,8 +380,13 @@ func producePoison(ctx context.Context, p *Pipeline, batch string, maxBytes int)
 
 // operatorPost makes an operator write through the dlq-consumer's admin API.
 func operatorPost(ctx context.Context, p *Pipeline, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.AdminURL+path,
-		strings.NewReader(`{"reason":"chaos scenario"}`))
+	return operatorWrite(ctx, p, http.MethodPost, path, `{"reason":"chaos scenario"}`)
+}
+
+// operatorWrite makes an operator write with a JSON body through the
+// dlq-consumer's admin API.
+func operatorWrite(ctx context.Context, p *Pipeline, method, path, body string) error {
+	req, err := http.NewRequestWithContext(ctx, method, p.AdminURL+path, strings.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -393,7 +398,7 @@ func operatorPost(ctx context.Context, p *Pipeline, path string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("POST %s: %s", path, resp.Status)
+		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
 	}
 	return nil
 }

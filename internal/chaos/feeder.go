@@ -51,6 +51,9 @@ func (p *Pipeline) UserName(i int) string {
 	return fmt.Sprintf("u%04d-%s", i, p.Prefix[len("chaos-"):len(p.Prefix)-1])
 }
 
+// BotName is the external_userid of the bot a Load with BotPerMin adds.
+func (p *Pipeline) BotName() string { return "bot-" + p.Prefix[len("chaos-"):len(p.Prefix)-1] }
+
 func (f *Feeder) account(userIdx int) string {
 	return f.p.OpenKfIDs[userIdx%len(f.p.OpenKfIDs)]
 }

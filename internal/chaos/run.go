@@ -44,7 +44,7 @@ func Run(t *testing.T, name string, p *Pipeline, load Load, settle time.Duration
 	go func() {
 		defer close(botDone)
 		if load.BotPerMin > 0 {
-			f.Bot(botCtx, "bot-"+p.Prefix[len("chaos-"):len(p.Prefix)-1], load.BotPerMin)
+			f.Bot(botCtx, p.BotName(), load.BotPerMin)
 		}
 	}()
 	go func() {
