@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
@@ -96,7 +97,7 @@ func failureReasons() []string { return deadletter.Names() }
 
 func (a *app) dlqCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "dlq", Short: "Dead letters: list, show, retry, purge, export"}
-	cmd.AddCommand(a.dlqLs(), a.dlqShow(), a.dlqRetry(), a.dlqPurge(), a.dlqExport())
+	cmd.AddCommand(a.dlqLs(), a.dlqShow(), a.dlqRetry(), a.dlqPurge(), a.dlqExport(), a.dlqBatches(), a.dlqBatch(), a.dlqCancel())
 	return cmd
 }
 
@@ -205,14 +206,19 @@ func (a *app) showMessage(m admin.DLQMessage) error {
 func (a *app) dlqRetry() *cobra.Command {
 	var f filterFlags
 	var reason string
-	var dry bool
+	var dry, wait bool
 	cmd := &cobra.Command{
 		Use:   "retry [ID]",
 		Short: "Retry one dead letter now, or every one a filter selects",
 		Long: `Retry one dead letter now (by ID), or every retryable one that --user,
 --failure-reason, --review or --all select (a batch retry, at most --limit).
+A batch runs on the dlq-consumer at admin.batch_rate letters a second, each
+user's letters in order, skipping those whose message is done already; this
+command follows it to its end (--wait=false: print its ID and return; then
+kfpipectl dlq batch ID, kfpipectl dlq cancel ID).
 With --dry-run nothing is retried: for one ID the letter is read and shown, for a
-batch the server counts what it would retry.`,
+batch the server counts what it would retry, for which users, and how many are
+done already.`,
 		Args: func(cmd *cobra.Command, argv []string) error {
 			if len(argv) > 1 {
 				return usagef("%s takes at most one dead-letter ID", cmd.CommandPath())
@@ -237,11 +243,12 @@ batch the server counts what it would retry.`,
 			if err != nil {
 				return err
 			}
-			return a.batch(cmd, c, "/admin/dlq/batch-retry", body, "retried", "would retry")
+			return a.batch(cmd, c, "/admin/dlq/batch-retry", body, wait)
 		},
 	}
 	f.add(cmd, true, true)
 	writeFlags(cmd, &reason, &dry)
+	cmd.Flags().BoolVar(&wait, "wait", true, "follow a batch until it ends")
 	return cmd
 }
 
@@ -276,38 +283,217 @@ func (a *app) retryOne(cmd *cobra.Command, c *client, id, reason string, dry boo
 	return nil
 }
 
-// batch sends a batch write and prints its count.
-func (a *app) batch(cmd *cobra.Command, c *client, path string, body batchBody, done, would string) error {
+// batch sends a batch write. A dry run prints what the batch would do;
+// otherwise, with wait, it follows the batch to its end (progress on
+// stderr) and prints what it did, else it prints the batch's ID.
+func (a *app) batch(cmd *cobra.Command, c *client, path string, body batchBody, wait bool) error {
 	data, err := c.do(cmd.Context(), "POST", path, nil, body)
 	if err != nil {
 		return err
 	}
-	if a.json() {
-		return a.printJSON(data)
-	}
-	var r struct {
-		Count int `json:"count"`
-	}
-	if err := decode(data, &r); err != nil {
+	var p admin.BatchPlan
+	if err := decode(data, &p); err != nil {
 		return err
 	}
-	if body.DryRun {
-		fmt.Fprintf(a.out, "dry run: %s %d dead letter(s)\n", would, r.Count)
+	verb := map[string]string{admin.ActionRetry: "retry", admin.ActionPurge: "purge"}[p.Action]
+	if body.DryRun || p.Batch == nil || !wait {
+		if a.json() {
+			return a.printJSON(data)
+		}
+		switch {
+		case body.DryRun:
+			fmt.Fprintf(a.out, "dry run: would %s %d dead letter(s) of %d user(s)", verb, p.Count, p.Users)
+			if p.AlreadyDone > 0 {
+				fmt.Fprintf(a.out, " (%d more selected are done already and would be skipped)", p.AlreadyDone)
+			}
+			fmt.Fprintf(a.out, ", %.0f s at %d a second\n", p.Seconds, p.Rate)
+			for _, u := range p.TopUsers {
+				fmt.Fprintf(a.out, "  %s\t%d\n", u.User, u.Count)
+			}
+		case p.Batch == nil:
+			fmt.Fprintf(a.out, "nothing to %s: the filter selects no dead letter\n", verb)
+		default:
+			fmt.Fprintf(a.out, "batch %s started: %s %d dead letter(s) at %d a second; follow it with: kfpipectl dlq batch %s\n",
+				p.Batch.ID, verb, p.Batch.Total, p.Rate, p.Batch.ID)
+		}
 		return nil
 	}
-	fmt.Fprintf(a.out, "%s %d dead letter(s)\n", done, r.Count)
-	return nil
+	return a.follow(cmd, c, p.Batch.ID)
+}
+
+// follow polls a batch until it ends and prints its result; a cancelled
+// batch is an error (exit 1).
+func (a *app) follow(cmd *cobra.Command, c *client, id string) error {
+	last := -1
+	for {
+		b, data, err := getBatch(cmd, c, id)
+		if err != nil {
+			return err
+		}
+		if b.State != admin.BatchRunning {
+			if a.json() {
+				if err := a.printJSON(data); err != nil {
+					return err
+				}
+			} else {
+				printBatchResult(a.out, b)
+			}
+			if b.State == admin.BatchCancelled {
+				return failf("batch %s was cancelled by %s after %d of %d letters", b.ID, b.CancelledBy, b.Position, b.Total)
+			}
+			return nil
+		}
+		if b.Position != last {
+			fmt.Fprintf(a.errOut, "batch %s: %d/%d\n", b.ID, b.Position, b.Total)
+			last = b.Position
+		}
+		select {
+		case <-cmd.Context().Done():
+			return cmd.Context().Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func getBatch(cmd *cobra.Command, c *client, id string) (admin.Batch, []byte, error) {
+	data, err := c.do(cmd.Context(), "GET", "/admin/dlq/batches/"+url.PathEscape(id), nil, nil)
+	if err != nil {
+		return admin.Batch{}, nil, err
+	}
+	var b admin.Batch
+	return b, data, decode(data, &b)
+}
+
+func printBatchResult(w io.Writer, b admin.Batch) {
+	done := map[string]string{admin.ActionRetry: "retried", admin.ActionPurge: "purged"}[b.Action]
+	fmt.Fprintf(w, "%s %d dead letter(s)", done, b.Acted)
+	if b.SkippedDone > 0 {
+		fmt.Fprintf(w, ", skipped %d already done", b.SkippedDone)
+	}
+	if b.Gone > 0 {
+		fmt.Fprintf(w, ", %d gone meanwhile", b.Gone)
+	}
+	fmt.Fprintf(w, " (batch %s, %s)\n", b.ID, b.State)
+}
+
+func (a *app) dlqBatches() *cobra.Command {
+	return &cobra.Command{
+		Use:   "batches",
+		Short: "The newest batch retries and purges with their progress",
+		Args:  args(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			data, err := c.do(cmd.Context(), "GET", "/admin/dlq/batches", nil, nil)
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(data)
+			}
+			var page struct {
+				Batches []admin.Batch `json:"batches"`
+			}
+			if err := decode(data, &page); err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tACTION\tSTATE\tDONE\tACTED\tSKIPPED\tGONE\tWHO\tFILTER")
+			for _, b := range page.Batches {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%s\t%s\n", b.ID, b.Action, b.State, b.Position, b.Total,
+					b.Acted, b.SkippedDone, b.Gone, b.Who, b.Filter)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func (a *app) dlqBatch() *cobra.Command {
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "batch ID",
+		Short: "One batch's progress (--wait: until it ends)",
+		Args:  args(1, "the batch ID"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if wait {
+				return a.follow(cmd, c, argv[0])
+			}
+			b, data, err := getBatch(cmd, c, argv[0])
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(data)
+			}
+			fmt.Fprintf(a.out, "batch %s: %s %s, %d/%d letters (acted %d, skipped done %d, gone %d) at %d a second\n",
+				b.ID, b.Action, b.State, b.Position, b.Total, b.Acted, b.SkippedDone, b.Gone, b.Rate)
+			fmt.Fprintf(a.out, "by %s: %s\nfilter: %s\n", b.Who, b.Reason, b.Filter)
+			if b.Error != "" {
+				fmt.Fprintf(a.out, "last error: %s\n", b.Error)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", false, "follow the batch until it ends")
+	return cmd
+}
+
+func (a *app) dlqCancel() *cobra.Command {
+	var reason string
+	var dry bool
+	cmd := &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Stop a running batch where it is",
+		Args:  args(1, "the batch ID"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if err := needReason(reason); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if dry {
+				b, _, err := getBatch(cmd, c, argv[0])
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "dry run: would cancel batch %s (%s, %d/%d letters)\n", b.ID, b.State, b.Position, b.Total)
+				return nil
+			}
+			data, err := c.do(cmd.Context(), "POST", "/admin/dlq/batches/"+url.PathEscape(argv[0])+"/cancel", nil,
+				map[string]string{"reason": reason})
+			if err != nil {
+				return err
+			}
+			if a.json() {
+				return a.printJSON(data)
+			}
+			fmt.Fprintf(a.out, "cancelled batch %s\n", argv[0])
+			return nil
+		},
+	}
+	writeFlags(cmd, &reason, &dry)
+	return cmd
 }
 
 func (a *app) dlqPurge() *cobra.Command {
 	var f filterFlags
 	var reason string
-	var dry bool
+	var dry, wait bool
 	cmd := &cobra.Command{
 		Use:   "purge",
 		Short: "Delete the dead letters a filter selects from the index",
 		Long: `Delete every dead letter that --user, --failure-reason, --review or --all select
 from the DLQ index (the DLQ topic keeps the letters until its retention ends).
+Like a batch retry it runs as a paced, cancellable batch this command follows
+(--wait=false: print its ID and return).
 With --dry-run the server counts what it would delete and deletes nothing.`,
 		Args: args(0, "no arguments (select with filter flags)"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -322,11 +508,12 @@ With --dry-run the server counts what it would delete and deletes nothing.`,
 			if err != nil {
 				return err
 			}
-			return a.batch(cmd, c, "/admin/dlq/purge", body, "purged", "would purge")
+			return a.batch(cmd, c, "/admin/dlq/purge", body, wait)
 		},
 	}
 	f.add(cmd, true, false)
 	writeFlags(cmd, &reason, &dry)
+	cmd.Flags().BoolVar(&wait, "wait", true, "follow the batch until it ends")
 	return cmd
 }
 

@@ -252,6 +252,31 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	op.must(2, "dlq", "purge", "--user", "u3")
 	op.must(2, "dlq", "purge", "--user", "u1", "--limit", "1", "--reason", "purge has no limit")
 
+	// A batch without waiting, followed, listed, cancelled once ended: u1's
+	// two letters, once the scheduler has re-injected the one retried above
+	// (a letter due now is not retried again).
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var m admin.DLQMessage
+		jsonOf(t, viewer.must(0, "dlq", "show", a, "-o", "json"), &m)
+		if m.State == "retried" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("letter %s still %s 20 s after its retry", a, m.State)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r0 := op.must(0, "dlq", "retry", "--user", "u1", "--reason", "the rest of u1", "--wait=false")
+	contains(t, r0, "batch ", "started: retry 2 dead letter(s)")
+	id := strings.Fields(strings.TrimPrefix(r0.out, "batch "))[0]
+	contains(t, viewer.must(0, "dlq", "batch", id, "--wait"), "retried 2 dead letter(s)", id, "done")
+	contains(t, viewer.must(0, "dlq", "batch", id), "retry done, 2/2 letters", "the rest of u1")
+	contains(t, viewer.must(0, "dlq", "batches"), id, "retry", "done", "2/2", "user=u1")
+	op.must(4, "dlq", "cancel", id, "--reason", "too late") // 409: it ended
+	viewer.must(4, "dlq", "cancel", id, "--reason", "viewer tries")
+	op.must(2, "dlq", "cancel", id) // no --reason
+	op.must(3, "dlq", "batch", "no-such-batch")
+
 	// dlq export: JSON lines to stdout, CSV to a file.
 	r := viewer.must(0, "dlq", "export", "--format", "json", "--user", "u2")
 	if lines := strings.Split(strings.TrimSpace(r.out), "\n"); len(lines) != 1 || !strings.Contains(lines[0], c) {
@@ -303,7 +328,7 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	}
 	want := []string{
 		"test-operator ratelimit.set_group ok", "test-operator ratelimit.unblock ok", "test-operator ratelimit.block ok",
-		"test-operator dlq.purge ok", "test-operator dlq.purge dry_run", "test-operator dlq.retry conflict",
+		"test-operator dlq.batch_cancel conflict", "test-operator dlq.batch_retry ok", "test-operator dlq.purge ok", "test-operator dlq.purge dry_run", "test-operator dlq.retry conflict",
 		"test-operator dlq.retry ok", "test-operator dlq.batch_retry dry_run",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -48,6 +48,9 @@ type Admin struct {
 	// kafka.consumer.group_id) whose lag on the main topic the console's
 	// overview shows.
 	ConsumerGroup string `mapstructure:"consumer_group"`
+	// BatchRate is how many letters a second an operator's batch retry or
+	// purge acts on (the console's and kfpipectl's bulk actions).
+	BatchRate int `mapstructure:"batch_rate"`
 }
 
 // AdminToken is one bearer token and its role.
@@ -64,7 +67,7 @@ func defaultDLQConsumer(env string) DLQConsumer {
 		Recovery: Recovery{BaseDelay: time.Minute, MaxDelay: time.Hour, ScanInterval: time.Second,
 			MaxRetries: deadletter.DefaultMaxRetriesByName(),
 			TTL:        map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
-		Admin:     Admin{Addr: "127.0.0.1:8090", MaxBodyBytes: 64 << 10, ConsumerGroup: "kfpipe-consumer"},
+		Admin:     Admin{Addr: "127.0.0.1:8090", MaxBodyBytes: 64 << 10, ConsumerGroup: "kfpipe-consumer", BatchRate: 200},
 		DLQIndex:  DLQIndex{MaxEntries: 1_000_000},
 		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 	}
@@ -115,6 +118,7 @@ func (c *DLQConsumer) Validate() error {
 	v.nonEmpty("admin.addr", c.Admin.Addr)
 	v.between("admin.max_body_bytes", c.Admin.MaxBodyBytes, 1024, 16<<20)
 	v.nonEmpty("admin.consumer_group", c.Admin.ConsumerGroup)
+	v.between("admin.batch_rate", c.Admin.BatchRate, 1, 100000)
 	for i, t := range c.Admin.Tokens {
 		key := "admin.tokens[" + itoa(i) + "]"
 		v.nonEmpty(key+".name", t.Name)

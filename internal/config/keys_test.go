@@ -173,6 +173,7 @@ var outOfRange = map[string]struct {
 	"admin.addr":           {bad: " ", readBy: rD},
 	"admin.max_body_bytes": {bad: 10, readBy: rD},
 	"admin.consumer_group": {bad: " ", readBy: rD},
+	"admin.batch_rate":     {bad: 0, readBy: rD},
 	"admin.tokens":         {bad: []map[string]string{{"name": "x", "token": "short", "role": "viewer"}}, readBy: rD, wantKey: "admin.tokens[0].token"},
 }
 

@@ -600,6 +600,12 @@ func (x *Index) Whole(ctx context.Context, es []*Entry) error {
 	return nil
 }
 
+// Summaries returns the summaries of ids (as List has them) in one round
+// trip; an ID the index does not hold yields nil.
+func (x *Index) Summaries(ctx context.Context, ids []string) ([]*Entry, error) {
+	return x.load(ctx, ids)
+}
+
 // load reads summaries in one script; a missing ID yields nil.
 func (x *Index) load(ctx context.Context, ids []string) ([]*Entry, error) {
 	out := make([]*Entry, len(ids))
@@ -879,30 +885,50 @@ var errPurgeLimit = errors.New("purge limit reached")
 func (x *Index) Purge(ctx context.Context, f Filter) (int, error) {
 	n, limit := 0, f.Limit
 	err := x.each(ctx, f, func(es []*Entry) error {
-		for _, e := range es {
-			if limit > 0 && n >= limit {
-				return errPurgeLimit
-			}
-			if x.events != nil {
-				if err := x.eventKey(ctx, e); err != nil {
-					x.log.Warn("purged event keyed without the letter's original key", zap.String("dlq_id", e.ID), zap.Error(err))
-				}
-			}
-			ok, err := x.Delete(ctx, e.ID)
-			if err != nil {
-				return err
-			}
-			if ok {
+		if limit > 0 {
+			es = es[:min(len(es), limit-n)]
+		}
+		gone, err := x.PurgeEntries(ctx, es)
+		for _, g := range gone {
+			if g {
 				n++
-				x.recordPurge(e.DeadLetterMessage)
 			}
 		}
-		return nil
+		if err == nil && limit > 0 && n >= limit {
+			return errPurgeLimit
+		}
+		return err
 	})
 	if errors.Is(err, errPurgeLimit) {
 		err = nil
 	}
 	return n, err
+}
+
+// PurgeEntries deletes es (summaries from List or Summaries; nil ones are
+// skipped) as Purge does, recording each purge, and reports which it
+// deleted (false: not there any more).
+func (x *Index) PurgeEntries(ctx context.Context, es []*Entry) ([]bool, error) {
+	out := make([]bool, len(es))
+	for i, e := range es {
+		if e == nil {
+			continue
+		}
+		if x.events != nil {
+			if err := x.eventKey(ctx, e); err != nil {
+				x.log.Warn("purged event keyed without the letter's original key", zap.String("dlq_id", e.ID), zap.Error(err))
+			}
+		}
+		ok, err := x.Delete(ctx, e.ID)
+		if err != nil {
+			return out, err
+		}
+		if ok {
+			out[i] = true
+			x.recordPurge(e.DeadLetterMessage)
+		}
+	}
+	return out, nil
 }
 
 // recordPurge writes the EventPurged record of a purged entry.

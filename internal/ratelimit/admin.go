@@ -31,6 +31,11 @@ type Status struct {
 	Blocked      bool      `json:"blocked"`
 	BlockedUntil time.Time `json:"blocked_until,omitzero"`
 	Permanent    bool      `json:"permanent"`
+	// Rule is the user's group's rule (none for the whitelist).
+	Rule *config.RateGroup `json:"-"`
+	// History are the automatic blocks inside progressive.history, oldest
+	// first: the next one lasts longer for each.
+	History []time.Time `json:"block_history,omitempty"`
 }
 
 // BlockedUser is one entry of ListBlocked.
@@ -54,13 +59,27 @@ func NewAdmin(store *Store, cfg config.RateLimit, opts ...Option) (*Admin, error
 
 // Status returns user's group and block.
 func (a *Admin) Status(ctx context.Context, user string) (Status, error) {
-	rec, err := a.store.load(ctx, user, -1)
+	since := int64(-1)
+	if a.cfg.Progressive.Enabled {
+		since = a.o.clock.Now().Add(-a.cfg.Progressive.History).UnixMilli()
+	}
+	rec, err := a.store.load(ctx, user, since)
 	if err != nil {
 		return Status{}, err
 	}
 	st := Status{User: user, Group: rec.group}
 	if st.Group == "" {
 		st.Group = a.cfg.DefaultGroup
+	}
+	for _, ms := range rec.history {
+		st.History = append(st.History, time.UnixMilli(ms).UTC())
+	}
+	if st.Group != GroupWhitelist {
+		if groups, err := a.Rules(ctx); err == nil {
+			if g, ok := groups[st.Group]; ok {
+				st.Rule = &g
+			}
+		}
 	}
 	switch {
 	case rec.blockedUntil == permanentMs:

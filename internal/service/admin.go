@@ -5,21 +5,23 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 )
 
-func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ) (http.Handler, error) {
+func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ) (*admin.Server, error) {
 	ac := admin.FromConfig(cfg.Admin, cfg.Redis.KeyPrefix)
 	for g := range cfg.RateLimit.Groups {
 		ac.Groups = append(ac.Groups, g)
@@ -29,15 +31,20 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ) (http.Hand
 	}
 	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
 		topic: cfg.Kafka.Topics.Main.Name, group: cfg.Admin.ConsumerGroup}
-	srv, err := admin.New(ac, dlqStore{x: d.Index}, rateLimitAdmin{a: d.Admin}, base.Redis, base.Log, base.Registry)
+	srv, err := admin.New(ac, dlqStore{x: d.Index, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}, rateLimitAdmin{a: d.Admin, x: d.Index}, base.Redis, base.Log, base.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
 	return srv, nil
 }
 
-// dlqStore adapts the DLQ index to the admin API.
-type dlqStore struct{ x *dlq.Index }
+// dlqStore adapts the DLQ index to the admin API; rdb and prefix reach
+// the schedule-consumers' dedup store (batch retries skip what is done).
+type dlqStore struct {
+	x      *dlq.Index
+	rdb    redis.UniversalClient
+	prefix string
+}
 
 func toAdminMessage(e *dlq.Entry) admin.DLQMessage {
 	m := admin.DLQMessage{ID: e.ID, User: e.UserID, OpenKfID: e.OpenKfID, Reason: string(e.Reason), Details: e.Details,
@@ -117,60 +124,151 @@ func (s dlqStore) Retry(ctx context.Context, id string) error {
 	return s.x.Requeue(ctx, id, now)
 }
 
-// BatchRetry requeues every retryable entry the filter selects, up to
-// f.Limit entries when it is set.
-func (s dlqStore) BatchRetry(ctx context.Context, f admin.DLQFilter) (int, error) {
+// Select walks the index's entries f selects (newest first, as List
+// pages them), then sorts them into their messages' order. For a retry it
+// reads the whole letters back from the DLQ topic (a thousand at a time)
+// for their messages' dedup keys, and asks the dedup store which are done.
+func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, forRetry bool) ([]admin.Letter, error) {
 	now := time.Now()
-	var batch []*dlq.Entry
+	var es []*dlq.Entry
 	df := toFilter(f)
-	df.Limit = 200
+	df.Limit, df.Cursor = 500, ""
 	for {
 		entries, next, err := s.x.List(ctx, df)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		for _, e := range entries {
-			if f.Limit > 0 && len(batch) >= f.Limit {
+			if f.Limit > 0 && len(es) >= f.Limit {
 				break
 			}
-			if retryable(e, now) == nil {
-				batch = append(batch, e)
+			if !forRetry || retryable(e, now) == nil {
+				es = append(es, e)
 			}
 		}
-		if next == "" || (f.Limit > 0 && len(batch) >= f.Limit) {
+		if next == "" || (f.Limit > 0 && len(es) >= f.Limit) {
 			break
 		}
 		df.Cursor = next
 	}
-	if f.DryRun {
-		return len(batch), nil
+	dlq.SortBySource(es, func(e *dlq.Entry) *dlq.DeadLetterMessage { return e.DeadLetterMessage })
+	ls := make([]admin.Letter, len(es))
+	for i, e := range es {
+		ls[i] = admin.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason)}
 	}
-	// Requeued in their messages' order, so each user's letters go back
-	// in the order the user sent them.
-	return s.x.RequeueInOrder(ctx, batch, now)
+	if !forRetry {
+		return ls, nil
+	}
+	const chunk = 1000
+	for lo := 0; lo < len(es); lo += chunk {
+		part := es[lo:min(lo+chunk, len(es))]
+		if err := s.x.Whole(ctx, part); err != nil {
+			return nil, fmt.Errorf("reading letters for their dedup keys: %w", err)
+		}
+		keys := make([]string, len(part))
+		for i, e := range part {
+			keys[i] = dedupKey(e.DeadLetterMessage)
+			ls[lo+i].Key = keys[i]
+			part[i] = nil // the whole letter is not kept
+		}
+		done, err := s.doneKeys(ctx, keys)
+		if err != nil {
+			return nil, err
+		}
+		for i, d := range done {
+			ls[lo+i].Done = d
+		}
+	}
+	return ls, nil
 }
 
-// Purge deletes every entry the filter selects; a dry run counts them
-// (Limit ignored, as the index's Purge ignores it).
-func (s dlqStore) Purge(ctx context.Context, f admin.DLQFilter) (int, error) {
-	if !f.DryRun {
-		return s.x.Purge(ctx, toFilter(f))
+// dedupKey is the key the schedule-consumer's dedup store keeps the
+// letter's message under ("" when the letter does not say).
+func dedupKey(dl *dlq.DeadLetterMessage) string {
+	if dl.OpenKfID == "" || dl.UpstreamMsgID == "" {
+		return ""
 	}
-	df := toFilter(f)
-	df.Limit = 200
-	df.Cursor = ""
-	n := 0
-	for {
-		entries, next, err := s.x.List(ctx, df)
-		if err != nil {
-			return 0, err
-		}
-		n += len(entries)
-		if next == "" {
-			return n, nil
-		}
-		df.Cursor = next
+	m := chatmsg.ChatMessage{OpenKfID: dl.OpenKfID, UpstreamMsgID: dl.UpstreamMsgID}
+	return m.DedupKey()
+}
+
+// doneKeys asks the dedup store which keys are done ("" never is).
+func (s dlqStore) doneKeys(ctx context.Context, keys []string) ([]bool, error) {
+	done, err := once.Done(ctx, s.rdb, dedupPrefix(s.prefix), keys)
+	if err != nil {
+		return nil, err
 	}
+	for i, k := range keys {
+		done[i] = done[i] && k != ""
+	}
+	return done, nil
+}
+
+// RetryLetters requeues ls in order, skipping those acted on since `since`
+// (by this batch before a crash, or due now anyway) and those whose
+// message is done.
+func (s dlqStore) RetryLetters(ctx context.Context, ls []admin.Letter, from, since time.Time) ([]admin.Outcome, error) {
+	ids := make([]string, len(ls))
+	keys := make([]string, len(ls))
+	for i, l := range ls {
+		ids[i], keys[i] = l.ID, l.Key
+	}
+	es, err := s.x.Summaries(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	done, err := s.doneKeys(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	outs := make([]admin.Outcome, len(ls))
+	at := from
+	for i, e := range es {
+		switch {
+		case e == nil || e.Reason == dlq.ReasonInvalidMessage:
+			outs[i] = admin.OutcomeGone
+		case e.State == dlq.StateRetried && e.RetriedAt != nil && !e.RetriedAt.Before(since):
+			outs[i] = admin.OutcomeActed // re-injected since the batch began
+		case e.State == dlq.StateDue && e.NextRetryTime != nil && !e.NextRetryTime.After(at):
+			outs[i] = admin.OutcomeActed // due by now: it goes anyway
+		case done[i]:
+			outs[i] = admin.OutcomeDone
+		default:
+			err := s.x.Requeue(ctx, e.ID, at)
+			if errors.Is(err, dlq.ErrNotFound) {
+				outs[i] = admin.OutcomeGone
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			at = at.Add(time.Millisecond)
+		}
+	}
+	return outs, nil
+}
+
+// PurgeLetters deletes ls, recording each purge in the DLQ topic.
+func (s dlqStore) PurgeLetters(ctx context.Context, ls []admin.Letter) ([]admin.Outcome, error) {
+	ids := make([]string, len(ls))
+	for i, l := range ls {
+		ids[i] = l.ID
+	}
+	es, err := s.x.Summaries(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	gone, err := s.x.PurgeEntries(ctx, es)
+	if err != nil {
+		return nil, err
+	}
+	outs := make([]admin.Outcome, len(ls))
+	for i, g := range gone {
+		if !g {
+			outs[i] = admin.OutcomeGone
+		}
+	}
+	return outs, nil
 }
 
 func (s dlqStore) Export(ctx context.Context, f admin.DLQFilter, fn func(admin.DLQMessage) error) error {
@@ -178,7 +276,12 @@ func (s dlqStore) Export(ctx context.Context, f admin.DLQFilter, fn func(admin.D
 }
 
 // rateLimitAdmin adapts ratelimit.Admin to the admin API.
-type rateLimitAdmin struct{ a *ratelimit.Admin }
+// rateLimitAdmin adapts the rate limiter's admin to the admin API; x, when
+// set, gives a user's status their recent dead letters.
+type rateLimitAdmin struct {
+	a *ratelimit.Admin
+	x *dlq.Index
+}
 
 func optTime(t time.Time) *time.Time {
 	if t.IsZero() {
@@ -199,8 +302,38 @@ func mapRLErr(err error) error {
 
 func (r rateLimitAdmin) Status(ctx context.Context, user string) (admin.RateLimitStatus, error) {
 	s, err := r.a.Status(ctx, user)
-	return admin.RateLimitStatus{User: s.User, Group: s.Group, Blocked: s.Blocked, BlockedUntil: optTime(s.BlockedUntil),
-		Permanent: s.Permanent}, mapRLErr(err)
+	st := admin.RateLimitStatus{User: s.User, Group: s.Group, Blocked: s.Blocked, BlockedUntil: optTime(s.BlockedUntil),
+		Permanent: s.Permanent, BlockHistory: s.History}
+	if g := s.Rule; g != nil {
+		st.Rule = &admin.RateRule{WindowSeconds: g.WindowSeconds, MaxMessages: g.MaxMessages, PenaltyThreshold: g.PenaltyThreshold, BlockHours: g.BlockHours}
+	}
+	if err == nil && r.x != nil {
+		st.RecentLetters, err = r.recentLetters(ctx, user)
+	}
+	return st, mapRLErr(err)
+}
+
+// recentLetters counts the user's dead letters of the last hour by reason.
+func (r rateLimitAdmin) recentLetters(ctx context.Context, user string) (map[string]int, error) {
+	since := time.Now().Add(-time.Hour)
+	out := map[string]int{}
+	f := dlq.Filter{User: user, Limit: 500}
+	for {
+		es, next, err := r.x.List(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range es {
+			if e.FailureTime.Before(since) {
+				return out, nil // newest first: the rest are older
+			}
+			out[string(e.Reason)]++
+		}
+		if next == "" {
+			return out, nil
+		}
+		f.Cursor = next
+	}
 }
 
 func (r rateLimitAdmin) Unblock(ctx context.Context, user string) error {

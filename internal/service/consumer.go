@@ -124,7 +124,7 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 			return nil, err
 		}
 	}
-	oc, err := once.New(ctx, "schedule-consumer", once.Config{Client: base.Redis, KeyPrefix: prefix + "dedup:",
+	oc, err := once.New(ctx, "schedule-consumer", once.Config{Client: base.Redis, KeyPrefix: dedupPrefix(prefix),
 		Lease: cfg.Dedup.Lease, Batch: once.BatchConfig{Enabled: true, FlushInterval: cfg.Processor.PipelineFlush,
 			MaxBatch: cfg.Processor.PipelineMaxBatched}}, once.WithLogger(log), once.WithRegisterer(reg))
 	if err != nil {
@@ -259,3 +259,7 @@ func waitDetail(w once.Waits, lease time.Duration) string {
 	return fmt.Sprintf("%d messages waiting on dedup claims held by other owners, oldest %s (key %s); a crashed owner's claims free within dedup.lease (%s)",
 		w.Count, w.Oldest.Round(100*time.Millisecond), w.OldestKey, lease)
 }
+
+// dedupPrefix is where, under the deployment's Redis key prefix, the
+// schedule-consumers keep their dedup marks (the dlq-consumer reads them).
+func dedupPrefix(prefix string) string { return prefix + "dedup:" }

@@ -17,6 +17,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 )
 
@@ -47,6 +48,7 @@ type DLQ struct {
 	letters   *dlq.TopicLetters
 	scheduler *dlq.Scheduler
 	http      *http.Server
+	admin     *admin.Server
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	runErr    error
@@ -141,6 +143,7 @@ func (d *DLQ) startAdmin(cfg *config.DLQConsumer, base *daemon.Base) error {
 	if err != nil {
 		return fmt.Errorf("admin listen %s: %w", cfg.Admin.Addr, err)
 	}
+	d.admin = h
 	d.AdminURL = "http://" + ln.Addr().String()
 	d.http = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	d.wg.Add(1)
@@ -160,6 +163,9 @@ func (d *DLQ) Close(ctx context.Context) error {
 	var errs []error
 	if d.http != nil {
 		errs = append(errs, d.http.Shutdown(ctx))
+	}
+	if d.admin != nil {
+		errs = append(errs, d.admin.Close())
 	}
 	errs = append(errs, d.scheduler.Close(ctx))
 	d.cancel()

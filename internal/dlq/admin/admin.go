@@ -54,6 +54,9 @@ type Config struct {
 	AuditMaxLen int64
 	// Clock stamps audit entries; nil means the system clock.
 	Clock Clock
+	// BatchRate is how many letters a second a batch retry or purge acts
+	// on (admin.batch_rate); 0 means 200.
+	BatchRate int
 	// Pipeline, when set, gives GET /admin/overview the accounts' sync
 	// horizon and the schedule-consumers' lag; without it the overview
 	// has the DLQ and the rate limiter only.
@@ -62,7 +65,7 @@ type Config struct {
 
 // FromConfig returns the Config for the daemon's admin section.
 func FromConfig(c config.Admin, prefix string) Config {
-	return Config{Tokens: c.Tokens, MaxBodyBytes: c.MaxBodyBytes, Prefix: prefix}
+	return Config{Tokens: c.Tokens, MaxBodyBytes: c.MaxBodyBytes, Prefix: prefix, BatchRate: c.BatchRate}
 }
 
 // Validate reports every invalid key, named as in the config file.
@@ -70,6 +73,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 16<<20 {
 		errs = append(errs, fmt.Errorf("admin.max_body_bytes must be in [1024, %d], got %d", 16<<20, c.MaxBodyBytes))
+	}
+	if c.BatchRate < 0 || c.BatchRate > 100000 {
+		errs = append(errs, fmt.Errorf("admin.batch_rate must be in [1, 100000], got %d", c.BatchRate))
 	}
 	if c.AuditMaxLen < 0 {
 		errs = append(errs, fmt.Errorf("admin.audit_max_len must be >= 0, got %d", c.AuditMaxLen))
@@ -100,16 +106,17 @@ func (c Config) Validate() error {
 
 // Server is the admin API and console; it is an http.Handler.
 type Server struct {
-	cfg    Config
-	dlq    DLQStore
-	rl     RateLimitAdmin
-	rdb    redis.UniversalClient
-	log    *zap.Logger
-	clock  Clock
-	auth   *authenticator
-	mux    *http.ServeMux
-	routes []string
-	m      metrics
+	cfg     Config
+	dlq     DLQStore
+	rl      RateLimitAdmin
+	rdb     redis.UniversalClient
+	log     *zap.Logger
+	clock   Clock
+	auth    *authenticator
+	mux     *http.ServeMux
+	routes  []string
+	m       metrics
+	batches *batches
 }
 
 // New returns the admin server. rdb holds the audit stream; dlq and rl must
@@ -127,13 +134,25 @@ func New(cfg Config, dlq DLQStore, rl RateLimitAdmin, rdb redis.UniversalClient,
 	if cfg.AuditMaxLen == 0 {
 		cfg.AuditMaxLen = 100000
 	}
+	if cfg.BatchRate == 0 {
+		cfg.BatchRate = 200
+	}
 	s := &Server{cfg: cfg, dlq: dlq, rl: rl, rdb: rdb, log: logger.Named("admin"), clock: cfg.Clock,
 		auth: newAuthenticator(cfg.Tokens), mux: http.NewServeMux(), m: newMetrics(reg)}
 	if s.clock == nil {
 		s.clock = systemClock{}
 	}
+	s.batches = newBatches(s)
 	s.register()
+	s.batches.wg.Go(s.batches.resumeLoop)
 	return s, nil
+}
+
+// Close stops the batches this server runs, releasing them to another
+// replica (or to this daemon when it starts again), and waits for them.
+func (s *Server) Close() error {
+	s.batches.close()
+	return nil
 }
 
 func (s *Server) register() {
@@ -147,10 +166,15 @@ func (s *Server) register() {
 	s.read("GET /admin/health", s.health)
 	s.read("GET /admin/overview", s.overview)
 	s.read("GET /admin/audit", s.auditList)
+	s.read("GET /admin/whoami", s.whoami)
+	s.read("GET /admin/dlq/batches", s.batchList)
+	s.read("GET /admin/dlq/batches/{id}", s.batchGet)
+	s.read("GET /admin/dlq/groups", s.dlqGroups)
 	// Writes: each is audited under its action name.
 	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.dlqRetry)
 	s.write("POST /admin/dlq/batch-retry", "dlq.batch_retry", s.dlqBatchRetry)
 	s.write("POST /admin/dlq/purge", "dlq.purge", s.dlqPurge)
+	s.write("POST /admin/dlq/batches/{id}/cancel", "dlq.batch_cancel", s.batchCancel)
 	s.write("POST /admin/ratelimit/unblock/{user}", "ratelimit.unblock", s.rlUnblock)
 	s.write("POST /admin/ratelimit/block/{user}", "ratelimit.block", s.rlBlock)
 	s.write("POST /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_add", s.rlWhitelistAdd)
@@ -265,4 +289,17 @@ func (s *Server) write(pattern, action string, parse func(r *http.Request) (writ
 		}
 		writeJSON(w, http.StatusOK, resp)
 	})
+}
+
+// Identity is the answer of GET /admin/whoami: the token's name and role
+// (the console hides write controls from viewers; the API refuses them
+// anyway).
+type Identity struct {
+	Name string `json:"name"`
+	Role string `json:"role"`
+}
+
+func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
+	p := principalFrom(r.Context())
+	writeJSON(w, http.StatusOK, Identity{Name: p.name, Role: p.role})
 }

@@ -192,6 +192,11 @@ func TestEndpoints(t *testing.T) {
 			body: `{"filter":{"reason":"rate_limited"},"reason":"noise"}`, status: 200, audit: "dlq.purge ok",
 			check: func(t *testing.T, f *fixture, r response) {
 				wantCount(2)(t, f, r)
+				if b := f.waitBatch(t, r); b.State != BatchDone || b.Acted != 2 || b.Gone != 0 {
+					t.Errorf("batch ended %+v, want done with 2 purged", b)
+				}
+				f.dlq.mu.Lock()
+				defer f.dlq.mu.Unlock()
 				if n := len(f.dlq.msgs); n != 2 {
 					t.Errorf("%d messages left, want 2", n)
 				}

@@ -3,7 +3,9 @@ package admin
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,8 @@ import (
 // checks the stream holds exactly one entry per attempted write, in order,
 // with who, action, target, reason, time and result; refused requests and
 // reads leave nothing.
+var batchID = regexp.MustCompile(`batch=\d{8}T\d{6}-[0-9a-f]{8}`)
+
 func TestAuditStream(t *testing.T) {
 	f := newFixture(t)
 	steps := []struct {
@@ -29,9 +33,9 @@ func TestAuditStream(t *testing.T) {
 		{"", "POST", "/admin/dlq/retry/m4", `{"reason":"anon"}`, 401, ""},
 		{op, "POST", "/admin/dlq/retry/m4", ``, 422, ""},
 		{op, "POST", "/admin/dlq/retry/m4", `{"reason":"again"}`, 409, "dlq.retry|dlq:m4|again|conflict"},
-		{op, "POST", "/admin/dlq/batch-retry", `{"filter":{"user":"u2"},"reason":"bulk"}`, 200, "dlq.batch_retry|dlq:filter user=u2|bulk|ok"},
+		{op, "POST", "/admin/dlq/batch-retry", `{"filter":{"user":"u2"},"reason":"bulk"}`, 200, "dlq.batch_retry|dlq:filter user=u2 batch=*|bulk|ok"},
 		{op, "POST", "/admin/dlq/purge", `{"filter":{"reason":"invalid_message","review":true},"reason":"junk"}`, 200,
-			"dlq.purge|dlq:filter reason=invalid_message review=true|junk|ok"},
+			"dlq.purge|dlq:filter reason=invalid_message review=true batch=*|junk|ok"},
 		{op, "POST", "/admin/ratelimit/block/u9", `{"reason":"spam","duration":"90m"}`, 200, "ratelimit.block|user:u9 for=1h30m0s|spam|ok"},
 		{op, "PUT", "/admin/ratelimit/group/u9", `{"group":"suspicious","reason":"watch"}`, 200, "ratelimit.set_group|user:u9 group=suspicious|watch|ok"},
 		{op, "POST", "/admin/ratelimit/whitelist/u9", `{"reason":"partner"}`, 200, "ratelimit.whitelist_add|user:u9|partner|ok"},
@@ -54,7 +58,9 @@ func TestAuditStream(t *testing.T) {
 		if e["who"] != "alice" || e["time"] != t0.Format(time.RFC3339Nano) {
 			t.Errorf("entry %v: who/time", e)
 		}
-		got = append(got, fmt.Sprintf("%v|%v|%v|%v", e["action"], e["target"], e["reason"], e["result"]))
+		// A batch's ID is random: the entry must name one.
+		target := batchID.ReplaceAllString(fmt.Sprint(e["target"]), "batch=*")
+		got = append(got, fmt.Sprintf("%v|%v|%v|%v", e["action"], target, e["reason"], e["result"]))
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("audit stream:\n got %q\nwant %q", got, want)
@@ -130,6 +136,49 @@ func TestAuditList(t *testing.T) {
 		if e.Who != "alice" || e.Action != "ratelimit.unblock" || e.Target != "user:"+u || e.Reason != "check "+u ||
 			e.Result != "ok" || e.Time != t0.Format(time.RFC3339Nano) || e.ID == "" {
 			t.Errorf("entry %d = %+v, want unblock of %s by alice", i, e, u)
+		}
+	}
+}
+
+// TestAuditListFiltered: who, action (or its prefix) and target filter the
+// audit page; a page that matches nothing more ends with no cursor.
+func TestAuditListFiltered(t *testing.T) {
+	f := newFixture(t)
+	writes := []struct{ path, body string }{
+		{"/admin/ratelimit/unblock/a1", `{"reason":"one"}`},
+		{"/admin/dlq/retry/m1", `{"reason":"two"}`},
+		{"/admin/ratelimit/unblock/a2", `{"reason":"three"}`},
+		{"/admin/ratelimit/block/a1", `{"reason":"four","duration":"1h"}`},
+	}
+	for _, w := range writes {
+		if r := f.do(t, op, "POST", w.path, w.body); r.status != 200 {
+			t.Fatalf("%s: %d %s", w.path, r.status, r.body)
+		}
+	}
+	for q, want := range map[string][]string{
+		"action=ratelimit.unblock":     {"three", "one"},
+		"action=ratelimit":             {"four", "three", "one"},
+		"action=dlq":                   {"two"},
+		"target=a1":                    {"four", "one"},
+		"who=alice&target=user:a2":     {"three"},
+		"who=bob":                      nil,
+		"action=ratelimit&limit=1":     {"four"},
+		"action=ratelimit.unb&limit=5": nil, // a prefix only at a dot
+	} {
+		r := f.do(t, vw, "GET", "/admin/audit?"+q, "")
+		var p auditPage
+		if err := json.Unmarshal(r.body, &p); err != nil || r.status != 200 {
+			t.Fatalf("%s: %d %s", q, r.status, r.body)
+		}
+		var got []string
+		for _, e := range p.Entries {
+			got = append(got, e.Reason)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: reasons %q, want %q", q, got, want)
+		}
+		if strings.HasSuffix(q, "limit=1") && p.NextCursor == "" {
+			t.Errorf("%s: a full page without a cursor", q)
 		}
 	}
 }

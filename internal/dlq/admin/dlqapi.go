@@ -1,7 +1,10 @@
 package admin
 
 import (
+	"cmp"
 	"net/http"
+	"slices"
+	"strings"
 )
 
 func (s *Server) dlqStats(w http.ResponseWriter, r *http.Request) {
@@ -100,14 +103,27 @@ type batchFilter struct {
 	All bool `json:"all"`
 }
 
-// countResponse answers batch writes; DryRun echoes a dry run (Count is
-// then what the write would have acted on).
-type countResponse struct {
-	Count  int  `json:"count"`
-	DryRun bool `json:"dry_run,omitempty"`
+// BatchPlan answers a batch write (kfpipectl reads it): what it selected and, unless it was a
+// dry run, the batch that now acts on it (GET /admin/dlq/batches/{id}).
+type BatchPlan struct {
+	DryRun bool   `json:"dry_run,omitempty"`
+	Action string `json:"action"`
+	// Count is how many letters the batch acts on: for a retry the
+	// selected ones but those already done.
+	Count    int `json:"count"`
+	Selected int `json:"selected"`
+	// AlreadyDone letters' messages are done in the dedup store: a retry
+	// skips them.
+	AlreadyDone int         `json:"already_done"`
+	Users       int         `json:"users"`
+	TopUsers    []UserCount `json:"top_users"`
+	Rate        int         `json:"rate"`
+	// Seconds is how long the batch takes at Rate.
+	Seconds float64 `json:"seconds"`
+	Batch   *Batch  `json:"batch,omitempty"`
 }
 
-func (s *Server) batchOp(r *http.Request, run func(*http.Request, DLQFilter) (int, error)) (writeOp, *apiError) {
+func (s *Server) batchOp(r *http.Request, action string) (writeOp, *apiError) {
 	var b batchBody
 	if e := decodeBody(r, &b); e != nil {
 		return writeOp{}, e
@@ -120,7 +136,7 @@ func (s *Server) batchOp(r *http.Request, run func(*http.Request, DLQFilter) (in
 		return writeOp{}, unprocessable("filter", `filter is required, e.g. {"filter": {"user": "u1"}}; {"filter": {"all": true}} selects everything`)
 	}
 	bf := *b.Filter
-	f := DLQFilter{User: bf.User, Reason: bf.Reason, Review: bf.Review, Limit: bf.Limit, DryRun: b.DryRun}
+	f := DLQFilter{User: bf.User, Reason: bf.Reason, Review: bf.Review, Limit: bf.Limit}
 	if e := s.checkFilter(f, http.StatusUnprocessableEntity); e != nil {
 		e.Field = "filter." + e.Field
 		return writeOp{}, e
@@ -135,9 +151,41 @@ func (s *Server) batchOp(r *http.Request, run func(*http.Request, DLQFilter) (in
 	if !empty && bf.All {
 		return writeOp{}, unprocessable("filter.all", "filter.all cannot be combined with user, reason or review")
 	}
-	return writeOp{target: filterTarget(f), reason: reason, dryRun: b.DryRun, do: func(r *http.Request) (any, error) {
-		n, err := run(r, f)
-		return countResponse{Count: n, DryRun: b.DryRun}, err
+	target := filterTarget(f)
+	if f.Limit == 0 {
+		f.Limit = maxBatchLimit
+	}
+	id := ""
+	if !b.DryRun {
+		id = s.batches.newID()
+		target += " batch=" + id
+	}
+	return writeOp{target: target, reason: reason, dryRun: b.DryRun, do: func(r *http.Request) (any, error) {
+		ls, err := s.dlq.Select(r.Context(), f, action == ActionRetry)
+		if err != nil {
+			return nil, err
+		}
+		plan := BatchPlan{DryRun: b.DryRun, Action: action, Selected: len(ls), Rate: s.cfg.BatchRate}
+		for _, l := range ls {
+			if l.Done && action == ActionRetry {
+				plan.AlreadyDone++
+			}
+		}
+		plan.Count = plan.Selected - plan.AlreadyDone
+		plan.TopUsers, plan.Users = topUsers(ls, 20)
+		plan.Seconds = float64(len(ls)) / float64(s.cfg.BatchRate)
+		if b.DryRun || len(ls) == 0 {
+			return plan, nil
+		}
+		now := s.clock.Now()
+		bt := &Batch{ID: id, Action: action, Filter: strings.TrimSuffix(target, " batch="+id), Who: principalFrom(r.Context()).name, Reason: reason,
+			Rate: s.cfg.BatchRate, Total: len(ls), Users: plan.Users, State: BatchRunning, Created: now}
+		if err := s.batches.start(r.Context(), bt, ls); err != nil {
+			return nil, err
+		}
+		bt.Runner = s.batches.owner
+		plan.Batch = bt
+		return plan, nil
 	}}, nil
 }
 
@@ -167,9 +215,131 @@ func filterTarget(f DLQFilter) string {
 }
 
 func (s *Server) dlqBatchRetry(r *http.Request) (writeOp, *apiError) {
-	return s.batchOp(r, func(r *http.Request, f DLQFilter) (int, error) { return s.dlq.BatchRetry(r.Context(), f) })
+	return s.batchOp(r, ActionRetry)
 }
 
-func (s *Server) dlqPurge(r *http.Request) (writeOp, *apiError) {
-	return s.batchOp(r, func(r *http.Request, f DLQFilter) (int, error) { return s.dlq.Purge(r.Context(), f) })
+func (s *Server) dlqPurge(r *http.Request) (writeOp, *apiError) { return s.batchOp(r, ActionPurge) }
+
+// batchPage is the answer of GET /admin/dlq/batches.
+type batchPage struct {
+	Batches []Batch `json:"batches"`
+}
+
+func (s *Server) batchList(w http.ResponseWriter, r *http.Request) {
+	bs, err := s.batches.list(r.Context())
+	if e := s.storeError(err, "dlq.batches"); e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, batchPage{Batches: bs})
+}
+
+func (s *Server) batchGet(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if e := identifier("id", id, maxIDLen); e != nil {
+		writeError(w, e)
+		return
+	}
+	b, err := s.batches.get(r.Context(), id)
+	if e := s.storeError(err, "dlq.batch"); e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, b)
+}
+
+func (s *Server) batchCancel(r *http.Request) (writeOp, *apiError) {
+	id := r.PathValue("id")
+	if e := identifier("id", id, maxIDLen); e != nil {
+		return writeOp{}, e
+	}
+	var b reasonBody
+	if e := decodeBody(r, &b); e != nil {
+		return writeOp{}, e
+	}
+	reason, e := auditReason(b.Reason, r.URL.Query())
+	if e != nil {
+		return writeOp{}, e
+	}
+	return writeOp{target: "dlq:batch " + id, reason: reason, do: func(r *http.Request) (any, error) {
+		bt, err := s.batches.requestCancel(r.Context(), id, principalFrom(r.Context()).name)
+		if err != nil {
+			return nil, err
+		}
+		return bt, nil
+	}}, nil
+}
+
+// groupsResponse is the answer of GET /admin/dlq/groups: the letters a
+// filter selects, counted by reason and by user.
+type groupsResponse struct {
+	Total int `json:"total"`
+	// Truncated: more letters match than were counted (maxBatchLimit).
+	Truncated bool          `json:"truncated"`
+	Users     int           `json:"users"`
+	ByReason  []reasonGroup `json:"by_reason"`
+	// ByUser are the users with the most letters, most first.
+	ByUser []userGroup `json:"by_user"`
+}
+
+type reasonGroup struct {
+	Reason string `json:"reason"`
+	Count  int    `json:"count"`
+	Users  int    `json:"users"`
+}
+
+type userGroup struct {
+	User    string         `json:"user"`
+	Count   int            `json:"count"`
+	Reasons map[string]int `json:"reasons"`
+}
+
+// groupedUsers is how many users GET /admin/dlq/groups lists.
+const groupedUsers = 100
+
+func (s *Server) dlqGroups(w http.ResponseWriter, r *http.Request) {
+	f, e := s.queryFilter(r.URL.Query(), false)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	f.Limit = maxBatchLimit + 1
+	ls, err := s.dlq.Select(r.Context(), f, false)
+	if e := s.storeError(err, "dlq.groups"); e != nil {
+		writeError(w, e)
+		return
+	}
+	out := groupsResponse{ByReason: []reasonGroup{}, ByUser: []userGroup{}}
+	if len(ls) > maxBatchLimit {
+		ls, out.Truncated = ls[:maxBatchLimit], true
+	}
+	out.Total = len(ls)
+	byReason := map[string]map[string]bool{}
+	reasonCount := map[string]int{}
+	users := map[string]*userGroup{}
+	for _, l := range ls {
+		if byReason[l.Reason] == nil {
+			byReason[l.Reason] = map[string]bool{}
+		}
+		byReason[l.Reason][l.User] = true
+		reasonCount[l.Reason]++
+		u := users[l.User]
+		if u == nil {
+			u = &userGroup{User: l.User, Reasons: map[string]int{}}
+			users[l.User] = u
+		}
+		u.Count++
+		u.Reasons[l.Reason]++
+	}
+	for rsn, us := range byReason {
+		out.ByReason = append(out.ByReason, reasonGroup{Reason: rsn, Count: reasonCount[rsn], Users: len(us)})
+	}
+	slices.SortFunc(out.ByReason, func(a, b reasonGroup) int { return cmp.Or(b.Count-a.Count, strings.Compare(a.Reason, b.Reason)) })
+	for _, u := range users {
+		out.ByUser = append(out.ByUser, *u)
+	}
+	slices.SortFunc(out.ByUser, func(a, b userGroup) int { return cmp.Or(b.Count-a.Count, strings.Compare(a.User, b.User)) })
+	out.Users = len(out.ByUser)
+	out.ByUser = out.ByUser[:min(len(out.ByUser), groupedUsers)]
+	writeJSON(w, http.StatusOK, out)
 }

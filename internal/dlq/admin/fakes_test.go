@@ -17,13 +17,14 @@ import (
 type memDLQ struct {
 	mu      sync.Mutex
 	now     time.Time
-	msgs    []*DLQMessage // newest first
-	retried []string      // IDs passed to Retry successfully, in order
-	fail    error         // returned by every call when set
+	msgs    []*DLQMessage   // newest first
+	retried []string        // IDs passed to Retry successfully, in order
+	fail    error           // returned by every call when set
+	done    map[string]bool // IDs whose message is done in the dedup store
 }
 
 func newMemDLQ(now time.Time, msgs ...DLQMessage) *memDLQ {
-	d := &memDLQ{now: now}
+	d := &memDLQ{now: now, done: map[string]bool{}}
 	for i := range msgs {
 		m := msgs[i]
 		d.msgs = append(d.msgs, &m)
@@ -140,46 +141,76 @@ func (d *memDLQ) Retry(_ context.Context, id string) error {
 	return d.retryLocked(m)
 }
 
-func (d *memDLQ) BatchRetry(_ context.Context, f DLQFilter) (int, error) {
+// Select returns the matching letters in source order; a letter's Key is
+// its ID, and Done says whether the test marked it done.
+func (d *memDLQ) Select(_ context.Context, f DLQFilter, forRetry bool) ([]Letter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fail != nil {
-		return 0, d.fail
+		return nil, d.fail
 	}
-	n := 0
+	var sel []*DLQMessage
 	for _, m := range d.msgs {
-		if f.DryRun {
-			if d.match(f, m) && d.checkRetry(m) == nil {
-				if n++; n == f.Limit {
-					break
-				}
-			}
-			continue
+		if f.Limit > 0 && len(sel) >= f.Limit {
+			break
 		}
-		if d.match(f, m) && d.retryLocked(m) == nil {
-			if n++; n == f.Limit {
-				break
-			}
+		if d.match(f, m) && (!forRetry || d.checkRetry(m) == nil) {
+			sel = append(sel, m)
 		}
 	}
-	return n, nil
+	slices.SortStableFunc(sel, func(a, b *DLQMessage) int {
+		if a.SourcePartition != b.SourcePartition {
+			return int(a.SourcePartition - b.SourcePartition)
+		}
+		return int(a.SourceOffset - b.SourceOffset)
+	})
+	out := make([]Letter, len(sel))
+	for i, m := range sel {
+		out[i] = Letter{ID: m.ID, User: m.User, Reason: m.Reason, Key: m.ID, Done: forRetry && d.done[m.ID]}
+	}
+	return out, nil
 }
 
-func (d *memDLQ) Purge(_ context.Context, f DLQFilter) (int, error) {
+func (d *memDLQ) RetryLetters(_ context.Context, ls []Letter, from, since time.Time) ([]Outcome, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fail != nil {
-		return 0, d.fail
+		return nil, d.fail
 	}
-	n := 0
-	d.msgs = slices.DeleteFunc(d.msgs, func(m *DLQMessage) bool {
-		if (f.Limit == 0 || n < f.Limit) && d.match(f, m) {
-			n++
-			return !f.DryRun
+	outs := make([]Outcome, len(ls))
+	for i, l := range ls {
+		m := d.find(l.ID)
+		switch {
+		case m == nil || m.Reason == "invalid_message":
+			outs[i] = OutcomeGone
+		case m.State == "due" && !m.NextRetryTime.After(from):
+			outs[i] = OutcomeActed // due by now (retried by a run that was cut short)
+		case d.done[l.Key]:
+			outs[i] = OutcomeDone
+		default:
+			at := from.Add(time.Duration(i) * time.Millisecond)
+			m.State, m.NextRetryTime = "due", &at
+			d.retried = append(d.retried, m.ID)
 		}
-		return false
-	})
-	return n, nil
+	}
+	return outs, nil
+}
+
+func (d *memDLQ) PurgeLetters(_ context.Context, ls []Letter) ([]Outcome, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return nil, d.fail
+	}
+	outs := make([]Outcome, len(ls))
+	for i, l := range ls {
+		n := len(d.msgs)
+		d.msgs = slices.DeleteFunc(d.msgs, func(m *DLQMessage) bool { return m.ID == l.ID })
+		if len(d.msgs) == n {
+			outs[i] = OutcomeGone
+		}
+	}
+	return outs, nil
 }
 
 func (d *memDLQ) Export(ctx context.Context, f DLQFilter, fn func(DLQMessage) error) error {

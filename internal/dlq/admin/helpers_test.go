@@ -68,6 +68,7 @@ func newFixtureWith(t *testing.T, p Pipeline) *fixture {
 		t.Fatal(err)
 	}
 	f.srv = srv
+	t.Cleanup(func() { _ = srv.Close() })
 	f.http = httptest.NewServer(srv)
 	t.Cleanup(f.http.Close)
 	return f
@@ -141,4 +142,29 @@ func newHTTPServer(t *testing.T, h http.Handler) *httptest.Server {
 	s := httptest.NewServer(h)
 	t.Cleanup(s.Close)
 	return s
+}
+
+// waitBatch waits for the batch a batch write answered r with to end, and
+// returns it as GET /admin/dlq/batches/{id} shows it.
+func (f *fixture) waitBatch(t *testing.T, r response) Batch {
+	t.Helper()
+	var plan BatchPlan
+	if err := json.Unmarshal(r.body, &plan); err != nil || plan.Batch == nil {
+		t.Fatalf("answer %s has no batch (%v)", r.body, err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got := f.do(t, "Bearer "+viewerToken, "GET", "/admin/dlq/batches/"+plan.Batch.ID, "")
+		var b Batch
+		if err := json.Unmarshal(got.body, &b); err != nil || got.status != 200 {
+			t.Fatalf("GET batch: %d %s", got.status, got.body)
+		}
+		if b.State != BatchRunning {
+			return b
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("batch still running after 15s: %+v", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

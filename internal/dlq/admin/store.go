@@ -25,12 +25,19 @@ type DLQStore interface {
 	Get(ctx context.Context, id string) (DLQMessage, error)
 	// Retry schedules the message for a retry now.
 	Retry(ctx context.Context, id string) error
-	// BatchRetry schedules up to f.Limit (0: all) matching messages now
-	// and returns how many.
-	BatchRetry(ctx context.Context, f DLQFilter) (int, error)
-	// Purge deletes up to f.Limit (0: all) matching messages from the
-	// index and returns how many.
-	Purge(ctx context.Context, f DLQFilter) (int, error)
+	// Select returns every letter f selects (Cursor ignored), up to
+	// f.Limit (0: all), in their messages' order (source partition and
+	// offset: each user's order). With forRetry only letters a retry may
+	// act on (not invalid_message, not already due now), each with Done
+	// set when the dedup store holds its message as processed.
+	Select(ctx context.Context, f DLQFilter, forRetry bool) ([]Letter, error)
+	// RetryLetters schedules ls for a retry, ls[i] due at from + i ms,
+	// and says what became of each. A letter retried or scheduled since
+	// `since` counts as OutcomeActed (a batch resumed after a crash acts
+	// on no letter twice); one whose message is now done is skipped.
+	RetryLetters(ctx context.Context, ls []Letter, from, since time.Time) ([]Outcome, error)
+	// PurgeLetters deletes ls from the index.
+	PurgeLetters(ctx context.Context, ls []Letter) ([]Outcome, error)
 	// Export calls fn for every message matching f (Cursor and Limit
 	// ignored), stopping at the first error fn returns.
 	Export(ctx context.Context, f DLQFilter, fn func(DLQMessage) error) error
@@ -38,6 +45,32 @@ type DLQStore interface {
 	// each of n buckets of step ending at to, oldest first.
 	Inflow(ctx context.Context, to time.Time, step time.Duration, n int) (map[string][]int64, error)
 }
+
+// Letter is one dead letter a batch acts on.
+type Letter struct {
+	ID     string `json:"id"`
+	User   string `json:"user"`
+	Reason string `json:"reason"`
+	// Key is the store's own handle on the letter (e.g. its message's
+	// dedup key), kept with the batch so a resumed batch needs no lookup.
+	Key string `json:"key,omitempty"`
+	// Done: the dedup store holds the letter's message as processed.
+	Done bool `json:"done,omitempty"`
+}
+
+// Outcome is what a batch did with one letter.
+type Outcome uint8
+
+// Outcomes of RetryLetters and PurgeLetters.
+const (
+	// OutcomeActed: retried (scheduled now) or purged.
+	OutcomeActed Outcome = iota
+	// OutcomeDone: skipped, its message is done in the dedup store.
+	OutcomeDone
+	// OutcomeGone: no longer there (purged, expired) or no longer
+	// retryable; nothing done.
+	OutcomeGone
+)
 
 // Pipeline is what the overview shows beyond the DLQ. Each method's error
 // is shown in the overview next to the part it concerns; the rest still
@@ -121,9 +154,6 @@ type DLQFilter struct {
 	Review *bool  // true: only in manual review; false: only not in review
 	Cursor string
 	Limit  int
-	// DryRun makes BatchRetry and Purge return how many messages they
-	// would act on, without acting.
-	DryRun bool
 }
 
 // DLQMessage is one dead letter as the API shows it.
@@ -158,6 +188,25 @@ type RateLimitStatus struct {
 	Blocked      bool       `json:"blocked"`
 	BlockedUntil *time.Time `json:"blocked_until,omitempty"`
 	Permanent    bool       `json:"permanent"`
+	// Rule is the user's group's rule (none for the whitelist).
+	Rule *RateRule `json:"rule,omitempty"`
+	// BlockHistory are the automatic blocks the progressive penalty
+	// remembers, oldest first.
+	BlockHistory []time.Time `json:"block_history,omitempty"`
+	// RecentLetters counts the user's dead letters of the last hour by
+	// reason (rate_limited ones are the limiter's refusals). The sliding
+	// window and the violation count live in each schedule-consumer's
+	// memory and are not shown.
+	RecentLetters map[string]int `json:"recent_letters,omitempty"`
+}
+
+// RateRule is a rate-limit group's rule: at most MaxMessages in any
+// WindowSeconds; PenaltyThreshold refusals block the user for BlockHours.
+type RateRule struct {
+	WindowSeconds    float64 `json:"window_seconds"`
+	MaxMessages      int     `json:"max_messages"`
+	PenaltyThreshold int     `json:"penalty_threshold"`
+	BlockHours       float64 `json:"block_hours"`
 }
 
 // BlockedUser is one entry of the blocked list.

@@ -1,0 +1,176 @@
+package admin
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+	"go.uber.org/zap/zaptest"
+)
+
+// batchFixture serves n letters of 10 users (user i%10, source offsets in
+// order) on rdb under prefix, batches at rate letters a second.
+func batchFixture(t *testing.T, d *memDLQ, rate int, prefix string) *fixture {
+	t.Helper()
+	rdb, p := testenv.Redis(t)
+	if prefix == "" {
+		prefix = p
+	}
+	f := &fixture{dlq: d, rl: newMemRL(t0), rdb: rdb, prefix: prefix}
+	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 2048, Prefix: prefix, Clock: testenv.NewClock(t0), BatchRate: rate},
+		f.dlq, f.rl, rdb, zaptest.NewLogger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv = srv
+	t.Cleanup(func() { _ = srv.Close() })
+	f.http = httptest.NewServer(srv)
+	t.Cleanup(f.http.Close)
+	return f
+}
+
+func reviewLetters(n int) *memDLQ {
+	var msgs []DLQMessage
+	for i := range n {
+		msgs = append(msgs, DLQMessage{ID: fmt.Sprintf("m%04d", i), User: fmt.Sprintf("u%d", i%10), Reason: "downstream_error",
+			State: "review", FailureTime: t0, SourceOffset: int64(i)})
+	}
+	slices.Reverse(msgs) // newest first, as the index lists them
+	return newMemDLQ(t0, msgs...)
+}
+
+func plan(t *testing.T, r response) BatchPlan {
+	t.Helper()
+	if r.status != 200 {
+		t.Fatalf("batch write: %d %s", r.status, r.body)
+	}
+	var p BatchPlan
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestBatchRetryDryRunMatchesTheBatch: the dry run counts the letters,
+// their users and those already done; the batch then retries exactly the
+// counted ones, skips the done ones, in their messages' order, and says so
+// in its progress.
+func TestBatchRetryDryRunMatchesTheBatch(t *testing.T) {
+	d := reviewLetters(300)
+	for i := 0; i < 300; i += 7 {
+		d.done[fmt.Sprintf("m%04d", i)] = true
+	}
+	f := batchFixture(t, d, 1000, "")
+	op := "Bearer " + operatorToken
+	dry := plan(t, f.do(t, op, "POST", "/admin/dlq/batch-retry", `{"filter":{"review":true},"reason":"fixed","dry_run":true}`))
+	if dry.Selected != 300 || dry.AlreadyDone != 43 || dry.Count != 257 || dry.Users != 10 || len(dry.TopUsers) != 10 || dry.Batch != nil {
+		t.Fatalf("dry run %+v, want 300 selected, 43 done, 257 to retry, 10 users, no batch", dry)
+	}
+	if ids := d.retriedIDs(); len(ids) != 0 {
+		t.Fatalf("dry run retried %d letters", len(ids))
+	}
+	r := f.do(t, op, "POST", "/admin/dlq/batch-retry", `{"filter":{"review":true},"reason":"fixed"}`)
+	if p := plan(t, r); p.Count != dry.Count || p.Batch == nil || p.Batch.Total != 300 {
+		t.Fatalf("batch answer %+v, want count %d and a batch of 300", p, dry.Count)
+	}
+	b := f.waitBatch(t, r)
+	if b.State != BatchDone || b.Acted != dry.Count || b.SkippedDone != dry.AlreadyDone || b.Position != 300 || b.Who != "alice" {
+		t.Fatalf("batch ended %+v, want done, %d retried, %d skipped", b, dry.Count, dry.AlreadyDone)
+	}
+	ids := d.retriedIDs()
+	if len(ids) != dry.Count {
+		t.Fatalf("%d letters retried, the dry run said %d", len(ids), dry.Count)
+	}
+	if !slices.IsSorted(ids) {
+		t.Errorf("letters retried out of their messages' order: %v…", ids[:10])
+	}
+	for _, id := range ids {
+		if d.done[id] {
+			t.Errorf("letter %s retried though its message is done", id)
+		}
+	}
+}
+
+// TestBatchIsPacedAndCancellable: at 50 letters a second a batch of 200
+// is still running after half a second with about 25 done; a cancel stops
+// it there, and nothing more is retried afterwards.
+func TestBatchIsPacedAndCancellable(t *testing.T) {
+	d := reviewLetters(200)
+	f := batchFixture(t, d, 50, "")
+	op := "Bearer " + operatorToken
+	r := f.do(t, op, "POST", "/admin/dlq/batch-retry", `{"filter":{"review":true},"reason":"slowly"}`)
+	id := plan(t, r).Batch.ID
+	time.Sleep(500 * time.Millisecond)
+	if n := len(d.retriedIDs()); n < 5 || n > 60 {
+		t.Fatalf("%d letters retried in 0.5 s at 50/s", n)
+	}
+	if c := f.do(t, op, "POST", "/admin/dlq/batches/"+id+"/cancel", `{"reason":"wrong filter"}`); c.status != 200 {
+		t.Fatalf("cancel: %d %s", c.status, c.body)
+	}
+	b := f.waitBatch(t, r)
+	if b.State != BatchCancelled || b.CancelledBy != "alice" || b.Acted >= 200 {
+		t.Fatalf("batch %+v, want cancelled by alice midway", b)
+	}
+	n := len(d.retriedIDs())
+	time.Sleep(300 * time.Millisecond)
+	if m := len(d.retriedIDs()); m != n || m != b.Acted {
+		t.Fatalf("retried %d at the cancel, %d later, batch says %d", n, m, b.Acted)
+	}
+	if c := f.do(t, op, "POST", "/admin/dlq/batches/"+id+"/cancel", `{"reason":"again"}`); c.status != 409 {
+		t.Fatalf("cancelling an ended batch: %d, want 409", c.status)
+	}
+	if c := f.do(t, "Bearer "+viewerToken, "POST", "/admin/dlq/batches/"+id+"/cancel", `{"reason":"x"}`); c.status != 403 {
+		t.Fatalf("viewer cancel: %d, want 403", c.status)
+	}
+	var list batchPage
+	if err := json.Unmarshal(f.do(t, "Bearer "+viewerToken, "GET", "/admin/dlq/batches", "").body, &list); err != nil || len(list.Batches) != 1 || list.Batches[0].ID != id {
+		t.Fatalf("batch list %+v (%v)", list, err)
+	}
+}
+
+// TestBatchResumedByAnotherServer: the server running a batch closes
+// midway; another one on the same Redis takes it over and finishes it,
+// retrying every letter exactly once.
+func TestBatchResumedByAnotherServer(t *testing.T) {
+	d := reviewLetters(150)
+	a := batchFixture(t, d, 100, "")
+	b := batchFixture(t, d, 100, a.prefix)
+	r := a.do(t, "Bearer "+operatorToken, "POST", "/admin/dlq/batch-retry", `{"filter":{"review":true},"reason":"resume"}`)
+	plan(t, r)
+	time.Sleep(400 * time.Millisecond)
+	_ = a.srv.Close()
+	at := len(d.retriedIDs())
+	if at == 0 || at >= 150 {
+		t.Fatalf("%d letters retried when the first server closed: want midway", at)
+	}
+	got := b.waitBatch(t, r)
+	if got.State != BatchDone || got.Acted != 150 {
+		t.Fatalf("batch %+v, want done with 150 retried", got)
+	}
+	ids := d.retriedIDs()
+	if len(ids) != 150 || !slices.IsSorted(ids) || len(slices.Compact(slices.Clone(ids))) != 150 {
+		t.Fatalf("%d retries (first at %d): want each of 150 once, in order", len(ids), at)
+	}
+}
+
+// TestGroups counts a selection by reason and by user.
+func TestGroups(t *testing.T) {
+	f := newFixture(t)
+	r := f.do(t, "Bearer "+viewerToken, "GET", "/admin/dlq/groups", "")
+	var g groupsResponse
+	if err := json.Unmarshal(r.body, &g); err != nil || r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if g.Total != 4 || g.Users != 3 || g.ByUser[0].User != "u1" || g.ByUser[0].Count != 2 || g.ByReason[0].Reason != "rate_limited" || g.ByReason[0].Users != 2 {
+		t.Fatalf("groups %+v", g)
+	}
+	r = f.do(t, "Bearer "+viewerToken, "GET", "/admin/dlq/groups?review=true", "")
+	g = groupsResponse{}
+	if err := json.Unmarshal(r.body, &g); err != nil || g.Total != 2 || g.Users != 2 {
+		t.Fatalf("groups in review: %s", r.body)
+	}
+}
