@@ -1,0 +1,236 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/once"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestBatchRetryOf10000Letters: 10,000 dead letters of 500 users (20
+// each) on a real dlq-consumer, 1,000 of them already processed according
+// to the dedup store. The console's dry run counts 9,000 to retry, 1,000
+// done, 500 users; the batch then runs at admin.batch_rate, and the main
+// topic (read back whole) holds each of the 9,000 exactly once, none of
+// the 1,000, and every user's letters in the order of their messages.
+func TestBatchRetryOf10000Letters(t *testing.T) {
+	const users, perUser, rate = 500, 20, 1000
+	const total = users * perUser
+	testenv.KafkaBrokers(t)
+	rdb, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cfg, err := config.LoadDLQConsumer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
+	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	cfg.Admin.Addr = testenv.FreeAddr(t)
+	cfg.Admin.BatchRate = rate
+	// Retries an hour away: only the operator's batch re-injects.
+	cfg.Recovery.BaseDelay, cfg.Recovery.MaxDelay = time.Hour, 2*time.Hour
+	base, err := daemon.Start(ctx, "dlq-consumer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = base.Close(context.Background()) })
+	d, err := StartDLQ(ctx, cfg, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
+		defer c()
+		if err := d.Close(sctx); err != nil {
+			t.Errorf("dlq-consumer close: %v", err)
+		}
+	})
+
+	// The letters, as a schedule-consumer would write them: user u's
+	// messages are source offsets u, u+500, …
+	pdlq := cfg.DLQ
+	pdlq.EmergencyFile = t.TempDir() + "/feeder-emergency.jsonl"
+	p, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: cfg.Kafka, DLQ: pdlq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, total)
+	for i := range total {
+		user := fmt.Sprintf("bu-%03d", i%users)
+		b, err := chatmsg.Encode(&chatmsg.ChatMessage{MessageID: int64(i), UpstreamMsgID: fmt.Sprintf("up-%05d", i), OpenKfID: "wk-batch",
+			ExternalUserID: user, MsgType: "text", SendTime: time.Now().Unix(), Content: []byte(`{"text":{"content":"hi"}}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dl := dlq.New(dlq.Source{Topic: mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte(user), Value: b},
+			dlq.ReasonDownstreamError, "test failure", time.Now())
+		p.Send(dl, func(err error) { sent <- err })
+	}
+	for range total {
+		if err := <-sent; err != nil {
+			t.Fatalf("send dead letter: %v", err)
+		}
+	}
+	sctx, c := context.WithTimeout(ctx, 20*time.Second)
+	_ = p.Close(sctx)
+	c()
+	waitFor(t, time.Minute, "every letter indexed", func() bool {
+		st, err := d.Index.Stats(ctx)
+		return err == nil && st.Total == total
+	})
+
+	// Every 10th message was processed after all (its dedup mark is done).
+	oc, err := once.New(ctx, "test", once.Config{Client: rdb, KeyPrefix: dedupPrefix(prefix)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = oc.Close() })
+	done := map[string]bool{}
+	for i := 0; i < total; i += 10 {
+		up := fmt.Sprintf("up-%05d", i)
+		m := chatmsg.ChatMessage{OpenKfID: "wk-batch", UpstreamMsgID: up}
+		if err := oc.Do(ctx, m.DedupKey(), time.Hour, func(context.Context) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		done[up] = true
+	}
+
+	post := func(body string) admin.BatchPlan {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.AdminURL+"/admin/dlq/batch-retry", bytes.NewBufferString(body))
+		req.Header.Set("Authorization", "Bearer test-operator-token-01")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("batch-retry: %s %s", resp.Status, data)
+		}
+		var plan admin.BatchPlan
+		if err := json.Unmarshal(data, &plan); err != nil {
+			t.Fatal(err)
+		}
+		return plan
+	}
+	dry := post(`{"filter":{"all":true},"reason":"outage over","dry_run":true}`)
+	if dry.Selected != total || dry.AlreadyDone != len(done) || dry.Count != total-len(done) || dry.Users != users {
+		t.Fatalf("dry run: %d selected, %d already done, %d to retry, %d users; want %d, %d, %d, %d",
+			dry.Selected, dry.AlreadyDone, dry.Count, dry.Users, total, len(done), total-len(done), users)
+	}
+	plan := post(`{"filter":{"all":true},"reason":"outage over"}`)
+	if plan.Batch == nil || plan.Count != dry.Count {
+		t.Fatalf("batch answer %+v, want the dry run's count %d", plan, dry.Count)
+	}
+	var b admin.Batch
+	waitFor(t, 2*time.Minute, "the batch to end", func() bool {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.AdminURL+"/admin/dlq/batches/"+plan.Batch.ID, nil)
+		req.Header.Set("Authorization", "Bearer test-viewer-token-0001")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return json.NewDecoder(resp.Body).Decode(&b) == nil && b.State != admin.BatchRunning
+	})
+	took := b.Finished.Sub(b.Created)
+	t.Logf("batch: %d retried, %d skipped (done), %d gone in %s at %d/s", b.Acted, b.SkippedDone, b.Gone, took, rate)
+	if b.State != admin.BatchDone || b.Acted != dry.Count || b.SkippedDone != dry.AlreadyDone || b.Gone != 0 {
+		t.Fatalf("batch ended %+v; the dry run said %d to retry, %d done", b, dry.Count, dry.AlreadyDone)
+	}
+	// Paced: it may not run faster than the rate (a second's burst aside).
+	if minimum := time.Duration(float64(total-rate) / rate * float64(time.Second)); took < minimum {
+		t.Errorf("batch of %d took %s at %d/s: faster than the rate allows (%s)", total, took, rate, minimum)
+	}
+
+	// The main topic: each retried letter once, in each user's order.
+	seen := map[string]int{}
+	last := map[string]int64{}
+	reordered := 0
+	readTopic(t, mainTopic, time.Minute, func() bool { return len(seen) >= dry.Count }, func(m *chatmsg.ChatMessage) {
+		seen[m.UpstreamMsgID]++
+		if prev, ok := last[m.ExternalUserID]; ok && m.MessageID < prev {
+			reordered++
+		}
+		last[m.ExternalUserID] = m.MessageID
+	})
+	dups, missing, doneRetried := 0, 0, 0
+	for i := range total {
+		up := fmt.Sprintf("up-%05d", i)
+		n := seen[up]
+		switch {
+		case done[up] && n > 0:
+			doneRetried++
+		case !done[up] && n == 0:
+			missing++
+		case n > 1:
+			dups += n - 1
+		}
+	}
+	t.Logf("main topic: %d re-injected, %d missing, %d twice, %d already done re-injected, %d out of order", len(seen), missing, dups, doneRetried, reordered)
+	if missing+dups+doneRetried+reordered != 0 {
+		t.Fatalf("re-injection: missing=%d dup=%d done_reinjected=%d reordered=%d", missing, dups, doneRetried, reordered)
+	}
+}
+
+// readTopic reads topic from the start, calling fn for every message,
+// until enough holds and then 2 s pass with nothing new, or timeout.
+func readTopic(t *testing.T, topic string, timeout time.Duration, enough func() bool, fn func(*chatmsg.ChatMessage)) {
+	t.Helper()
+	kc, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t),
+		"group.id": testenv.Name(t, "reader"), "auto.offset.reset": "earliest", "enable.auto.commit": false,
+		"isolation.level": "read_committed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	if err := kc.Subscribe(topic, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(timeout)
+	quiet := time.Time{}
+	for time.Now().Before(deadline) {
+		ev := kc.Poll(200)
+		m, ok := ev.(*kafka.Message)
+		if !ok {
+			if enough() {
+				if quiet.IsZero() {
+					quiet = time.Now()
+				} else if time.Since(quiet) > 2*time.Second {
+					return
+				}
+			}
+			continue
+		}
+		quiet = time.Time{}
+		cm, err := chatmsg.Decode(m.Value)
+		if err != nil {
+			t.Fatalf("main topic record at %v: %v", m.TopicPartition, err)
+		}
+		fn(cm)
+	}
+	if !enough() {
+		t.Fatalf("main topic: not enough read in %s", timeout)
+	}
+}
