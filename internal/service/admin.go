@@ -30,7 +30,7 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ) (*admin.Se
 		ac.Reasons = append(ac.Reasons, string(r))
 	}
 	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
-		topic: cfg.Kafka.Topics.Main.Name, group: cfg.Admin.ConsumerGroup}
+		topic: cfg.Kafka.Topics.Main.Name, group: cfg.Admin.ConsumerGroup, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}
 	srv, err := admin.New(ac, dlqStore{x: d.Index, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}, rateLimitAdmin{a: d.Admin, x: d.Index}, base.Redis, base.Log, base.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
@@ -373,10 +373,16 @@ func (s dlqStore) Inflow(ctx context.Context, to time.Time, step time.Duration, 
 // (the accounts' sync horizon, in Redis) and the schedule-consumers' lag
 // (the group's offsets, from Kafka).
 type pipelineView struct {
-	state *producer.RedisState
-	kafka *kafka.AdminClient
-	topic string
-	group string
+	state  *producer.RedisState
+	kafka  *kafka.AdminClient
+	topic  string
+	group  string
+	rdb    redis.UniversalClient
+	prefix string
+}
+
+func (p pipelineView) Consumers(ctx context.Context) ([]admin.ConsumerStatus, error) {
+	return consumerStatuses(ctx, p.rdb, p.prefix)
 }
 
 func (p pipelineView) Accounts(ctx context.Context) ([]admin.AccountSync, error) {

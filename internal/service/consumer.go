@@ -111,6 +111,10 @@ type Consumer struct {
 	// watchDone is closed when it returned.
 	stopWatch context.CancelFunc
 	watchDone chan struct{}
+	// stopStatus ends the status publisher; statusDone is closed when it
+	// returned.
+	stopStatus context.CancelFunc
+	statusDone chan struct{}
 }
 
 // StartConsumer starts the schedule-consumer's parts on base's clients
@@ -180,6 +184,12 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 			watchRedis(wctx, redisconn.Ping(base.Redis), time.Second, after, s.C.SetStandby)
 		}()
 	}
+	sctx, stop := context.WithCancel(context.Background())
+	s.stopStatus, s.statusDone = stop, make(chan struct{})
+	go func() {
+		defer close(s.statusDone)
+		publishNodeStatus(sctx, base.Redis, prefix, base.Registry, log)
+	}()
 	return s, nil
 }
 
@@ -225,6 +235,10 @@ func (s *Consumer) Close(ctx context.Context) error {
 	if s.stopWatch != nil {
 		s.stopWatch()
 		<-s.watchDone
+	}
+	if s.stopStatus != nil {
+		s.stopStatus()
+		<-s.statusDone
 	}
 	if s.C != nil {
 		errs = append(errs, s.C.Close(ctx))

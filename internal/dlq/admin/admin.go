@@ -117,6 +117,7 @@ type Server struct {
 	routes  []string
 	m       metrics
 	batches *batches
+	commits commitAges
 }
 
 // New returns the admin server. rdb holds the audit stream; dlq and rl must
@@ -145,6 +146,7 @@ func New(cfg Config, dlq DLQStore, rl RateLimitAdmin, rdb redis.UniversalClient,
 	s.batches = newBatches(s)
 	s.register()
 	s.batches.wg.Go(s.batches.resumeLoop)
+	s.batches.wg.Go(s.sampleCommits)
 	return s, nil
 }
 

@@ -383,10 +383,27 @@ func (d *memDLQ) Inflow(_ context.Context, to time.Time, step time.Duration, n i
 
 // memPipeline is a Pipeline with fixed answers (or errors).
 type memPipeline struct {
-	accounts []AccountSync
-	lag      []PartitionLag
-	lagErr   error
+	mu        sync.Mutex
+	accounts  []AccountSync
+	lag       []PartitionLag
+	lagErr    error
+	consumers []ConsumerStatus
 }
 
 func (p *memPipeline) Accounts(context.Context) ([]AccountSync, error) { return p.accounts, nil }
-func (p *memPipeline) Lag(context.Context) ([]PartitionLag, error)     { return p.lag, p.lagErr }
+
+func (p *memPipeline) Lag(context.Context) ([]PartitionLag, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.lag), p.lagErr
+}
+
+func (p *memPipeline) Consumers(context.Context) ([]ConsumerStatus, error) {
+	return slices.Clone(p.consumers), nil
+}
+
+func (p *memPipeline) setLag(lag []PartitionLag, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lag, p.lagErr = lag, err
+}

@@ -2,6 +2,9 @@ package admin
 
 import (
 	"net/http"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -18,7 +21,70 @@ const (
 	// The DLQ inflow chart: the last hour in 5-minute buckets.
 	inflowStep    = 5 * time.Minute
 	inflowBuckets = 12
+	// consumerStale: schedule-consumers publish every 10 s.
+	consumerStale = 30 * time.Second
+	// commitSample is how often the server reads the group's offsets to
+	// know how long each partition's commit has not moved.
+	commitSample = 15 * time.Second
 )
+
+// commitAges remembers, per partition, the committed offset last seen and
+// since when it has not moved.
+type commitAges struct {
+	mu    sync.Mutex
+	first time.Time // the first sample
+	seen  map[int32]commitMark
+}
+
+type commitMark struct {
+	offset int64
+	since  time.Time
+}
+
+// observe records lag's committed offsets at now and fills in each
+// partition's commit age.
+func (c *commitAges) observe(lag []PartitionLag, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen == nil {
+		c.seen, c.first = map[int32]commitMark{}, now
+	}
+	for i := range lag {
+		pl := &lag[i]
+		m, ok := c.seen[pl.Partition]
+		if !ok || m.offset != pl.Committed {
+			m = commitMark{offset: pl.Committed, since: now}
+			if !ok {
+				m.since = c.first
+			}
+			c.seen[pl.Partition] = m
+		}
+		age := int64(now.Sub(m.since) / time.Second)
+		pl.CommitAgeSeconds = &age
+		pl.CommitAgeAtLeast = m.since.Equal(c.first)
+	}
+}
+
+// sampleCommits reads the group's offsets every commitSample until the
+// server closes, so commit ages are known before anyone opens the console.
+func (s *Server) sampleCommits() {
+	p := s.cfg.Pipeline
+	if p == nil {
+		return
+	}
+	tick := time.NewTicker(commitSample)
+	defer tick.Stop()
+	for {
+		if lag, err := p.Lag(s.batches.ctx); err == nil {
+			s.commits.observe(lag, s.clock.Now().UTC())
+		}
+		select {
+		case <-s.batches.ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
 
 // accountView is one account in the overview.
 type accountView struct {
@@ -60,12 +126,18 @@ type overviewResponse struct {
 	// BlockedUsers counts the users blocked now, up to 10000.
 	BlockedUsers       int  `json:"blocked_users"`
 	BlockedUsersCapped bool `json:"blocked_users_capped"`
+	// Consumers are the schedule-consumers' published statuses; Actors
+	// and OpenBreakers sum the fresh ones.
+	Consumers      []ConsumerStatus `json:"consumers"`
+	ConsumersError string           `json:"consumers_error,omitempty"`
+	Actors         int              `json:"actors"`
+	OpenBreakers   int              `json:"open_breakers"`
 }
 
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := s.clock.Now().UTC()
-	o := overviewResponse{Time: now, Accounts: []accountView{}, Partitions: []PartitionLag{},
+	o := overviewResponse{Time: now, Accounts: []accountView{}, Partitions: []PartitionLag{}, Consumers: []ConsumerStatus{},
 		Inflow: inflowView{To: now, StepSeconds: int64(inflowStep / time.Second), ByReason: map[string][]int64{}}}
 	st, err := s.dlq.Stats(ctx)
 	if e := s.storeError(err, "overview.dlq"); e != nil {
@@ -93,9 +165,24 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 				o.Accounts = append(o.Accounts, gradeAccount(a, now))
 			}
 		}
+		if cs, err := p.Consumers(ctx); err != nil {
+			o.ConsumersError = err.Error()
+		} else {
+			slices.SortFunc(cs, func(a, b ConsumerStatus) int { return strings.Compare(a.Node, b.Node) })
+			for i := range cs {
+				if now.Sub(cs[i].Reported) > consumerStale {
+					cs[i].Stale = true
+					continue
+				}
+				o.Actors += cs[i].Actors
+				o.OpenBreakers += cs[i].OpenBreakers
+			}
+			o.Consumers = cs
+		}
 		if lag, err := p.Lag(ctx); err != nil {
 			o.LagError = err.Error()
 		} else {
+			s.commits.observe(lag, now)
 			o.Partitions = lag
 			for _, pl := range lag {
 				o.LagTotal += pl.Lag
@@ -106,6 +193,7 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	} else {
 		o.AccountsError = "not available: the admin API was started without the pipeline's view"
 		o.LagError = o.AccountsError
+		o.ConsumersError = o.AccountsError
 	}
 	writeJSON(w, http.StatusOK, o)
 }

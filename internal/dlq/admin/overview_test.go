@@ -22,6 +22,9 @@ func TestOverview(t *testing.T) {
 			{OpenKfID: "wk-stale", LastSuccess: at(-time.Hour), Reported: t0.Add(-2 * time.Minute)},
 		},
 		lag: []PartitionLag{{Partition: 0, End: 100, Committed: 90, Lag: 10}, {Partition: 1, End: 5, Committed: -1, Lag: 5}},
+		consumers: []ConsumerStatus{{Node: "c1", Actors: 30, OpenBreakers: 1, Partitions: 6, Reported: t0.Add(-5 * time.Second)},
+			{Node: "c2", Actors: 12, OpenBreakers: 2, Partitions: 6, Reported: t0},
+			{Node: "c0-gone", Actors: 99, OpenBreakers: 9, Reported: t0.Add(-time.Minute)}},
 	}
 	f := newFixtureWith(t, p)
 	r := f.do(t, "Bearer "+viewerToken, http.MethodGet, "/admin/overview", "")
@@ -66,8 +69,17 @@ func TestOverview(t *testing.T) {
 		t.Errorf("blocked %d total %d errors %q %q", o.BlockedUsers, o.DLQ.Total, o.AccountsError, o.LagError)
 	}
 
+	if o.Actors != 42 || o.OpenBreakers != 3 || len(o.Consumers) != 3 || !o.Consumers[0].Stale || o.Consumers[1].Stale {
+		t.Errorf("actors %d breakers %d consumers %+v, want 42 3 and c0-gone stale", o.Actors, o.OpenBreakers, o.Consumers)
+	}
+	for _, pl := range o.Partitions {
+		if pl.CommitAgeSeconds == nil || !pl.CommitAgeAtLeast {
+			t.Errorf("partition %d: commit age %v at least %v, want known since the first sample", pl.Partition, pl.CommitAgeSeconds, pl.CommitAgeAtLeast)
+		}
+	}
+
 	// Kafka unreachable: the lag says why, the rest answers.
-	p.lagErr = errors.New("kafka: all brokers down")
+	p.setLag(p.lag, errors.New("kafka: all brokers down"))
 	r = f.do(t, "Bearer "+viewerToken, http.MethodGet, "/admin/overview", "")
 	o = overviewResponse{}
 	if err := json.Unmarshal(r.body, &o); err != nil || r.status != http.StatusOK {
@@ -78,5 +90,29 @@ func TestOverview(t *testing.T) {
 	}
 	if r := f.do(t, "", http.MethodGet, "/admin/overview", ""); r.status != http.StatusUnauthorized {
 		t.Errorf("anonymous overview: %d", r.status)
+	}
+}
+
+// TestCommitAge: a partition's commit age counts from the sample where its
+// committed offset last moved; one that never moved is "at least" since the
+// first sample.
+func TestCommitAge(t *testing.T) {
+	var c commitAges
+	lag := func(committed ...int64) []PartitionLag {
+		var out []PartitionLag
+		for i, o := range committed {
+			out = append(out, PartitionLag{Partition: int32(i), Committed: o})
+		}
+		return out
+	}
+	c.observe(lag(10, 20), t0)
+	c.observe(lag(11, 20), t0.Add(15*time.Second))
+	got := lag(11, 20)
+	c.observe(got, t0.Add(40*time.Second))
+	if *got[0].CommitAgeSeconds != 25 || got[0].CommitAgeAtLeast {
+		t.Errorf("moved partition: age %d at least %v, want 25 false", *got[0].CommitAgeSeconds, got[0].CommitAgeAtLeast)
+	}
+	if *got[1].CommitAgeSeconds != 40 || !got[1].CommitAgeAtLeast {
+		t.Errorf("still partition: age %d at least %v, want 40 true", *got[1].CommitAgeSeconds, got[1].CommitAgeAtLeast)
 	}
 }

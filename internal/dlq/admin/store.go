@@ -81,6 +81,21 @@ type Pipeline interface {
 	// Lag returns the schedule-consumers' group's offsets on the main
 	// topic, per partition.
 	Lag(ctx context.Context) ([]PartitionLag, error)
+	// Consumers returns the statuses the schedule-consumers published.
+	Consumers(ctx context.Context) ([]ConsumerStatus, error)
+}
+
+// ConsumerStatus is what one schedule-consumer process published of
+// itself (its actors and breakers live in its memory).
+type ConsumerStatus struct {
+	Node         string    `json:"node"`
+	Actors       int       `json:"actors"`
+	OpenBreakers int       `json:"open_breakers"`
+	Partitions   int       `json:"partitions"`
+	Reported     time.Time `json:"reported"`
+	// Stale: not reported for three intervals (stopped, or lost Redis);
+	// set by the overview, not counted in its totals.
+	Stale bool `json:"stale,omitempty"`
 }
 
 // AccountSync is one open_kfid's sync as kf-producer published it.
@@ -104,6 +119,11 @@ type PartitionLag struct {
 	// Committed is -1 when the group has committed nothing there.
 	Committed int64 `json:"committed_offset"`
 	Lag       int64 `json:"lag"`
+	// CommitAgeSeconds is how long the committed offset has not moved, as
+	// the admin server has seen it (it samples every 15 s); with
+	// CommitAgeAtLeast it has not moved since the server's first sample.
+	CommitAgeSeconds *int64 `json:"commit_age_seconds,omitempty"`
+	CommitAgeAtLeast bool   `json:"commit_age_at_least,omitempty"`
 }
 
 // RateLimitAdmin is the rate limiter's operator interface (unblock, groups,

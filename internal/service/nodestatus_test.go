@@ -1,0 +1,41 @@
+package service
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestConsumerStatusPublished: a schedule-consumer's status (actors, open
+// breakers, partitions, from its own gauges) reaches the Redis hash the
+// overview reads, and is removed when the consumer stops.
+func TestConsumerStatusPublished(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	reg := prometheus.NewRegistry()
+	for name, v := range map[string]float64{"kfpipe_active_processors": 17, "kfpipe_circuit_breakers_open": 2, "kfpipe_consumer_partitions_assigned": 6} {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: name})
+		g.Set(v)
+		reg.MustRegister(g)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		publishNodeStatus(ctx, rdb, prefix, reg, zaptest.NewLogger(t))
+	}()
+	waitFor(t, 5*time.Second, "the status published", func() bool {
+		st, err := consumerStatuses(context.Background(), rdb, prefix)
+		return err == nil && len(st) == 1 && st[0].Actors == 17 && st[0].OpenBreakers == 2 && st[0].Partitions == 6 &&
+			st[0].Node == nodeName() && time.Since(st[0].Reported) < 5*time.Second
+	})
+	cancel()
+	<-done
+	if st, err := consumerStatuses(context.Background(), rdb, prefix); err != nil || len(st) != 0 {
+		t.Fatalf("after the stop: %+v %v, want none", st, err)
+	}
+}
