@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -117,5 +118,110 @@ func TestConsoleInBrowser(t *testing.T) {
 	want := []string{"alice dlq.retry dlq:m4 retried from the browser test", "alice ratelimit.unblock user:bad1 appeal accepted"}
 	if !slices.Equal(got, want) {
 		t.Errorf("audit %q, want %q", got, want)
+	}
+}
+
+// TestConsoleBatchRetryAndViewer: in the browser, an operator's "Retry all
+// matching" shows the dry run (letters, users, already done) before asking
+// for the reason; the batch then retries exactly the dry run's count, its
+// progress ends "done" in the Batches card; the grouped view, the rate-limit
+// lookup and the filtered audit log show what they should. A viewer then
+// sees no write control at all, and the API refuses the viewer's write
+// from the same page anyway.
+func TestConsoleBatchRetryAndViewer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("browser test skipped in -short mode")
+	}
+	d := reviewLetters(120)
+	for i := 0; i < 120; i += 10 {
+		d.done[fmt.Sprintf("m%04d", i)] = true
+	}
+	f := batchFixture(t, d, 200, "")
+	f.rl.block["bad2"] = time.Hour
+	bctx := testenv.Browser(t, 60*time.Second)
+	poll := func(what, expr string) { t.Helper(); testenv.PollJS(t, bctx, what, expr, 15*time.Second) }
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(bctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	login := func(token string) {
+		t.Helper()
+		do("log in",
+			chromedp.Navigate(f.http.URL+"/admin/ui/"),
+			chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), token),
+			chromedp.Click(chromedp.CSS("#login-btn")),
+			chromedp.WaitVisible(chromedp.CSS("#app")),
+		)
+	}
+	login(operatorToken)
+	poll("operator identity", `document.querySelector('#whoami').textContent === "alice (operator)"`)
+	do("select the letters in review",
+		chromedp.SetValue(chromedp.CSS("#f-review"), "true"),
+		chromedp.Click(chromedp.CSS("#f-apply")),
+		chromedp.Click(chromedp.CSS("#groups summary")),
+	)
+	poll("grouped by user", `document.querySelectorAll('#groups-user tbody tr').length === 10
+		&& document.querySelector('#groups-user tr[data-user="u3"] td:nth-child(2)')?.textContent === "12"
+		&& document.querySelector('#groups-reason tr[data-reason="downstream_error"] td:nth-child(2)')?.textContent === "120"`)
+	do("retry all matching: the dry run first", chromedp.Click(chromedp.CSS("#batch-retry")), chromedp.WaitVisible(chromedp.CSS("#dry-run")))
+	count, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#dry-run p').dataset.count`))
+	if err != nil || count != "108" {
+		t.Fatalf("dry run count %q (%v), want 108 (120 selected, 12 done)", count, err)
+	}
+	text, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#dry-run').textContent`))
+	if !strings.Contains(text, "of 10 user(s)") || !strings.Contains(text, "12 more selected are done already") {
+		t.Errorf("dry run says %q", text)
+	}
+	if n := len(d.retriedIDs()); n != 0 {
+		t.Fatalf("the dry run retried %d letters", n)
+	}
+	do("confirm with a reason",
+		chromedp.SendKeys(chromedp.CSS("#reason-text"), "downstream fixed"),
+		chromedp.Click(chromedp.CSS("#reason-ok")),
+	)
+	poll("batch done with the dry run's count", `(() => { const r = document.querySelector('#batches tbody tr');
+		return r && r.dataset.state === "done" && r.querySelector('.acted').textContent === "108"; })()`)
+	if n := len(d.retriedIDs()); n != 108 {
+		t.Errorf("store retried %d letters, the dry run said 108", n)
+	}
+
+	do("look up a user's rate limit",
+		chromedp.SendKeys(chromedp.CSS("#rl-user"), "bad2"),
+		chromedp.Click(chromedp.CSS("#rl-lookup")),
+	)
+	poll("rate-limit status", `document.querySelector('#rl-status tr[data-key="Blocked"] td:nth-child(2)')?.textContent.startsWith("until")`)
+	do("filter the audit log",
+		chromedp.SendKeys(chromedp.CSS("#a-action"), "dlq.batch_retry"),
+		chromedp.Click(chromedp.CSS("#a-apply")),
+	)
+	poll("audit filtered", `(() => { const rows = [...document.querySelectorAll('#audit tbody tr')];
+		return rows.length === 2 && rows.every((r) => r.children[2].textContent === "dlq.batch_retry")
+			&& rows.some((r) => r.children[4].textContent === "downstream fixed"); })()`)
+
+	// A viewer: no write control shown (there are many on the page), and
+	// the API refuses a write sent from the page anyway.
+	do("log out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#token")))
+	login(viewerToken)
+	poll("viewer identity", `document.querySelector('#whoami').textContent === "bob (viewer)"
+		&& document.querySelectorAll('#messages tbody tr').length > 0 && document.querySelectorAll('#batches tbody tr').length > 0`)
+	do("open the rate-limit lookup", chromedp.SendKeys(chromedp.CSS("#rl-user"), "bad2"), chromedp.Click(chromedp.CSS("#rl-lookup")))
+	poll("viewer sees the lookup", `document.querySelector('#rl-result').hidden === false`)
+	n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('.write').length`))
+	if err != nil || n < 8 {
+		t.Fatalf("%d write controls on the page (%v): the check would prove nothing", n, err)
+	}
+	visible, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('.write')]
+		.filter((e) => e.offsetParent !== null || e.getClientRects().length > 0).map((e) => e.id || e.className)`))
+	if err != nil || len(visible) != 0 {
+		t.Errorf("write controls visible to a viewer: %v (%v)", visible, err)
+	}
+	status, err := chromedp.Run(bctx, chromedp.Evaluate[int](`fetch("/admin/dlq/batch-retry", {method: "POST",
+		headers: {"Authorization": "Bearer " + sessionStorage.getItem("kfpipe-admin-token"), "Content-Type": "application/json"},
+		body: JSON.stringify({filter: {all: true}, reason: "viewer tries"})}).then((r) => r.status)`, chromedp.EvalAwaitPromise))
+	if err != nil || status != 403 {
+		t.Errorf("viewer's batch retry from the page: %d (%v), want 403", status, err)
 	}
 }

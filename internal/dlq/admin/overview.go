@@ -177,7 +177,9 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 				o.Actors += cs[i].Actors
 				o.OpenBreakers += cs[i].OpenBreakers
 			}
-			o.Consumers = cs
+			if cs != nil {
+				o.Consumers = cs
+			}
 		}
 		if lag, err := p.Lag(ctx); err != nil {
 			o.LagError = err.Error()

@@ -63,11 +63,12 @@ function button(label, cls, onClick) {
 
 // askReason opens the reason dialog and resolves with the text, or null
 // when cancelled.
-function askReason(title, warning) {
+function askReason(title, warning, plan) {
   return new Promise((resolve) => {
     const dlg = $("reason-dialog");
     $("reason-title").textContent = title;
     $("reason-warning").textContent = warning || "";
+    $("reason-plan").replaceChildren(...(plan ? [plan] : []));
     $("reason-text").value = "";
     const done = (value) => {
       $("reason-form").removeEventListener("submit", onSubmit);
@@ -175,6 +176,8 @@ async function loadOverview() {
   $("ov-review").textContent = String(o.dlq.review);
   $("ov-due").textContent = String(o.dlq.due_now);
   $("ov-blocked").textContent = o.blocked_users + (o.blocked_users_capped ? "+" : "");
+  $("ov-actors").textContent = o.consumers_error ? "?" : String(o.actors);
+  $("ov-breakers").textContent = o.consumers_error ? "?" : String(o.open_breakers);
   if (lastOverview && !o.lag_error && !lastOverview.lag_error) {
     const dt = (now - new Date(lastOverview.time)) / 1000;
     if (dt > 0) {
@@ -215,8 +218,32 @@ async function loadOverview() {
     cell(tr, p.end_offset);
     cell(tr, p.committed_offset < 0 ? "none" : p.committed_offset);
     cell(tr, p.lag);
+    const age = p.commit_age_seconds == null ? "" :
+      (p.commit_age_at_least ? "≥ " : "") + duration(p.commit_age_seconds) + (p.lag === 0 ? " (idle)" : "");
+    const ac = cell(tr, age);
+    if (p.lag > 0 && p.commit_age_seconds >= 60) ac.className = "state-warning";
     pb.appendChild(tr);
   });
+
+  $("ov-consumers-error").textContent = o.consumers_error || "";
+  const cb = $("consumers").querySelector("tbody");
+  cb.replaceChildren();
+  o.consumers.forEach((c) => {
+    const tr = document.createElement("tr");
+    cell(tr, c.node);
+    cell(tr, c.partitions);
+    cell(tr, c.actors);
+    const br = cell(tr, c.open_breakers);
+    if (c.open_breakers > 0) br.className = "state-warning";
+    const rep = cell(tr, ago(c.reported, now) + (c.stale ? " (stale)" : ""));
+    if (c.stale) rep.className = "state-stale";
+    cb.appendChild(tr);
+  });
+  if (!o.consumers.length && !o.consumers_error) {
+    const tr = document.createElement("tr");
+    cell(tr, "no schedule-consumer has reported (they publish every 10 s)").colSpan = 5;
+    cb.appendChild(tr);
+  }
 
   $("ov-inflow-error").textContent = o.inflow_error || "";
   $("ov-inflow").textContent = String(inflowChart(o.inflow));
@@ -286,12 +313,60 @@ async function loadMessages(append) {
     cell(tr, m.retry_count);
     const td = cell(tr, "");
     td.appendChild(button("Details", "detail-btn", () => showDetail(m.id, tr).catch(fail)));
-    td.appendChild(button("Retry", "retry-btn", () => retryOne(m.id).catch(fail)));
+    td.appendChild(button("Retry", "retry-btn write", () => retryOne(m.id).catch(fail)));
     tb.appendChild(tr);
   });
   nextCursor = page.next_cursor;
   $("more").hidden = !nextCursor;
   say(`${tb.children.length} message(s) shown`);
+  if ($("groups").open) await loadGroups();
+}
+
+async function loadGroups() {
+  const g = await api("GET", "/admin/dlq/groups?" + filterQuery(filter()).toString());
+  $("groups-summary").textContent = `${g.total}${g.truncated ? "+" : ""} letter(s) of ${g.users} user(s)` +
+    (g.users > g.by_user.length ? ` — the ${g.by_user.length} with the most shown` : "");
+  const rb = $("groups-reason").querySelector("tbody");
+  rb.replaceChildren();
+  g.by_reason.forEach((r) => {
+    const tr = document.createElement("tr");
+    tr.dataset.reason = r.reason;
+    const a = cell(tr, "");
+    a.appendChild(button(r.reason, "link", () => { $("f-reason").value = r.reason; loadMessages(false).catch(fail); }));
+    cell(tr, r.count);
+    cell(tr, r.users);
+    rb.appendChild(tr);
+  });
+  const ub = $("groups-user").querySelector("tbody");
+  ub.replaceChildren();
+  g.by_user.forEach((u) => {
+    const tr = document.createElement("tr");
+    tr.dataset.user = u.user;
+    const a = cell(tr, "");
+    a.appendChild(button(u.user, "link", () => { $("f-user").value = u.user; loadMessages(false).catch(fail); }));
+    cell(tr, u.count);
+    cell(tr, Object.entries(u.reasons).map(([r, n]) => `${r} ${n}`).join(", "));
+    ub.appendChild(tr);
+  });
+}
+
+// auditRows fills a table body with audit entries.
+function auditRows(tb, entries, withTarget) {
+  entries.forEach((e) => {
+    const tr = document.createElement("tr");
+    cell(tr, e.time ? new Date(e.time).toLocaleString() : "");
+    cell(tr, e.who);
+    cell(tr, e.action);
+    if (withTarget) cell(tr, e.target);
+    cell(tr, e.reason);
+    cell(tr, e.result);
+    tb.appendChild(tr);
+  });
+  if (!entries.length) {
+    const tr = document.createElement("tr");
+    cell(tr, "no entries").colSpan = withTarget ? 6 : 5;
+    tb.appendChild(tr);
+  }
 }
 
 async function showDetail(id, tr) {
@@ -301,6 +376,10 @@ async function showDetail(id, tr) {
   $("detail-id").textContent = id;
   $("detail-body").textContent = JSON.stringify(m, null, 2);
   $("detail").hidden = false;
+  const a = await api("GET", "/admin/audit?limit=50&target=" + encodeURIComponent("dlq:" + id));
+  const tb = $("detail-audit").querySelector("tbody");
+  tb.replaceChildren();
+  auditRows(tb, a.entries, false);
 }
 
 async function retryOne(id) {
@@ -312,19 +391,102 @@ async function retryOne(id) {
   say("Retry scheduled for " + id);
 }
 
+// batch shows the dry run of a batch retry or purge (how many letters,
+// which users, how many are done already), asks for the reason, and
+// starts the batch; its progress is in the Batches card.
 async function batch(kind) {
   const f = filter();
   const empty = Object.keys(f).length === 0;
   if (empty) f.all = true;
   const what = kind === "purge" ? "Purge" : "Retry";
+  const path = kind === "purge" ? "/admin/dlq/purge" : "/admin/dlq/batch-retry";
+  const dry = await api("POST", path, { filter: f, reason: "console: dry run before " + kind, dry_run: true });
+  if (dry.count === 0) {
+    say(`${what}: nothing to do — ${dry.selected} letter(s) selected, ${dry.already_done} already done`);
+    return;
+  }
+  const plan = document.createElement("div");
+  plan.id = "dry-run";
+  const p = document.createElement("p");
+  p.dataset.count = dry.count;
+  p.textContent = `${what} ${dry.count} letter(s) of ${dry.users} user(s)` +
+    (dry.already_done ? `; ${dry.already_done} more selected are done already and will be skipped` : "") +
+    ` — about ${duration(dry.seconds)} at ${dry.rate} a second, each user's letters in order.`;
+  plan.appendChild(p);
+  const t = document.createElement("table");
+  t.className = "compact";
+  dry.top_users.forEach((u) => {
+    const tr = document.createElement("tr");
+    cell(tr, u.user);
+    cell(tr, u.count);
+    t.appendChild(tr);
+  });
+  plan.appendChild(t);
   const warning = empty ? "No filter is set: this applies to EVERY message in the DLQ." :
     "Applies to every message matching: " + filterQuery(f).toString();
-  const reason = await askReason(what + " all matching messages", warning);
+  const reason = await askReason(what + " all matching messages", warning, plan);
   if (reason === null) return;
-  const path = kind === "purge" ? "/admin/dlq/purge" : "/admin/dlq/batch-retry";
   const res = await api("POST", path, { filter: f, reason });
-  await Promise.all([loadMessages(false), loadStats()]);
-  say(`${what}: ${res.count} message(s)`);
+  say(res.batch ? `${what}: batch ${res.batch.id} started for ${res.batch.total} letter(s)` : `${what}: nothing to do`);
+  await loadBatches();
+}
+
+let batchTimer = null;
+
+async function loadBatches() {
+  const page = await api("GET", "/admin/dlq/batches");
+  const tb = $("batches").querySelector("tbody");
+  tb.replaceChildren();
+  let running = false;
+  page.batches.forEach((b) => {
+    const tr = document.createElement("tr");
+    tr.dataset.id = b.id;
+    tr.dataset.state = b.state;
+    cell(tr, new Date(b.created).toLocaleString());
+    cell(tr, b.action);
+    cell(tr, b.filter.replace(/^dlq:filter /, ""));
+    cell(tr, `${b.who}: ${b.reason}`);
+    const pc = cell(tr, "");
+    const bar = document.createElement("progress");
+    bar.max = Math.max(1, b.total);
+    bar.value = b.position;
+    pc.appendChild(bar);
+    pc.appendChild(document.createTextNode(` ${b.position}/${b.total}`));
+    cell(tr, b.acted).className = "acted";
+    cell(tr, b.skipped_done);
+    cell(tr, b.gone);
+    let state = b.state;
+    if (b.state === "running" && !b.runner) state = "waiting to be resumed";
+    if (b.state === "cancelled") state += " by " + b.cancelled_by;
+    const sc = cell(tr, state + (b.error ? " — " + b.error : ""));
+    sc.className = "state";
+    const td = cell(tr, "");
+    if (b.state === "running") {
+      running = true;
+      td.appendChild(button("Cancel", "cancel-btn write", () => cancelBatch(b.id).catch(fail)));
+    }
+    tb.appendChild(tr);
+  });
+  if (!page.batches.length) {
+    const tr = document.createElement("tr");
+    cell(tr, "no batch yet").colSpan = 10;
+    tb.appendChild(tr);
+  }
+  clearTimeout(batchTimer);
+  batchTimer = null;
+  if (running && !$("app").hidden) {
+    batchTimer = setTimeout(() => loadBatches().catch(fail), 1000);
+  } else {
+    await Promise.all([loadStats(), loadMessages(false)]);
+  }
+}
+
+async function cancelBatch(id) {
+  const reason = await askReason("Cancel batch " + id, "Letters it acted on stay retried (or purged); the rest are left as they are.");
+  if (reason === null) return;
+  await api("POST", "/admin/dlq/batches/" + encodeURIComponent(id) + "/cancel", { reason });
+  say("Cancel requested for batch " + id);
+  await loadBatches();
 }
 
 async function exportCSV(ev) {
@@ -354,7 +516,7 @@ async function loadBlocked() {
     cell(tr, u.user);
     cell(tr, u.permanent ? "permanent" : new Date(u.blocked_until).toLocaleString());
     const td = cell(tr, "");
-    td.appendChild(button("Unblock", "unblock-btn", () => unblock(u.user).catch(fail)));
+    td.appendChild(button("Unblock", "unblock-btn write", () => unblock(u.user).catch(fail)));
     tb.appendChild(tr);
   });
 }
@@ -367,11 +529,71 @@ async function unblock(user) {
   say("Unblocked " + user);
 }
 
+// ---- Rate limits -----------------------------------------------------
+
+let rlUser = "";
+
+async function lookupUser(user) {
+  rlUser = user;
+  const enc = encodeURIComponent(user);
+  const [st, audit] = await Promise.all([api("GET", "/admin/ratelimit/status/" + enc),
+    api("GET", "/admin/audit?limit=50&target=" + encodeURIComponent("user:" + user))]);
+  const tb = $("rl-status").querySelector("tbody");
+  tb.replaceChildren();
+  const row = (k, v) => { const tr = document.createElement("tr"); cell(tr, k); cell(tr, v); tr.dataset.key = k; tb.appendChild(tr); };
+  row("User", st.user);
+  row("Group", st.group);
+  if (st.rule) {
+    row("Rule", `at most ${st.rule.max_messages} in any ${st.rule.window_seconds} s; ` +
+      `${st.rule.penalty_threshold} refusals block for ${st.rule.block_hours} h`);
+  }
+  row("Blocked", st.blocked ? (st.permanent ? "permanently" : "until " + new Date(st.blocked_until).toLocaleString()) : "no");
+  row("Automatic blocks remembered", (st.block_history || []).map((t) => new Date(t).toLocaleString()).join(", ") || "none");
+  row("Dead letters, last hour", Object.entries(st.recent_letters || {}).map(([r, n]) => `${r} ${n}`).join(", ") || "none");
+  $("rl-group").value = st.group;
+  const ab = $("rl-audit").querySelector("tbody");
+  ab.replaceChildren();
+  auditRows(ab, audit.entries, false);
+  $("rl-result").hidden = false;
+}
+
+async function rlWrite(title, method, path, extra) {
+  const reason = await askReason(title + " " + rlUser);
+  if (reason === null) return;
+  await api(method, path + encodeURIComponent(rlUser), Object.assign({ reason }, extra || {}));
+  say(title + " " + rlUser + ": done");
+  await Promise.all([lookupUser(rlUser), loadBlocked()]);
+}
+
+// ---- Audit log -------------------------------------------------------
+
+let auditCursor = "";
+
+async function loadAudit(append) {
+  const q = new URLSearchParams({ limit: "50" });
+  for (const [k, id] of [["who", "a-who"], ["action", "a-action"], ["target", "a-target"]]) {
+    const v = $(id).value.trim();
+    if (v) q.set(k, v);
+  }
+  if (append && auditCursor) q.set("cursor", auditCursor);
+  const page = await api("GET", "/admin/audit?" + q.toString());
+  const tb = $("audit").querySelector("tbody");
+  if (!append) tb.replaceChildren();
+  auditRows(tb, page.entries, true);
+  auditCursor = page.next_cursor;
+  $("audit-more").hidden = !auditCursor;
+}
+
 async function start() {
   $("login").hidden = true;
   $("app").hidden = false;
   $("logout").hidden = false;
-  await Promise.all([loadOverview(), loadStats(), loadMessages(false), loadBlocked()]);
+  const me = await api("GET", "/admin/whoami");
+  // Viewers see no write controls (the API refuses their writes anyway).
+  document.body.classList.toggle("viewer", me.role !== "operator");
+  $("whoami").textContent = `${me.name} (${me.role})`;
+  $("nav").hidden = false;
+  await Promise.all([loadOverview(), loadStats(), loadMessages(false), loadBlocked(), loadBatches(), loadAudit(false)]);
   scheduleOverview();
 }
 
@@ -379,6 +601,11 @@ function logout(msg) {
   sessionStorage.removeItem(TOKEN_KEY);
   clearInterval(overviewTimer);
   overviewTimer = null;
+  clearTimeout(batchTimer);
+  batchTimer = null;
+  document.body.classList.remove("viewer");
+  $("nav").hidden = true;
+  $("whoami").textContent = "";
   lastOverview = null;
   $("app").hidden = true;
   $("logout").hidden = true;
@@ -412,5 +639,22 @@ document.addEventListener("DOMContentLoaded", () => {
   $("purge").addEventListener("click", () => batch("purge").catch(fail));
   $("export-csv").addEventListener("click", (ev) => exportCSV(ev).catch(fail));
   $("detail-close").addEventListener("click", () => { $("detail").hidden = true; });
+  $("groups").addEventListener("toggle", () => { if ($("groups").open) loadGroups().catch(fail); });
+  $("refresh-batches").addEventListener("click", () => loadBatches().catch(fail));
+  $("rl-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const u = $("rl-user").value.trim();
+    if (u) lookupUser(u).catch(fail);
+  });
+  $("rl-set-group").addEventListener("click", () =>
+    rlWrite("Change group of", "PUT", "/admin/ratelimit/group/", { group: $("rl-group").value.trim() }).catch(fail));
+  $("rl-block").addEventListener("click", () =>
+    rlWrite("Block", "POST", "/admin/ratelimit/block/", { duration: $("rl-block-for").value.trim() }).catch(fail));
+  $("rl-unblock").addEventListener("click", () => rlWrite("Unblock", "POST", "/admin/ratelimit/unblock/").catch(fail));
+  $("rl-whitelist").addEventListener("click", () => rlWrite("Whitelist", "POST", "/admin/ratelimit/whitelist/").catch(fail));
+  $("rl-unwhitelist").addEventListener("click", () =>
+    rlWrite("Remove from the whitelist", "DELETE", "/admin/ratelimit/whitelist/").catch(fail));
+  $("audit-form").addEventListener("submit", (ev) => { ev.preventDefault(); loadAudit(false).catch(fail); });
+  $("audit-more").addEventListener("click", () => loadAudit(true).catch(fail));
   if (token()) start().catch((err) => { if (err.status !== 401) fail(err); });
 });
