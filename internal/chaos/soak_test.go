@@ -5,7 +5,6 @@ package chaos
 import (
 	"context"
 	"encoding/csv"
-	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -81,15 +80,6 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak samples in %s", out)
 }
 
-// soakSample is one row of the soak's CSV.
-type soakSample struct {
-	at     time.Duration
-	values map[string]float64
-}
-
-// soakSeries are the sampled series, in CSV column order.
-var soakSeries = []string{"rss_mib", "heap_mib", "goroutines", "fds", "redis_mib", "redis_keys", "lag", "processed"}
-
 // sampleSoak reads every daemon's /metrics (summed over the consumers),
 // Redis INFO and the Sink.
 func sampleSoak(ctx context.Context, p *Pipeline, rdb *redis.Client, at time.Duration) soakSample {
@@ -156,65 +146,6 @@ func writeSoak(path string, samples []soakSample) error {
 		return err
 	}
 	return f.Close()
-}
-
-// judgeSoak fits each series after the warm-up and reports its slope per
-// hour; a series that drifts fails the soak.
-func judgeSoak(samples []soakSample, warm time.Duration, rate float64, rec *Report) {
-	var xs []float64
-	cols := map[string][]float64{}
-	for _, s := range samples {
-		if s.at < warm {
-			continue
-		}
-		xs = append(xs, s.at.Hours())
-		for _, c := range soakSeries {
-			cols[c] = append(cols[c], s.values[c])
-		}
-	}
-	if len(xs) < 6 {
-		rec.Problem("only %d samples after the warm-up: too short to judge", len(xs))
-		return
-	}
-	for _, c := range []string{"rss_mib", "heap_mib", "goroutines", "fds", "lag"} {
-		slope, mean := fit(xs, cols[c])
-		rec.Extra(c+"_mean", math.Round(mean*10)/10)
-		rec.Extra(c+"_slope_per_h", math.Round(slope*10)/10)
-		bound := 0.10 * math.Abs(mean)
-		if c == "goroutines" || c == "fds" {
-			bound = max(bound, 5)
-		}
-		if c == "lag" {
-			bound = max(bound, rate) // a second of messages an hour
-		}
-		// Growth is what leaks look like; a series that falls (goroutines
-		// of a finished burst, lag catching up) is not judged.
-		if slope > bound {
-			rec.Problem("%s grows by %.1f an hour after the warm-up (mean %.1f, bound %.1f)", c, slope, mean, bound)
-		}
-	}
-	redisSlope, _ := fit(xs, cols["redis_mib"])
-	procSlope, _ := fit(xs, cols["processed"])
-	if procSlope > 0 {
-		rec.Extra("redis_bytes_per_processed_message", math.Round(redisSlope*(1<<20)/procSlope))
-	}
-}
-
-// fit is the least-squares slope of ys over xs, and the mean of ys.
-func fit(xs, ys []float64) (slope, mean float64) {
-	n := float64(len(xs))
-	var sx, sy, sxx, sxy float64
-	for i := range xs {
-		sx += xs[i]
-		sy += ys[i]
-		sxx += xs[i] * xs[i]
-		sxy += xs[i] * ys[i]
-	}
-	d := n*sxx - sx*sx
-	if d == 0 {
-		return 0, sy / n
-	}
-	return (n*sxy - sx*sy) / d, sy / n
 }
 
 func envOr(k, def string) string {
