@@ -79,7 +79,7 @@ exits 0 (it answered), scripts read the status from --output json.`,
 
 func (a *app) auditCmd() *cobra.Command {
 	var limit int
-	var cursor string
+	var cursor, who, action, target string
 	cmd := &cobra.Command{
 		Use:   "audit",
 		Short: "The audit trail of admin writes, newest first (one page)",
@@ -89,7 +89,13 @@ func (a *app) auditCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			data, err := c.do(cmd.Context(), "GET", "/admin/audit", onePage(url.Values{}, limit, cursor), nil)
+			q := url.Values{}
+			for k, v := range map[string]string{"who": who, "action": action, "target": target} {
+				if v != "" {
+					q.Set(k, v)
+				}
+			}
+			data, err := c.do(cmd.Context(), "GET", "/admin/audit", onePage(q, limit, cursor), nil)
 			if err != nil {
 				return err
 			}
@@ -112,12 +118,26 @@ func (a *app) auditCmd() *cobra.Command {
 				return err
 			}
 			if page.NextCursor != "" {
-				fmt.Fprintf(a.errOut, "more: kfpipectl audit --cursor %s\n", page.NextCursor)
+				fmt.Fprintf(a.errOut, "more: kfpipectl audit%s --cursor %s\n", auditFlags(who, action, target), page.NextCursor)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().IntVar(&limit, "limit", 50, "page size (1-500)")
+	cmd.Flags().StringVar(&who, "who", "", "only this token name's entries")
+	cmd.Flags().StringVar(&action, "action", "", "only this action, or every action under a prefix (dlq, ratelimit)")
+	cmd.Flags().StringVar(&target, "target", "", "only entries whose target contains this (a letter ID, user:U, batch=ID)")
 	cmd.Flags().StringVar(&cursor, "cursor", "", "the next page's cursor from the previous call")
 	return cmd
+}
+
+// auditFlags repeats the audit filters for the next page's command line.
+func auditFlags(who, action, target string) string {
+	out := ""
+	for _, f := range [][2]string{{"who", who}, {"action", action}, {"target", target}} {
+		if f[1] != "" {
+			out += " --" + f[0] + " " + strconv.Quote(f[1])
+		}
+	}
+	return out
 }

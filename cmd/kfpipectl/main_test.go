@@ -335,6 +335,12 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	contains(t, viewer.must(0, "audit"), "WHO", "dlq.purge", "noise")
+	if r := viewer.must(0, "audit", "--action", "ratelimit"); strings.Contains(r.out, "dlq.") || !strings.Contains(r.out, "ratelimit.block") {
+		t.Errorf("audit --action ratelimit:\n%s", r.out)
+	}
+	if r := viewer.must(0, "audit", "--target", "batch="); strings.Count(r.out, "dlq.batch_retry") != 1 || strings.Contains(r.out, "ratelimit") {
+		t.Errorf("audit --target batch=:\n%s", r.out)
+	}
 
 	// Token and server handling.
 	tokFile := filepath.Join(t.TempDir(), "token")
