@@ -3,13 +3,11 @@ package admin
 import (
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"go.uber.org/zap/zaptest"
 )
 
 // batchFixture serves n letters of 10 users (user i%10, source offsets in
@@ -21,16 +19,7 @@ func batchFixture(t *testing.T, d *memDLQ, rate int, prefix string) *fixture {
 		prefix = p
 	}
 	f := &fixture{dlq: d, rl: newMemRL(t0), rdb: rdb, prefix: prefix}
-	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 2048, Prefix: prefix, Clock: testenv.NewClock(t0), BatchRate: rate},
-		f.dlq, f.rl, rdb, zaptest.NewLogger(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.srv = srv
-	t.Cleanup(func() { _ = srv.Close() })
-	f.http = httptest.NewServer(srv)
-	t.Cleanup(f.http.Close)
-	return f
+	return f.start(t, Config{BatchRate: rate})
 }
 
 func reviewLetters(n int) *memDLQ {

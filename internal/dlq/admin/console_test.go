@@ -38,13 +38,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	}
 
-	do("open console and log in",
-		chromedp.Navigate(f.http.URL+"/admin/ui/"),
-		chromedp.WaitVisible(chromedp.CSS("#token")),
-		chromedp.SendKeys(chromedp.CSS("#token"), operatorToken),
-		chromedp.Click(chromedp.CSS("#login-btn")),
-		chromedp.WaitVisible(chromedp.CSS("#app")),
-	)
+	do("open console and log in", consoleLogin(f.http.URL, operatorToken)...)
 	// The overview: the account 50 h behind is critical with 22 h left,
 	// the lag is summed, the chart has the last hour's reasons.
 	poll("overview accounts", `document.querySelector('#accounts tr[data-kf="wk-support"] td:nth-child(2)')?.textContent === "critical"
@@ -146,16 +140,7 @@ func TestConsoleBatchRetryAndViewer(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	login := func(token string) {
-		t.Helper()
-		do("log in",
-			chromedp.Navigate(f.http.URL+"/admin/ui/"),
-			chromedp.WaitVisible(chromedp.CSS("#token")),
-			chromedp.SendKeys(chromedp.CSS("#token"), token),
-			chromedp.Click(chromedp.CSS("#login-btn")),
-			chromedp.WaitVisible(chromedp.CSS("#app")),
-		)
-	}
+	login := func(token string) { t.Helper(); do("log in", consoleLogin(f.http.URL, token)...) }
 	login(operatorToken)
 	poll("operator identity", `document.querySelector('#whoami').textContent === "alice (operator)"`)
 	do("select the letters in review",
@@ -223,5 +208,16 @@ func TestConsoleBatchRetryAndViewer(t *testing.T) {
 		body: JSON.stringify({filter: {all: true}, reason: "viewer tries"})}).then((r) => r.status)`, chromedp.EvalAwaitPromise))
 	if err != nil || status != 403 {
 		t.Errorf("viewer's batch retry from the page: %d (%v), want 403", status, err)
+	}
+}
+
+// consoleLogin opens the console at base and logs in with token.
+func consoleLogin(base, token string) []chromedp.Action[chromedp.Void] {
+	return []chromedp.Action[chromedp.Void]{
+		chromedp.Navigate(base + "/admin/ui/"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Click(chromedp.CSS("#login-btn")),
+		chromedp.WaitVisible(chromedp.CSS("#app")),
 	}
 }

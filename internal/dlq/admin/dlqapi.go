@@ -66,16 +66,24 @@ type okResponse struct {
 	OK bool `json:"ok"`
 }
 
-func (s *Server) dlqRetry(r *http.Request) (writeOp, *apiError) {
-	id := r.PathValue("id")
-	if e := identifier("id", id, maxIDLen); e != nil {
-		return writeOp{}, e
+// pathAndReason reads a write's path value name (an identifier of at
+// most maxLen bytes) and the operator's reason (body {"reason": …} or
+// ?reason=).
+func pathAndReason(r *http.Request, name string, maxLen int) (value, reason string, e *apiError) {
+	value = r.PathValue(name)
+	if e := identifier(name, value, maxLen); e != nil {
+		return "", "", e
 	}
 	var b reasonBody
 	if e := decodeBody(r, &b); e != nil {
-		return writeOp{}, e
+		return "", "", e
 	}
-	reason, e := auditReason(b.Reason, r.URL.Query())
+	reason, e = auditReason(b.Reason, r.URL.Query())
+	return value, reason, e
+}
+
+func (s *Server) dlqRetry(r *http.Request) (writeOp, *apiError) {
+	id, reason, e := pathAndReason(r, "id", maxIDLen)
 	if e != nil {
 		return writeOp{}, e
 	}
@@ -249,15 +257,7 @@ func (s *Server) batchGet(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) batchCancel(r *http.Request) (writeOp, *apiError) {
-	id := r.PathValue("id")
-	if e := identifier("id", id, maxIDLen); e != nil {
-		return writeOp{}, e
-	}
-	var b reasonBody
-	if e := decodeBody(r, &b); e != nil {
-		return writeOp{}, e
-	}
-	reason, e := auditReason(b.Reason, r.URL.Query())
+	id, reason, e := pathAndReason(r, "id", maxIDLen)
 	if e != nil {
 		return writeOp{}, e
 	}

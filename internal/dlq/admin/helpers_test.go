@@ -62,8 +62,15 @@ func newFixtureWith(t *testing.T, p Pipeline) *fixture {
 	f := &fixture{dlq: newMemDLQ(t0, sampleMessages()...), rl: newMemRL(t0), rdb: rdb, prefix: prefix}
 	f.rl.block["bad1"] = 0
 	f.rl.block["bad2"] = time.Hour
-	srv, err := New(Config{Tokens: testTokens(), MaxBodyBytes: 2048, Prefix: prefix, Clock: testenv.NewClock(t0), Pipeline: p},
-		f.dlq, f.rl, rdb, zaptest.NewLogger(t), nil)
+	return f.start(t, Config{Pipeline: p})
+}
+
+// start serves f's stores on a real HTTP server with cfg, its tokens,
+// body limit, key prefix and clock filled in.
+func (f *fixture) start(t *testing.T, cfg Config) *fixture {
+	t.Helper()
+	cfg.Tokens, cfg.MaxBodyBytes, cfg.Prefix, cfg.Clock = testTokens(), 2048, f.prefix, testenv.NewClock(t0)
+	srv, err := New(cfg, f.dlq, f.rl, f.rdb, zaptest.NewLogger(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

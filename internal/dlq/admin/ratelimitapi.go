@@ -68,15 +68,7 @@ func (s *Server) rlBlocked(w http.ResponseWriter, r *http.Request) {
 
 // userOp is the shape of the per-user writes that take only a reason.
 func (s *Server) userOp(r *http.Request, run func(r *http.Request, user string) error) (writeOp, *apiError) {
-	user, e := s.pathUser(r)
-	if e != nil {
-		return writeOp{}, e
-	}
-	var b reasonBody
-	if e := decodeBody(r, &b); e != nil {
-		return writeOp{}, e
-	}
-	reason, e := auditReason(b.Reason, r.URL.Query())
+	user, reason, e := pathAndReason(r, "user", maxUserLen)
 	if e != nil {
 		return writeOp{}, e
 	}
