@@ -152,7 +152,8 @@ func (bs *batches) start(ctx context.Context, b *Batch, ls []Letter) error {
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("listing the batch: %w", err)
 	}
-	bs.launch(b)
+	run := *b // the runner's own copy: the caller answers with b
+	bs.launch(&run)
 	return nil
 }
 
@@ -300,10 +301,17 @@ func (bs *batches) step(ctx context.Context, b *Batch, n int) error {
 	switch b.Action {
 	case ActionRetry:
 		// Each letter due a millisecond after the one before it, across
-		// steps too: the scheduler re-injects them in this order.
+		// steps too: the scheduler re-injects them in this order. The due
+		// times are reserved (saved) before any letter gets one, so a
+		// runner resuming after a crash mid-step schedules after them and
+		// finds this step's letters due already (OutcomeActed, not
+		// scheduled again).
 		from := later(s.clock.Now(), b.NextDue)
-		outs, err = s.dlq.RetryLetters(ctx, ls, from, b.Created)
 		b.NextDue = from.Add(time.Duration(len(ls)) * time.Millisecond)
+		if err := bs.save(ctx, b); err != nil {
+			return err
+		}
+		outs, err = s.dlq.RetryLetters(ctx, ls, from, b.Created)
 	default:
 		outs, err = s.dlq.PurgeLetters(ctx, ls)
 	}
