@@ -26,10 +26,13 @@ type health struct {
 func (a *app) healthCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "health",
-		Short: "The on-call overview: DLQ counters, review backlog, blocked users",
-		Long: `The on-call overview from GET /admin/health. The status is "attention" when
-dead letters wait for manual review or are due for a retry now; the command still
-exits 0 (it answered), scripts read the status from --output json.`,
+		Short: "The on-call overview: DLQ counters, review backlog, blocked users, accounts, lag, consumers",
+		Long: `The on-call overview from GET /admin/health, then the console's overview
+(GET /admin/overview) as tables: every WeChat account against the 72-hour horizon,
+the main topic's partitions (lag, commit age), the schedule-consumers (actors, open
+breakers). The status is "attention" when dead letters wait for manual review or are
+due for a retry now; the command still exits 0 (it answered), scripts read the
+status from --output json (the health answer only).`,
 		Args: args(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.client()
@@ -72,9 +75,81 @@ exits 0 (it answered), scripts read the status from --output json.`,
 			for _, s := range h.Attention {
 				fmt.Fprintf(tw, "attention\t%s\n", s)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			data, err = c.do(cmd.Context(), "GET", "/admin/overview", nil, nil)
+			if err != nil {
+				return err
+			}
+			var o overview
+			if err := decode(data, &o); err != nil {
+				return err
+			}
+			return a.printOverview(o)
 		},
 	}
+}
+
+// overview is the part of GET /admin/overview health prints.
+type overview struct {
+	Accounts []struct {
+		OpenKfID           string     `json:"open_kfid"`
+		State              string     `json:"state"`
+		LastSuccess        *time.Time `json:"last_success"`
+		WaitingSeconds     int64      `json:"waiting_seconds"`
+		HorizonLeftSeconds *int64     `json:"horizon_left_seconds"`
+	} `json:"accounts"`
+	AccountsError  string                 `json:"accounts_error"`
+	Partitions     []admin.PartitionLag   `json:"partitions"`
+	LagError       string                 `json:"lag_error"`
+	Consumers      []admin.ConsumerStatus `json:"consumers"`
+	ConsumersError string                 `json:"consumers_error"`
+	Actors         int                    `json:"actors"`
+	OpenBreakers   int                    `json:"open_breakers"`
+}
+
+func (a *app) printOverview(o overview) error {
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "\nactive actors\t%d\nopen breakers\t%d\n", o.Actors, o.OpenBreakers)
+	fmt.Fprintln(tw, "\nACCOUNT\tSTATE\tLAST SYNC\tWAITING\tHORIZON LEFT")
+	for _, ac := range o.Accounts {
+		left := ""
+		if ac.HorizonLeftSeconds != nil {
+			left = (time.Duration(*ac.HorizonLeftSeconds) * time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", ac.OpenKfID, ac.State, fmtTime(ac.LastSuccess),
+			time.Duration(ac.WaitingSeconds)*time.Second, left)
+	}
+	if o.AccountsError != "" {
+		fmt.Fprintf(tw, "error\t%s\n", o.AccountsError)
+	}
+	fmt.Fprintln(tw, "\nPARTITION\tEND\tCOMMITTED\tLAG\tCOMMIT AGE")
+	for _, p := range o.Partitions {
+		age := ""
+		if p.CommitAgeSeconds != nil {
+			age = (time.Duration(*p.CommitAgeSeconds) * time.Second).String()
+			if p.CommitAgeAtLeast {
+				age = "≥ " + age
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\n", p.Partition, p.End, p.Committed, p.Lag, age)
+	}
+	if o.LagError != "" {
+		fmt.Fprintf(tw, "error\t%s\n", o.LagError)
+	}
+	fmt.Fprintln(tw, "\nCONSUMER\tPARTITIONS\tACTORS\tOPEN BREAKERS\tREPORTED")
+	for _, c := range o.Consumers {
+		rep := c.Reported.UTC().Format(time.RFC3339)
+		if c.Stale {
+			rep += " (stale)"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", c.Node, c.Partitions, c.Actors, c.OpenBreakers, rep)
+	}
+	if o.ConsumersError != "" {
+		fmt.Fprintf(tw, "error\t%s\n", o.ConsumersError)
+	}
+	return tw.Flush()
 }
 
 func (a *app) auditCmd() *cobra.Command {

@@ -179,7 +179,8 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	if h.Status != "attention" || h.ReviewBacklog != 1 || h.BlockedUsers != 0 {
 		t.Errorf("health %+v, want attention with 1 in review, 0 blocked", h)
 	}
-	contains(t, viewer.must(0, "health"), "status", "attention", "review backlog", "dlq rate_limited")
+	contains(t, viewer.must(0, "health"), "status", "attention", "review backlog", "dlq rate_limited",
+		"active actors", "ACCOUNT", "HORIZON LEFT", "PARTITION", "COMMIT AGE", "CONSUMER")
 
 	// dlq ls: table and JSON, filtered.
 	contains(t, viewer.must(0, "dlq", "ls"), "ID", a, b, c, dd, "invalid_message", "hello u2")
