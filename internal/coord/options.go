@@ -1,8 +1,7 @@
 package coord
 
 import (
-	"errors"
-	"fmt"
+	"github.com/kfpipe/kfpipe/internal/obs"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -60,28 +59,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	// Several Providers may share one registry: reuse what is there.
 	var err error
-	if m.resyncs, err = register(reg, m.resyncs); err != nil {
+	if m.resyncs, err = obs.RegisterShared(reg, m.resyncs); err != nil {
 		return nil, err
 	}
-	if m.restarts, err = register(reg, m.restarts); err != nil {
+	if m.restarts, err = obs.RegisterShared(reg, m.restarts); err != nil {
 		return nil, err
 	}
-	if m.lost, err = register(reg, m.lost); err != nil {
+	if m.lost, err = obs.RegisterShared(reg, m.lost); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("coord: register metrics: %w", err)
 }

@@ -202,13 +202,19 @@ return 1
 `)
 
 // moveScript puts an entry into due (ARGV[3]='due', score ARGV[4]) or
-// review (ARGV[3]='review'). ARGV: prefix, id, state, score_ms.
+// review (ARGV[3]='review'), unless ARGV[5] >= 0 and the entry's attempts
+// exceed it (a stale move: -1). Returns 0 for no entry, else 1 + the
+// entry's attempts. ARGV: prefix, id, state, score_ms, attempts seen
+// (-1: no check).
 var moveScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
 local mk = p .. 'dlq:msg:' .. id
-local h = redis.call('HMGET', mk, 's', 'r')
+local h = redis.call('HMGET', mk, 's', 'r', 'a')
 local st = h[1]
 if not st then return 0 end
+local seen = tonumber(ARGV[5])
+local a = tonumber(h[3] or '0')
+if seen >= 0 and a > seen then return -1 end
 if st == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
 if ARGV[3] == 'due' then
   redis.call('ZREM', p .. 'dlq:review', id)
@@ -220,7 +226,7 @@ else
   redis.call('ZADD', p .. 'dlq:review', failed, id)
   redis.call('HSET', mk, 's', 'review')
 end
-return 1
+return 1 + a
 `)
 
 // claimScript hands out due entries and pushes their score forward by a
@@ -384,9 +390,9 @@ func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, at Coord, du
 		if !dl.ManualReview && dl.NextRetryTime != nil {
 			state, at = StateDue, *dl.NextRetryTime
 		}
-		err := x.move(ctx, dl.ID, state, at)
-		if errors.Is(err, ErrNotFound) {
-			return IndexDuplicate, nil // purged or expired since
+		_, applied, err := x.moveIf(ctx, dl.ID, state, at, dl.AttemptsSeen)
+		if errors.Is(err, ErrNotFound) || (err == nil && !applied) {
+			return IndexDuplicate, nil // purged or expired since, or re-injected since the move
 		}
 		return IndexEvent, err
 	case EventPurged:
@@ -444,10 +450,11 @@ func (x *Index) MarkRetried(ctx context.Context, id string, attempts int) (bool,
 // retried): the operator's manual retry. With an event sink the move is
 // recorded in the DLQ topic (EventMoved).
 func (x *Index) Requeue(ctx context.Context, id string, at time.Time) error {
-	if err := x.move(ctx, id, StateDue, at); err != nil {
+	attempts, err := x.move(ctx, id, StateDue, at)
+	if err != nil {
 		return err
 	}
-	x.recordMove(ctx, id, false, at)
+	x.recordMove(ctx, id, false, at, attempts)
 	return nil
 }
 
@@ -487,16 +494,17 @@ func SortBySource[T any](ts []T, dl func(T) *DeadLetterMessage) {
 // MoveToReview takes the entry out of due and into manual review. With an
 // event sink the move is recorded in the DLQ topic (EventMoved).
 func (x *Index) MoveToReview(ctx context.Context, id string) error {
-	if err := x.move(ctx, id, StateReview, time.Time{}); err != nil {
+	attempts, err := x.move(ctx, id, StateReview, time.Time{})
+	if err != nil {
 		return err
 	}
-	x.recordMove(ctx, id, true, time.Time{})
+	x.recordMove(ctx, id, true, time.Time{}, attempts)
 	return nil
 }
 
 // recordMove writes the EventMoved record of a move, keyed like the dead
 // letter (read back for that) so it follows it in the same partition.
-func (x *Index) recordMove(ctx context.Context, id string, review bool, at time.Time) {
+func (x *Index) recordMove(ctx context.Context, id string, review bool, at time.Time, attempts int) {
 	if x.events == nil {
 		return
 	}
@@ -509,23 +517,39 @@ func (x *Index) recordMove(ctx context.Context, id string, review bool, at time.
 			zap.String("dlq_id", id), zap.Error(err))
 		return
 	}
+	seen := attempts // as the move found them, not as they are now
 	ev := &DeadLetterMessage{ID: id, Event: EventMoved, Reason: e.Reason, UserID: e.UserID,
-		OriginalKey: e.OriginalKey, FailureTime: x.clock.Now(), ManualReview: review}
+		OriginalKey: e.OriginalKey, FailureTime: x.clock.Now(), ManualReview: review, AttemptsSeen: &seen}
 	if !review {
 		ev.NextRetryTime = &at
 	}
 	x.sendEvent(ev)
 }
 
-func (x *Index) move(ctx context.Context, id, state string, at time.Time) error {
-	n, err := moveScript.Run(ctx, x.rdb, []string{x.msgKey(id)}, x.prefix, id, state, ms(at)).Int()
+// move moves the entry and returns its attempts at the move.
+func (x *Index) move(ctx context.Context, id, state string, at time.Time) (int, error) {
+	attempts, _, err := x.moveIf(ctx, id, state, at, nil)
+	return attempts, err
+}
+
+// moveIf is move, not applied (false) when seen is set and the entry has
+// been re-injected more often than that since.
+func (x *Index) moveIf(ctx context.Context, id, state string, at time.Time, seen *int) (attempts int, applied bool, err error) {
+	check := -1
+	if seen != nil {
+		check = *seen
+	}
+	n, err := moveScript.Run(ctx, x.rdb, []string{x.msgKey(id)}, x.prefix, id, state, ms(at), check).Int()
 	if err != nil {
-		return fmt.Errorf("dlq index move %s: %w", id, err)
+		return 0, false, fmt.Errorf("dlq index move %s: %w", id, err)
 	}
-	if n == 0 {
-		return ErrNotFound
+	switch {
+	case n == 0:
+		return 0, false, ErrNotFound
+	case n < 0:
+		return 0, false, nil
 	}
-	return nil
+	return n - 1, true, nil
 }
 
 // Delete removes one entry from every set; false if it was not there.
@@ -1089,7 +1113,7 @@ func (x *Index) claim(ctx context.Context, now time.Time, limit int, lease time.
 // toReview moves an entry the scheduler cannot re-inject to review.
 func (x *Index) toReview(ctx context.Context, id, msg string, why error) {
 	x.log.Error(msg, zap.String("dlq_id", id), zap.Error(why))
-	if err := x.move(ctx, id, StateReview, time.Time{}); err != nil && !errors.Is(err, ErrNotFound) {
+	if _, err := x.move(ctx, id, StateReview, time.Time{}); err != nil && !errors.Is(err, ErrNotFound) {
 		x.log.Warn("move DLQ index entry to review", zap.String("dlq_id", id), zap.Error(err))
 	}
 }

@@ -375,3 +375,59 @@ func TestIndexInflow(t *testing.T) {
 		t.Fatal("a zero step accepted")
 	}
 }
+
+// TestMovedEventAfterRetryIsStale: the index consumes its own EventMoved
+// records after the live index changed. An operator's retry (a move to
+// due) whose record arrives after the scheduler re-injected the letter
+// must not put it back in due — that re-injected it a second time (found
+// by TestBatchRetryOf10000Letters under load). A move recorded after the
+// re-injection still applies, and a record without attempts_seen (written
+// before the field) applies as before.
+func TestMovedEventAfterRetryIsStale(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	pol := NewPolicy(testRecovery())
+	ctx := context.Background()
+	dl := deadLetter("u1", ReasonDownstreamError, 7, clk.Now())
+	pol.Place(ctx, dl)
+	if _, err := indexDL(t, ctx, idx, dl); err != nil {
+		t.Fatal(err)
+	}
+	// The operator's retry: moved live (attempts 0 at the move) …
+	at := clk.Now()
+	attempts, err := idx.move(ctx, dl.ID, StateDue, at)
+	if err != nil || attempts != 0 {
+		t.Fatalf("move: %d %v", attempts, err)
+	}
+	// … the scheduler re-injects it before the moved record is consumed …
+	if _, err := idx.MarkRetried(ctx, dl.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	// … and then the record arrives.
+	zero := 0
+	moved := &DeadLetterMessage{ID: dl.ID, Event: EventMoved, Reason: dl.Reason, UserID: dl.UserID, NextRetryTime: &at, AttemptsSeen: &zero}
+	if res, err := idx.Index(ctx, moved, Coord{}); err != nil || res != IndexDuplicate {
+		t.Fatalf("stale moved record: %v %v, want duplicate", res, err)
+	}
+	if e, _ := idx.Get(ctx, dl.ID); e.State != StateRetried {
+		t.Fatalf("after a stale move the letter is %s, want retried", e.State)
+	}
+	// A retry after the re-injection (attempts 1 seen) applies.
+	one := 1
+	moved.AttemptsSeen = &one
+	if res, err := idx.Index(ctx, moved, Coord{}); err != nil || res != IndexEvent {
+		t.Fatalf("current moved record: %v %v, want applied", res, err)
+	}
+	if e, _ := idx.Get(ctx, dl.ID); e.State != StateDue {
+		t.Fatalf("after a current move the letter is %s, want due", e.State)
+	}
+	// An old record without attempts_seen applies whatever the attempts.
+	if _, err := idx.MarkRetried(ctx, dl.ID, 2); err != nil {
+		t.Fatal(err)
+	}
+	moved.AttemptsSeen = nil
+	if res, err := idx.Index(ctx, moved, Coord{}); err != nil || res != IndexEvent {
+		t.Fatalf("old moved record: %v %v, want applied", res, err)
+	}
+}

@@ -100,6 +100,13 @@ type DeadLetterMessage struct {
 	Event string `json:"event,omitempty"`
 	// Attempts counts re-injections by the scheduler; set on event records.
 	Attempts int `json:"attempts,omitempty"`
+	// AttemptsSeen is set on an EventMoved record: the entry's attempts
+	// when it was moved. The move is stale, and not applied, once the
+	// entry has been re-injected since (its attempts are higher): the
+	// index consumes its own events after the live index changed, and a
+	// late move must not put a re-injected letter back in due. Absent on
+	// records written before it existed (applied as before).
+	AttemptsSeen *int `json:"attempts_seen,omitempty"`
 
 	// OriginalValue is the main-topic record value byte for byte, so even
 	// a payload we cannot parse is kept (base64 in JSON).

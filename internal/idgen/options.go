@@ -1,11 +1,11 @@
 package idgen
 
 import (
-	"errors"
-	"fmt"
 	"runtime"
 	"sync/atomic"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/obs"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -177,28 +177,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// Several generators or allocators may share one registry: reuse the
 	// collectors that are already there.
 	var err error
-	if m.errors, err = register(reg, m.errors); err != nil {
+	if m.errors, err = obs.RegisterShared(reg, m.errors); err != nil {
 		return nil, err
 	}
-	if m.waits, err = register(reg, m.waits); err != nil {
+	if m.waits, err = obs.RegisterShared(reg, m.waits); err != nil {
 		return nil, err
 	}
-	if m.sequences, err = register(reg, m.sequences); err != nil {
+	if m.sequences, err = obs.RegisterShared(reg, m.sequences); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("idgen: register metrics: %w", err)
 }

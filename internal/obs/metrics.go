@@ -1,6 +1,8 @@
 package obs
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -25,4 +27,21 @@ func NewRegistry(daemon, version string) *prometheus.Registry {
 	info.Set(1)
 	r.MustRegister(info)
 	return r
+}
+
+// RegisterShared registers c on reg, or returns the collector of the same
+// description already there: several clients of one package (generators,
+// allocators, providers) may share a registry.
+func RegisterShared[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return c, err
 }
