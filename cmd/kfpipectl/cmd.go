@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -171,4 +172,21 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// read GETs path with q and decodes the answer into v; with --output json
+// it prints the answer instead and says so (printed).
+func (a *app) read(cmd *cobra.Command, path string, q url.Values, v any) (printed bool, err error) {
+	c, err := a.client()
+	if err != nil {
+		return false, err
+	}
+	data, err := c.do(cmd.Context(), "GET", path, q, nil)
+	if err != nil {
+		return false, err
+	}
+	if a.json() {
+		return true, a.printJSON(data)
+	}
+	return false, decode(data, v)
 }

@@ -110,26 +110,15 @@ func (a *app) dlqLs() *cobra.Command {
 		Short: "List dead letters, newest first (one page; the next page's cursor goes to stderr)",
 		Args:  args(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
 			q, err := f.query()
 			if err != nil {
 				return err
-			}
-			data, err := c.do(cmd.Context(), "GET", "/admin/dlq/messages", onePage(q, limit, cursor), nil)
-			if err != nil {
-				return err
-			}
-			if a.json() {
-				return a.printJSON(data)
 			}
 			var page struct {
 				Messages   []admin.DLQMessage `json:"messages"`
 				NextCursor string             `json:"next_cursor"`
 			}
-			if err := decode(data, &page); err != nil {
+			if printed, err := a.read(cmd, "/admin/dlq/messages", onePage(q, limit, cursor), &page); printed || err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
@@ -161,19 +150,8 @@ func (a *app) dlqShow() *cobra.Command {
 		Short: "Show one dead letter with its original message",
 		Args:  args(1, "one dead-letter ID"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			data, err := c.do(cmd.Context(), "GET", "/admin/dlq/messages/"+url.PathEscape(argv[0]), nil, nil)
-			if err != nil {
-				return err
-			}
-			if a.json() {
-				return a.printJSON(data)
-			}
 			var m admin.DLQMessage
-			if err := decode(data, &m); err != nil {
+			if printed, err := a.read(cmd, "/admin/dlq/messages/"+url.PathEscape(argv[0]), nil, &m); printed || err != nil {
 				return err
 			}
 			return a.showMessage(m)
@@ -382,21 +360,10 @@ func (a *app) dlqBatches() *cobra.Command {
 		Short: "The newest batch retries and purges with their progress",
 		Args:  args(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			data, err := c.do(cmd.Context(), "GET", "/admin/dlq/batches", nil, nil)
-			if err != nil {
-				return err
-			}
-			if a.json() {
-				return a.printJSON(data)
-			}
 			var page struct {
 				Batches []admin.Batch `json:"batches"`
 			}
-			if err := decode(data, &page); err != nil {
+			if printed, err := a.read(cmd, "/admin/dlq/batches", nil, &page); printed || err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)

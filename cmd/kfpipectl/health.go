@@ -160,28 +160,17 @@ func (a *app) auditCmd() *cobra.Command {
 		Short: "The audit trail of admin writes, newest first (one page)",
 		Args:  args(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
 			q := url.Values{}
 			for k, v := range map[string]string{"who": who, "action": action, "target": target} {
 				if v != "" {
 					q.Set(k, v)
 				}
 			}
-			data, err := c.do(cmd.Context(), "GET", "/admin/audit", onePage(q, limit, cursor), nil)
-			if err != nil {
-				return err
-			}
-			if a.json() {
-				return a.printJSON(data)
-			}
 			var page struct {
 				Entries    []admin.AuditEntry `json:"entries"`
 				NextCursor string             `json:"next_cursor"`
 			}
-			if err := decode(data, &page); err != nil {
+			if printed, err := a.read(cmd, "/admin/audit", onePage(q, limit, cursor), &page); printed || err != nil {
 				return err
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
