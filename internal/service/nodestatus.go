@@ -31,10 +31,11 @@ func nodeStatusKey(prefix string) string { return prefix + "consumer:status" }
 func publishNodeStatus(ctx context.Context, rdb redis.UniversalClient, prefix string, g prometheus.Gatherer, log *zap.Logger) {
 	node, key := nodeName(), nodeStatusKey(prefix)
 	write := func() {
+		sums := gaugeSums(g)
 		st := admin.ConsumerStatus{Node: node, Reported: time.Now().UTC(),
-			Actors:       int(gaugeSum(g, "kfpipe_active_processors")),
-			OpenBreakers: int(gaugeSum(g, "kfpipe_circuit_breakers_open")),
-			Partitions:   int(gaugeSum(g, "kfpipe_consumer_partitions_assigned"))}
+			Actors:       int(sums["kfpipe_active_processors"]),
+			OpenBreakers: int(sums["kfpipe_circuit_breakers_open"]),
+			Partitions:   int(sums["kfpipe_consumer_partitions_assigned"])}
 		b, _ := json.Marshal(st)
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
@@ -60,22 +61,21 @@ func publishNodeStatus(ctx context.Context, rdb redis.UniversalClient, prefix st
 	}
 }
 
-// gaugeSum is the sum of a gauge family's series in g (0 when absent).
-func gaugeSum(g prometheus.Gatherer, name string) float64 {
+// gaugeSums gathers g once and sums each gauge family's series by name.
+func gaugeSums(g prometheus.Gatherer) map[string]float64 {
+	out := map[string]float64{}
 	mfs, err := g.Gather()
 	if err != nil {
-		return 0
+		return out
 	}
-	sum := 0.0
 	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
 		for _, m := range mf.GetMetric() {
-			sum += m.GetGauge().GetValue()
+			if m.Gauge != nil {
+				out[mf.GetName()] += m.GetGauge().GetValue()
+			}
 		}
 	}
-	return sum
+	return out
 }
 
 // consumerStatuses reads the status hash.
