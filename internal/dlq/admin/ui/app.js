@@ -428,10 +428,12 @@ async function batch(kind) {
   if (reason === null) return;
   const res = await api("POST", path, { filter: f, reason });
   say(res.batch ? `${what}: batch ${res.batch.id} started for ${res.batch.total} letter(s)` : `${what}: nothing to do`);
+  batchesRunning = batchesRunning || !!res.batch; // one that ends before the first look still reloads the letters
   await loadBatches();
 }
 
 let batchTimer = null;
+let batchesRunning = false; // at the last loadBatches
 
 async function loadBatches() {
   const page = await api("GET", "/admin/dlq/batches");
@@ -474,9 +476,12 @@ async function loadBatches() {
   }
   clearTimeout(batchTimer);
   batchTimer = null;
+  const ended = batchesRunning && !running;
+  batchesRunning = running;
   if (running && !$("app").hidden) {
     batchTimer = setTimeout(() => loadBatches().catch(fail), 1000);
-  } else {
+  } else if (ended) {
+    // A batch just ended: the letters it acted on changed.
     await Promise.all([loadStats(), loadMessages(false)]);
   }
 }
@@ -603,6 +608,7 @@ function logout(msg) {
   overviewTimer = null;
   clearTimeout(batchTimer);
   batchTimer = null;
+  batchesRunning = false;
   document.body.classList.remove("viewer");
   $("nav").hidden = true;
   $("whoami").textContent = "";
