@@ -184,13 +184,14 @@ func TestSyncStatusPublished(t *testing.T) {
 	}
 	waitFor(t, "a successful pass", func() bool { return counterValue(s.m.runs.WithLabelValues("ok")) >= 1 })
 	okAt := clock.Now()
-	// Nothing was synced at start; the next write is due a minute later
-	// on the clock.
+	// The write at start may already carry the pass (reported at okAt, the
+	// clock not advanced yet); the next one is due a minute later on the
+	// clock, so wait for a status reported after the pass.
 	var got []SyncStatus
 	waitFor(t, "the published status", func() bool {
 		clock.Advance(time.Minute)
 		got, err = state.SyncStatuses(context.Background())
-		return err == nil && len(got) == 1 && got[0].LastSuccess.Equal(okAt)
+		return err == nil && len(got) == 1 && got[0].LastSuccess.Equal(okAt) && got[0].Reported.After(okAt)
 	})
 	if got[0].OpenKfID != kf || !got[0].OldestWaiting.IsZero() || !got[0].Reported.After(okAt) {
 		t.Fatalf("published %+v, want %s synced at %v, nothing waiting, reported after", got[0], kf, okAt)
