@@ -258,14 +258,6 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		}
 		return false
 	}
-	afterCut := func(prev Delivery) bool {
-		for _, c := range e.Cuts {
-			if c.Tag == prev.Tag && (Failover{Issued: c.At, Done: c.At}).covers(prev.At, e.FailoverWindow) {
-				return true
-			}
-		}
-		return false
-	}
 	for id, ds := range byMsg {
 		if _, ok := sent[id]; !ok {
 			r.Problem("effect for a message never sent: %s (from %s)", id, ds[0].Tag)
@@ -275,14 +267,12 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		if len(ds) == 1 {
 			continue
 		}
-		unexplained, failover, cut := false, false, false
+		unexplained, failover := false, false
 		for i := 1; i < len(ds); i++ {
 			switch {
 			case explained(ds[i-1]):
 			case afterFailover(ds[i-1]):
 				failover = true
-			case afterCut(ds[i-1]):
-				cut = true
 			default:
 				unexplained = true
 			}
@@ -297,11 +287,6 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 			r.DupAfterFailover++
 			if r.DupAfterFailover <= 5 {
 				r.note("dup after failover %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
-			}
-		case cut:
-			r.DupAfterCut++
-			if r.DupAfterCut <= 5 {
-				r.note("dup after cut %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
 			}
 		default:
 			r.Redelivered++

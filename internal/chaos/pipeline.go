@@ -351,10 +351,9 @@ func (p *Pipeline) RecordFailover(issued, done time.Time) {
 }
 
 // RecordCut notes that the consumer incarnation tag lost its link to
-// Redis at at: a second effect whose previous effect that incarnation
-// made from Options.FailoverWindow before at until 100 ms after (its done
-// mark was in flight when the link went) is counted as dup_after_cut, not
-// dup.
+// Redis at at: its effects from Options.FailoverWindow before at until
+// 100 ms after (their done marks in flight when the link went) are
+// counted as cut_window_effects; a repeat of one is a dup.
 func (p *Pipeline) RecordCut(tag string, at time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -17,9 +17,11 @@ import (
 // through its own toxiproxy link. Under steady load, every link gets
 // 300 ms of latency (10 s reduced, 30 s full); later one consumer's link
 // is blackholed (bytes stop, connections stay open) while the other keeps
-// Redis. Judged: lost=0 dup=0 reordered=0 throughout (a repeat of an
+// Redis. Judged: lost=0 dup=0 reordered=0 throughout — a repeat of an
 // effect the cut-off consumer made in the second before the cut, whose
-// done mark was in flight, is dup_after_cut: see docs/reliability.md); the cut-off
+// done mark was in flight, is a dup too (cut_window_effects counts those
+// effects: the message was finished when its handler returned and its
+// offset listed in the commit, see docs/reliability.md); the cut-off
 // consumer's /readyz names Redis within a few seconds and the other's
 // stays ready; the cut-off consumer takes no effect it cannot protect (none
 // later than the dedup lease after the cut, when no claim it took before
@@ -122,9 +124,9 @@ func TestChaosRedisSlowAndPartition(t *testing.T) {
 			return err
 		}
 		cutAt = time.Now()
-		// The done marks in flight when the link went never reach Redis:
-		// their claims expire and the other consumer runs those handlers
-		// again (dup_after_cut, the crash window without a crash).
+		// The done marks in flight when the link went never reach Redis
+		// and their claims expire; the commit's list of finished offsets
+		// keeps the other consumer from running those handlers again.
 		p.RecordCut(victim.Tag(), cutAt)
 		body, ok := waitReadyz(ctx, victim, http.StatusServiceUnavailable, 30*time.Second)
 		if !ok {

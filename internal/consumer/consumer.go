@@ -89,8 +89,17 @@ type partition struct {
 	topic   string
 	id      int32
 	tracker *offsets.Tracker
-	// committed is the last committed offset (guarded by Consumer.commitMu).
+	// committed is the last committed offset and meta the finished offsets
+	// behind it listed in that commit's metadata (guarded by
+	// Consumer.commitMu).
 	committed int64
+	meta      string
+	// prior is what the previous owner finished behind its committed
+	// offset (from the commit's metadata, ascending): those records are
+	// finished at once instead of run again. Set before the partition is
+	// shared and never changed; priorAt is the poll goroutine's position.
+	prior   []int64
+	priorAt int
 	// paused is whether the partition is paused in the Kafka client;
 	// pausedCap and pausedDead are the reasons it should be: the in-flight
 	// cap, a full dead-letter queue. It is paused while either holds
@@ -398,6 +407,11 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	}
 	c.m.consumed.Inc()
 	env := &envelope{km: km, part: p}
+	if c.finishedBefore(p, off) {
+		c.m.priorFinished.Inc()
+		c.finish(env)
+		return nil
+	}
 	if max := c.cfg.Processor.MaxMessageBytes; len(km.Value) > max {
 		env.user = string(km.Key)
 		c.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), false, 0)
@@ -653,16 +667,76 @@ func (c *Consumer) readBases() {
 	}
 }
 
+// committedReadTimeout bounds the read of the committed offsets on an
+// assignment (inside the rebalance callback).
+const committedReadTimeout = 5 * time.Second
+
+// committedState is what the group's last commit of a partition says.
+type committedState struct {
+	base     int64   // the committed offset; -1 none
+	finished []int64 // finished behind it (the commit's metadata)
+}
+
+// readPrior reads, in one request, the committed offsets of newly assigned
+// partitions with their metadata: the finished offsets the previous owner
+// listed behind its committed one, which this consumer then does not run
+// again. When the read fails the partitions start without the list (every
+// record from the committed offset on is read again, as dedup expects).
+func (c *Consumer) readPrior(kc *kafka.Consumer, tps []kafka.TopicPartition) map[tpKey]committedState {
+	req := make([]kafka.TopicPartition, len(tps))
+	for i, tp := range tps {
+		req[i] = kafka.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}
+	}
+	got, err := kc.Committed(req, int(committedReadTimeout.Milliseconds()))
+	if err != nil {
+		c.log.Warn("read committed offsets on assignment; the previous owner's finished offsets are read again", zap.Error(err))
+		return nil
+	}
+	out := make(map[tpKey]committedState, len(got))
+	for _, tp := range got {
+		if tp.Error != nil || tp.Topic == nil {
+			continue
+		}
+		st := committedState{base: int64(tp.Offset)}
+		if st.base < 0 {
+			st.base = -1
+		} else if tp.Metadata != nil {
+			if st.finished, err = offsets.DecodeFinished(st.base, *tp.Metadata); err != nil {
+				c.log.Warn("offset commit metadata not understood; its finished offsets are read again",
+					zap.Int32("partition", tp.Partition), zap.Error(err))
+			} else if len(st.finished) > 0 {
+				c.log.Info("the previous owner finished records behind its committed offset; they are not run again",
+					zap.Int32("partition", tp.Partition), zap.Int64("committed", st.base), zap.Int("finished", len(st.finished)))
+			}
+		}
+		out[tpKey{*tp.Topic, tp.Partition}] = st
+	}
+	return out
+}
+
+// finishedBefore reports whether the previous owner of p finished off
+// (poll goroutine; offsets come in ascending order).
+func (c *Consumer) finishedBefore(p *partition, off int64) bool {
+	for p.priorAt < len(p.prior) && p.prior[p.priorAt] < off {
+		p.priorAt++
+	}
+	return p.priorAt < len(p.prior) && p.prior[p.priorAt] == off
+}
+
 // rebalance handles cooperative assign and revoke (called inside Poll, on
 // the poll goroutine, or inside kafka.Consumer.Close).
 func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
+		prior := c.readPrior(kc, e.Partitions)
 		c.mu.Lock()
 		for _, tp := range e.Partitions {
 			k := tpKey{*tp.Topic, tp.Partition}
 			p := &partition{topic: k.topic, id: k.id, tracker: offsets.NewTracker(k.id), committed: -1,
 				base: baseUnknown, label: strconv.Itoa(int(k.id))}
+			if pr, ok := prior[k]; ok {
+				p.base, p.prior = pr.base, pr.finished
+			}
 			c.startDeadQueue(p)
 			c.parts[k] = p
 		}
@@ -786,14 +860,38 @@ func (c *Consumer) commit(ps []*partition) error {
 	var list []kafka.TopicPartition
 	var moved []*partition
 	var nexts []int64
+	var metas []string
 	for _, p := range ps {
 		next, ok := p.tracker.Committable()
-		if !ok || next <= p.committed {
+		above := p.tracker.FinishedAbove()
+		if len(p.prior) > 0 {
+			// The previous owner's list holds until this owner has read
+			// past it: a crash before then must not lose it.
+			above = mergeAbove(above, p.prior)
+		}
+		if !ok && len(above) > 0 {
+			// Nothing committable yet, but finished work behind the first
+			// message: commit where the partition starts, with the list.
+			next, ok = p.tracker.Oldest()
+		}
+		if !ok {
 			continue
 		}
-		list = append(list, kafka.TopicPartition{Topic: &p.topic, Partition: p.id, Offset: kafka.Offset(next)})
+		for len(above) > 0 && above[0] <= next {
+			above = above[1:]
+		}
+		meta, truncated := offsets.EncodeFinished(next, above, offsets.MaxMetadata)
+		if next < p.committed || next == p.committed && meta == p.meta {
+			continue
+		}
+		if truncated {
+			c.m.metaTruncated.Inc()
+		}
+		md := meta
+		list = append(list, kafka.TopicPartition{Topic: &p.topic, Partition: p.id, Offset: kafka.Offset(next), Metadata: &md})
 		moved = append(moved, p)
 		nexts = append(nexts, next)
+		metas = append(metas, meta)
 	}
 	if len(list) == 0 {
 		return nil
@@ -813,9 +911,27 @@ func (c *Consumer) commit(ps []*partition) error {
 	}
 	c.m.commits.WithLabelValues("ok").Inc()
 	for i, p := range moved {
-		p.committed = nexts[i]
+		p.committed, p.meta = nexts[i], metas[i]
 	}
 	return nil
+}
+
+// mergeAbove returns the ascending union of a and b without repeats.
+func mergeAbove(a, b []int64) []int64 {
+	out := make([]int64, 0, len(a)+len(b))
+	for len(a) > 0 || len(b) > 0 {
+		var v int64
+		switch {
+		case len(b) == 0 || len(a) > 0 && a[0] < b[0]:
+			v, a = a[0], a[1:]
+		case len(a) == 0 || b[0] < a[0]:
+			v, b = b[0], b[1:]
+		default:
+			v, a, b = a[0], a[1:], b[1:]
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 // groupMovedOn reports whether err is the group coordinator refusing a

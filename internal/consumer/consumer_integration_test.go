@@ -420,3 +420,87 @@ func commitOwnOffset(c *Consumer, p *partition, off int64) {
 		_, _ = c.kc.CommitOffsets([]kafka.TopicPartition{{Topic: &p.topic, Partition: p.id, Offset: kafka.Offset(off + 1)}})
 	}
 }
+
+// TestNewOwnerSkipsWhatThePreviousOwnerFinished: messages finished behind
+// an unfinished one are listed in the commit's metadata, and the
+// partition's next owner does not run them again — only the unfinished
+// one. Without the list every one of them would run twice here (no
+// dedup guard, so nothing else stops the second run).
+func TestNewOwnerSkipsWhatThePreviousOwnerFinished(t *testing.T) {
+	topic := testenv.Topic(t, 1)
+	msgs := []*chatmsg.ChatMessage{chat("A", 0)}
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, chat("B", i))
+	}
+	produce(t, topic, msgs)
+	cfg := testConfig(t, topic)
+
+	var bDone atomic.Int64
+	aStarted := make(chan struct{}, 1)
+	c1, err := New(cfg, HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		if m.ExternalUserID == "A" {
+			aStarted <- struct{}{}
+			<-ctx.Done() // stuck: still in flight when the owner dies
+			return ctx.Err()
+		}
+		bDone.Add(1)
+		return nil
+	}), &memDLQ{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Start(); err != nil {
+		t.Fatal(err)
+	}
+	<-aStarted
+	waitFor(t, 30*time.Second, func() bool { return bDone.Load() == 10 })
+	waitFor(t, 10*time.Second, func() bool {
+		off, meta := committedWithMetadata(t, cfg.Kafka.Consumer.GroupID, topic)
+		return off == 0 && meta == "kfpipe1:1-10"
+	})
+	c1.abort() // a crash: nothing more is committed
+
+	var aRuns, bRuns atomic.Int64
+	c2 := startConsumer(t, cfg, HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		if m.ExternalUserID == "A" {
+			aRuns.Add(1)
+		} else {
+			bRuns.Add(1)
+		}
+		return nil
+	}), &memDLQ{})
+	waitFor(t, 30*time.Second, func() bool { return aRuns.Load() == 1 })
+	waitFor(t, 10*time.Second, func() bool {
+		off, meta := committedWithMetadata(t, cfg.Kafka.Consumer.GroupID, topic)
+		return off == 11 && meta == ""
+	})
+	if n := bRuns.Load(); n != 0 {
+		t.Fatalf("the new owner ran %d of the 10 messages the previous owner had finished", n)
+	}
+	if n := metricValue(t, c2.m.priorFinished); n != 10 {
+		t.Fatalf("kfpipe_consumer_finished_by_previous_owner_total = %v, want 10", n)
+	}
+}
+
+// committedWithMetadata returns the group's committed offset of partition
+// 0 of topic (-1 when none) and its metadata.
+func committedWithMetadata(t testing.TB, group, topic string) (int64, string) {
+	t.Helper()
+	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t), "group.id": group})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	res, err := c.Committed([]kafka.TopicPartition{{Topic: &topic, Partition: 0}}, 10000)
+	if err != nil || len(res) != 1 {
+		t.Fatalf("committed: %v %v", res, err)
+	}
+	meta := ""
+	if res[0].Metadata != nil {
+		meta = *res[0].Metadata
+	}
+	if res[0].Offset < 0 {
+		return -1, meta
+	}
+	return int64(res[0].Offset), meta
+}

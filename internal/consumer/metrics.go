@@ -27,6 +27,11 @@ type metrics struct {
 	// assigned is the number of partitions the consumer holds now.
 	assigned prometheus.Gauge
 	standbys prometheus.Counter
+	// priorFinished counts records skipped because the partition's previous
+	// owner listed them finished in its commit; metaTruncated counts commits
+	// whose list of finished offsets did not fit the metadata.
+	priorFinished prometheus.Counter
+	metaTruncated prometheus.Counter
 
 	// results holds processed's children for the known results, bound
 	// once so the per-message path does no label lookup. Read-only after
@@ -87,6 +92,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Main-topic partitions the consumer holds now; summed over the group, 0 means nobody consumes the topic (alert KfpipeNoPartitionConsumed)."}),
 		standbys: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kfpipe_consumer_standbys_total", Help: "Times the consumer left its group on standby."}),
+		priorFinished: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_consumer_finished_by_previous_owner_total",
+			Help: "Records not run again because the partition's previous owner had finished them behind an unfinished one (listed in its offset commit)."}),
+		metaTruncated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_consumer_offset_metadata_truncated_total",
+			Help: "Offset commits whose list of finished offsets did not fit the commit metadata; the offsets left out are read again by the next owner."}),
 		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_rebalances_total", Help: "Rebalance events by type: assign, revoke, lost."}, []string{"type"}),
 		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -107,7 +118,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,
-			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses, m.standby, m.standbys, m.assigned)
+			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses, m.standby, m.standbys, m.assigned,
+			m.priorFinished, m.metaTruncated)
 	}
 	return m
 }

@@ -108,10 +108,10 @@ func (c *Consumer) process(env *envelope) {
 		env.msg = msg
 	}
 	m := env.msg
-	var dup, pending bool
+	var dup bool
 	var err error
 	for backoff := c.cfg.Processor.RetryBase; ; {
-		dup, pending, err = c.handleOnce(env, m)
+		dup, err = c.handleOnce(env, m)
 		var hf *handlerFailure
 		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || c.runCtx.Err() != nil {
 			break
@@ -149,9 +149,7 @@ func (c *Consumer) process(env *envelope) {
 			c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
 		}
 		c.breakerOutcome(env, true)
-		if !pending {
-			c.finish(env) // else the done mark's callback finishes it
-		}
+		c.finish(env)
 	case errors.As(err, &hf):
 		c.breakerOutcome(env, false)
 		reason, recoverable := ReasonDownstreamError, true
@@ -212,10 +210,8 @@ func (c *Consumer) releaseTicket(env *envelope) {
 	}
 }
 
-// handleOnce runs the handler with retries inside the dedup guard. pending
-// reports a success whose done mark is still on its way: the mark's
-// callback finishes env (AheadDeduper).
-func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pending bool, err error) {
+// handleOnce runs the handler with retries inside the dedup guard.
+func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, err error) {
 	var g *claimGuard
 	run := func(ctx context.Context) error {
 		attempts, timedOut, err := c.handleWithRetry(ctx, env, g)
@@ -228,20 +224,21 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup, pendi
 		return &handlerFailure{err: err, attempts: attempts, timedOut: timedOut}
 	}
 	if c.dedup == nil {
-		return false, false, run(c.runCtx)
+		return false, run(c.runCtx)
 	}
 	if env.ticket != nil {
 		g = &env.guard
 		*g = claimGuard{}
-		dup, err = c.ahead.DoTicket(c.runCtx, env.ticket, c.cfg.Dedup.TTL, run, func(err error) {
-			if err == nil {
-				c.finish(env)
-			}
-		}, g.lose)
-		return dup, !dup && err == nil, err
+		// The effect has happened once run returned nil: the message is
+		// finished then, not when its done mark lands. Its offset may be
+		// committed (or listed finished in the commit's metadata) while
+		// the mark is still retried — in a Redis outage for as long as the
+		// outage lasts — so a new owner of the partition, whose claim
+		// would find the expired claim gone, does not run it again.
+		dup, err = c.ahead.DoTicket(c.runCtx, env.ticket, c.cfg.Dedup.TTL, run, func(error) {}, g.lose)
+		return dup, err
 	}
-	dup, err = c.dedup.Do(c.runCtx, m.DedupKey(), c.cfg.Dedup.TTL, run)
-	return dup, false, err
+	return c.dedup.Do(c.runCtx, m.DedupKey(), c.cfg.Dedup.TTL, run)
 }
 
 // handleWithRetry calls the handler up to processor.retry_attempts times

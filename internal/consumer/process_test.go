@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -405,5 +406,48 @@ func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
 	}
 	if p.tracker.InFlight() != 1 {
 		t.Fatal("a dead letter that never became durable was finished")
+	}
+}
+
+// unmarkedDeduper runs f under a ticket and never confirms the done mark,
+// as during a Redis outage that began after f's claim: the mark is retried
+// in the background for as long as the outage lasts.
+type unmarkedDeduper struct{ lostClaimDeduper }
+
+func (d *unmarkedDeduper) DoTicket(ctx context.Context, _ Ticket, _ time.Duration, f func(context.Context) error, _, _ func(error)) (bool, error) {
+	return false, f(ctx)
+}
+
+// A message whose handler succeeded is finished — its offset committable —
+// although its done mark has not landed: the effect has happened, and a
+// message left unfinished until the mark lands is run again by the
+// partition's next owner once the outage outlasts its claim (a duplicate
+// effect without any crash; found by the redis-outage chaos scenario).
+func TestSuccessFinishesBeforeItsDoneMark(t *testing.T) {
+	var calls atomic.Int64
+	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { calls.Add(1); return nil })
+	d := &unmarkedDeduper{}
+	c, p := unitConsumer(h, &memDLQ{}, d)
+	c.ahead = d
+	p.tracker.Add(0)
+	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p, ticket: "k"})
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", calls.Load())
+	}
+	if next, ok := p.tracker.Committable(); !ok || next != 1 {
+		t.Fatalf("message not finished while its done mark is pending (committable %d, %v)", next, ok)
+	}
+}
+
+func TestMergeAbove(t *testing.T) {
+	for _, tc := range []struct{ a, b, want []int64 }{
+		{nil, nil, []int64{}},
+		{[]int64{3, 5}, nil, []int64{3, 5}},
+		{nil, []int64{4}, []int64{4}},
+		{[]int64{3, 5, 9}, []int64{4, 5, 10}, []int64{3, 4, 5, 9, 10}},
+	} {
+		if got := mergeAbove(tc.a, tc.b); !slices.Equal(got, tc.want) {
+			t.Errorf("mergeAbove(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
 	}
 }

@@ -150,3 +150,19 @@ func (t *Tracker) InFlight() int {
 	defer t.mu.Unlock()
 	return t.n
 }
+
+// FinishedAbove returns, in order, the finished offsets behind the oldest
+// unfinished one: finished, but not committable yet because an earlier
+// offset is still in flight.
+func (t *Tracker) FinishedAbove() []int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []int64
+	mask := len(t.ring) - 1
+	for i := 0; i < t.n; i++ {
+		if e := t.ring[(t.head+i)&mask]; e.done {
+			out = append(out, e.offset)
+		}
+	}
+	return out
+}
