@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -81,4 +82,52 @@ func TestConsoleOverviewOfRunningPipeline(t *testing.T) {
 		t.Logf("console screenshot: %s", path)
 		return os.WriteFile(path, shot, 0o644)
 	})
+}
+
+// TestConsoleFleetSeesAKilledDaemonLeave: the three daemons run as
+// processes with coord enabled (the shared etcd, a 3 s lease); the
+// console's fleet page shows all three with what they work on (the
+// producer's worker ID, the consumer's partitions, the dlq-consumer's admin
+// address), and after the consumer is killed with SIGKILL — no chance to
+// unregister — its row disappears when its lease expires.
+func TestConsoleFleetSeesAKilledDaemonLeave(t *testing.T) {
+	svc := NeedServices(t)
+	etcd := strings.Join(testenv.EtcdEndpoints(t), ",")
+	bctx := testenv.Browser(t, 3*time.Minute)
+	const lease = 3 * time.Second
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 1, SinkSleep: time.Millisecond,
+		Env: map[string]string{"KFPIPE_COORD_ENABLED": "true", "KFPIPE_COORD_ENDPOINTS": etcd,
+			"KFPIPE_COORD_KEEP_ALIVE": lease.String(), "KFPIPE_COORD_NAMESPACE": "/" + testenv.Name(t, "fleet") + "/"}})
+	poll := func(what, expr string, within time.Duration) { t.Helper(); testenv.PollJS(t, bctx, what, expr, within) }
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(p.AdminURL+"/admin/ui/"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), OperatorToken),
+		chromedp.Click(chromedp.CSS("#login-btn")),
+		chromedp.WaitVisible(chromedp.CSS("#app")),
+	); err != nil {
+		t.Fatalf("log in: %v", err)
+	}
+	row := func(role string) string { return fmt.Sprintf(`document.querySelector('#fleet tr[data-role="%s"] td:nth-child(7)')?.textContent`, role) }
+	parts := make([]string, p.Opts.Partitions)
+	for i := range parts {
+		parts[i] = strconv.Itoa(i)
+	}
+	poll("the three daemons with what they work on", fmt.Sprintf(`document.querySelectorAll('#fleet tbody tr').length === 3
+		&& /^worker ID [0-9]+$/.test(%s)
+		&& /^partitions %s; [0-9]+ actors$/.test(%s)
+		&& /^admin 127\.0\.0\.1:[0-9]+$/.test(%s)`, row("kf-producer"), strings.Join(parts, ", "), row("schedule-consumer"), row("dlq-consumer")), 30*time.Second)
+	victim := p.Consumers[0]
+	if _, err := victim.Kill9(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	poll("the killed consumer leaves when its lease expires", `document.querySelectorAll('#fleet tbody tr').length === 2
+		&& document.querySelector('#fleet tr[data-role="schedule-consumer"]') === null
+		&& document.querySelector('#fleet-count').textContent === "(1 dlq-consumer, 1 kf-producer)"`, lease+20*time.Second)
+	gone := time.Since(killed)
+	t.Logf("scenario=console-fleet daemons=3 killed=schedule-consumer lease=%s gone_after=%s", lease, gone.Round(100*time.Millisecond))
+	if gone < time.Second {
+		t.Fatalf("the killed consumer left after %s: before its lease could expire, so not by its lease", gone)
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/coord/coordconfig"
 )
 
 // Environments. The environment picks topic defaults (partitions,
@@ -23,6 +25,15 @@ type Common struct {
 	Ops   Ops    `mapstructure:"ops"`
 	Kafka Kafka  `mapstructure:"kafka"`
 	Redis Redis  `mapstructure:"redis"`
+	Coord Coord  `mapstructure:"coord"`
+}
+
+// Coord is the etcd coordination section (internal/coord): the fleet
+// registry, and the backend of idgen.allocator.backend: etcd. Off in
+// development and test (the demo needs no etcd), on in production.
+type Coord struct {
+	Enabled      bool `mapstructure:"enabled"`
+	coordconfig.Config `mapstructure:",squash"`
 }
 
 // Log configures the zap logger.
@@ -146,7 +157,10 @@ func defaultCommon(env, daemon string) Common {
 	opsAddr := map[string]string{"producer": "127.0.0.1:9100", "consumer": "127.0.0.1:9101", "dlq": "127.0.0.1:9102"}[daemon]
 	logFormat := "console"
 	brokers := "127.0.0.1:9092"
+	co := Coord{Config: coordconfig.DefaultConfig()}
 	if env == EnvProduction {
+		co.Enabled = true
+		co.Endpoints = []string{"http://etcd1:2379", "http://etcd2:2379", "http://etcd3:2379"}
 		main.Partitions, main.ReplicationFactor, main.MinInsyncReplicas = 12, 3, 2
 		dlq.Partitions, dlq.ReplicationFactor, dlq.MinInsyncReplicas = 6, 3, 2
 		logFormat = "json"
@@ -169,6 +183,7 @@ func defaultCommon(env, daemon string) Common {
 		},
 		Redis: Redis{Mode: "single", Addr: "127.0.0.1:6379", MasterName: "kfpipe", KeyPrefix: "kfpipe:",
 			PoolSize: 64, DialTimeout: 2 * time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second},
+		Coord: co,
 	}
 }
 
@@ -187,6 +202,12 @@ func (c Common) validate(v *validator) {
 	v.durationBetween("ops.ready_timeout", c.Ops.ReadyTimeout, 100*time.Millisecond, time.Minute)
 	c.Kafka.validate(v)
 	c.Redis.validate(v)
+	if c.Coord.Enabled {
+		// coord's own rules; each error names its coord.* key.
+		if err := c.Coord.Config.Validate(); err != nil {
+			v.errs = append(v.errs, err)
+		}
+	}
 }
 
 func (k Kafka) validate(v *validator) {

@@ -71,7 +71,18 @@ var outOfRange = map[string]struct {
 	"kafka.consumer.revoke_drain_limit":     {bad: "10m", readBy: rAll},
 	"kafka.consumer.session_timeout":        {bad: "10m", readBy: rAll},
 
-	"redis.addr":           {bad: " ", readBy: rAll},
+	"redis.addr": {bad: " ", readBy: rAll},
+
+	"coord.enabled":        {anyOK: "a flag (the section is checked when it is on)"},
+	"coord.endpoints":      {bad: []string{"ftp://x:1"}, readBy: rAll, wantKey: "coord.endpoints[0]"},
+	"coord.dial_timeout":   {bad: "1ms", readBy: rAll},
+	"coord.keep_alive":     {bad: "10ms", readBy: rAll},
+	"coord.namespace":      {bad: "kfpipe", readBy: rAll},
+	"coord.username":       {bad: "ops", readBy: rAll}, // without a password
+	"coord.password":       {bad: "secret", readBy: rAll, wantKey: "coord.username"},
+	"coord.tls.cert_file":  {bad: "/nonexistent/cert.pem", readBy: rAll},
+	"coord.tls.key_file":   {bad: "/nonexistent/key.pem", readBy: rAll},
+	"coord.tls.ca_file":    {bad: "/nonexistent/ca.pem", readBy: rAll},
 	"redis.db":             {bad: 16, readBy: rAll},
 	"redis.dial_timeout":   {bad: "1ms", readBy: rAll},
 	"redis.key_prefix":     {bad: " ", readBy: rAll},
@@ -105,16 +116,15 @@ var outOfRange = map[string]struct {
 	"sync.safety_interval": {bad: "25h", readBy: rP},
 	"sync.workers":         {bad: 0, readBy: rP},
 
-	"idgen.allocator.backend":        {bad: "zookeeper", readBy: rP},
-	"idgen.allocator.etcd_endpoints": {bad: []string{" "}, readBy: rP, wantKey: "idgen.allocator.etcd_endpoints[0]"},
-	"idgen.allocator.max_id":         {bad: 5000, readBy: rP},
-	"idgen.allocator.ttl":            {bad: "1ms", readBy: rP},
-	"idgen.datacenter_id":            {bad: 99, readBy: rP},
-	"idgen.epoch":                    {bad: "2999-01-01T00:00:00Z", readBy: rP},
-	"idgen.sequencer.driver":         {bad: "mysql", readBy: rP},
-	"idgen.sequencer.max_value":      {bad: -1, readBy: rP},
-	"idgen.sequencer.step":           {bad: 0, readBy: rP},
-	"idgen.sequencer.ttl":            {bad: "1ms", readBy: rP},
+	"idgen.allocator.backend":   {bad: "zookeeper", readBy: rP},
+	"idgen.allocator.max_id":    {bad: 5000, readBy: rP},
+	"idgen.allocator.ttl":       {bad: "1ms", readBy: rP},
+	"idgen.datacenter_id":       {bad: 99, readBy: rP},
+	"idgen.epoch":               {bad: "2999-01-01T00:00:00Z", readBy: rP},
+	"idgen.sequencer.driver":    {bad: "mysql", readBy: rP},
+	"idgen.sequencer.max_value": {bad: -1, readBy: rP},
+	"idgen.sequencer.step":      {bad: 0, readBy: rP},
+	"idgen.sequencer.ttl":       {bad: "1ms", readBy: rP},
 
 	"processor.attempt_timeout":          {bad: "0s", readBy: rC},
 	"processor.claim_ahead":              {bad: 5000, readBy: rC},
@@ -235,8 +245,8 @@ func TestEveryKeyRejectsOutOfRange(t *testing.T) {
 		if k == "rate_limit.progressive.base" || k == "rate_limit.progressive.max" || k == "rate_limit.progressive.history" {
 			setKey(doc, "rate_limit.progressive.enabled", true)
 		}
-		if k == "idgen.allocator.etcd_endpoints" {
-			setKey(doc, "idgen.allocator.backend", "etcd")
+		if strings.HasPrefix(k, "coord.") {
+			setKey(doc, "coord.enabled", true)
 		}
 		out, _ := yaml.Marshal(doc)
 		path := filepath.Join(t.TempDir(), "c.yaml")

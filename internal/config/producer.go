@@ -56,10 +56,11 @@ type IDGen struct {
 
 // Allocator configures worker-ID allocation.
 type Allocator struct {
-	Backend       string        `mapstructure:"backend"` // redis|etcd
-	MaxID         int           `mapstructure:"max_id"`
-	TTL           time.Duration `mapstructure:"ttl"`
-	EtcdEndpoints []string      `mapstructure:"etcd_endpoints"`
+	// Backend redis|etcd; etcd uses the coord section's etcd (and its
+	// coord.keep_alive as the lease, instead of TTL).
+	Backend string        `mapstructure:"backend"`
+	MaxID   int           `mapstructure:"max_id"`
+	TTL     time.Duration `mapstructure:"ttl"`
 }
 
 // Sequencer configures the Redis sequencer.
@@ -116,7 +117,7 @@ func (c *Producer) Validate() error {
 	if s.DeliveryWait <= c.Kafka.Producer.DeliveryTimeout {
 		v.addf("sync.delivery_wait", "must be > kafka.producer.delivery_timeout (%s), got %s", c.Kafka.Producer.DeliveryTimeout, s.DeliveryWait)
 	}
-	c.IDGen.validate(v)
+	c.IDGen.validate(v, c.Coord.Enabled)
 	return v.err()
 }
 
@@ -145,7 +146,7 @@ func (s Sync) validate(v *validator) {
 	v.durationBetween("sync.delivery_wait", s.DeliveryWait, time.Second, 10*time.Minute)
 }
 
-func (g IDGen) validate(v *validator) {
+func (g IDGen) validate(v *validator, coordEnabled bool) {
 	if t, err := time.Parse(time.RFC3339, g.Epoch); err != nil {
 		v.addf("idgen.epoch", "must be an RFC 3339 time, got %q", g.Epoch)
 	} else if t.After(time.Now()) {
@@ -160,11 +161,8 @@ func (g IDGen) validate(v *validator) {
 	}
 	v.between("idgen.allocator.max_id", a.MaxID, 1, maxID)
 	v.durationBetween("idgen.allocator.ttl", a.TTL, time.Second, time.Hour)
-	if a.Backend == "etcd" && len(a.EtcdEndpoints) == 0 {
-		v.addf("idgen.allocator.etcd_endpoints", "must list at least one endpoint when idgen.allocator.backend is etcd")
-	}
-	for i, e := range a.EtcdEndpoints {
-		v.nonEmpty("idgen.allocator.etcd_endpoints["+itoa(i)+"]", e)
+	if a.Backend == "etcd" && !coordEnabled {
+		v.addf("idgen.allocator.backend", "is etcd, which needs coord.enabled: true (the etcd of the coord section)")
 	}
 	q := g.Sequencer
 	v.oneOf("idgen.sequencer.driver", q.Driver, "redis")

@@ -32,6 +32,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -277,6 +278,19 @@ func (c *Consumer) Start() error {
 	go c.pollLoop()
 	go c.commitLoop()
 	return nil
+}
+
+// Partitions returns the main-topic partitions the consumer holds now,
+// ascending.
+func (c *Consumer) Partitions() []int32 {
+	c.mu.Lock()
+	out := make([]int32, 0, len(c.parts))
+	for k := range c.parts {
+		out = append(out, k.id)
+	}
+	c.mu.Unlock()
+	slices.Sort(out)
+	return out
 }
 
 // ActiveProcessors returns the number of live per-user actors.

@@ -44,6 +44,14 @@ var (
 	// ErrNoFreeID is returned by InstanceIDAllocator.AcquireID when every ID
 	// in [1, maxID] is held.
 	ErrNoFreeID = errors.New("coord: no free instance id")
+
+	// ErrIDLost is AllocatedID.Err after the ID's lease expired: another
+	// instance may hold the ID now.
+	ErrIDLost = errors.New("coord: instance id lost with its lease")
+
+	// ErrIDTaken is AllocatedID.Err after the ID's key was deleted or
+	// rewritten by someone else while it was held.
+	ErrIDTaken = errors.New("coord: instance id key deleted or rewritten by someone else")
 )
 
 // VersionConflictError is returned by CompareAndSet when the key's version

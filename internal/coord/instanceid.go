@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -26,6 +29,7 @@ type InstanceIDAllocator struct {
 
 	mu   sync.Mutex
 	sess *concurrency.Session // nil until the first AcquireID, and after a loss
+	loss *leaseLoss           // reports the loss of sess once
 	held map[int]*AllocatedID
 }
 
@@ -35,9 +39,11 @@ type AllocatedID struct {
 	id   int
 	key  string
 	sess *concurrency.Session
+	loss *leaseLoss
 
 	once sync.Once
 	done chan struct{}
+	err  error // why it ended (nil: closed); set before done is closed
 }
 
 // InstanceIDAllocator returns the allocator of service, creating it on the
@@ -108,7 +114,10 @@ func (a *InstanceIDAllocator) AcquireID(ctx context.Context) (*AllocatedID, erro
 				return nil, fmt.Errorf("coord: acquire %s instance id %d: %w", a.service, id, err)
 			}
 			if tr.Succeeded {
-				aid := &AllocatedID{a: a, id: id, key: key, sess: sess, done: make(chan struct{})}
+				aid := &AllocatedID{a: a, id: id, key: key, sess: sess, loss: a.loss, done: make(chan struct{})}
+				if err := p.spawn(func() { a.guard(aid, tr.Header.Revision) }); err != nil {
+					return nil, err
+				}
 				a.held[id] = aid
 				p.log.Info("instance id acquired", zap.String("service", a.service), zap.Int("id", id),
 					zap.Int64("lease", int64(sess.Lease())))
@@ -133,11 +142,12 @@ func (a *InstanceIDAllocator) session(ctx context.Context) (*concurrency.Session
 	if err != nil {
 		return nil, err
 	}
-	if err := a.p.monitor(a.p.newLeaseLoss(kindInstanceID), sess, nil, func() { a.lost(sess) }); err != nil {
+	loss := a.p.newLeaseLoss(kindInstanceID)
+	if err := a.p.monitor(loss, sess, nil, func() { a.lost(sess) }); err != nil {
 		_ = a.p.closeSession(ctx, sess)
 		return nil, err
 	}
-	a.sess = sess
+	a.sess, a.loss = sess, loss
 	return sess, nil
 }
 
@@ -148,7 +158,7 @@ func (a *InstanceIDAllocator) lost(sess *concurrency.Session) {
 	defer a.mu.Unlock()
 	for id, aid := range a.held {
 		if aid.sess == sess {
-			aid.end()
+			aid.endWith(ErrIDLost)
 			delete(a.held, id)
 			a.p.log.Error("instance id lost with its lease", zap.String("service", a.service), zap.Int("id", id))
 		}
@@ -189,7 +199,111 @@ func (id *AllocatedID) Key() string { return id.key }
 // now, and this one must stop using it).
 func (id *AllocatedID) Done() <-chan struct{} { return id.done }
 
-func (id *AllocatedID) end() { id.once.Do(func() { close(id.done) }) }
+func (id *AllocatedID) end() { id.endWith(nil) }
+
+func (id *AllocatedID) endWith(err error) {
+	id.once.Do(func() {
+		id.err = err
+		close(id.done)
+	})
+}
+
+// Err reports why Done was closed: ErrIDLost (the lease expired),
+// ErrIDTaken (the key was deleted or rewritten by someone else), or nil
+// (closed, or still held).
+func (id *AllocatedID) Err() error {
+	select {
+	case <-id.done:
+		return id.err
+	default:
+		return nil
+	}
+}
+
+// guard watches the key of aid from rev on (the revision of its creation)
+// until aid ends: a delete or a write by anyone else ends aid with
+// ErrIDTaken. A broken or compacted watch is resumed after the key is read
+// again, from the revision of that read, so no change goes unseen and a
+// compaction does not make it loop.
+func (a *InstanceIDAllocator) guard(aid *AllocatedID, rev int64) {
+	p := a.p
+	ctx, cancel := context.WithCancel(p.ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-aid.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	lease := int64(aid.sess.Lease())
+	taken := func(why string) {
+		if why == "deleted" {
+			// etcd deletes the key when the lease expires, maybe before
+			// the session notices: then the ID was lost, not taken.
+			if ttl, err := p.cli.TimeToLive(ctx, aid.sess.Lease()); err == nil && ttl.TTL <= 0 {
+				aid.loss.report(aid.sess)
+				a.lost(aid.sess)
+				return
+			}
+		}
+		a.mu.Lock()
+		if a.held[aid.id] == aid {
+			delete(a.held, aid.id)
+		}
+		a.mu.Unlock()
+		aid.endWith(ErrIDTaken)
+		p.log.Error("instance id taken from us", zap.String("service", a.service), zap.Int("id", aid.id), zap.String("why", why))
+	}
+	for ctx.Err() == nil {
+		for wr := range p.cli.Watch(clientv3.WithRequireLeader(ctx), aid.key, clientv3.WithRev(rev+1)) {
+			if err := wr.Err(); err != nil {
+				break
+			}
+			for _, ev := range wr.Events {
+				rev = ev.Kv.ModRevision
+				if ev.Type == mvccpb.DELETE {
+					if isDone(aid.done) {
+						return // our own Close
+					}
+					taken("deleted")
+					return
+				}
+				if ev.Kv.Lease != lease {
+					taken(fmt.Sprintf("rewritten with lease %x", ev.Kv.Lease))
+					return
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// The watch broke (leader lost, compaction, connection): read the
+		// key again and go on from there.
+		for ctx.Err() == nil {
+			resp, err := p.cli.Get(ctx, aid.key)
+			if err != nil {
+				select {
+				case <-ctx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
+				continue
+			}
+			switch {
+			case isDone(aid.done):
+				return
+			case len(resp.Kvs) == 0:
+				taken("deleted")
+				return
+			case resp.Kvs[0].Lease != lease:
+				taken(fmt.Sprintf("rewritten with lease %x", resp.Kvs[0].Lease))
+				return
+			}
+			rev = resp.Header.Revision
+			break
+		}
+	}
+}
 
 // Close frees the ID at once (deleting its key, if still ours) so another
 // instance can take it. Calling it again does nothing.

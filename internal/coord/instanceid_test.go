@@ -212,3 +212,29 @@ func TestInstanceIDLostLeaseEndsID(t *testing.T) {
 		t.Fatalf("keys = %v", held)
 	}
 }
+
+// An ID whose key someone else rewrites while it is held ends with
+// ErrIDTaken, and Close leaves the other writer's key alone.
+func TestInstanceIDTakenEndsID(t *testing.T) {
+	raw, ns := testenv.Etcd(t)
+	p := newProvider(t, ns)
+	id := acquire(t, allocator(t, p, 1023))
+	if _, err := raw.Put(t.Context(), ns+id.Key(), "intruder"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-id.Done():
+	case <-time.After(wait):
+		t.Fatal("Done not closed after the key was rewritten")
+	}
+	if !errors.Is(id.Err(), ErrIDTaken) {
+		t.Fatalf("Err = %v, want ErrIDTaken", id.Err())
+	}
+	if err := id.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := raw.Get(t.Context(), ns+id.Key())
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "intruder" {
+		t.Fatalf("after Close the taken key is %v (%v), want the intruder's value", resp.Kvs, err)
+	}
+}

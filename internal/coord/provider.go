@@ -58,7 +58,7 @@ type Provider struct {
 // New validates cfg, connects to etcd and checks that it answers within
 // cfg.DialTimeout (and ctx), so a wrong endpoint fails at start.
 func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -73,7 +73,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	tc, err := cfg.tlsConfig()
+	tc, err := cfg.TLSClientConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +122,17 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 
 // Registry returns the service registry.
 func (p *Provider) Registry() *Registry { return p.registry }
+
+// Ping reads from etcd (a count of the config keys): nil when etcd answers
+// within ctx.
+func (p *Provider) Ping(ctx context.Context) error {
+	_, err := p.cli.Get(ctx, dirConfig, clientv3.WithCountOnly())
+	return err
+}
+
+// Owner is the value this Provider writes into the keys of the instance
+// IDs it holds: who holds them.
+func (p *Provider) Owner() string { return p.owner }
 
 // Config returns the config center.
 func (p *Provider) Config() *ConfigCenter { return p.config }

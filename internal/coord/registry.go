@@ -136,6 +136,55 @@ func (r *Registry) Register(ctx context.Context, info ServiceInfo, ttl time.Dura
 	return nil
 }
 
+// Update rewrites the info of an instance this Provider registered, on the
+// lease it already has (watchers see ServiceUpdated); a later
+// re-registration after a lost lease writes the updated info. info.ID names
+// the instance; its Name must not change. ErrNotRegistered if the ID is not
+// registered here.
+func (r *Registry) Update(ctx context.Context, info ServiceInfo) error {
+	p := r.p
+	ctx, cancel := p.bind(ctx)
+	defer cancel()
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
+	if p.isClosed() {
+		return ErrClosed
+	}
+	reg, ok := p.regs[info.ID]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNotRegistered, info.ID)
+	}
+	if info.Name != reg.info.Name {
+		return fmt.Errorf("coord: update %s: service name %q differs from the registered %q", info.ID, info.Name, reg.info.Name)
+	}
+	if info.StartedAt.IsZero() {
+		info.StartedAt = reg.info.StartedAt
+	}
+	// The keeper reads info only when it registers again, under its own
+	// goroutine: halt it, write, and let it go on with the new info.
+	reg.halt()
+	defer reg.run()
+	val, err := json.Marshal(info)
+	if err != nil {
+		return fmt.Errorf("coord: update %s/%s: encode: %w", info.Name, info.ID, err)
+	}
+	// Only while our lease still holds the key: after a loss the keeper
+	// registers again with the new info.
+	reg.info = info
+	tr, err := p.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(reg.key()), "=", reg.sess.Lease())).
+		Then(clientv3.OpPut(reg.key(), string(val), clientv3.WithLease(reg.sess.Lease()))).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("coord: update %s/%s: %w", info.Name, info.ID, err)
+	}
+	if !tr.Succeeded {
+		p.log.Warn("update of a registration whose lease was lost: it is registered again with the new info",
+			zap.String("service", info.Name), zap.String("id", info.ID))
+	}
+	return nil
+}
+
 // put writes the instance key on a new lease.
 func (reg *registration) put(ctx context.Context) (*concurrency.Session, error) {
 	p := reg.p

@@ -186,3 +186,48 @@ func TestRegistryWatchCompactedReportsDifference(t *testing.T) {
 	reg("d", "h:5")
 	expectService(t, ch, ServiceAdded, "d", "h:5")
 }
+
+// Update rewrites a registered instance's info on the lease it has: the
+// watchers see ServiceUpdated with the new info, the lease (and so the
+// registration's lifetime) is unchanged, and an unknown ID is refused.
+func TestRegistryUpdateKeepsTheLease(t *testing.T) {
+	raw, ns := testenv.Etcd(t)
+	watcher, svc := newProvider(t, ns), newProvider(t, ns)
+	ctx := t.Context()
+	info := ServiceInfo{Name: "consumer", ID: "a", Addr: "10.0.0.1:9000", Metadata: map[string]string{"partitions": "0,1"}}
+	if err := svc.Registry().Register(ctx, info, 0); err != nil {
+		t.Fatal(err)
+	}
+	leaseOf := func() int64 {
+		t.Helper()
+		resp, err := raw.Get(ctx, ns+serviceDir("consumer")+"a")
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("instance key: %v %v", resp, err)
+		}
+		return resp.Kvs[0].Lease
+	}
+	lease := leaseOf()
+	ch, err := watcher.Registry().Watch(ctx, "consumer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := expectService(t, ch, ServiceAdded, "a", info.Addr).StartedAt
+
+	info.Metadata = map[string]string{"partitions": "2"}
+	if err := svc.Registry().Update(ctx, info); err != nil {
+		t.Fatal(err)
+	}
+	got := expectService(t, ch, ServiceUpdated, "a", info.Addr)
+	if got.Metadata["partitions"] != "2" || !got.StartedAt.Equal(started) {
+		t.Fatalf("updated info = %+v, want partitions 2 and the first start time %s", got, started)
+	}
+	if l := leaseOf(); l != lease {
+		t.Fatalf("lease after Update = %x, want the registration's %x", l, lease)
+	}
+	if err := svc.Registry().Update(ctx, ServiceInfo{Name: "consumer", ID: "nope"}); !errors.Is(err, ErrNotRegistered) {
+		t.Fatalf("Update of an unregistered ID: %v, want ErrNotRegistered", err)
+	}
+	if err := svc.Registry().Update(ctx, ServiceInfo{Name: "producer", ID: "a"}); err == nil {
+		t.Fatal("Update that renames the service accepted")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +21,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/coord"
+	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/obs"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
@@ -53,7 +56,16 @@ type Base struct {
 	Ops      *obs.Server
 	Redis    redis.UniversalClient
 	Admin    *kafka.AdminClient
-	common   config.Common
+	// Coord is the etcd coordination provider and Fleet this process's
+	// entry in the fleet; both nil unless coord.enabled.
+	Coord  *coord.Provider
+	Fleet  *fleet.Self
+	common config.Common
+	// etcdDown is the start of the current etcd outage (unix ns; 0: up),
+	// stopPing ends the pinger and pingDone says it has.
+	etcdDown atomic.Int64
+	stopPing context.CancelFunc
+	pingDone chan struct{}
 }
 
 // Start builds the logger, registry, Redis client, Kafka admin client, the
@@ -90,7 +102,86 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 		_ = b.Close(context.Background())
 		return nil, err
 	}
+	if c.Coord.Enabled {
+		if err := b.startCoord(bctx); err != nil {
+			_ = b.Close(context.Background())
+			return nil, err
+		}
+	}
 	return b, nil
+}
+
+// startCoord connects to etcd (retrying while it is not reachable, like the
+// topic bootstrap), joins the fleet and starts the pinger behind the
+// "etcd" line of /readyz. etcd going away later makes no daemon unready:
+// what it coordinates (the fleet, an etcd worker-ID lease) reports its own
+// trouble, and everything keeps the last state it saw.
+func (b *Base) startCoord(ctx context.Context) error {
+	for {
+		p, err := coord.New(ctx, b.common.Coord.Config, coord.WithLogger(b.Log), coord.WithRegisterer(b.Registry))
+		if err == nil {
+			b.Coord = p
+			break
+		}
+		b.Log.Warn("etcd not reachable yet; retrying", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (coord.endpoints=%v)", err, b.common.Coord.Endpoints)
+		case <-time.After(time.Second):
+		}
+	}
+	self, err := fleet.Join(ctx, b.Coord, fleet.NewMember(b.Name, Version, b.Ops.Addr()), b.Log)
+	if err != nil {
+		return err
+	}
+	b.Fleet = self
+	up := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kfpipe_coord_reachable",
+		Help: "1 while etcd (coord.endpoints) answered the last ping (every 5 s), 0 while it does not."})
+	b.Registry.MustRegister(up)
+	up.Set(1)
+	pctx, stop := context.WithCancel(context.Background())
+	b.stopPing, b.pingDone = stop, make(chan struct{})
+	go b.pingEtcd(pctx, up)
+	b.Ops.AddDetail("etcd", func() string {
+		since := b.etcdDown.Load()
+		if since == 0 {
+			return ""
+		}
+		return fmt.Sprintf("degraded: etcd unreachable for %s; the fleet entry and anything else coordinated through etcd keep their last state",
+			time.Since(time.Unix(0, since)).Round(time.Second))
+	})
+	return nil
+}
+
+// pingEtcd pings etcd every 5 s until ctx ends.
+func (b *Base) pingEtcd(ctx context.Context, up prometheus.Gauge) {
+	defer close(b.pingDone)
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := b.Coord.Ping(pctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			if b.etcdDown.Swap(0) != 0 {
+				b.Log.Info("etcd reachable again")
+			}
+			up.Set(1)
+		default:
+			if b.etcdDown.CompareAndSwap(0, time.Now().UnixNano()) {
+				b.Log.Warn("etcd unreachable: running on the last coordinated state", zap.Error(err))
+			}
+			up.Set(0)
+		}
+	}
 }
 
 // bootstrapTopics retries while the broker is not yet reachable (a daemon
@@ -143,9 +234,24 @@ func (b *Base) closeClients() {
 	_ = b.Redis.Close()
 }
 
-// Close stops the ops server and closes the shared clients.
+// Close stops the ops server, leaves the fleet and closes the shared
+// clients.
 func (b *Base) Close(ctx context.Context) error {
 	err := b.Ops.Shutdown(ctx)
+	if b.stopPing != nil {
+		b.stopPing()
+		<-b.pingDone
+	}
+	if b.Fleet != nil {
+		if lerr := b.Fleet.Leave(ctx); lerr != nil {
+			b.Log.Warn("leave the fleet", zap.Error(lerr))
+		}
+	}
+	if b.Coord != nil {
+		if cerr := b.Coord.Close(); cerr != nil {
+			b.Log.Warn("close coord", zap.Error(cerr))
+		}
+	}
 	b.closeClients()
 	_ = b.Log.Sync()
 	return err

@@ -4,30 +4,33 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/coord"
 )
 
-// EtcdAllocator is the etcd backend of Allocator: the worker-ID key is
-// created in a transaction only if it does not exist, bound to a lease, so
-// etcd deletes it when the lease is revoked or expires.
+// EtcdService is the coord instance-ID service whose IDs are kf-producer's
+// Snowflake worker IDs: the keys are instance_ids/kf-producer/<id+1> under
+// coord.namespace (coord counts from 1, worker IDs from 0).
+const EtcdService = "kf-producer"
+
+// EtcdAllocator is the etcd backend of Allocator. It is a user of coord's
+// instance-ID allocator, the one implementation of lease-bound IDs on
+// etcd: the lease is the Provider's (coord.keep_alive; idgen.allocator.ttl
+// is the Redis backend's), the key holds Provider.Owner, and coord ends
+// the ID when its lease expires or its key is deleted or rewritten by
+// someone else.
 type EtcdAllocator struct {
-	cli *clientv3.Client
-	cfg AllocatorConfig
-	log *zap.Logger
-	m   *metrics
+	alloc *coord.InstanceIDAllocator
+	maxID int
+	log   *zap.Logger
+	m     *metrics
 
 	mu      sync.Mutex
-	id      int
-	key     string // "" when none
-	rev     int64  // revision of our Put
-	lease   clientv3.LeaseID
+	held    *coord.AllocatedID // nil when none
 	stopped bool
 	kaStop  context.CancelFunc
 	kaDone  chan struct{}
@@ -35,167 +38,107 @@ type EtcdAllocator struct {
 
 var _ Allocator = (*EtcdAllocator)(nil)
 
-// NewEtcdAllocator returns an etcd-backed Allocator; cfg.TTL is rounded up
-// to whole seconds (etcd leases count seconds). Options: WithLogger,
+// NewEtcdAllocator returns an etcd-backed Allocator over p's instance IDs
+// of EtcdService, cfg.MaxID of them. cfg.Prefix, cfg.TTL and cfg.Owner do
+// not apply (p's namespace, keep-alive and owner do). Options: WithLogger,
 // WithRegisterer.
-func NewEtcdAllocator(cli *clientv3.Client, cfg AllocatorConfig, opts ...Option) (*EtcdAllocator, error) {
-	if cli == nil {
-		return nil, errors.New("idgen: etcd allocator needs a client")
+func NewEtcdAllocator(p *coord.Provider, cfg AllocatorConfig, opts ...Option) (*EtcdAllocator, error) {
+	if cfg.TTL == 0 {
+		cfg.TTL = time.Second // not used: the lease is the provider's
 	}
-	cfg.setDefaults()
-	if err := cfg.validate(time.Second); err != nil {
+	if err := cfg.validate(time.Millisecond); err != nil {
 		return nil, err
+	}
+	if p == nil {
+		return nil, errors.New("idgen: etcd allocator needs a coord provider")
 	}
 	o := buildOptions(opts)
 	m, err := newMetrics(o.reg)
 	if err != nil {
 		return nil, err
 	}
-	return &EtcdAllocator{cli: cli, cfg: cfg, log: o.logger, m: m}, nil
+	alloc, err := p.InstanceIDAllocator(EtcdService, cfg.MaxID)
+	if err != nil {
+		return nil, fmt.Errorf("idgen: %w", err)
+	}
+	return &EtcdAllocator{alloc: alloc, maxID: cfg.MaxID, log: o.logger, m: m}, nil
 }
 
-func (a *EtcdAllocator) keyOf(id int) string {
-	return a.cfg.Prefix + "idgen/worker/" + strconv.Itoa(id)
-}
-
-// Allocate grants a lease and claims a free worker ID with it, scanning the
-// pool as a ring from a random start. A second call returns the ID already
-// held. Call KeepAlive promptly: until then nothing renews the lease.
+// Allocate claims the lowest free worker ID. A second call returns the ID
+// already held. coord keeps the lease alive from here on; KeepAlive reports
+// its loss.
 func (a *EtcdAllocator) Allocate(ctx context.Context) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.stopped {
 		return 0, ErrStopped
 	}
-	if a.key != "" {
-		return a.id, nil
+	if a.held != nil && a.held.Err() == nil {
+		return a.held.ID() - 1, nil
 	}
-	secs := int64((a.cfg.TTL + time.Second - 1) / time.Second)
-	lease, err := a.cli.Grant(ctx, secs)
+	id, err := a.alloc.AcquireID(ctx)
+	if errors.Is(err, coord.ErrNoFreeID) {
+		return 0, noFreeID(a.maxID, "instance_ids/"+EtcdService+"/")
+	}
 	if err != nil {
-		return 0, fmt.Errorf("idgen: grant lease: %w", err)
+		return 0, fmt.Errorf("idgen: claim worker id: %w", err)
 	}
-	start := randomOffset(a.cfg.MaxID)
-	for i := range a.cfg.MaxID {
-		id := (start + i) % a.cfg.MaxID
-		key := a.keyOf(id)
-		resp, err := a.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, a.cfg.Owner, clientv3.WithLease(lease.ID))).
-			Commit()
-		if err != nil {
-			a.revoke(lease.ID)
-			return 0, fmt.Errorf("idgen: claim worker id %d: %w", id, err)
-		}
-		if resp.Succeeded {
-			a.id, a.key, a.rev, a.lease = id, key, resp.Header.Revision, lease.ID
-			a.log.Info("worker id allocated", zap.Int("worker_id", id), zap.String("key", key),
-				zap.String("owner", a.cfg.Owner), zap.Int64("lease", int64(lease.ID)))
-			return id, nil
-		}
-	}
-	a.revoke(lease.ID)
-	return 0, noFreeID(a.cfg.MaxID, a.cfg.Prefix+"idgen/worker/")
-}
-
-// revoke drops a lease we will not use; the caller's ctx may be done, so it
-// gets its own short deadline. Failure only delays the lease's expiry.
-func (a *EtcdAllocator) revoke(id clientv3.LeaseID) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := a.cli.Revoke(ctx, id); err != nil {
-		a.log.Warn("revoke unused lease", zap.Int64("lease", int64(id)), zap.Error(err))
-	}
+	a.held, a.kaDone = id, nil
+	a.log.Info("worker id allocated", zap.Int("worker_id", id.ID()-1), zap.String("key", id.Key()))
+	return id.ID() - 1, nil
 }
 
 // ID returns the held worker ID, if any.
 func (a *EtcdAllocator) ID() (int, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.id, a.key != ""
+	if a.held == nil {
+		return 0, false
+	}
+	return a.held.ID() - 1, true
 }
 
-// KeepAlive keeps the lease alive (the etcd client renews at a third of its
-// TTL) and watches the key. A lost lease sends ErrLeaseExpired; the key
-// deleted or rewritten by someone else sends ErrKeyStolen; either closes
-// the channel.
+// KeepAlive reports the end of the held ID: ErrLeaseExpired when its lease
+// expired, ErrKeyStolen when its key was deleted or rewritten by someone
+// else; either closes the channel. (coord renews the lease itself.)
 func (a *EtcdAllocator) KeepAlive(ctx context.Context) <-chan error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	switch {
 	case a.stopped:
 		return closedErr(ErrStopped)
-	case a.key == "":
+	case a.held == nil:
 		return closedErr(ErrNotAllocated)
 	case a.kaDone != nil:
 		return closedErr(errors.New("idgen: keepalive already running"))
 	}
-	errc := make(chan error, 1) // only one error is ever sent
+	errc := make(chan error, 1)
 	kctx, cancel := context.WithCancel(ctx)
 	a.kaStop, a.kaDone = cancel, make(chan struct{})
-	go a.keepAlive(kctx, a.id, a.key, a.rev, a.lease, errc, a.kaDone)
+	go a.watch(kctx, a.held, errc, a.kaDone)
 	return errc
 }
 
-func (a *EtcdAllocator) keepAlive(ctx context.Context, id int, key string, rev int64, lease clientv3.LeaseID,
-	errc chan<- error, done chan<- struct{}) {
+func (a *EtcdAllocator) watch(ctx context.Context, id *coord.AllocatedID, errc chan<- error, done chan<- struct{}) {
 	defer close(done)
 	defer close(errc)
-	fail := func(reason string, err error) {
-		a.m.errors.WithLabelValues(reason).Inc()
-		sendFatal(ctx, errc, err)
-	}
-	kac, err := a.cli.KeepAlive(ctx, lease)
-	if err != nil {
-		if ctx.Err() == nil {
-			fail(reasonLeaseExpired, fmt.Errorf("%w: worker id %d: %v", ErrLeaseExpired, id, err))
-		}
+	select {
+	case <-ctx.Done():
 		return
+	case <-id.Done():
 	}
-	wch := a.cli.Watch(ctx, key, clientv3.WithRev(rev+1))
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-kac:
-			if ok {
-				continue
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			fail(reasonLeaseExpired, fmt.Errorf("%w: lease %x of worker id %d", ErrLeaseExpired, int64(lease), id))
-			return
-		case wr, ok := <-wch:
-			if ctx.Err() != nil {
-				return
-			}
-			if !ok || wr.Err() != nil {
-				// The watch is a second line of defence; the lease is the
-				// claim. Re-establish it from our revision so no event is missed.
-				a.log.Warn("worker id watch interrupted", zap.Int("worker_id", id), zap.Error(wr.Err()))
-				wch = a.cli.Watch(ctx, key, clientv3.WithRev(rev+1))
-				continue
-			}
-			for _, ev := range wr.Events {
-				switch {
-				case ev.Type == mvccpb.PUT && clientv3.LeaseID(ev.Kv.Lease) == lease && string(ev.Kv.Value) == a.cfg.Owner:
-					rev = ev.Kv.ModRevision // our own write; nothing to do
-				case ev.Type == mvccpb.DELETE:
-					fail(reasonLeaseExpired, fmt.Errorf("%w: key %s of worker id %d was deleted", ErrLeaseExpired, key, id))
-					return
-				default:
-					fail(reasonKeyStolen, fmt.Errorf("%w: key %s of worker id %d now holds %q", ErrKeyStolen, key, id, ev.Kv.Value))
-					return
-				}
-			}
-		}
+	switch err := id.Err(); {
+	case errors.Is(err, coord.ErrIDTaken):
+		a.m.errors.WithLabelValues(reasonKeyStolen).Inc()
+		sendFatal(ctx, errc, fmt.Errorf("%w: worker id %d: %v", ErrKeyStolen, id.ID()-1, err))
+	case err != nil:
+		a.m.errors.WithLabelValues(reasonLeaseExpired).Inc()
+		sendFatal(ctx, errc, fmt.Errorf("%w: worker id %d: %v", ErrLeaseExpired, id.ID()-1, err))
 	}
 }
 
-// Stop ends KeepAlive, waits for it, and revokes the lease, which deletes
-// the key if it is still bound to our lease (never a key someone else now
-// holds). Calling Stop again does nothing.
+// Stop ends KeepAlive, waits for it, and frees the ID (its key is deleted
+// if still ours). Calling Stop again does nothing.
 func (a *EtcdAllocator) Stop(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -207,15 +150,14 @@ func (a *EtcdAllocator) Stop(ctx context.Context) error {
 		a.kaStop()
 		<-a.kaDone
 	}
-	if a.key == "" {
+	if a.held == nil {
 		return nil
 	}
-	id, lease := a.id, a.lease
-	a.key = ""
-	if _, err := a.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		// A lease that is already gone took the key with it.
-		return fmt.Errorf("idgen: release worker id %d (revoke lease %x): %w", id, int64(lease), err)
+	id := a.held
+	a.held = nil
+	if err := id.Close(ctx); err != nil {
+		return fmt.Errorf("idgen: release worker id %d: %w", id.ID()-1, err)
 	}
-	a.log.Info("worker id released", zap.Int("worker_id", id))
+	a.log.Info("worker id released", zap.Int("worker_id", id.ID()-1))
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kfpipe/kfpipe/internal/coord"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -31,6 +32,9 @@ type allocBackend struct {
 	checkBound func(t *testing.T, id int, ttl time.Duration)
 	// steal overwrites the key of id as another owner would.
 	steal func(t *testing.T, id int, owner string)
+	// leaseOutlivesKeepAlive: the claim is renewed by something other
+	// than KeepAlive, so cancelling KeepAlive is no crash.
+	leaseOutlivesKeepAlive bool
 }
 
 func redisBackend(t *testing.T) allocBackend {
@@ -73,8 +77,8 @@ func redisBackend(t *testing.T) allocBackend {
 }
 
 func etcdBackend(t *testing.T) allocBackend {
-	cli, prefix := testenv.Etcd(t)
-	key := func(id int) string { return prefix + "idgen/worker/" + strconv.Itoa(id) }
+	cli, ns := testenv.Etcd(t)
+	key := func(id int) string { return ns + "instance_ids/" + EtcdService + "/" + strconv.Itoa(id+1) }
 	get := func(t *testing.T, id int) *clientv3.GetResponse {
 		resp, err := cli.Get(context.Background(), key(id))
 		if err != nil {
@@ -84,13 +88,28 @@ func etcdBackend(t *testing.T) allocBackend {
 	}
 	return allocBackend{
 		ttl: 2 * time.Second, // the default server's minimum lease TTL
+		// Each allocator is another process: its own Provider, lease and
+		// owner, the lease's TTL being the provider's keep-alive.
 		newAlloc: func(t *testing.T, maxID int, ttl time.Duration) Allocator {
-			a, err := NewEtcdAllocator(cli, AllocatorConfig{Prefix: prefix, MaxID: maxID, TTL: ttl})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			p, err := coord.New(ctx, coord.Config{Endpoints: testenv.EtcdEndpoints(t), Namespace: ns,
+				DialTimeout: 3 * time.Second, KeepAlive: ttl})
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { _ = p.Close() })
+			a, err := NewEtcdAllocator(p, AllocatorConfig{MaxID: maxID, Owner: p.Owner()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			owners.Store(a, p.Owner())
 			return a
 		},
+		// coord keeps the lease alive, not KeepAlive: a crash is a process
+		// that stops, tested where the lease lives
+		// (coord.TestInstanceIDFreedWhenHolderDies).
+		leaseOutlivesKeepAlive: true,
 		holder: func(t *testing.T, id int) (string, bool) {
 			resp := get(t, id)
 			if len(resp.Kvs) == 0 {
@@ -123,6 +142,9 @@ func etcdBackend(t *testing.T) allocBackend {
 		},
 	}
 }
+
+// owners maps an etcd allocator to its provider's owner (ownerOf).
+var owners sync.Map
 
 func TestAllocator(t *testing.T) {
 	for name, mk := range map[string]func(*testing.T) allocBackend{"redis": redisBackend, "etcd": etcdBackend} {
@@ -245,44 +267,12 @@ func runAllocatorSuite(t *testing.T, mk func(*testing.T) allocBackend) {
 		}
 	})
 
-	t.Run("a crashed holder's id is freed after the TTL and reused", func(t *testing.T) {
-		t.Parallel()
-		b := mk(t)
-		a := b.newAlloc(t, 1, b.ttl)
-		id, err := a.Allocate(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kctx, crash := context.WithCancel(ctx)
-		errc := a.KeepAlive(kctx)
-		time.Sleep(b.ttl / 2)
-		crash() // renewals stop; Stop is never called
-		if err, open := <-errc; open {
-			t.Fatalf("channel after ctx cancel delivered %v, want closed", err)
-		}
-		if _, ok := b.holder(t, id); !ok {
-			t.Fatal("key vanished right after the crash, before its TTL")
-		}
-		other := b.newAlloc(t, 1, b.ttl)
-		stopAtCleanup(t, other)
-		if _, err := other.Allocate(ctx); !errors.Is(err, ErrNoFreeID) {
-			t.Fatalf("Allocate while the crashed claim lives = %v, want ErrNoFreeID", err)
-		}
-		deadline := time.Now().Add(b.ttl + 5*time.Second)
-		for {
-			if _, ok := b.holder(t, id); !ok {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("key of crashed holder still present %s after the crash", b.ttl+5*time.Second)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		got, err := other.Allocate(ctx)
-		if err != nil || got != id {
-			t.Fatalf("Allocate after expiry = %d, %v; want the freed id %d", got, err, id)
-		}
-	})
+	if !mk(t).leaseOutlivesKeepAlive {
+		t.Run("a crashed holder's id is freed after the TTL and reused", func(t *testing.T) {
+			t.Parallel()
+			crashedHolderFreed(t, mk(t))
+		})
+	}
 
 	t.Run("KeepAlive reports a stolen key and Stop leaves it alone", func(t *testing.T) {
 		t.Parallel()
@@ -333,7 +323,8 @@ func ownerOf(a Allocator) string {
 	case *RedisAllocator:
 		return a.cfg.Owner
 	case *EtcdAllocator:
-		return a.cfg.Owner
+		o, _ := owners.Load(a)
+		return o.(string)
 	}
 	panic(fmt.Sprintf("unknown allocator %T", a))
 }
@@ -345,37 +336,76 @@ func idOf(a Allocator) (int, bool) {
 func TestAllocatorConfigValidation(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	defer rc.Close()
-	ec, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ec.Close()
 	tests := []struct {
 		name    string
 		cfg     AllocatorConfig
-		wantErr string // "" = valid for both backends
-		etcdErr string // etcd only
+		wantErr string // "" = valid
+		etcd    bool   // the etcd backend refuses it too (its TTL is coord's)
 	}{
-		{"ok", AllocatorConfig{MaxID: 1024, TTL: time.Second}, "", ""},
-		{"max_id 0", AllocatorConfig{MaxID: 0, TTL: time.Second}, "idgen.allocator.max_id must be in [1, 1024], got 0", ""},
-		{"max_id 1025", AllocatorConfig{MaxID: 1025, TTL: time.Second}, "idgen.allocator.max_id must be in [1, 1024], got 1025", ""},
-		{"ttl 0", AllocatorConfig{MaxID: 1, TTL: 0}, "idgen.allocator.ttl must be >=", ""},
-		{"ttl 500ms", AllocatorConfig{MaxID: 1, TTL: 500 * time.Millisecond}, "", "idgen.allocator.ttl must be >= 1s"},
+		{"ok", AllocatorConfig{MaxID: 1024, TTL: time.Second}, "", false},
+		{"max_id 0", AllocatorConfig{MaxID: 0, TTL: time.Second}, "idgen.allocator.max_id must be in [1, 1024], got 0", true},
+		{"max_id 1025", AllocatorConfig{MaxID: 1025, TTL: time.Second}, "idgen.allocator.max_id must be in [1, 1024], got 1025", true},
+		{"ttl 0", AllocatorConfig{MaxID: 1, TTL: 0}, "idgen.allocator.ttl must be >=", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, rerr := NewRedisAllocator(rc, tt.cfg)
-			_, eerr := NewEtcdAllocator(ec, tt.cfg)
-			check := func(backend string, err error, want string) {
-				if want == "" && err != nil {
-					t.Errorf("%s: unexpected error %v", backend, err)
-				}
-				if want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
-					t.Errorf("%s: error %v, want it to contain %q", backend, err, want)
-				}
+			if tt.wantErr == "" && rerr != nil {
+				t.Errorf("redis: unexpected error %v", rerr)
 			}
-			check("redis", rerr, tt.wantErr)
-			check("etcd", eerr, tt.wantErr+tt.etcdErr)
+			if tt.wantErr != "" && (rerr == nil || !strings.Contains(rerr.Error(), tt.wantErr)) {
+				t.Errorf("redis: error %v, want it to contain %q", rerr, tt.wantErr)
+			}
+			// The etcd backend checks the config before it needs its
+			// provider: a nil one is the error of a valid config.
+			_, eerr := NewEtcdAllocator(nil, tt.cfg)
+			want := "needs a coord provider"
+			if tt.etcd {
+				want = tt.wantErr
+			}
+			if eerr == nil || !strings.Contains(eerr.Error(), want) {
+				t.Errorf("etcd: error %v, want it to contain %q", eerr, want)
+			}
 		})
+	}
+}
+
+// crashedHolderFreed: a holder that stops renewing without Stop loses its
+// id after the TTL, and the id is reused.
+func crashedHolderFreed(t *testing.T, b allocBackend) {
+	ctx := context.Background()
+	a := b.newAlloc(t, 1, b.ttl)
+	id, err := a.Allocate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, crash := context.WithCancel(ctx)
+	errc := a.KeepAlive(kctx)
+	time.Sleep(b.ttl / 2)
+	crash() // renewals stop; Stop is never called
+	if err, open := <-errc; open {
+		t.Fatalf("channel after ctx cancel delivered %v, want closed", err)
+	}
+	if _, ok := b.holder(t, id); !ok {
+		t.Fatal("key vanished right after the crash, before its TTL")
+	}
+	other := b.newAlloc(t, 1, b.ttl)
+	stopAtCleanup(t, other)
+	if _, err := other.Allocate(ctx); !errors.Is(err, ErrNoFreeID) {
+		t.Fatalf("Allocate while the crashed claim lives = %v, want ErrNoFreeID", err)
+	}
+	deadline := time.Now().Add(b.ttl + 5*time.Second)
+	for {
+		if _, ok := b.holder(t, id); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key of crashed holder still present %s after the crash", b.ttl+5*time.Second)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got, err := other.Allocate(ctx)
+	if err != nil || got != id {
+		t.Fatalf("Allocate after expiry = %d, %v; want the freed id %d", got, err, id)
 	}
 }

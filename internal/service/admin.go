@@ -15,6 +15,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/producer"
@@ -31,6 +32,14 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ) (*admin.Se
 	}
 	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
 		topic: cfg.Kafka.Topics.Main.Name, group: cfg.Admin.ConsumerGroup, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}
+	if base.Coord != nil {
+		// Provider.Close (at the daemon's end) ends the watch.
+		view, err := fleet.Watch(context.Background(), base.Coord)
+		if err != nil {
+			return nil, err
+		}
+		ac.Fleet = view
+	}
 	srv, err := admin.New(ac, dlqStore{x: d.Index, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}, rateLimitAdmin{a: d.Admin, x: d.Index}, base.Redis, base.Log, base.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
@@ -186,12 +188,54 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 	}
 	sctx, stop := context.WithCancel(context.Background())
 	s.stopStatus, s.statusDone = stop, make(chan struct{})
+	var fleetDone chan struct{}
+	if base.Fleet != nil {
+		fleetDone = make(chan struct{})
+		go func() {
+			defer close(fleetDone)
+			followFleet(sctx, base.Fleet, s.C)
+		}()
+	}
 	go func() {
 		defer close(s.statusDone)
 		publishNodeStatus(sctx, base.Redis, prefix, base.Registry, log)
+		if fleetDone != nil {
+			<-fleetDone
+		}
 	}()
 	return s, nil
 }
+
+// followFleet keeps the consumer's fleet entry current: its partitions
+// within a second of a rebalance, its live actors every fleetActorsEvery.
+func followFleet(ctx context.Context, self *fleet.Self, c *consumer.Consumer) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var lastActors time.Time
+	for {
+		ps := c.Partitions()
+		actors := time.Since(lastActors) >= fleetActorsEvery
+		m := self.Member()
+		if actors || !slices.Equal(ps, m.Partitions) {
+			n := m.Actors
+			if actors {
+				n, lastActors = c.ActiveProcessors(), time.Now()
+			}
+			uctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			self.Update(uctx, func(m *fleet.Member) { m.Partitions, m.Actors = ps, n })
+			cancel()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// fleetActorsEvery is how often a consumer's actor count is written to
+// its fleet entry (partitions are written on every change).
+const fleetActorsEvery = 10 * time.Second
 
 // watchRedis pings Redis every interval; once no ping has succeeded for
 // after, it calls standby(true, why), and standby(false, "") at the next

@@ -17,6 +17,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 )
@@ -154,6 +155,11 @@ func (d *DLQ) startAdmin(cfg *config.DLQConsumer, base *daemon.Base) error {
 		}
 	}()
 	base.Log.Info("admin API listening", zap.String("url", d.AdminURL+"/admin/ui/"))
+	if base.Fleet != nil {
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		base.Fleet.Update(uctx, func(m *fleet.Member) { m.AdminAddr = ln.Addr().String() })
+		cancel()
+	}
 	return nil
 }
 

@@ -10,11 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/idgen"
 	"github.com/kfpipe/kfpipe/internal/lock"
 	"github.com/kfpipe/kfpipe/internal/producer"
@@ -28,7 +28,6 @@ type Producer struct {
 
 	log    *zap.Logger
 	kp     *producer.KafkaProducer
-	etcd   *clientv3.Client
 	http   *http.Server
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -79,20 +78,13 @@ func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base)
 func (p *Producer) startWorkerID(ctx context.Context, cfg *config.Producer, base *daemon.Base) error {
 	log, reg := base.Log, base.Registry
 	acfg := idgen.AllocatorFromConfig(cfg.IDGen, cfg.Redis.KeyPrefix, nodeName())
-	if cfg.IDGen.Allocator.Backend == "etcd" {
-		var err error
-		p.etcd, err = clientv3.New(clientv3.Config{Endpoints: cfg.IDGen.Allocator.EtcdEndpoints, DialTimeout: 5 * time.Second})
-		if err != nil {
-			return fmt.Errorf("etcd: %w", err)
-		}
-	}
 	// Metrics are registered by the first allocator and generator only: a
 	// re-allocation must not register them twice.
 	idOpts := []idgen.Option{idgen.WithLogger(log), idgen.WithRegisterer(reg)}
 	newAlloc := func() (idgen.Allocator, error) {
 		defer func() { idOpts = []idgen.Option{idgen.WithLogger(log)} }()
-		if p.etcd != nil {
-			return idgen.NewEtcdAllocator(p.etcd, acfg, idOpts...)
+		if cfg.IDGen.Allocator.Backend == "etcd" {
+			return idgen.NewEtcdAllocator(base.Coord, acfg, idOpts...)
 		}
 		return idgen.NewRedisAllocator(base.Redis, acfg, idOpts...)
 	}
@@ -104,6 +96,12 @@ func (p *Producer) startWorkerID(ctx context.Context, cfg *config.Producer, base
 			return err
 		}
 		p.ids.p.Store(gen)
+		if base.Fleet != nil {
+			// Also on a re-allocation, long after start: its own deadline.
+			uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			base.Fleet.Update(uctx, func(m *fleet.Member) { m.WorkerID = workerID })
+			cancel()
+		}
 		return nil
 	}
 	// Lost and Regained run only once the keeper is started, after the
@@ -208,9 +206,6 @@ func (p *Producer) Close(ctx context.Context) error {
 	p.wg.Wait()
 	if p.keeper != nil {
 		errs = append(errs, p.keeper.Close(ctx))
-	}
-	if p.etcd != nil {
-		errs = append(errs, p.etcd.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -2,12 +2,16 @@ package service
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/idgen"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
@@ -89,5 +93,87 @@ func TestProducerReallocatesLostWorkerID(t *testing.T) {
 	})
 	if v := rdb.Get(ctx, stolen).Val(); !strings.Contains(v, "another-producer") {
 		t.Fatalf("the stolen key was overwritten: %q", v)
+	}
+}
+
+// TestProducerWorkerIDOnEtcd: with idgen.allocator.backend etcd the worker
+// ID is an instance ID of coord's allocator (one implementation), shown in
+// the producer's fleet entry; when someone else rewrites its key the
+// producer takes a new one (and its fleet entry says so) without a
+// restart, leaving the other writer's key alone.
+func TestProducerWorkerIDOnEtcd(t *testing.T) {
+	testenv.KafkaBrokers(t)
+	_, prefix := testenv.Redis(t)
+	raw, ns := testenv.Etcd(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() { _, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic}) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{"wk-etcd"}})
+	defer fake.Close()
+
+	cfg, err := config.LoadProducer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, "unused")
+	cfg.WeCom.BaseURL, cfg.WeCom.OpenKfIDs = fake.URL(), nil
+	cfg.Callback.Addr = testenv.FreeAddr(t)
+	cfg.IDGen.Allocator.Backend = "etcd"
+	cfg.Coord.Enabled, cfg.Coord.Endpoints, cfg.Coord.Namespace = true, testenv.EtcdEndpoints(t), ns
+	cfg.Coord.KeepAlive = 3 * time.Second
+	base, err := daemon.Start(ctx, "kf-producer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer base.Close(context.Background())
+	p, err := StartProducer(ctx, cfg, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(context.Background())
+
+	ids := func() map[string]string {
+		resp, err := raw.Get(ctx, ns+"instance_ids/"+idgen.EtcdService+"/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, kv := range resp.Kvs {
+			out[string(kv.Key)] = string(kv.Value)
+		}
+		return out
+	}
+	before := ids()
+	if len(before) != 1 {
+		t.Fatalf("worker id keys %v, want one", before)
+	}
+	var taken, owner string
+	for k, v := range before {
+		taken, owner = k, v
+	}
+	fleetWorkerID := func() int { return base.Fleet.Member().WorkerID }
+	first := fleetWorkerID()
+	if want, _ := strconv.Atoi(taken[strings.LastIndex(taken, "/")+1:]); first != want-1 {
+		t.Fatalf("fleet worker_id %d, want %d (key %s)", first, want-1, taken)
+	}
+	if _, err := raw.Put(ctx, taken, "another-producer"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "a new worker id", func() bool {
+		for k, v := range ids() {
+			if k != taken && v == owner {
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, 10*time.Second, "ready again, the fleet entry showing the new id", func() bool {
+		fail := base.Ops.Ready(ctx)
+		_, lost := fail["worker_id"]
+		return !lost && fleetWorkerID() >= 0 && fleetWorkerID() != first
+	})
+	if v := ids()[taken]; v != "another-producer" {
+		t.Fatalf("the taken key was overwritten: %q", v)
 	}
 }

@@ -127,6 +127,7 @@ func rebuildDLQ(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Ops.Addr = "127.0.0.1:0" // a one-shot command; the daemon may run beside it
+	cfg.Coord.Enabled = false    // and is no member of the fleet
 	base, err := daemon.Start(ctx, "dlq-consumer", cfg.Common)
 	if err != nil {
 		return err

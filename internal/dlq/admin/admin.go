@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -61,6 +62,15 @@ type Config struct {
 	// horizon and the schedule-consumers' lag; without it the overview
 	// has the DLQ and the rate limiter only.
 	Pipeline Pipeline
+	// Fleet, when set, is the running daemons GET /admin/fleet lists
+	// (coord.enabled); without it that endpoint answers 503.
+	Fleet FleetView
+}
+
+// FleetView is the fleet of running daemons (fleet.View).
+type FleetView interface {
+	// Members returns the daemons and when the list last changed.
+	Members() ([]fleet.Member, time.Time)
 }
 
 // FromConfig returns the Config for the daemon's admin section.
@@ -172,6 +182,7 @@ func (s *Server) register() {
 	s.read("GET /admin/dlq/batches", s.batchList)
 	s.read("GET /admin/dlq/batches/{id}", s.batchGet)
 	s.read("GET /admin/dlq/groups", s.dlqGroups)
+	s.read("GET /admin/fleet", s.fleetList)
 	// Writes: each is audited under its action name.
 	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.dlqRetry)
 	s.write("POST /admin/dlq/batch-retry", "dlq.batch_retry", s.dlqBatchRetry)

@@ -435,6 +435,48 @@ async function batch(kind) {
 let batchTimer = null;
 let batchesRunning = false; // at the last loadBatches
 
+let fleetTimer = null;
+
+// loadFleet lists the running daemons (GET /admin/fleet) and looks again in
+// 2 s while the console is open: the list follows etcd's registry.
+async function loadFleet() {
+  clearTimeout(fleetTimer);
+  fleetTimer = null;
+  const tb = $("fleet").querySelector("tbody");
+  try {
+    const f = await api("GET", "/admin/fleet");
+    const now = new Date();
+    tb.replaceChildren();
+    f.members.forEach((m) => {
+      const tr = document.createElement("tr");
+      tr.dataset.id = m.id;
+      tr.dataset.role = m.role;
+      cell(tr, m.role);
+      cell(tr, m.id);
+      cell(tr, m.node);
+      cell(tr, m.version);
+      cell(tr, ago(m.started_at, now).replace(/ ago$/, ""));
+      cell(tr, m.ops_addr);
+      let work = "";
+      if (m.role === "kf-producer") work = m.worker_id >= 0 ? "worker ID " + m.worker_id : "no worker ID";
+      if (m.role === "schedule-consumer") work = `partitions ${m.partitions.length ? m.partitions.join(", ") : "none"}; ${m.actors} actors`;
+      if (m.role === "dlq-consumer" && m.admin_addr) work = "admin " + m.admin_addr;
+      cell(tr, work);
+      tb.appendChild(tr);
+    });
+    const roles = Object.entries(f.by_role).map(([r, n]) => `${n} ${r}`).join(", ");
+    $("fleet-count").textContent = f.members.length ? `(${roles})` : "(none)";
+    $("fleet-note").textContent = "";
+  } catch (err) {
+    if (err.status !== 503) throw err;
+    tb.replaceChildren();
+    $("fleet-count").textContent = "";
+    $("fleet-note").textContent = err.message;
+  } finally {
+    if (!$("app").hidden) fleetTimer = setTimeout(() => loadFleet().catch(fail), 2000);
+  }
+}
+
 async function loadBatches() {
   const page = await api("GET", "/admin/dlq/batches");
   const tb = $("batches").querySelector("tbody");
@@ -598,7 +640,7 @@ async function start() {
   document.body.classList.toggle("viewer", me.role !== "operator");
   $("whoami").textContent = `${me.name} (${me.role})`;
   $("nav").hidden = false;
-  await Promise.all([loadOverview(), loadStats(), loadMessages(false), loadBlocked(), loadBatches(), loadAudit(false)]);
+  await Promise.all([loadOverview(), loadFleet(), loadStats(), loadMessages(false), loadBlocked(), loadBatches(), loadAudit(false)]);
   scheduleOverview();
 }
 
@@ -608,6 +650,8 @@ function logout(msg) {
   overviewTimer = null;
   clearTimeout(batchTimer);
   batchTimer = null;
+  clearTimeout(fleetTimer);
+  fleetTimer = null;
   batchesRunning = false;
   document.body.classList.remove("viewer");
   $("nav").hidden = true;

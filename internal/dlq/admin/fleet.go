@@ -1,0 +1,35 @@
+package admin
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/fleet"
+)
+
+// FleetList is GET /admin/fleet's answer: the running daemons (each
+// registered in etcd on a lease, so a killed one leaves within
+// coord.keep_alive), counted by role.
+type FleetList struct {
+	Members []fleet.Member `json:"members"`
+	ByRole  map[string]int `json:"by_role"`
+	// Changed is when the list last changed (a join, an update or a leave).
+	Changed *time.Time `json:"changed,omitempty"`
+}
+
+func (s *Server) fleetList(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.Fleet == nil {
+		writeError(w, &apiError{Status: http.StatusServiceUnavailable,
+			Msg: "the fleet is kept in etcd: set coord.enabled: true (and coord.endpoints) on every daemon"})
+		return
+	}
+	ms, changed := s.cfg.Fleet.Members()
+	out := FleetList{Members: ms, ByRole: map[string]int{}}
+	for _, m := range ms {
+		out.ByRole[m.Role]++
+	}
+	if !changed.IsZero() {
+		out.Changed = &changed
+	}
+	writeJSON(w, http.StatusOK, out)
+}
