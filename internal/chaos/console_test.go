@@ -108,7 +108,9 @@ func TestConsoleFleetSeesAKilledDaemonLeave(t *testing.T) {
 	); err != nil {
 		t.Fatalf("log in: %v", err)
 	}
-	row := func(role string) string { return fmt.Sprintf(`document.querySelector('#fleet tr[data-role="%s"] td:nth-child(7)')?.textContent`, role) }
+	row := func(role string) string {
+		return fmt.Sprintf(`document.querySelector('#fleet tr[data-role="%s"] td:nth-child(7)')?.textContent`, role)
+	}
 	parts := make([]string, p.Opts.Partitions)
 	for i := range parts {
 		parts[i] = strconv.Itoa(i)

@@ -32,7 +32,7 @@ type Common struct {
 // registry, and the backend of idgen.allocator.backend: etcd. Off in
 // development and test (the demo needs no etcd), on in production.
 type Coord struct {
-	Enabled      bool `mapstructure:"enabled"`
+	Enabled            bool `mapstructure:"enabled"`
 	coordconfig.Config `mapstructure:",squash"`
 }
 
