@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -78,6 +81,25 @@ func TestChaosProducerKill9ShippedTimings(t *testing.T) {
 	SkipUnlessFull(t)
 	producerKill9(t, "producer-kill9-shipped-timings", map[string]string{
 		"KFPIPE_SYNC_SAFETY_INTERVAL": "1m", "KFPIPE_SYNC_LOCK_TTL": "10s", "KFPIPE_SYNC_RETRY_MAX": "30s"})
+}
+
+// TestChaosProducerKill9EtcdLock is producer-kill9 with sync.lock.backend
+// etcd: the accounts' sync locks are coord locks (a killed producer's lock
+// goes with its lease) and the cursors live in etcd, written only in a
+// transaction on the lock's fencing token.
+func TestChaosProducerKill9EtcdLock(t *testing.T) {
+	raw, ns := testenv.Etcd(t)
+	producerKill9(t, "producer-kill9-etcd-lock", map[string]string{
+		"KFPIPE_COORD_ENABLED": "true", "KFPIPE_COORD_ENDPOINTS": strings.Join(testenv.EtcdEndpoints(t), ","),
+		"KFPIPE_COORD_NAMESPACE": ns, "KFPIPE_SYNC_LOCK_BACKEND": "etcd"})
+	// The run proves something about etcd only if the cursors were there.
+	resp, err := raw.Get(t.Context(), ns+"config/sync/cursors/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != 4 {
+		t.Fatalf("%d account cursors in etcd, want the 4 accounts'", resp.Count)
+	}
 }
 
 func producerKill9(t *testing.T, name string, producerEnv map[string]string) {

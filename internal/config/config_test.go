@@ -186,6 +186,7 @@ func TestProducerValidation(t *testing.T) {
 		{"idgen:\n  datacenter_id: 3\n  allocator:\n    max_id: 100\n", "idgen.allocator.max_id must be in [1, 32], got 100"},
 		{"idgen:\n  allocator:\n    backend: zk\n", "idgen.allocator.backend must be one of redis|etcd"},
 		{"idgen:\n  allocator:\n    backend: etcd\n", "idgen.allocator.backend is etcd, which needs coord.enabled: true"},
+		{"sync:\n  lock:\n    backend: etcd\n", "sync.lock.backend is etcd, which needs coord.enabled: true"},
 		{"idgen:\n  sequencer:\n    driver: mysql\n", "idgen.sequencer.driver must be one of redis, got \"mysql\""},
 		{"idgen:\n  epoch: yesterday\n", "idgen.epoch must be an RFC 3339 time"},
 	}

@@ -110,6 +110,7 @@ var outOfRange = map[string]struct {
 	"wecom.secret":          {bad: " ", readBy: rP},
 
 	"sync.delivery_wait":   {bad: "11m", readBy: rP},
+	"sync.lock.backend":    {bad: "zookeeper", readBy: rP},
 	"sync.lock_ttl":        {bad: "1ms", readBy: rP},
 	"sync.retry_base":      {bad: "0s", readBy: rP},
 	"sync.retry_max":       {bad: "1ms", readBy: rP},

@@ -38,12 +38,22 @@ type WeCom struct {
 
 // Sync configures the per-open_kfid sync loop.
 type Sync struct {
+	Lock           SyncLock      `mapstructure:"lock"`
 	LockTTL        time.Duration `mapstructure:"lock_ttl"`
 	SafetyInterval time.Duration `mapstructure:"safety_interval"`
 	RetryBase      time.Duration `mapstructure:"retry_base"`
 	RetryMax       time.Duration `mapstructure:"retry_max"`
 	Workers        int           `mapstructure:"workers"`
 	DeliveryWait   time.Duration `mapstructure:"delivery_wait"`
+}
+
+// SyncLock chooses where an account's sync lock and cursor live.
+type SyncLock struct {
+	// Backend redis (default: a Redis lock, the cursor written by a Lua
+	// compare of the lock's token) or etcd (coord: a lease-bound lock, the
+	// cursor written in a transaction comparing the lock key's create
+	// revision; needs coord.enabled).
+	Backend string `mapstructure:"backend"`
 }
 
 // IDGen configures Snowflake IDs and the worker-ID allocator.
@@ -77,7 +87,7 @@ func defaultProducer(env string) Producer {
 		Callback: Callback{Addr: "127.0.0.1:8081", Path: "/wecom/callback", MaxBodyBytes: 1 << 20,
 			TimestampWindow: 5 * time.Minute, ReplayWindow: 10 * time.Minute},
 		WeCom: WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
-		Sync: Sync{LockTTL: 10 * time.Second, SafetyInterval: time.Minute, RetryBase: 200 * time.Millisecond,
+		Sync: Sync{Lock: SyncLock{Backend: "redis"}, LockTTL: 10 * time.Second, SafetyInterval: time.Minute, RetryBase: 200 * time.Millisecond,
 			RetryMax: 30 * time.Second, Workers: 8, DeliveryWait: 45 * time.Second},
 		IDGen: IDGen{Epoch: "2024-01-01T00:00:00Z",
 			Allocator: Allocator{Backend: "redis", MaxID: 1024, TTL: 30 * time.Second},
@@ -111,6 +121,10 @@ func (c *Producer) Validate() error {
 	}
 	s := c.Sync
 	s.validate(v)
+	v.oneOf("sync.lock.backend", s.Lock.Backend, "redis", "etcd")
+	if s.Lock.Backend == "etcd" && !c.Coord.Enabled {
+		v.addf("sync.lock.backend", "is etcd, which needs coord.enabled: true (the etcd of the coord section)")
+	}
 	v.between("sync.workers", s.Workers, 1, 1024)
 	// Waiting less than librdkafka may still deliver would re-send a page
 	// that is still queued.

@@ -231,3 +231,18 @@ func (l *Lock) GuardedPut(ctx context.Context, fence int64, key, val string) err
 	}
 	return nil
 }
+
+// GuardedSet is GuardedPut into the config center: it stores v (as
+// Set does) under key only while fence is still the lock's current holder,
+// so Get, Watch and the other config functions read it.
+func GuardedSet[T any](ctx context.Context, l *Lock, fence int64, key string, v T) error {
+	ck, err := configKey(key)
+	if err != nil {
+		return err
+	}
+	val, err := encode(key, v)
+	if err != nil {
+		return err
+	}
+	return l.GuardedPut(ctx, fence, ck, val)
+}

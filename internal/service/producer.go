@@ -131,10 +131,18 @@ func (p *Producer) startSync(cfg *config.Producer, base *daemon.Base) error {
 		return err
 	}
 	state := producer.NewRedisState(base.Redis, prefix)
+	var locker producer.Locker = producer.LockAdapter{Locker: lock.New(base.Redis, "", lock.WithLogger(log), lock.WithRegisterer(reg))}
+	var cursors producer.State = state
+	if cfg.Sync.Lock.Backend == "etcd" {
+		// The lock and the cursor it fences live in etcd; the pending
+		// flags and the status stay in Redis.
+		locker = producer.EtcdLocker{P: base.Coord}
+		cursors = producer.EtcdState{RedisState: state, CC: base.Coord.Config()}
+	}
 	p.Syncer, err = producer.NewSyncer(producer.SyncerConfigFrom(cfg), producer.SyncerDeps{
 		Source:    producer.WeComSource{Client: wc},
-		Locker:    producer.LockAdapter{Locker: lock.New(base.Redis, "", lock.WithLogger(log), lock.WithRegisterer(reg))},
-		State:     state,
+		Locker:    locker,
+		State:     cursors,
 		Publisher: p.kp,
 		IDs:       &p.ids,
 	}, producer.WithLogger(log), producer.WithRegisterer(reg), producer.WithStatus(state, producer.StatusInterval))
