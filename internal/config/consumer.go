@@ -82,7 +82,12 @@ type Dedup struct {
 
 // RateLimit configures the per-user sliding-window limiter (package ratelimit).
 type RateLimit struct {
-	Enabled      bool                 `mapstructure:"enabled"`
+	Enabled bool `mapstructure:"enabled"`
+	// RulesBackend is where the operators' rules override and per-user
+	// group assignments live: redis (rl:rules, changes announced on Redis
+	// pub/sub) or etcd (coord's config center, followed by a watch; needs
+	// coord.enabled). Blocks stay in Redis either way.
+	RulesBackend string               `mapstructure:"rules_backend"`
 	DefaultGroup string               `mapstructure:"default_group"`
 	Groups       map[string]RateGroup `mapstructure:"groups"`
 	Progressive  Progressive          `mapstructure:"progressive"`
@@ -191,7 +196,7 @@ func defaultConsumer(env string) Consumer {
 			StandbyAfterRedisLost: DefaultStandbyAfterRedisLost},
 		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
 		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: DefaultDedupLease},
-		RateLimit: RateLimit{Enabled: true, DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
+		RateLimit: RateLimit{Enabled: true, RulesBackend: "redis", DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
 		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
 		DLQ:       defaultDLQ(),
@@ -236,7 +241,7 @@ func (c *Consumer) Validate() error {
 	// Stricter than the once client's own minimum (short leases are for
 	// its tests): a claim renewed every lease/4 must survive a GC pause.
 	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, once.MaxLease)
-	c.RateLimit.validate(v)
+	c.RateLimit.validate(v, c.Coord.Enabled)
 	b := c.Breaker
 	v.atLeast("breaker.failure_threshold", b.FailureThreshold, 1)
 	v.durationBetween("breaker.open_timeout", b.OpenTimeout, 10*time.Millisecond, 24*time.Hour)
@@ -259,8 +264,12 @@ func (c *Consumer) Validate() error {
 	return v.err()
 }
 
-func (r RateLimit) validate(v *validator) {
+func (r RateLimit) validate(v *validator, coordEnabled bool) {
 	r.validateGroups(v)
+	v.oneOf("rate_limit.rules_backend", r.RulesBackend, "redis", "etcd")
+	if r.RulesBackend == "etcd" && !coordEnabled {
+		v.addf("rate_limit.rules_backend", "is etcd, which needs coord.enabled: true (the etcd of the coord section)")
+	}
 	if r.Progressive.Enabled {
 		v.durationAtLeast("rate_limit.progressive.base", r.Progressive.Base, time.Second)
 		v.durationAtLeast("rate_limit.progressive.max", r.Progressive.Max, r.Progressive.Base)

@@ -159,6 +159,7 @@ var outOfRange = map[string]struct {
 
 	"rate_limit.default_group":       {bad: "nosuch", readBy: rC | rD},
 	"rate_limit.enabled":             {anyOK: "a flag"},
+	"rate_limit.rules_backend":       {bad: "zookeeper", readBy: rC | rD},
 	"rate_limit.groups":              {bad: map[string]any{"g": map[string]any{"window_seconds": 0, "max_messages": 1, "penalty_threshold": 1}}, readBy: rC | rD, wantKey: "rate_limit.groups.g.window_seconds"},
 	"rate_limit.progressive.base":    {bad: "1ms", readBy: rC | rD},
 	"rate_limit.progressive.enabled": {anyOK: "a flag (its durations are checked when it is on)"},

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/coord"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -66,6 +67,11 @@ func (a *Admin) Status(ctx context.Context, user string) (Status, error) {
 	rec, err := a.store.load(ctx, user, since)
 	if err != nil {
 		return Status{}, err
+	}
+	if cc := a.o.etcd; cc != nil {
+		if rec.group, err = etcdGroup(ctx, cc, user); err != nil {
+			return Status{}, err
+		}
 	}
 	st := Status{User: user, Group: rec.group}
 	if st.Group == "" {
@@ -125,6 +131,15 @@ func (a *Admin) SetGroup(ctx context.Context, user, group string) error {
 	if _, ok := groups[group]; !ok && group != GroupWhitelist {
 		return fmt.Errorf("%w: %q", ErrUnknownGroup, group)
 	}
+	if cc := a.o.etcd; cc != nil {
+		if group == a.cfg.DefaultGroup {
+			group = ""
+		}
+		if err := setEtcdGroup(ctx, cc, user, group); err != nil {
+			return fmt.Errorf("set group of %s: %w", user, err)
+		}
+		return nil
+	}
 	_, err = a.store.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		ev := event{Op: opGroup, User: user, Group: group}
 		if group == a.cfg.DefaultGroup {
@@ -144,6 +159,12 @@ func (a *Admin) SetGroup(ctx context.Context, user, group string) error {
 // Whitelist exempts user from rate limiting and ends its block: the
 // operator's intent is that this user gets through.
 func (a *Admin) Whitelist(ctx context.Context, user string) error {
+	if cc := a.o.etcd; cc != nil {
+		if err := setEtcdGroup(ctx, cc, user, GroupWhitelist); err != nil {
+			return fmt.Errorf("whitelist %s: %w", user, err)
+		}
+		return a.store.unblock(ctx, user)
+	}
 	_, err := a.store.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Set(ctx, a.store.groupKey(user), GroupWhitelist, 0)
 		pipe.Del(ctx, a.store.blockKey(user))
@@ -171,6 +192,16 @@ return 1
 // RemoveWhitelist moves a whitelisted user back to the default group; it
 // returns ErrNotWhitelisted for anyone else (their group is left alone).
 func (a *Admin) RemoveWhitelist(ctx context.Context, user string) error {
+	if cc := a.o.etcd; cc != nil {
+		g, err := etcdGroup(ctx, cc, user)
+		if err != nil {
+			return fmt.Errorf("remove %s from whitelist: %w", user, err)
+		}
+		if g != GroupWhitelist {
+			return fmt.Errorf("%w: %s", ErrNotWhitelisted, user)
+		}
+		return setEtcdGroup(ctx, cc, user, "")
+	}
 	payload, err := json.Marshal(event{Op: opGroup, User: user})
 	if err != nil {
 		return err
@@ -217,21 +248,11 @@ func (a *Admin) ListBlocked(ctx context.Context, cursor, limit int) (users []Blo
 	return users, next, nil
 }
 
-// Rules returns the rules in force: the override in rl:rules, else the
-// configured groups.
+// Rules returns the rules in force: the override (in Redis's rl:rules, or
+// in etcd with WithEtcdRules), else the configured groups.
 func (a *Admin) Rules(ctx context.Context) (map[string]config.RateGroup, error) {
-	override, ok, err := a.store.loadRules(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if ok {
-		return fromJSONGroups(override), nil
-	}
-	out := make(map[string]config.RateGroup, len(a.cfg.Groups))
-	for n, g := range a.cfg.Groups {
-		out[n] = g
-	}
-	return out, nil
+	g, _, err := a.RulesVersion(ctx)
+	return g, err
 }
 
 // SetRules replaces the rules of every limiter (the whole group map, which
@@ -240,16 +261,29 @@ func (a *Admin) SetRules(ctx context.Context, groups map[string]config.RateGroup
 	if err := validateGroups(groups, a.cfg.DefaultGroup); err != nil {
 		return err
 	}
+	if cc := a.o.etcd; cc != nil {
+		_, err := coord.Set(ctx, cc, etcdRulesKey, toJSONGroups(groups))
+		return err
+	}
 	payload, err := json.Marshal(toJSONGroups(groups))
 	if err != nil {
 		return err
 	}
-	return a.writeRules(ctx, func(pipe redis.Pipeliner) { pipe.Set(ctx, a.store.rulesKey(), payload, 0) })
+	return a.writeRules(ctx, func(pipe redis.Pipeliner) {
+		pipe.Set(ctx, a.store.rulesKey(), payload, 0)
+		pipe.Incr(ctx, a.store.rulesVersionKey())
+	})
 }
 
 // ResetRules drops the override: every limiter returns to its configured groups.
 func (a *Admin) ResetRules(ctx context.Context) error {
-	return a.writeRules(ctx, func(pipe redis.Pipeliner) { pipe.Del(ctx, a.store.rulesKey()) })
+	if cc := a.o.etcd; cc != nil {
+		return cc.Delete(ctx, etcdRulesKey)
+	}
+	return a.writeRules(ctx, func(pipe redis.Pipeliner) {
+		pipe.Del(ctx, a.store.rulesKey())
+		pipe.Incr(ctx, a.store.rulesVersionKey())
+	})
 }
 
 func (a *Admin) writeRules(ctx context.Context, write func(redis.Pipeliner)) error {

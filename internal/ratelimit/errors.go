@@ -1,6 +1,9 @@
 package ratelimit
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 var (
 	// ErrCircuitOpen is returned by Breakers.Allow while a user's breaker is
@@ -19,3 +22,22 @@ var (
 	// rule set is unusable; the message names the key.
 	ErrInvalidRules = errors.New("ratelimit: invalid rules")
 )
+
+// ErrRulesConflict is matched (errors.Is) by the *RulesConflictError that
+// Admin.SetRulesIf returns when the rules changed since the version the
+// caller read.
+var ErrRulesConflict = errors.New("ratelimit: the rules changed since the version read")
+
+// RulesConflictError is Admin.SetRulesIf's refusal: nothing was written.
+type RulesConflictError struct {
+	Expected int64
+	// Current is the version of the rules now.
+	Current int64
+}
+
+func (e *RulesConflictError) Error() string {
+	return fmt.Sprintf("ratelimit: the rules are at version %d, not %d: read them again and re-apply the change", e.Current, e.Expected)
+}
+
+// Is makes errors.Is(err, ErrRulesConflict) true.
+func (e *RulesConflictError) Is(target error) bool { return target == ErrRulesConflict }

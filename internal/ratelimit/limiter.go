@@ -81,6 +81,12 @@ type Limiter struct {
 	pubsub    *redis.PubSub
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+
+	// With WithEtcdRules: the group assignments as the watch reports them
+	// (user → group), and stopWatch ends the watch.
+	egMu      sync.RWMutex
+	egroups   map[string]string
+	stopWatch context.CancelFunc
 }
 
 type shard struct {
@@ -142,6 +148,12 @@ func New(cfg config.RateLimit, store *Store, opts ...Option) (*Limiter, error) {
 		_ = ps.Close()
 		return nil, err
 	}
+	if l.o.etcd != nil {
+		if err := l.followEtcd(ctx); err != nil {
+			_ = ps.Close()
+			return nil, err
+		}
+	}
 	l.pubsub = ps
 	l.writer = newBlockWriter(store, l.o.logger, l.o.timeout)
 	ch := ps.ChannelWithSubscriptions()
@@ -156,6 +168,9 @@ func New(cfg config.RateLimit, store *Store, opts ...Option) (*Limiter, error) {
 // called after Close.
 func (l *Limiter) Close() error {
 	l.closeOnce.Do(func() {
+		if l.stopWatch != nil {
+			l.stopWatch()
+		}
 		if l.pubsub != nil {
 			_ = l.pubsub.Close()
 			l.writer.close()
@@ -362,6 +377,11 @@ func (l *Limiter) load(ctx context.Context, st *userState, user string, nowMs in
 // applyRecord installs a record read from Redis; st.mu is held. A block this
 // node decided but has not written yet is newer than the read.
 func (l *Limiter) applyRecord(st *userState, user string, rec userRecord) {
+	if l.o.etcd != nil {
+		l.egMu.RLock()
+		rec.group = l.egroups[user]
+		l.egMu.RUnlock()
+	}
 	st.group, st.ruleGen = rec.group, 0
 	st.blockedUntil, st.history = rec.blockedUntil, rec.history
 	if w, ok := l.writer.pendingFor(user); ok {
@@ -610,6 +630,9 @@ func (l *Limiter) apply(ev event) {
 // refreshRules installs the rules in rl:rules, or the configured ones when
 // there is no override. Only New and the listener call it.
 func (l *Limiter) refreshRules(ctx context.Context) error {
+	if l.o.etcd != nil {
+		return nil // the etcd watch installs them (followEtcd)
+	}
 	groups := l.cfg.Groups
 	override, ok, err := l.store.loadRules(ctx)
 	if err != nil {

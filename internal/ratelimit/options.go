@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/coord"
 )
 
 // Clock is the time source for everything whose behaviour depends on time
@@ -27,6 +29,7 @@ type options struct {
 	logger  *zap.Logger
 	reg     prometheus.Registerer
 	timeout time.Duration
+	etcd    *coord.ConfigCenter
 }
 
 func buildOptions(opts []Option) options {
@@ -68,4 +71,12 @@ func WithRedisTimeout(d time.Duration) Option {
 			o.timeout = d
 		}
 	}
+}
+
+// WithEtcdRules keeps the rules override and the per-user group
+// assignments in etcd's config center (rate_limit.rules_backend: etcd)
+// instead of Redis: limiters follow them with a watch, and the Admin writes
+// them there (the rules by compare-and-set). Blocks stay in Redis.
+func WithEtcdRules(cc *coord.ConfigCenter) Option {
+	return func(o *options) { o.etcd = cc }
 }

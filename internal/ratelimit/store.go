@@ -51,6 +51,7 @@ func (s *Store) groupKey(user string) string   { return s.prefix + "rl:group:" +
 func (s *Store) historyKey(user string) string { return s.prefix + "rl:history:" + user }
 func (s *Store) blockedKey() string            { return s.prefix + "rl:blocked" }
 func (s *Store) rulesKey() string              { return s.prefix + "rl:rules" }
+func (s *Store) rulesVersionKey() string       { return s.prefix + "rl:rules:version" }
 func (s *Store) channel() string               { return s.prefix + "rl:events" }
 
 // userRecord is what Redis knows about a user.

@@ -345,6 +345,33 @@ func (r rateLimitAdmin) recentLetters(ctx context.Context, user string) (map[str
 	}
 }
 
+func (r rateLimitAdmin) Rules(ctx context.Context) (admin.RateRules, error) {
+	groups, v, err := r.a.RulesVersion(ctx)
+	out := admin.RateRules{Backend: r.a.RulesBackend(), Version: v, Groups: make(map[string]admin.RateRule, len(groups))}
+	for n, g := range groups {
+		out.Groups[n] = admin.RateRule{WindowSeconds: g.WindowSeconds, MaxMessages: g.MaxMessages,
+			PenaltyThreshold: g.PenaltyThreshold, BlockHours: g.BlockHours}
+	}
+	return out, err
+}
+
+func (r rateLimitAdmin) SetRules(ctx context.Context, groups map[string]admin.RateRule, version int64) (int64, error) {
+	in := make(map[string]config.RateGroup, len(groups))
+	for n, g := range groups {
+		in[n] = config.RateGroup{WindowSeconds: g.WindowSeconds, MaxMessages: g.MaxMessages,
+			PenaltyThreshold: g.PenaltyThreshold, BlockHours: g.BlockHours}
+	}
+	v, err := r.a.SetRulesIf(ctx, in, version)
+	var conflict *ratelimit.RulesConflictError
+	switch {
+	case errors.As(err, &conflict):
+		return 0, &admin.VersionConflictError{Current: conflict.Current}
+	case errors.Is(err, ratelimit.ErrInvalidRules):
+		return 0, fmt.Errorf("%w: %w", admin.ErrInvalidRules, err)
+	}
+	return v, err
+}
+
 func (r rateLimitAdmin) Unblock(ctx context.Context, user string) error {
 	return mapRLErr(r.a.Unblock(ctx, user))
 }

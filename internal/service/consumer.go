@@ -143,7 +143,7 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg), consumer.WithDeduper(deduper{oc})}
 	if cfg.RateLimit.Enabled {
 		s.limiter, err = ratelimit.New(cfg.RateLimit, ratelimit.NewStore(base.Redis, prefix),
-			ratelimit.WithLogger(log), ratelimit.WithRegisterer(reg))
+			append(rulesOption(cfg.RateLimit, base), ratelimit.WithLogger(log), ratelimit.WithRegisterer(reg))...)
 		if err != nil {
 			_ = s.close(ctx)
 			return nil, fmt.Errorf("rate limiter: %w", err)
@@ -204,6 +204,15 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		}
 	}()
 	return s, nil
+}
+
+// rulesOption is the limiter's or the rate-limit admin's rules backend
+// option: etcd's config center with rate_limit.rules_backend etcd.
+func rulesOption(c config.RateLimit, base *daemon.Base) []ratelimit.Option {
+	if c.RulesBackend == "etcd" {
+		return []ratelimit.Option{ratelimit.WithEtcdRules(base.Coord.Config())}
+	}
+	return nil
 }
 
 // followFleet keeps the consumer's fleet entry current: its partitions

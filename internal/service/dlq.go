@@ -60,7 +60,7 @@ func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (
 	opts := []dlq.Option{dlq.WithLogger(base.Log), dlq.WithRegisterer(base.Registry)}
 	prefix := cfg.Redis.KeyPrefix
 	rlAdmin, err := ratelimit.NewAdmin(ratelimit.NewStore(base.Redis, prefix), cfg.RateLimit,
-		ratelimit.WithLogger(base.Log))
+		append(rulesOption(cfg.RateLimit, base), ratelimit.WithLogger(base.Log))...)
 	if err != nil {
 		return nil, fmt.Errorf("rate-limit admin: %w", err)
 	}

@@ -183,6 +183,7 @@ func (s *Server) register() {
 	s.read("GET /admin/dlq/batches/{id}", s.batchGet)
 	s.read("GET /admin/dlq/groups", s.dlqGroups)
 	s.read("GET /admin/fleet", s.fleetList)
+	s.read("GET /admin/ratelimit/rules", s.rlRules)
 	// Writes: each is audited under its action name.
 	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.dlqRetry)
 	s.write("POST /admin/dlq/batch-retry", "dlq.batch_retry", s.dlqBatchRetry)
@@ -193,6 +194,7 @@ func (s *Server) register() {
 	s.write("POST /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_add", s.rlWhitelistAdd)
 	s.write("DELETE /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_remove", s.rlWhitelistRemove)
 	s.write("PUT /admin/ratelimit/group/{user}", "ratelimit.set_group", s.rlSetGroup)
+	s.write("PUT /admin/ratelimit/rules", "ratelimit.set_rules", s.rlSetRules)
 	// The console: static, unauthenticated, no data.
 	s.mux.Handle("GET /admin/ui/", uiHandler())
 	s.mux.Handle("GET /admin/ui", http.RedirectHandler("/admin/ui/", http.StatusMovedPermanently))

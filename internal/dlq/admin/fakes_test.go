@@ -248,6 +248,10 @@ type memRL struct {
 	group  map[string]string
 	block  map[string]time.Duration // 0 = permanent
 	fail   error
+	// rules and version are the group rules (nil: the defaults) and their
+	// compare-and-set version.
+	rules   map[string]RateRule
+	version int64
 }
 
 func newMemRL(now time.Time) *memRL {
@@ -406,4 +410,31 @@ func (p *memPipeline) setLag(lag []PartitionLag, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.lag, p.lagErr = lag, err
+}
+
+func (r *memRL) Rules(context.Context) (RateRules, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.rules == nil {
+		r.rules = map[string]RateRule{"normal": {WindowSeconds: 10, MaxMessages: 5, PenaltyThreshold: 3, BlockHours: 1}}
+	}
+	return RateRules{Backend: "memory", Version: r.version, Groups: r.rules}, r.fail
+}
+
+// SetRules is compare-and-set on the fake's version, as both real backends
+// do; rules without "normal" are refused like the real validation.
+func (r *memRL) SetRules(_ context.Context, groups map[string]RateRule, version int64) (int64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return 0, r.fail
+	}
+	if version != r.version {
+		return 0, &VersionConflictError{Current: r.version}
+	}
+	if _, ok := groups["normal"]; !ok {
+		return 0, fmt.Errorf("%w: rate_limit.groups must keep the default group normal", ErrInvalidRules)
+	}
+	r.rules, r.version = groups, r.version+1
+	return r.version, nil
 }

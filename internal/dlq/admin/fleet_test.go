@@ -53,3 +53,53 @@ func TestFleetEndpoint(t *testing.T) {
 		t.Fatalf("anonymous GET /admin/fleet: %d", r.status)
 	}
 }
+
+// The group rules are read with their version and changed by
+// compare-and-set: a change against a version that is no longer current is
+// refused with 409 and the current version (two operators never overwrite
+// each other unseen), unusable rules with 422, a viewer with 403; every
+// attempt is audited.
+func TestRateLimitRulesCompareAndSet(t *testing.T) {
+	f := newFixture(t)
+	r := f.do(t, "Bearer "+viewerToken, "GET", "/admin/ratelimit/rules", "")
+	if r.status != 200 {
+		t.Fatalf("GET rules: %d %s", r.status, r.body)
+	}
+	if v := r.json(t)["version"]; v != 0.0 {
+		t.Fatalf("version = %v, want 0", v)
+	}
+	put := func(auth, body string) response {
+		return f.do(t, "Bearer "+auth, "PUT", "/admin/ratelimit/rules", body)
+	}
+	const rules = `"groups": {"normal": {"window_seconds": 10, "max_messages": 2, "penalty_threshold": 3, "block_hours": 1}}`
+	if r := put(viewerToken, `{"version": 0, "reason": "x", `+rules+`}`); r.status != 403 {
+		t.Fatalf("viewer PUT: %d", r.status)
+	}
+	if r := put(operatorToken, `{"reason": "tighten", `+rules+`}`); r.status != 422 || !strings.Contains(string(r.body), `"field":"version"`) {
+		t.Fatalf("PUT without version: %d %s", r.status, r.body)
+	}
+	r = put(operatorToken, `{"version": 0, "reason": "tighten", `+rules+`}`)
+	if r.status != 200 || r.json(t)["version"] != 1.0 {
+		t.Fatalf("PUT at version 0: %d %s", r.status, r.body)
+	}
+	// A second operator who also read version 0.
+	r = put(operatorToken, `{"version": 0, "reason": "loosen", "groups": {"normal": {"window_seconds": 10, "max_messages": 9, "penalty_threshold": 3, "block_hours": 1}}}`)
+	if r.status != 409 || r.json(t)["current_version"] != 1.0 {
+		t.Fatalf("stale PUT: %d %s, want 409 with current_version 1", r.status, r.body)
+	}
+	if g := f.do(t, "Bearer "+viewerToken, "GET", "/admin/ratelimit/rules", "").json(t)["groups"].(map[string]any)["normal"].(map[string]any); g["max_messages"] != 2.0 {
+		t.Fatalf("rules after the refused PUT: %v, want the first change (max 2)", g)
+	}
+	if r := put(operatorToken, `{"version": 1, "reason": "oops", "groups": {"vip": {"window_seconds": 10, "max_messages": 9, "penalty_threshold": 3, "block_hours": 1}}}`); r.status != 422 {
+		t.Fatalf("rules without the default group: %d %s", r.status, r.body)
+	}
+	results := map[string]int{}
+	for _, e := range f.auditEntries(t) {
+		if e["action"] == "ratelimit.set_rules" {
+			results[e["result"].(string)]++
+		}
+	}
+	if results["ok"] != 1 || results["conflict"] != 1 || results["invalid"] != 1 {
+		t.Fatalf("audited rule changes by result: %v, want ok 1, conflict 1, invalid 1", results)
+	}
+}

@@ -170,3 +170,48 @@ func (s *Server) rlBlock(r *http.Request) (writeOp, *apiError) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+func (s *Server) rlRules(w http.ResponseWriter, r *http.Request) {
+	rules, err := s.rl.Rules(r.Context())
+	if e := s.storeError(err, "ratelimit.rules"); e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, rules)
+}
+
+// rulesBody is PUT /admin/ratelimit/rules: the whole group map and the
+// version it was read at.
+type rulesBody struct {
+	Reason  string              `json:"reason"`
+	Version *int64              `json:"version"`
+	Groups  map[string]RateRule `json:"groups"`
+}
+
+// rulesAnswer is a successful rules change.
+type rulesAnswer struct {
+	Version int64 `json:"version"`
+}
+
+func (s *Server) rlSetRules(r *http.Request) (writeOp, *apiError) {
+	var b rulesBody
+	if e := decodeBody(r, &b); e != nil {
+		return writeOp{}, e
+	}
+	reason, e := auditReason(b.Reason, r.URL.Query())
+	if e != nil {
+		return writeOp{}, e
+	}
+	switch {
+	case b.Version == nil:
+		return writeOp{}, unprocessable("version", "version is required: the version GET /admin/ratelimit/rules returned")
+	case *b.Version < 0:
+		return writeOp{}, unprocessable("version", "version must be >= 0")
+	case len(b.Groups) == 0:
+		return writeOp{}, unprocessable("groups", "groups is required: the whole group map")
+	}
+	return writeOp{target: "ratelimit:rules@" + strconv.FormatInt(*b.Version, 10), reason: reason, do: func(r *http.Request) (any, error) {
+		v, err := s.rl.SetRules(r.Context(), b.Groups, *b.Version)
+		return rulesAnswer{Version: v}, err
+	}}, nil
+}

@@ -11,10 +11,12 @@ import (
 
 // apiError is every error the API answers: {"error": ..., "field": ...}.
 type apiError struct {
-	Status    int    `json:"-"`
-	Msg       string `json:"error"`
-	Field     string `json:"field,omitempty"`
-	challenge string // WWW-Authenticate value for 401s
+	Status int    `json:"-"`
+	Msg    string `json:"error"`
+	Field  string `json:"field,omitempty"`
+	// CurrentVersion is the version a refused compare-and-set found.
+	CurrentVersion *int64 `json:"current_version,omitempty"`
+	challenge      string // WWW-Authenticate value for 401s
 }
 
 func (e *apiError) Error() string { return e.Msg }
@@ -44,9 +46,14 @@ func writeError(w http.ResponseWriter, e *apiError) {
 // Store failures are logged here and answered with a generic message: the
 // detail may name internal hosts or keys.
 func (s *Server) storeError(err error, op string) *apiError {
+	var conflict *VersionConflictError
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &conflict):
+		return &apiError{Status: http.StatusConflict, Msg: err.Error(), CurrentVersion: &conflict.Current}
+	case errors.Is(err, ErrInvalidRules):
+		return unprocessable("groups", err.Error())
 	case errors.Is(err, ErrNotFound):
 		return &apiError{Status: http.StatusNotFound, Msg: "not found"}
 	case errors.Is(err, ErrConflict):
@@ -69,7 +76,7 @@ func resultOf(err error) string {
 		return "not_found"
 	case errors.Is(err, ErrConflict):
 		return "conflict"
-	case errors.Is(err, ErrUnknownGroup):
+	case errors.Is(err, ErrUnknownGroup), errors.Is(err, ErrInvalidRules):
 		return "invalid"
 	}
 	return "error"

@@ -143,7 +143,38 @@ type RateLimitAdmin interface {
 	// ListBlocked returns one page from cursor (0 first) and the next
 	// cursor (0 after the last page).
 	ListBlocked(ctx context.Context, cursor, limit int) ([]BlockedUser, int, error)
+	// Rules returns the group rules in force with their version.
+	Rules(ctx context.Context) (RateRules, error)
+	// SetRules replaces the group rules if they are still at version and
+	// returns the new version: a *VersionConflictError (409) when they are
+	// not, ErrInvalidRules (422) when the rules are unusable.
+	SetRules(ctx context.Context, groups map[string]RateRule, version int64) (int64, error)
 }
+
+// RateRules is the rate limiter's group rules and where they live.
+type RateRules struct {
+	// Backend is rate_limit.rules_backend: redis or etcd.
+	Backend string `json:"backend"`
+	// Version is the version a change must name (0: the configured rules,
+	// never changed).
+	Version int64               `json:"version"`
+	Groups  map[string]RateRule `json:"groups"`
+}
+
+// VersionConflictError is SetRules' refusal when the rules changed since
+// the version the caller read: 409 with current_version.
+type VersionConflictError struct{ Current int64 }
+
+func (e *VersionConflictError) Error() string {
+	return "the rules changed since the version you read: read them again (current_version) and re-apply your change"
+}
+
+// Is makes errors.Is(err, ErrConflict) true.
+func (e *VersionConflictError) Is(target error) bool { return target == ErrConflict }
+
+// ErrInvalidRules is SetRules' refusal of unusable rules (422); the
+// wrapped message names the key.
+var ErrInvalidRules = errors.New("admin: invalid rules")
 
 // Store errors the handlers map to HTTP statuses; adapters wrap theirs.
 var (
