@@ -32,14 +32,8 @@ func TestConsoleOverviewOfRunningPipeline(t *testing.T) {
 		ConsumerEnv: limited, DLQEnv: limited})
 	Run(t, "console-overview", p, Load{Total: 3000, Users: 200, Rate: 100, BotPerMin: 600}, time.Minute, func(ctx context.Context, p *Pipeline, rec *Report) error {
 		poll := func(what, expr string, within time.Duration) { t.Helper(); testenv.PollJS(t, bctx, what, expr, within) }
-		if err := chromedp.Do(bctx,
-			chromedp.Navigate(p.AdminURL+"/admin/ui/"),
-			chromedp.WaitVisible(chromedp.CSS("#token")),
-			chromedp.SendKeys(chromedp.CSS("#token"), OperatorToken),
-			chromedp.Click(chromedp.CSS("#login-btn")),
-			chromedp.WaitVisible(chromedp.CSS("#app")),
-		); err != nil {
-			return fmt.Errorf("log in: %w", err)
+		if err := consoleLogin(bctx, p.AdminURL); err != nil {
+			return err
 		}
 		// kf-producer publishes every 10 s; the console refreshes every 10 s.
 		var accounts []string
@@ -99,14 +93,8 @@ func TestConsoleFleetSeesAKilledDaemonLeave(t *testing.T) {
 		Env: map[string]string{"KFPIPE_COORD_ENABLED": "true", "KFPIPE_COORD_ENDPOINTS": etcd,
 			"KFPIPE_COORD_KEEP_ALIVE": lease.String(), "KFPIPE_COORD_NAMESPACE": "/" + testenv.Name(t, "fleet") + "/"}})
 	poll := func(what, expr string, within time.Duration) { t.Helper(); testenv.PollJS(t, bctx, what, expr, within) }
-	if err := chromedp.Do(bctx,
-		chromedp.Navigate(p.AdminURL+"/admin/ui/"),
-		chromedp.WaitVisible(chromedp.CSS("#token")),
-		chromedp.SendKeys(chromedp.CSS("#token"), OperatorToken),
-		chromedp.Click(chromedp.CSS("#login-btn")),
-		chromedp.WaitVisible(chromedp.CSS("#app")),
-	); err != nil {
-		t.Fatalf("log in: %v", err)
+	if err := consoleLogin(bctx, p.AdminURL); err != nil {
+		t.Fatal(err)
 	}
 	row := func(role string) string {
 		return fmt.Sprintf(`document.querySelector('#fleet tr[data-role="%s"] td:nth-child(7)')?.textContent`, role)
@@ -132,4 +120,19 @@ func TestConsoleFleetSeesAKilledDaemonLeave(t *testing.T) {
 	if gone < time.Second {
 		t.Fatalf("the killed consumer left after %s: before its lease could expire, so not by its lease", gone)
 	}
+}
+
+// consoleLogin opens the console at adminURL and logs in with the
+// operator token.
+func consoleLogin(bctx context.Context, adminURL string) error {
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(adminURL+"/admin/ui/"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), OperatorToken),
+		chromedp.Click(chromedp.CSS("#login-btn")),
+		chromedp.WaitVisible(chromedp.CSS("#app")),
+	); err != nil {
+		return fmt.Errorf("log in: %w", err)
+	}
+	return nil
 }

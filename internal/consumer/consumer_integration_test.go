@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -105,25 +106,7 @@ func TestCrashDoesNotLoseSlowMessage(t *testing.T) {
 		{"seed per-message commit loses A", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			topic := testenv.Topic(t, 1)
-			msgs := []*chatmsg.ChatMessage{chat("A", 0)}
-			for i := 0; i < 10; i++ {
-				msgs = append(msgs, chat("B", i))
-			}
-			produce(t, topic, msgs)
-			cfg := testConfig(t, topic)
-
-			var bDone atomic.Int64
-			aStarted := make(chan struct{}, 1)
-			first := HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
-				if m.ExternalUserID == "A" {
-					aStarted <- struct{}{}
-					<-ctx.Done() // slow: still in flight at the crash
-					return ctx.Err()
-				}
-				bDone.Add(1)
-				return nil
-			})
+			cfg, first, aStarted, bDone := stuckBehindA(t)
 			c1, err := New(cfg, first, &memDLQ{})
 			if err != nil {
 				t.Fatal(err)
@@ -139,7 +122,7 @@ func TestCrashDoesNotLoseSlowMessage(t *testing.T) {
 			time.Sleep(3 * cfg.Kafka.Consumer.CommitInterval) // periodic commits happen
 			c1.abort()
 
-			got := committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0]
+			got := committed(t, cfg.Kafka.Consumer.GroupID, cfg.Kafka.Topics.Main.Name, 1)[0]
 			t.Logf("committed offset after crash: %d (A is at 0)", got)
 
 			var aHandled atomic.Bool
@@ -166,6 +149,31 @@ func TestCrashDoesNotLoseSlowMessage(t *testing.T) {
 			waitFor(t, 30*time.Second, aHandled.Load)
 		})
 	}
+}
+
+// stuckBehindA produces, on a one-partition topic, a message of user A and
+// then ten of user B, and returns the configuration and a handler under
+// which A's message stays in flight until its context ends (aStarted
+// says it began) while B's finish (counted in bDone).
+func stuckBehindA(t *testing.T) (cfg config.Consumer, h Handler, aStarted chan struct{}, bDone *atomic.Int64) {
+	t.Helper()
+	topic := testenv.Topic(t, 1)
+	msgs := []*chatmsg.ChatMessage{chat("A", 0)}
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, chat("B", i))
+	}
+	produce(t, topic, msgs)
+	aStarted, bDone = make(chan struct{}, 1), new(atomic.Int64)
+	h = HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		if m.ExternalUserID == "A" {
+			aStarted <- struct{}{}
+			<-ctx.Done() // stuck: still in flight when the owner dies
+			return ctx.Err()
+		}
+		bDone.Add(1)
+		return nil
+	})
+	return testConfig(t, topic), h, aStarted, bDone
 }
 
 // TestInvalidMessageDeadLettered: a malformed record in the middle of a
@@ -427,25 +435,9 @@ func commitOwnOffset(c *Consumer, p *partition, off int64) {
 // one. Without the list every one of them would run twice here (no
 // dedup guard, so nothing else stops the second run).
 func TestNewOwnerSkipsWhatThePreviousOwnerFinished(t *testing.T) {
-	topic := testenv.Topic(t, 1)
-	msgs := []*chatmsg.ChatMessage{chat("A", 0)}
-	for i := 0; i < 10; i++ {
-		msgs = append(msgs, chat("B", i))
-	}
-	produce(t, topic, msgs)
-	cfg := testConfig(t, topic)
-
-	var bDone atomic.Int64
-	aStarted := make(chan struct{}, 1)
-	c1, err := New(cfg, HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
-		if m.ExternalUserID == "A" {
-			aStarted <- struct{}{}
-			<-ctx.Done() // stuck: still in flight when the owner dies
-			return ctx.Err()
-		}
-		bDone.Add(1)
-		return nil
-	}), &memDLQ{})
+	cfg, first, aStarted, bDone := stuckBehindA(t)
+	topic := cfg.Kafka.Topics.Main.Name
+	c1, err := New(cfg, first, &memDLQ{})
 	if err != nil {
 		t.Fatal(err)
 	}

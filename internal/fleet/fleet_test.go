@@ -1,28 +1,15 @@
 package fleet
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/kfpipe/kfpipe/internal/coord"
+	"github.com/kfpipe/kfpipe/internal/coord/coordtest"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
-
-func provider(t *testing.T, ns string) *coord.Provider {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	p, err := coord.New(ctx, coord.Config{Endpoints: testenv.EtcdEndpoints(t), Namespace: ns, DialTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
-}
 
 // waitFleet polls v until ok holds for its members.
 func waitFleet(t *testing.T, v *View, what string, ok func([]Member) bool) []Member {
@@ -45,7 +32,7 @@ func waitFleet(t *testing.T, v *View, what string, ok func([]Member) bool) []Mem
 // gone from it; an update that changes nothing writes nothing.
 func TestJoinUpdateLeaveSeenByView(t *testing.T) {
 	_, ns := testenv.Etcd(t)
-	admin, cons, prod := provider(t, ns), provider(t, ns), provider(t, ns)
+	admin, cons, prod := coordtest.Provider(t, ns), coordtest.Provider(t, ns), coordtest.Provider(t, ns)
 	ctx := t.Context()
 	v, err := Watch(ctx, admin)
 	if err != nil {

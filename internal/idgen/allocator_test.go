@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kfpipe/kfpipe/internal/coord"
+	"github.com/kfpipe/kfpipe/internal/coord/coordtest"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -91,14 +92,7 @@ func etcdBackend(t *testing.T) allocBackend {
 		// Each allocator is another process: its own Provider, lease and
 		// owner, the lease's TTL being the provider's keep-alive.
 		newAlloc: func(t *testing.T, maxID int, ttl time.Duration) Allocator {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			p, err := coord.New(ctx, coord.Config{Endpoints: testenv.EtcdEndpoints(t), Namespace: ns,
-				DialTimeout: 3 * time.Second, KeepAlive: ttl})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = p.Close() })
+			p := coordtest.Provider(t, ns, func(c *coord.Config) { c.KeepAlive = ttl })
 			a, err := NewEtcdAllocator(p, AllocatorConfig{MaxID: maxID, Owner: p.Owner()})
 			if err != nil {
 				t.Fatal(err)

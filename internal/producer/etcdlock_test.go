@@ -1,28 +1,15 @@
 package producer
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kfpipe/kfpipe/internal/coord"
+	"github.com/kfpipe/kfpipe/internal/coord/coordtest"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
-
-func etcdProvider(t *testing.T, ns string) *coord.Provider {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	p, err := coord.New(ctx, coord.Config{Endpoints: testenv.EtcdEndpoints(t), Namespace: ns, DialTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
-}
 
 // TestEtcdLockFencesCursorWrite: with sync.lock.backend etcd an account's
 // lock excludes a second holder, and a holder whose lease was lost (here
@@ -35,7 +22,7 @@ func TestEtcdLockFencesCursorWrite(t *testing.T) {
 	raw, ns := testenv.Etcd(t)
 	rdb, prefix := testenv.Redis(t)
 	ctx := t.Context()
-	a, b := etcdProvider(t, ns), etcdProvider(t, ns)
+	a, b := coordtest.Provider(t, ns), coordtest.Provider(t, ns)
 	st := EtcdState{RedisState: NewRedisState(rdb, prefix), CC: a.Config()}
 	const kf = "wk-fence"
 	name := prefix + "lock:sync:" + kf

@@ -1,27 +1,13 @@
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/coord"
+	"github.com/kfpipe/kfpipe/internal/coord/coordtest"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
-
-func etcdConfigCenter(t *testing.T) *coord.ConfigCenter {
-	t.Helper()
-	_, ns := testenv.Etcd(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	p, err := coord.New(ctx, coord.Config{Endpoints: testenv.EtcdEndpoints(t), Namespace: ns, DialTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p.Config()
-}
 
 // Rule changes are compare-and-set on both backends: a change made against
 // a version that is no longer current is refused with the current version,
@@ -35,7 +21,8 @@ func TestRulesCompareAndSetAndLiveOnEtcd(t *testing.T) {
 			clock := newFakeClock()
 			var opts []Option
 			if backend == "etcd" {
-				opts = append(opts, WithEtcdRules(etcdConfigCenter(t)))
+				_, ns := testenv.Etcd(t)
+				opts = append(opts, WithEtcdRules(coordtest.Provider(t, ns).Config()))
 			}
 			cfg := seedConfig()
 			nodeA := newLimiter(t, cfg, store, append(opts, WithClock(clock))...)

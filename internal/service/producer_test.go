@@ -22,32 +22,13 @@ import (
 func TestProducerReallocatesLostWorkerID(t *testing.T) {
 	testenv.KafkaBrokers(t)
 	rdb, prefix := testenv.Redis(t)
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() { _, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic}) })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const kf = "wk-realloc"
-	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{kf}})
-	defer fake.Close()
-
-	cfg, err := config.LoadProducer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, "unused")
-	cfg.WeCom.BaseURL, cfg.WeCom.OpenKfIDs = fake.URL(), nil
-	cfg.Callback.Addr = testenv.FreeAddr(t)
-	cfg.IDGen.Allocator.TTL = 3 * time.Second // renewed every second
-	base, err := daemon.Start(ctx, "kf-producer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer base.Close(context.Background())
-	p, err := StartProducer(ctx, cfg, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close(context.Background())
+	tp := startTestProducer(t, ctx, kf, prefix, func(cfg *config.Producer) {
+		cfg.IDGen.Allocator.TTL = 3 * time.Second // renewed every second
+	})
+	cfg, base, p, fake := tp.cfg, tp.base, tp.p, tp.fake
 
 	keys := func() map[string]string {
 		out := map[string]string{}
@@ -105,33 +86,13 @@ func TestProducerWorkerIDOnEtcd(t *testing.T) {
 	testenv.KafkaBrokers(t)
 	_, prefix := testenv.Redis(t)
 	raw, ns := testenv.Etcd(t)
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() { _, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic}) })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{"wk-etcd"}})
-	defer fake.Close()
-
-	cfg, err := config.LoadProducer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, "unused")
-	cfg.WeCom.BaseURL, cfg.WeCom.OpenKfIDs = fake.URL(), nil
-	cfg.Callback.Addr = testenv.FreeAddr(t)
-	cfg.IDGen.Allocator.Backend = "etcd"
-	cfg.Coord.Enabled, cfg.Coord.Endpoints, cfg.Coord.Namespace = true, testenv.EtcdEndpoints(t), ns
-	cfg.Coord.KeepAlive = 3 * time.Second
-	base, err := daemon.Start(ctx, "kf-producer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer base.Close(context.Background())
-	p, err := StartProducer(ctx, cfg, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close(context.Background())
+	base := startTestProducer(t, ctx, "wk-etcd", prefix, func(cfg *config.Producer) {
+		cfg.IDGen.Allocator.Backend = "etcd"
+		cfg.Coord.Enabled, cfg.Coord.Endpoints, cfg.Coord.Namespace = true, testenv.EtcdEndpoints(t), ns
+		cfg.Coord.KeepAlive = 3 * time.Second
+	}).base
 
 	ids := func() map[string]string {
 		resp, err := raw.Get(ctx, ns+"instance_ids/"+idgen.EtcdService+"/", clientv3.WithPrefix())
@@ -176,4 +137,40 @@ func TestProducerWorkerIDOnEtcd(t *testing.T) {
 	if v := ids()[taken]; v != "another-producer" {
 		t.Fatalf("the taken key was overwritten: %q", v)
 	}
+}
+
+// testProducer is a kf-producer started on the test services against a
+// fake WeChat with account kf; edit adjusts its configuration first.
+type testProducer struct {
+	cfg  *config.Producer
+	base *daemon.Base
+	p    *Producer
+	fake *wecomtest.Server
+}
+
+func startTestProducer(t *testing.T, ctx context.Context, kf, prefix string, edit func(*config.Producer)) testProducer {
+	t.Helper()
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() { _, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic}) })
+	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{kf}})
+	t.Cleanup(fake.Close)
+	cfg, err := config.LoadProducer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, "unused")
+	cfg.WeCom.BaseURL, cfg.WeCom.OpenKfIDs = fake.URL(), nil
+	cfg.Callback.Addr = testenv.FreeAddr(t)
+	edit(cfg)
+	base, err := daemon.Start(ctx, "kf-producer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = base.Close(context.Background()) })
+	p, err := StartProducer(ctx, cfg, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	return testProducer{cfg: cfg, base: base, p: p, fake: fake}
 }
