@@ -75,7 +75,7 @@ not; 409: the target's state forbids the write).`,
 	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
 	pf.DurationVar(&a.timeout, "timeout", 30*time.Second, "timeout of each API call")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
-	root.AddCommand(a.dlqCmd(), a.rateLimitCmd(), a.healthCmd(), a.auditCmd())
+	root.AddCommand(a.dlqCmd(), a.rateLimitCmd(), a.healthCmd(), a.auditCmd(), a.fleetCmd())
 	return root
 }
 

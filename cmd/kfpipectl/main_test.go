@@ -343,6 +343,27 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 		t.Errorf("audit --target batch=:\n%s", r.out)
 	}
 
+	// Rules: read with their version, replaced by compare-and-set; a change
+	// against an older version is refused (exit 4) and changes nothing.
+	contains(t, viewer.must(0, "ratelimit", "rules"), "version 0 (backend redis)", "GROUP", "normal")
+	rulesFile := filepath.Join(t.TempDir(), "rules.json")
+	if err := os.WriteFile(rulesFile, []byte(`{"normal": {"window_seconds": 10, "max_messages": 2, "penalty_threshold": 3, "block_hours": 1},
+		"whitelist": {"window_seconds": 1, "max_messages": 9999, "penalty_threshold": 9999, "block_hours": 0}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	op.must(2, "ratelimit", "set-rules", "--file", rulesFile, "--reason", "no version")
+	contains(t, op.must(0, "ratelimit", "set-rules", "--file", rulesFile, "--version", "0", "--reason", "x", "--dry-run"), "dry run")
+	contains(t, op.must(0, "ratelimit", "set-rules", "--file", rulesFile, "--version", "0", "--reason", "tighten"), "now at version 1")
+	if r := op.must(4, "ratelimit", "set-rules", "--file", rulesFile, "--version", "0", "--reason", "stale"); !strings.Contains(r.errOut, "read them again") {
+		t.Errorf("stale set-rules: %q", r.errOut)
+	}
+	contains(t, viewer.must(0, "ratelimit", "rules"), "version 1 (backend redis)", "normal")
+	viewer.must(4, "ratelimit", "set-rules", "--file", rulesFile, "--version", "1", "--reason", "viewer tries")
+	// Without coord the fleet is not kept: the API says what to set.
+	if r := viewer.must(1, "fleet"); !strings.Contains(r.errOut, "coord.enabled") {
+		t.Errorf("fleet without coord: %q", r.errOut)
+	}
+
 	// Token and server handling.
 	tokFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokFile, []byte(viewTok+"\n"), 0o600); err != nil {

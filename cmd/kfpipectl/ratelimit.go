@@ -11,8 +11,8 @@ import (
 )
 
 func (a *app) rateLimitCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "ratelimit", Short: "Rate limits: status, blocked, block, unblock, group"}
-	cmd.AddCommand(a.rlStatus(), a.rlBlocked(), a.rlBlock(), a.rlUnblock(), a.rlGroup())
+	cmd := &cobra.Command{Use: "ratelimit", Short: "Rate limits: status, blocked, block, unblock, group, rules, set-rules"}
+	cmd.AddCommand(a.rlStatus(), a.rlBlocked(), a.rlBlock(), a.rlUnblock(), a.rlGroup(), a.rlRules(), a.rlSetRules())
 	return cmd
 }
 
