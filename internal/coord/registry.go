@@ -61,8 +61,8 @@ type RegistryEvent struct {
 type Registry struct{ p *Provider }
 
 // registration is one Register'd instance and the goroutine that keeps it
-// registered. Its fields are used under Provider.regMu, except sess, which
-// the keeper owns while it runs (halt waits for it).
+// registered. Its fields are used under Provider.regMu, except sess and
+// restore, which the keeper owns while it runs (halt waits for it).
 type registration struct {
 	p    *Provider
 	info ServiceInfo
@@ -71,6 +71,10 @@ type registration struct {
 	sess   *concurrency.Session // the lease the key is bound to
 	cancel context.CancelFunc   // stops the keeper
 	done   chan struct{}        // closed when the keeper has returned
+	// restore makes the keeper write the key again on sess before it
+	// waits: a replacement failed, and its put may have rebound the key to
+	// a lease that is revoked or expires.
+	restore bool
 }
 
 func serviceDir(name string) string { return dirServices + name + "/" }
@@ -88,8 +92,9 @@ func checkSegment(what, s string) error {
 // is kept alive in the background; if the lease is lost anyway (etcd
 // unreachable for longer than ttl, or the lease revoked) the instance is
 // registered again on a new lease as soon as etcd answers. Registering an ID
-// again replaces its info (watchers see ServiceUpdated). A zero StartedAt is
-// set to now.
+// again replaces its info (watchers see ServiceUpdated); if that fails, the
+// instance stays registered with the info it had. A zero StartedAt is set
+// to now.
 func (r *Registry) Register(ctx context.Context, info ServiceInfo, ttl time.Duration) error {
 	p := r.p
 	if err := checkSegment("service name", info.Name); err != nil {
@@ -122,6 +127,11 @@ func (r *Registry) Register(ctx context.Context, info ServiceInfo, ttl time.Dura
 	reg := &registration{p: p, info: info, ttl: ttl}
 	if reg.sess, err = reg.put(ctx); err != nil {
 		if old != nil {
+			// A put whose answer was lost (a member died after the commit)
+			// may have moved the key to the new lease, which put then
+			// revoked, or which expires: the old registration must write
+			// its key again.
+			old.restore = true
 			old.run()
 		}
 		return fmt.Errorf("coord: register %s/%s: %w", info.Name, info.ID, err)
@@ -130,8 +140,14 @@ func (r *Registry) Register(ctx context.Context, info ServiceInfo, ttl time.Dura
 	reg.run()
 	if old != nil {
 		// The key, if it is the same, is bound to the new lease now, so
-		// revoking the old one only deletes a key under another name.
-		return old.release(ctx)
+		// revoking the old one only deletes a key under another name. If
+		// the revoke fails, the old lease, no longer kept alive, expires
+		// instead: the registration is made either way, so that is no
+		// error of Register's.
+		if err := old.release(ctx); err != nil {
+			p.log.Warn("release the replaced registration's lease: it expires instead",
+				zap.String("service", info.Name), zap.String("id", info.ID), zap.Error(err))
+		}
 	}
 	return nil
 }
@@ -218,6 +234,9 @@ func (reg *registration) run() {
 func (reg *registration) keep(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
 	p := reg.p
+	if reg.restore && !reg.rewrite(ctx) {
+		return
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -245,6 +264,33 @@ func (reg *registration) keep(ctx context.Context, done chan<- struct{}) {
 			if !retry.wait(ctx) {
 				return
 			}
+		}
+	}
+}
+
+// rewrite writes the key again on the lease the registration holds,
+// retrying until it succeeds or the lease is found gone (keep then
+// registers again on a new one); false when ctx ended first.
+func (reg *registration) rewrite(ctx context.Context) bool {
+	p := reg.p
+	val, err := json.Marshal(reg.info)
+	if err != nil {
+		return true // it was encoded when it was registered
+	}
+	var retry backoff
+	for {
+		_, err := p.cli.Put(ctx, reg.key(), string(val), clientv3.WithLease(reg.sess.Lease()))
+		switch {
+		case err == nil || isLeaseNotFound(err): // lost: keep registers again anyway
+			reg.restore = false
+			return true
+		case ctx.Err() != nil:
+			return false
+		}
+		p.log.Warn("restore registration after a failed replacement: retrying", zap.String("service", reg.info.Name),
+			zap.String("id", reg.info.ID), zap.Error(err))
+		if !retry.wait(ctx) {
+			return false
 		}
 	}
 }

@@ -1,7 +1,9 @@
 package coord
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -229,5 +231,115 @@ func TestRegistryUpdateKeepsTheLease(t *testing.T) {
 	}
 	if err := svc.Registry().Update(ctx, ServiceInfo{Name: "producer", ID: "a"}); err == nil {
 		t.Fatal("Update that renames the service accepted")
+	}
+}
+
+// lostReplyKV makes the next Put, once armed, report a failure after etcd
+// applied it — as when the member that answers dies between the commit and
+// the answer (an etcd leader killed under load).
+type lostReplyKV struct {
+	clientv3.KV
+	lose atomic.Bool
+}
+
+func (k *lostReplyKV) Put(ctx context.Context, key, val string, opts ...clientv3.OpOption) (*clientv3.PutResponse, error) {
+	resp, err := k.KV.Put(ctx, key, val, opts...)
+	if err == nil && k.lose.CompareAndSwap(true, false) {
+		return nil, errors.New("connection lost before the answer")
+	}
+	return resp, err
+}
+
+// A replacement whose put was applied but reported failed leaves the
+// instance registered with the info it had. The put moved the key to the
+// new lease, which Register then revoked: the old registration, which
+// still holds its own lease, must write its key again (it used to wait for
+// the loss of that lease, which never came, and the instance stayed gone).
+func TestRegistryFailedReplacementKeepsTheRegistration(t *testing.T) {
+	_, ns := testenv.Etcd(t)
+	watcher, svc := newProvider(t, ns), newProvider(t, ns)
+	kv := &lostReplyKV{KV: svc.cli.KV}
+	svc.cli.KV = kv
+	ctx := t.Context()
+
+	a := ServiceInfo{Name: "gw", ID: "a", Addr: "h:1"}
+	if err := svc.Registry().Register(ctx, a, 0); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := watcher.Registry().Watch(ctx, "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectService(t, ch, ServiceAdded, "a", "h:1")
+
+	b := a
+	b.Addr = "h:2"
+	kv.lose.Store(true)
+	if err := svc.Registry().Register(ctx, b, 0); err == nil {
+		t.Fatal("Register whose put answer was lost returned nil")
+	}
+	expectService(t, ch, ServiceUpdated, "a", "h:2") // the put that was applied
+	expectService(t, ch, ServiceRemoved, "a", "h:2") // its lease revoked
+	expectService(t, ch, ServiceAdded, "a", "h:1")   // the registration restored
+	infos, err := watcher.Registry().Discover(ctx, "gw")
+	if err != nil || len(infos) != 1 || infos[0].Addr != "h:1" {
+		t.Fatalf("Discover = %+v, %v; want a at h:1", infos, err)
+	}
+}
+
+// failRevokeLease fails the next Revoke, once armed, as an unreachable
+// etcd would.
+type failRevokeLease struct {
+	clientv3.Lease
+	fail atomic.Bool
+}
+
+func (l *failRevokeLease) Revoke(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseRevokeResponse, error) {
+	if l.fail.CompareAndSwap(true, false) {
+		return nil, errors.New("etcd unreachable")
+	}
+	return l.Lease.Revoke(ctx, id)
+}
+
+// A replacement that is made but cannot revoke the replaced lease succeeds:
+// the key is bound to the new lease, and the old one, no longer kept
+// alive, expires without taking the key along (Register used to return
+// the revoke's error, so a caller took the new info for not registered).
+func TestRegistryReplacementMadeDespiteFailedRevoke(t *testing.T) {
+	_, ns := testenv.Etcd(t)
+	watcher, svc := newProvider(t, ns), newProvider(t, ns)
+	lease := &failRevokeLease{Lease: svc.cli.Lease}
+	svc.cli.Lease = lease
+	ctx := t.Context()
+	const ttl = 2 * time.Second
+
+	a := ServiceInfo{Name: "gw", ID: "a", Addr: "h:1"}
+	if err := svc.Registry().Register(ctx, a, ttl); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := watcher.Registry().Watch(ctx, "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectService(t, ch, ServiceAdded, "a", "h:1")
+	b := a
+	b.Addr = "h:2"
+	lease.fail.Store(true)
+	if err := svc.Registry().Register(ctx, b, ttl); err != nil {
+		t.Fatalf("Register that replaced the info but could not revoke the old lease: %v", err)
+	}
+	if lease.fail.Load() {
+		t.Fatal("the replaced lease was not revoked at all")
+	}
+	expectService(t, ch, ServiceUpdated, "a", "h:2")
+	// Past the old lease's expiry, nothing else happened.
+	select {
+	case e := <-ch:
+		t.Fatalf("after the old lease expired: %v %+v", e.Type, e.Service)
+	case <-time.After(2 * ttl):
+	}
+	infos, err := watcher.Registry().Discover(ctx, "gw")
+	if err != nil || len(infos) != 1 || infos[0].Addr != "h:2" {
+		t.Fatalf("Discover = %+v, %v; want a at h:2", infos, err)
 	}
 }
