@@ -84,14 +84,17 @@ func TestChaosProducerKill9ShippedTimings(t *testing.T) {
 }
 
 // TestChaosProducerKill9EtcdLock is producer-kill9 with sync.lock.backend
-// etcd: the accounts' sync locks are coord locks (a killed producer's lock
-// goes with its lease) and the cursors live in etcd, written only in a
-// transaction on the lock's fencing token.
+// and idgen.allocator.backend etcd: the accounts' sync locks are coord
+// locks (a killed producer's lock goes with its lease), the cursors live in
+// etcd, written only in a transaction on the lock's fencing token, and the
+// worker IDs are coord instance IDs, freed when a killed producer's lease
+// expires.
 func TestChaosProducerKill9EtcdLock(t *testing.T) {
 	raw, ns := testenv.Etcd(t)
 	producerKill9(t, "producer-kill9-etcd-lock", map[string]string{
 		"KFPIPE_COORD_ENABLED": "true", "KFPIPE_COORD_ENDPOINTS": strings.Join(testenv.EtcdEndpoints(t), ","),
-		"KFPIPE_COORD_NAMESPACE": ns, "KFPIPE_SYNC_LOCK_BACKEND": "etcd"})
+		"KFPIPE_COORD_NAMESPACE": ns, "KFPIPE_COORD_KEEP_ALIVE": "2s",
+		"KFPIPE_SYNC_LOCK_BACKEND": "etcd", "KFPIPE_IDGEN_ALLOCATOR_BACKEND": "etcd"})
 	// The run proves something about etcd only if the cursors were there.
 	resp, err := raw.Get(t.Context(), ns+"config/sync/cursors/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
@@ -99,6 +102,25 @@ func TestChaosProducerKill9EtcdLock(t *testing.T) {
 	}
 	if resp.Count != 4 {
 		t.Fatalf("%d account cursors in etcd, want the 4 accounts'", resp.Count)
+	}
+	// The worker IDs were etcd instance IDs too: the killed incarnations'
+	// are freed when their leases expire (the last one released its own
+	// at its graceful stop), so none is left held.
+	began := time.Now()
+	deadline := began.Add(15 * time.Second)
+	for {
+		ids, err := raw.Get(t.Context(), ns+"instance_ids/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ids.Count == 0 {
+			t.Logf("no worker ID held %s after the run", time.Since(began).Round(100*time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d worker IDs still held in etcd 15 s after the run: a killed producer's ID was not freed with its lease", ids.Count)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

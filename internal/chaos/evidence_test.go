@@ -61,6 +61,20 @@ func TestReportCounts(t *testing.T) {
 			want:  Report{Effects: 5, Dup: 1},
 		},
 		{
+			name: "an effect stamped after its process's kill was in flight at the kill: explained",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 1300), d(2, "a2", "c.2", 11000),
+				d(3, "a3", "c.2", 11001), d(4, "b1", "c.2", 11002), d(5, "b2", "c.2", 11003)},
+			kills: []Kill{{Tag: "c.1", At: at(1000)}},
+			want:  Report{Effects: 5, Redelivered: 1},
+		},
+		{
+			name: "an effect stamped long after its process's kill cannot be its: a dup",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 4000), d(2, "a2", "c.2", 11000),
+				d(3, "a3", "c.2", 11001), d(4, "b1", "c.2", 11002), d(5, "b2", "c.2", 11003)},
+			kills: []Kill{{Tag: "c.1", At: at(1000)}},
+			want:  Report{Effects: 5, Dup: 1},
+		},
+		{
 			name:       "first effects out of WeChat order",
 			deliveries: []Delivery{d(0, "a2", "c.1", 0), d(1, "a1", "c.1", 1), d(2, "a3", "c.1", 2), d(3, "b1", "c.1", 3), d(4, "b2", "c.1", 4)},
 			want:       Report{Effects: 5, Reordered: 1},
