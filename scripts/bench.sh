@@ -7,7 +7,10 @@
 # (matplotlib, installed with pip into .run/benchvenv on first use).
 #
 #   scripts/bench.sh                        all scenarios (about 5-8 minutes)
-#   scripts/bench.sh consumer e2e           some of: producer consumer replies e2e memory isolation
+#   scripts/bench.sh consumer e2e           some of: producer consumer peer replies e2e memory isolation
+#
+# The peer scenario runs Confluent's Parallel Consumer (bench/pc-peer, built here with
+# Maven from Maven Central into .run/bench/pc-peer.jar) beside kfpipe on the same topic.
 #   KFPIPE_BENCH_NO_PLOT=1                  skip the plots
 #   KFPIPE_KEEP_SERVICES=1                  leave the services running afterwards
 set -euo pipefail
@@ -24,14 +27,21 @@ use_services
 log "building the harness"
 go build -o "$out/kfpipe-bench" ./internal/bench/cmd
 
-(($#)) || set -- producer consumer replies e2e memory isolation
+(($#)) || set -- producer consumer peer replies e2e memory isolation
+for sc in "$@"; do
+  if [[ $sc == peer && ! -s $out/pc-peer.jar ]]; then
+    log "building the Parallel Consumer peer (Maven)"
+    (cd bench/pc-peer && mvn -q -B package) >&2
+    cp bench/pc-peer/target/pc-peer.jar "$out/pc-peer.jar"
+  fi
+done
 results="$out/results.jsonl"
 : >"$results"
 log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(go version | cut -d' ' -f3), load $(cut -d' ' -f1-3 /proc/loadavg)"
 status=0
 for sc in "$@"; do
   log "scenario $sc"
-  if ! timeout 300 "$out/kfpipe-bench" -scenario "$sc" -brokers "$KFPIPE_TEST_KAFKA" -redis "$KFPIPE_TEST_REDIS" \
+  if ! timeout 300 "$out/kfpipe-bench" -scenario "$sc" -brokers "$KFPIPE_TEST_KAFKA" -redis "$KFPIPE_TEST_REDIS" -pc-jar "$out/pc-peer.jar" \
     2>"$out/$sc.stderr" | tee -a "$results"; then
     log "scenario $sc failed: $(tail -n 5 "$out/$sc.stderr")"
     status=1

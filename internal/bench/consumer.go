@@ -163,48 +163,11 @@ func Consumer(e *Env, o ConsumerOptions) (Result, error) {
 		return Result{}, fmt.Errorf("raw_consume: %w", err)
 	}
 	rawCPU := CPUTime() - cpu0
-	cpu0, redis0 := CPUTime(), e.RedisCPU()
-
-	h := &counter{target: int64(o.Msgs)}
-	stopProfile := func() {}
-	if o.Profile != nil {
-		stopProfile = o.Profile()
-	}
-	start := time.Now()
-	var s closer
-	var cc *consumer.Consumer
-	var reg prometheus.Gatherer
-	if o.Bare {
-		cc, err = e.startBare(topic, h)
-		s = cc
-	} else {
-		var sc *service.Consumer
-		sc, reg, err = e.startConsumer("consume", topic, h, o.Mutate)
-		if sc != nil {
-			s, cc = sc, sc.C
-		}
-	}
+	ph, err := e.pipelinePhase("consume", topic, o)
 	if err != nil {
 		return Result{}, err
 	}
-	ok := waitUntil(3*time.Minute, func() bool { return h.n.Load() >= int64(o.Msgs) })
-	stopProfile()
-	cpu, redisCPU := CPUTime()-cpu0, e.RedisCPU()-redis0
-	rss := RSSMiB()
-	active := cc.ActiveProcessors()
-	cerr := s.Close(context.Background())
-	if !ok {
-		return Result{}, fmt.Errorf("consumer_pipeline: %d of %d handled", h.n.Load(), o.Msgs)
-	}
-	if cerr != nil {
-		return Result{}, fmt.Errorf("consumer_pipeline close: %w", cerr)
-	}
-	// Throughput from the first record read to the last, for both loops:
-	// what each sustains once running. The rates from the start (consumer
-	// creation, group join, first fetch) are reported as well.
-	first, last := time.Unix(0, h.firstAt.Load()), time.Unix(0, h.lastAt.Load())
-	rate := float64(o.Msgs) / last.Sub(first).Seconds()
-	fromStart := float64(o.Msgs) / last.Sub(start).Seconds()
+	rate, fromStart, cpu, redisCPU, rss, active, reg := ph.rate, ph.fromStart, ph.cpu, ph.redisCPU, ph.rss, ph.active, ph.reg
 	opsPerPipeline := 0.0
 	if reg != nil {
 		opsPerPipeline = histogramMean(reg, "kfpipe_once_batch_ops")
@@ -227,6 +190,67 @@ func Consumer(e *Env, o ConsumerOptions) (Result, error) {
 			"redis_cpu_us_per_msg":   round(float64(redisCPU.Microseconds())/float64(o.Msgs), 2),
 			"dedup_ops_per_pipeline": round(opsPerPipeline, 1),
 			"path":                   "service.StartConsumer: decode, breaker, limiter (loose group), mailbox, actor, batched once dedup (claim+done), offset tracker commits"}}, nil
+}
+
+// phase is what one run of a kfpipe consumer over a prefilled topic
+// measured.
+type phase struct {
+	// rate is from the first record handled to the last, fromStart from
+	// the consumer's creation.
+	rate, fromStart float64
+	// cpu is this process's CPU time and redisCPU the Redis server's
+	// during the run.
+	cpu, redisCPU time.Duration
+	rss           float64
+	active        int
+	reg           prometheus.Gatherer // nil for the bare consumer
+}
+
+// pipelinePhase runs kfpipe's consumer (o.Bare: the core alone; else the
+// full schedule-consumer, named name) over topic until it handled o.Msgs
+// records, and closes it.
+func (e *Env) pipelinePhase(name, topic string, o ConsumerOptions) (phase, error) {
+	cpu0, redis0 := CPUTime(), e.RedisCPU()
+	h := &counter{target: int64(o.Msgs)}
+	stopProfile := func() {}
+	if o.Profile != nil {
+		stopProfile = o.Profile()
+	}
+	start := time.Now()
+	var s closer
+	var cc *consumer.Consumer
+	var reg prometheus.Gatherer
+	var err error
+	if o.Bare {
+		cc, err = e.startBare(topic, h)
+		s = cc
+	} else {
+		var sc *service.Consumer
+		sc, reg, err = e.startConsumer(name, topic, h, o.Mutate)
+		if sc != nil {
+			s, cc = sc, sc.C
+		}
+	}
+	if err != nil {
+		return phase{}, err
+	}
+	ok := waitUntil(3*time.Minute, func() bool { return h.n.Load() >= int64(o.Msgs) })
+	stopProfile()
+	ph := phase{cpu: CPUTime() - cpu0, redisCPU: e.RedisCPU() - redis0, rss: RSSMiB(), active: cc.ActiveProcessors(), reg: reg}
+	cerr := s.Close(context.Background())
+	if !ok {
+		return phase{}, fmt.Errorf("%s: %d of %d handled", name, h.n.Load(), o.Msgs)
+	}
+	if cerr != nil {
+		return phase{}, fmt.Errorf("%s close: %w", name, cerr)
+	}
+	// Throughput from the first record read to the last: what the loop
+	// sustains once running. From the start (consumer creation, group
+	// join, first fetch) as well.
+	first, last := time.Unix(0, h.firstAt.Load()), time.Unix(0, h.lastAt.Load())
+	ph.rate = float64(o.Msgs) / last.Sub(first).Seconds()
+	ph.fromStart = float64(o.Msgs) / last.Sub(start).Seconds()
+	return ph, nil
 }
 
 // pacer produces, every 10 ms, the messages due at rate per second through

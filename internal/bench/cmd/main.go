@@ -31,7 +31,9 @@ func main() {
 }
 
 func run() error {
-	scenario := flag.String("scenario", "", "producer|consumer|replies|e2e|memory|isolation")
+	scenario := flag.String("scenario", "", "producer|consumer|peer|replies|e2e|memory|isolation")
+	pcJar := flag.String("pc-jar", ".run/bench/pc-peer.jar", "peer scenario: the Parallel Consumer runner (bench/pc-peer)")
+	pcConcurrency := flag.Int("pc-concurrency", 16, "peer scenario: the Parallel Consumer's max concurrency")
 	brokers := flag.String("brokers", envOr("KFPIPE_TEST_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap servers")
 	redisAddr := flag.String("redis", envOr("KFPIPE_TEST_REDIS", "127.0.0.1:16379"), "Redis address")
 	msgs := flag.Int("msgs", 0, "messages (0 = the scenario's default)")
@@ -123,6 +125,9 @@ func run() error {
 				}
 			}})
 		results = []bench.Result{r}
+	case "peer":
+		results, err = bench.Peer(e, bench.PeerOptions{Msgs: or(*msgs, 300000), Users: or(*users, 10000), Partitions: *partitions,
+			Jar: *pcJar, Concurrency: *pcConcurrency})
 	case "replies":
 		var r bench.Result
 		r, err = bench.Replies(e, bench.ConsumerOptions{Msgs: or(*msgs, 20000), Users: or(*users, 2000), Partitions: *partitions})
@@ -140,7 +145,7 @@ func run() error {
 		r, err = bench.Isolation(e, or(*users, 1000), 10, ord(*duration, 30*time.Second))
 		results = []bench.Result{r}
 	default:
-		return fmt.Errorf("-scenario must be one of producer, consumer, replies, e2e, memory, isolation; got %q", *scenario)
+		return fmt.Errorf("-scenario must be one of producer, consumer, peer, replies, e2e, memory, isolation; got %q", *scenario)
 	}
 	enc := json.NewEncoder(os.Stdout)
 	for _, r := range results {
