@@ -80,6 +80,16 @@ func jsonError(err error) *apiError {
 
 // auditReason returns the body's reason, else the query's; it is required
 // on every write.
+// decodeWithReason decodes a write's JSON body into v, then returns its
+// audit reason: *bodyReason (v's reason field, read after decoding) or the
+// query's.
+func decodeWithReason(r *http.Request, v any, bodyReason *string) (string, *apiError) {
+	if e := decodeBody(r, v); e != nil {
+		return "", e
+	}
+	return auditReason(*bodyReason, r.URL.Query())
+}
+
 func auditReason(body string, q url.Values) (string, *apiError) {
 	reason := strings.TrimSpace(body)
 	if reason == "" {

@@ -75,10 +75,7 @@ func pathAndReason(r *http.Request, name string, maxLen int) (value, reason stri
 		return "", "", e
 	}
 	var b reasonBody
-	if e := decodeBody(r, &b); e != nil {
-		return "", "", e
-	}
-	reason, e = auditReason(b.Reason, r.URL.Query())
+	reason, e = decodeWithReason(r, &b, &b.Reason)
 	return value, reason, e
 }
 
@@ -133,10 +130,7 @@ type BatchPlan struct {
 
 func (s *Server) batchOp(r *http.Request, action string) (writeOp, *apiError) {
 	var b batchBody
-	if e := decodeBody(r, &b); e != nil {
-		return writeOp{}, e
-	}
-	reason, e := auditReason(b.Reason, r.URL.Query())
+	reason, e := decodeWithReason(r, &b, &b.Reason)
 	if e != nil {
 		return writeOp{}, e
 	}

@@ -100,10 +100,7 @@ func (s *Server) rlSetGroup(r *http.Request) (writeOp, *apiError) {
 		return writeOp{}, e
 	}
 	var b groupBody
-	if e := decodeBody(r, &b); e != nil {
-		return writeOp{}, e
-	}
-	reason, e := auditReason(b.Reason, r.URL.Query())
+	reason, e := decodeWithReason(r, &b, &b.Reason)
 	if e != nil {
 		return writeOp{}, e
 	}
@@ -140,10 +137,7 @@ func (s *Server) rlBlock(r *http.Request) (writeOp, *apiError) {
 		return writeOp{}, e
 	}
 	var b blockBody
-	if e := decodeBody(r, &b); e != nil {
-		return writeOp{}, e
-	}
-	reason, e := auditReason(b.Reason, r.URL.Query())
+	reason, e := decodeWithReason(r, &b, &b.Reason)
 	if e != nil {
 		return writeOp{}, e
 	}
@@ -195,10 +189,7 @@ type rulesAnswer struct {
 
 func (s *Server) rlSetRules(r *http.Request) (writeOp, *apiError) {
 	var b rulesBody
-	if e := decodeBody(r, &b); e != nil {
-		return writeOp{}, e
-	}
-	reason, e := auditReason(b.Reason, r.URL.Query())
+	reason, e := decodeWithReason(r, &b, &b.Reason)
 	if e != nil {
 		return writeOp{}, e
 	}
