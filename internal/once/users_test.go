@@ -1,0 +1,371 @@
+package once
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+type usersFixture struct {
+	rdb    *redis.Client
+	prefix string
+}
+
+func newUsersFixture(t *testing.T) usersFixture {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	return usersFixture{rdb: rdb, prefix: prefix}
+}
+
+// process returns a Users store as one consumer process would have it.
+func (fx usersFixture) process(t *testing.T, mutate func(*UsersConfig)) *Users {
+	t.Helper()
+	cfg := UsersConfig{Client: fx.rdb, KeyPrefix: fx.prefix, PollInterval: 5 * time.Millisecond}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	u, err := NewUsers(ctxT(t, 5*time.Second), "test", cfg, WithRegisterer(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatalf("NewUsers: %v", err)
+	}
+	t.Cleanup(func() { _ = u.Close(context.Background()) })
+	return u
+}
+
+func items(sendTime int64, keys ...string) []UserItem {
+	out := make([]UserItem, len(keys))
+	for i, k := range keys {
+		out[i] = UserItem{Key: k, SendTime: sendTime}
+	}
+	return out
+}
+
+// run runs every ticket with f and waits for their marks; it returns the
+// statuses.
+func runAll(t *testing.T, u *Users, ts []*UserTicket, f func(context.Context) error) []Status {
+	t.Helper()
+	out := make([]Status, len(ts))
+	marks := make(chan error, len(ts))
+	for i, tk := range ts {
+		st, err := u.DoTicket(ctxT(t, 10*time.Second), tk, f, func(err error) { marks <- err }, func(error) {})
+		if err != nil {
+			t.Fatalf("DoTicket %s: %v", tk.Key(), err)
+		}
+		out[i] = st
+		if st != StatusExecuted {
+			marks <- nil
+		}
+	}
+	for range ts {
+		select {
+		case err := <-marks:
+			if err != nil {
+				t.Fatalf("mark: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("done marks not written in 10s")
+		}
+	}
+	return out
+}
+
+func TestUsersRunEachMessageOnceAcrossOwners(t *testing.T) {
+	fx := newUsersFixture(t)
+	now := time.Now().Unix()
+	var runs atomic.Int32
+	f := func(context.Context) error { runs.Add(1); return nil }
+
+	a := fx.process(t, nil)
+	st := runAll(t, a, a.ClaimUser(ctxT(t, 5*time.Second), "u1", items(now, "k:1", "k:2", "k:3")), f)
+	for i, s := range st {
+		if s != StatusExecuted {
+			t.Fatalf("first owner, message %d: %v, want executed", i, s)
+		}
+	}
+	// The same owner again (its lease and memory): all duplicates.
+	st = runAll(t, a, a.ClaimUser(ctxT(t, 5*time.Second), "u1", items(now, "k:1", "k:3", "k:4")), f)
+	if st[0] != StatusDuplicate || st[1] != StatusDuplicate || st[2] != StatusExecuted {
+		t.Fatalf("same owner: %v, want duplicate duplicate executed", st)
+	}
+	if err := a.Close(ctxT(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// Another process (the partition's next owner) reads the marks.
+	b := fx.process(t, nil)
+	st = runAll(t, b, b.ClaimUser(ctxT(t, 5*time.Second), "u1", items(now, "k:1", "k:2", "k:3", "k:4", "k:5")), f)
+	want := []Status{StatusDuplicate, StatusDuplicate, StatusDuplicate, StatusDuplicate, StatusExecuted}
+	for i := range want {
+		if st[i] != want[i] {
+			t.Fatalf("next owner: %v, want %v", st, want)
+		}
+	}
+	if n := runs.Load(); n != 5 {
+		t.Fatalf("handler ran %d times, want 5 (one per message)", n)
+	}
+	// A failed handler leaves nothing: a retry runs it.
+	ts := b.ClaimUser(ctxT(t, 5*time.Second), "u1", items(now, "k:6"))
+	if _, err := b.DoTicket(ctxT(t, 5*time.Second), ts[0], func(context.Context) error { return errors.New("boom") }, nil, nil); err == nil {
+		t.Fatal("want the handler's error")
+	}
+	if st := runAll(t, b, b.ClaimUser(ctxT(t, 5*time.Second), "u1", items(now, "k:6")), f); st[0] != StatusExecuted {
+		t.Fatalf("retry after failure: %v, want executed", st[0])
+	}
+}
+
+// The per-message cost the design is for: a day's marks of a user are one
+// intset, 8 bytes a message.
+func TestUsersMarksAreAnIntset(t *testing.T) {
+	fx := newUsersFixture(t)
+	u := fx.process(t, nil)
+	now := time.Now().Unix()
+	keys := make([]string, 200)
+	for i := range keys {
+		keys[i] = "wkAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA:" + strconv.Itoa(i) + "-0123456789abcdef0123456789abcdef"
+	}
+	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "wmUSER", items(now, keys...)), func(context.Context) error { return nil })
+	ctx := ctxT(t, 5*time.Second)
+	key := u.doneKey("wmUSER", dayOf(now))
+	enc, err := fx.rdb.ObjectEncoding(ctx, key).Result()
+	if err != nil || enc != "intset" {
+		t.Fatalf("encoding of %s: %q %v, want intset", key, enc, err)
+	}
+	n, err := fx.rdb.SCard(ctx, key).Result()
+	if err != nil || n != 200 {
+		t.Fatalf("SCARD: %d %v", n, err)
+	}
+	mem, err := fx.rdb.MemoryUsage(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if per := float64(mem) / 200; per > 10 {
+		t.Fatalf("%.1f bytes per mark, want <= 10 (an intset of 8-byte members)", per)
+	}
+	ttl, err := fx.rdb.PTTL(ctx, key).Result()
+	if err != nil || ttl < 4*24*time.Hour {
+		t.Fatalf("TTL %v %v, want >= the 4-day dedup TTL", ttl, err)
+	}
+}
+
+// (c) A re-pulled copy of a message processed three days ago — WeChat's
+// re-pull window — has the same send time and is found in the same set.
+func TestUsersRecognisesACopyFromThreeDaysAgo(t *testing.T) {
+	fx := newUsersFixture(t)
+	sent := time.Now().Add(-3*24*time.Hour - time.Hour).Unix()
+	a := fx.process(t, nil)
+	var runs atomic.Int32
+	f := func(context.Context) error { runs.Add(1); return nil }
+	runAll(t, a, a.ClaimUser(ctxT(t, 5*time.Second), "u", items(sent, "okf:old")), f)
+	_ = a.Close(ctxT(t, 5*time.Second))
+	// The set lives one TTL after its last write, not after the send time.
+	ttl, err := fx.rdb.PTTL(ctxT(t, 5*time.Second), a.doneKey("u", dayOf(sent))).Result()
+	if err != nil || ttl < 4*24*time.Hour {
+		t.Fatalf("TTL %v %v, want >= 4 days from the write", ttl, err)
+	}
+	b := fx.process(t, nil)
+	st := runAll(t, b, b.ClaimUser(ctxT(t, 5*time.Second), "u", items(sent, "okf:old")), f)
+	if st[0] != StatusDuplicate || runs.Load() != 1 {
+		t.Fatalf("copy: %v, runs %d; want duplicate, 1", st[0], runs.Load())
+	}
+}
+
+// A user leased by another owner is waited on, never treated as done; its
+// marks are seen once the owner is done with it.
+func TestUsersWaitForAnotherOwner(t *testing.T) {
+	fx := newUsersFixture(t)
+	now := time.Now().Unix()
+	a, b := fx.process(t, nil), fx.process(t, nil)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	ta := a.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
+	go func() {
+		_, _ = a.DoTicket(context.Background(), ta[0], func(context.Context) error {
+			close(started)
+			<-release
+			return nil
+		}, nil, nil)
+	}()
+	<-started
+	tb := b.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
+	res := make(chan Status, 1)
+	var ranB atomic.Bool
+	go func() {
+		st, err := b.DoTicket(ctxT(t, 20*time.Second), tb[0], func(context.Context) error { ranB.Store(true); return nil }, nil, nil)
+		if err != nil {
+			t.Errorf("b: %v", err)
+		}
+		res <- st
+	}()
+	select {
+	case st := <-res:
+		t.Fatalf("b finished (%v) while a held the user", st)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	// a's mark lands, then a gives the lease back (a rebalance).
+	waitFor(t, 5*time.Second, func() bool { a.mu.Lock(); defer a.mu.Unlock(); return len(a.marks) == 0 && a.flushing == 0 })
+	a.ReleaseIdle()
+	select {
+	case st := <-res:
+		if st != StatusDuplicate || ranB.Load() {
+			t.Fatalf("b: %v (ran %v), want duplicate", st, ranB.Load())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b still waiting 10s after a released the user")
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// takeOver makes another owner take user's lease from under a (as after a
+// pause of a longer than the lease): the key is deleted, b acquires it.
+func takeOver(t *testing.T, fx usersFixture, a, b *Users, user string, now int64) *UserTicket {
+	t.Helper()
+	if err := fx.rdb.Del(ctxT(t, 5*time.Second), a.leaseKey(user)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	tb := b.ClaimUser(ctxT(t, 5*time.Second), user, items(now, "k:other"))
+	if tb[0].err != nil {
+		t.Fatalf("b could not take the lease: %v", tb[0].err)
+	}
+	return tb[0]
+}
+
+// (a) A lease lost mid-mailbox stops the old owner before its next effect:
+// the running handler is told, and the next message of the window waits
+// for the new owner instead of running. With the shipped 10 s lease.
+func TestUsersLeaseLostStopsTheOwnerBeforeItsNextEffect(t *testing.T) {
+	fx := newUsersFixture(t)
+	now := time.Now().Unix()
+	a, b := fx.process(t, func(c *UsersConfig) { c.Lease = 0 }), fx.process(t, nil)
+	if a.lease != 10*time.Second {
+		t.Fatalf("shipped lease %v, want 10s", a.lease)
+	}
+	ts := a.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1", "k:2"))
+	lost := make(chan error, 1)
+	var tb *UserTicket
+	st, err := a.DoTicket(ctxT(t, 30*time.Second), ts[0], func(ctx context.Context) error {
+		tb = takeOver(t, fx, a, b, "u", now)
+		select {
+		case <-ctx.Done():
+		case err := <-lost:
+			return err
+		case <-time.After(20 * time.Second):
+			return errors.New("never told")
+		}
+		return ctx.Err()
+	}, nil, func(err error) { lost <- err })
+	if err == nil || st != StatusExecuted {
+		t.Fatalf("first message: %v %v, want the handler stopped by the lost lease", st, err)
+	}
+	// The next message of a's window must not run while b holds the user.
+	var ranA atomic.Bool
+	res := make(chan error, 1)
+	go func() {
+		_, err := a.DoTicket(ctxT(t, 30*time.Second), ts[1], func(context.Context) error { ranA.Store(true); return nil }, nil, nil)
+		res <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if ranA.Load() {
+		t.Fatal("a ran its next message while b held the user's lease")
+	}
+	runAll(t, b, []*UserTicket{tb}, func(context.Context) error { return nil })
+	b.ReleaseIdle()
+	if err := <-res; err != nil {
+		t.Fatalf("a after b released: %v", err)
+	}
+	if !ranA.Load() {
+		t.Fatal("a did not run its message after b released the user")
+	}
+}
+
+// (b) A done mark from an owner fenced out (another owner took the lease
+// while its handler ran) is refused by Redis.
+func TestUsersMarkFromAFencedOutOwnerIsRefused(t *testing.T) {
+	fx := newUsersFixture(t)
+	now := time.Now().Unix()
+	a, b := fx.process(t, nil), fx.process(t, nil)
+	ts := a.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
+	marked := make(chan error, 1)
+	var tokA int64
+	_, err := a.DoTicket(ctxT(t, 5*time.Second), ts[0], func(ctx context.Context) error {
+		tokA, _ = FencingTokenFrom(ctx)
+		takeOver(t, fx, a, b, "u", now)
+		return nil // the effect happened, but a no longer owns the user
+	}, func(err error) { marked <- err }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-marked:
+		if !errors.Is(err, ErrFenced) {
+			t.Fatalf("mark: %v, want ErrFenced", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("mark not settled")
+	}
+	ok, err := fx.rdb.SIsMember(ctxT(t, 5*time.Second), a.doneKey("u", dayOf(now)), Digest("k:1")).Result()
+	if err != nil || ok {
+		t.Fatalf("refused mark is in the set: %v %v", ok, err)
+	}
+	// b's token is larger: a downstream fencing on it refuses a.
+	tb := b.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:2"))
+	var tokB int64
+	runAll(t, b, tb, func(ctx context.Context) error { tokB, _ = FencingTokenFrom(ctx); return nil })
+	if tokA <= 0 || tokB <= tokA {
+		t.Fatalf("fencing tokens a=%d b=%d, want 0 < a < b", tokA, tokB)
+	}
+}
+
+// Migration: the per-message keys of the previous store are read (done
+// markers, claims waited on) and, in read_write, written beside the marks.
+func TestUsersReadTheLegacyKeys(t *testing.T) {
+	fx := newUsersFixture(t)
+	now := time.Now().Unix()
+	ctx := ctxT(t, 5*time.Second)
+	fx.rdb.Set(ctx, fx.prefix+"k:done", "d:", time.Hour)
+	fx.rdb.Set(ctx, fx.prefix+"k:claimed", "p:old-consumer:1", time.Hour)
+	u := fx.process(t, func(c *UsersConfig) { c.Legacy = LegacyReadWrite })
+	ts := u.ClaimUser(ctx, "u", items(now, "k:done", "k:claimed", "k:new"))
+	var ran []string
+	f := func(k string) func(context.Context) error {
+		return func(context.Context) error { ran = append(ran, k); return nil }
+	}
+	if st, err := u.DoTicket(ctx, ts[0], f("k:done"), nil, nil); err != nil || st != StatusDuplicate {
+		t.Fatalf("legacy done: %v %v", st, err)
+	}
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		fx.rdb.Set(context.Background(), fx.prefix+"k:claimed", "d:", time.Hour) // the old consumer finished it
+	}()
+	start := time.Now()
+	if st, err := u.DoTicket(ctxT(t, 5*time.Second), ts[1], f("k:claimed"), nil, nil); err != nil || st != StatusDuplicate {
+		t.Fatalf("legacy claim: %v %v, want a wait and then duplicate", st, err)
+	}
+	if time.Since(start) < 150*time.Millisecond {
+		t.Fatal("did not wait for the legacy claim")
+	}
+	runAll(t, u, ts[2:], f("k:new"))
+	if len(ran) != 1 || ran[0] != "k:new" {
+		t.Fatalf("ran %v, want only k:new", ran)
+	}
+	if v, err := fx.rdb.Get(ctx, fx.prefix+"k:new").Result(); err != nil || v != "d:" {
+		t.Fatalf("read_write legacy marker: %q %v", v, err)
+	}
+}
