@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,7 +27,7 @@ type Cluster struct {
 func PrivateKafkaCluster(t *testing.T) *Cluster {
 	t.Helper()
 	testenv.Tool(t, "java")
-	base := freePortRange(t, 6)
+	base := testenv.FreePortRange(t, 6)
 	c := &Node{t: t, script: "kafka.sh", name: "chaos-" + testenv.Short(), runDir: t.TempDir()}
 	c.env = []string{"KFPIPE_RUN_DIR=" + c.runDir}
 	t.Cleanup(func() {
@@ -122,32 +121,3 @@ func (c *Cluster) metadata(topic string) (kafka.TopicMetadata, error) {
 
 // Node returns the node with node.id id (1..3).
 func (c *Cluster) Node(id int32) *Node { return c.Nodes[id-1] }
-
-// freePortRange returns p such that p … p+n-1 were all free a moment ago.
-func freePortRange(t testing.TB, n int) int {
-	t.Helper()
-	for try := 0; try < 100; try++ {
-		p := testenv.FreePort(t)
-		if p+n > 65535 {
-			continue
-		}
-		ok := true
-		var held []net.Listener
-		for i := 1; i < n && ok; i++ {
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			held = append(held, ln)
-		}
-		for _, ln := range held {
-			_ = ln.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return 0
-}

@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -128,29 +127,10 @@ func stablePortRange(t testing.TB, n int) int {
 		}
 	}
 	for p := lo; p+n <= hi; p += n {
-		if portsFree(p, n) {
+		if testenv.PortsFree(p, n) {
 			return p
 		}
 	}
 	t.Logf("no %d free ports in [%d, %d): using ephemeral ones, a resumed member may find one taken", n, lo, hi)
-	return freePortRange(t, n)
-}
-
-// portsFree reports whether p … p+n-1 on loopback could all be listened on
-// a moment ago.
-func portsFree(p, n int) bool {
-	var held []net.Listener
-	defer func() {
-		for _, ln := range held {
-			_ = ln.Close()
-		}
-	}()
-	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
-		if err != nil {
-			return false
-		}
-		held = append(held, ln)
-	}
-	return true
+	return testenv.FreePortRange(t, n)
 }
