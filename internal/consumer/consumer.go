@@ -133,14 +133,15 @@ type tpKey struct {
 // Consumer reads the main topic in a consumer group and drives the
 // per-user actors. Start begins consuming; Close stops gracefully.
 type Consumer struct {
-	cfg     config.Consumer
-	topic   string
-	group   string
-	handler Handler
-	dlq     DeadLetters
-	dedup   Deduper
-	ahead   AheadDeduper // dedup, when it claims ahead and processor.claim_ahead > 0
-	limiter Limiter
+	cfg       config.Consumer
+	topic     string
+	group     string
+	handler   Handler
+	dlq       DeadLetters
+	dedup     Deduper
+	ahead     AheadDeduper // dedup, when it claims ahead and processor.claim_ahead > 0
+	userDedup UserDeduper  // dedup, when it keeps its state per user
+	limiter   Limiter
 	// prefetch is limiter when it implements Prefetcher, else nil.
 	prefetch Prefetcher
 	breaker  Breaker
@@ -242,6 +243,12 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	if ad, ok := c.dedup.(AheadDeduper); ok && cfg.Processor.ClaimAhead > 0 {
 		c.ahead = ad
 		c.acts.prepare, c.acts.ahead = c.prepare, cfg.Processor.ClaimAhead
+	}
+	if ud, ok := c.dedup.(UserDeduper); ok {
+		// Every message goes through the user's lease, claimed ahead or
+		// one at a time.
+		c.userDedup, c.ahead = ud, ud
+		c.acts.prepare, c.acts.ahead = c.prepare, max(cfg.Processor.ClaimAhead, 1)
 	}
 	kc, err := kafka.NewConsumer(kafkaclient.Consumer(cfg.Kafka, c.group))
 	if err != nil {
@@ -785,6 +792,11 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			if err := c.commit(ps); err != nil {
 				c.log.Warn("commit on revoke", zap.Error(err))
 			}
+		}
+		if c.userDedup != nil {
+			// The revoked partitions' users are someone else's now: give
+			// their leases back instead of holding the new owner up.
+			c.userDedup.ReleaseIdle()
 		}
 		// A paused partition must be resumed before it goes: librdkafka
 		// keeps the application's pause across an unassign and a later

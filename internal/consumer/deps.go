@@ -60,6 +60,26 @@ type AheadDeduper interface {
 	Release(ts []Ticket)
 }
 
+// UserDeduper is an AheadDeduper that keeps its state per user — a lease
+// on the user and the user's done marks — instead of per message: it is
+// asked for one user's queued messages together. The consumer uses it for
+// every message (never Do), and gives back the users it has no work for
+// after a rebalance, so their new owner does not wait for a lease.
+type UserDeduper interface {
+	AheadDeduper
+	// ClaimUser takes (or keeps) user's lease and looks items up in the
+	// user's done marks; the tickets run in order with DoTicket.
+	ClaimUser(ctx context.Context, user string, items []DedupItem) []Ticket
+	// ReleaseIdle gives back the leases of users with no work in flight.
+	ReleaseIdle()
+}
+
+// DedupItem is one message for UserDeduper.ClaimUser.
+type DedupItem struct {
+	Key      string // the idempotency key (open_kfid:msgid)
+	SendTime int64  // WeChat's send_time (Unix seconds), the same in a re-pulled copy
+}
+
 // Verdict is a Limiter's answer for one message.
 type Verdict struct {
 	Allowed bool

@@ -195,6 +195,16 @@ func (c *Consumer) prepare(envs []*envelope) {
 	if len(keys) == 0 || c.runCtx.Err() != nil {
 		return
 	}
+	if c.userDedup != nil {
+		items := make([]DedupItem, len(idx))
+		for j, i := range idx {
+			items[j] = DedupItem{Key: keys[j], SendTime: envs[i].msg.SendTime}
+		}
+		for j, t := range c.userDedup.ClaimUser(c.runCtx, envs[idx[0]].user, items) {
+			envs[idx[j]].ticket = t
+		}
+		return
+	}
 	for j, t := range c.ahead.ClaimAhead(c.runCtx, keys) {
 		envs[idx[j]].ticket = t
 	}
@@ -225,6 +235,9 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 	}
 	if c.dedup == nil {
 		return false, run(c.runCtx)
+	}
+	if env.ticket == nil && c.userDedup != nil {
+		env.ticket = c.userDedup.ClaimUser(c.runCtx, env.user, []DedupItem{{Key: m.DedupKey(), SendTime: m.SendTime}})[0]
 	}
 	if env.ticket != nil {
 		g = &env.guard

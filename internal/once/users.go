@@ -64,6 +64,8 @@ type Users struct {
 	m            *usersMetrics
 	now          func() time.Time
 
+	waits waitSet // messages waiting on a user leased by another owner
+
 	mu     sync.Mutex
 	leases map[string]*userLease
 	marks  []*pendingMark
@@ -302,7 +304,8 @@ func (u *Users) ClaimUser(ctx context.Context, user string, items []UserItem) []
 // owner holds the lease, poll until it is free (bounded by ctx) instead of
 // returning errLeaseHeld.
 func (u *Users) settle(ctx context.Context, l *userLease, ts []*UserTicket, wait bool) error {
-	var waitedSince time.Time
+	var w *waiter
+	defer func() { u.waits.remove(w) }()
 	for {
 		held, err := u.ensure(ctx, l, ts)
 		if err == nil && held {
@@ -314,8 +317,8 @@ func (u *Users) settle(ctx context.Context, l *userLease, ts []*UserTicket, wait
 		if !wait {
 			return errLeaseHeld
 		}
-		if waitedSince.IsZero() {
-			waitedSince = u.now()
+		if w == nil {
+			w = u.waits.add("user "+l.user, u.now())
 			u.m.waits.Inc()
 		}
 		t := time.NewTimer(u.poll)
@@ -486,6 +489,10 @@ func (u *Users) readLegacy(ctx context.Context, l *userLease, ts []*UserTicket) 
 	}
 	return nil
 }
+
+// Waiting reports the messages waiting on users leased by other owners
+// (after a crash: the dead owner's users, until their leases expire).
+func (u *Users) Waiting() Waits { return u.waits.snapshot(time.Now()) }
 
 // FencingToken returns the token of the lease a ticket runs under (0 before
 // the lease was taken).

@@ -48,6 +48,52 @@ func (d deduper) Release(ts []consumer.Ticket) {
 	}
 }
 
+// userDeduper adapts once.Users to consumer.UserDeduper.
+type userDeduper struct{ u *once.Users }
+
+var _ consumer.UserDeduper = userDeduper{}
+
+// Do is never called: the consumer runs every message of a UserDeduper
+// through ClaimUser and DoTicket.
+func (userDeduper) Do(context.Context, string, time.Duration, func(context.Context) error) (bool, error) {
+	return false, errors.New("dedup: store leases runs messages by user (ClaimUser), not by key")
+}
+
+// ClaimAhead is never called for the same reason.
+func (userDeduper) ClaimAhead(context.Context, []string) []consumer.Ticket {
+	panic("dedup: store leases claims by user (ClaimUser), not by key")
+}
+
+// ClaimUser implements consumer.UserDeduper.
+func (d userDeduper) ClaimUser(ctx context.Context, user string, items []consumer.DedupItem) []consumer.Ticket {
+	in := make([]once.UserItem, len(items))
+	for i, it := range items {
+		in[i] = once.UserItem{Key: it.Key, SendTime: it.SendTime}
+	}
+	ts := d.u.ClaimUser(ctx, user, in)
+	out := make([]consumer.Ticket, len(ts))
+	for i, t := range ts {
+		out[i] = t
+	}
+	return out
+}
+
+// DoTicket implements consumer.AheadDeduper (the TTL is the store's).
+func (d userDeduper) DoTicket(ctx context.Context, t consumer.Ticket, _ time.Duration, f func(context.Context) error, marked, lost func(error)) (bool, error) {
+	st, err := d.u.DoTicket(ctx, t.(*once.UserTicket), f, marked, lost)
+	return st == once.StatusDuplicate, err
+}
+
+// Release implements consumer.AheadDeduper.
+func (d userDeduper) Release(ts []consumer.Ticket) {
+	for _, t := range ts {
+		d.u.Release(t.(*once.UserTicket))
+	}
+}
+
+// ReleaseIdle implements consumer.UserDeduper.
+func (d userDeduper) ReleaseIdle() { d.u.ReleaseIdle() }
+
 // limiter adapts ratelimit.Limiter to consumer.Limiter.
 type limiter struct{ l *ratelimit.Limiter }
 
@@ -107,6 +153,7 @@ func (d deadLetters) Send(cdl *consumer.DeadLetter, done func(error)) {
 type Consumer struct {
 	C        *consumer.Consumer
 	once     *once.Client
+	users    *once.Users // dedup.store: leases
 	limiter  *ratelimit.Limiter
 	producer *dlq.Producer
 	// stopWatch ends the Redis watch (nil when standby is off);
@@ -137,10 +184,27 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
 	s := &Consumer{once: oc}
-	if base.Ops != nil {
-		base.Ops.AddDetail("dedup", func() string { return waitDetail(oc.Waiting(), cfg.Dedup.Lease) })
+	waiting := oc.Waiting
+	var dd consumer.Deduper = deduper{oc}
+	if cfg.Dedup.Store == "leases" {
+		legacy, err := once.ParseLegacy(cfg.Dedup.Legacy)
+		if err != nil {
+			_ = s.close(ctx)
+			return nil, fmt.Errorf("dedup.legacy: %w", err)
+		}
+		s.users, err = once.NewUsers(ctx, "schedule-consumer", once.UsersConfig{Client: base.Redis, KeyPrefix: dedupPrefix(prefix),
+			Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Legacy: legacy, Batch: once.BatchConfig{FlushInterval: cfg.Processor.PipelineFlush,
+				MaxBatch: cfg.Processor.PipelineMaxBatched}}, once.WithLogger(log), once.WithRegisterer(reg))
+		if err != nil {
+			_ = s.close(ctx)
+			return nil, fmt.Errorf("dedup: %w", err)
+		}
+		dd, waiting = userDeduper{s.users}, s.users.Waiting
 	}
-	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg), consumer.WithDeduper(deduper{oc})}
+	if base.Ops != nil {
+		base.Ops.AddDetail("dedup", func() string { return waitDetail(waiting(), cfg.Dedup.Lease) })
+	}
+	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg), consumer.WithDeduper(dd)}
 	if cfg.RateLimit.Enabled {
 		s.limiter, err = ratelimit.New(cfg.RateLimit, ratelimit.NewStore(base.Redis, prefix),
 			append(rulesOption(cfg.RateLimit, base), ratelimit.WithLogger(log), ratelimit.WithRegisterer(reg))...)
@@ -306,6 +370,9 @@ func (s *Consumer) close(ctx context.Context) error {
 	}
 	if s.limiter != nil {
 		errs = append(errs, s.limiter.Close())
+	}
+	if s.users != nil {
+		errs = append(errs, s.users.Close(ctx))
 	}
 	errs = append(errs, s.once.Close())
 	return errors.Join(errs...)

@@ -31,7 +31,7 @@ func main() {
 }
 
 func run() error {
-	scenario := flag.String("scenario", "", "producer|consumer|peer|replies|e2e|memory|isolation")
+	scenario := flag.String("scenario", "", "producer|consumer|peer|replies|e2e|memory|isolation|state")
 	pcJar := flag.String("pc-jar", ".run/bench/pc-peer.jar", "peer scenario: the Parallel Consumer runner (bench/pc-peer)")
 	pcConcurrency := flag.Int("pc-concurrency", 16, "peer scenario: the Parallel Consumer's max concurrency")
 	brokers := flag.String("brokers", envOr("KFPIPE_TEST_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap servers")
@@ -140,12 +140,14 @@ func run() error {
 		var r bench.Result
 		r, err = bench.Memory(e, or(*users, 100000), ord(*duration, 45*time.Second))
 		results = []bench.Result{r}
+	case "state":
+		results, err = bench.State(e, bench.StateOptions{Msgs: or(*msgs, 1000000), Users: or(*users, 10000), Partitions: *partitions})
 	case "isolation":
 		var r bench.Result
 		r, err = bench.Isolation(e, or(*users, 1000), 10, ord(*duration, 30*time.Second))
 		results = []bench.Result{r}
 	default:
-		return fmt.Errorf("-scenario must be one of producer, consumer, peer, replies, e2e, memory, isolation; got %q", *scenario)
+		return fmt.Errorf("-scenario must be one of producer, consumer, peer, replies, e2e, memory, isolation, state; got %q", *scenario)
 	}
 	enc := json.NewEncoder(os.Stdout)
 	for _, r := range results {

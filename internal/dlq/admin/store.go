@@ -54,6 +54,9 @@ type Letter struct {
 	// Key is the store's own handle on the letter (e.g. its message's
 	// dedup key), kept with the batch so a resumed batch needs no lookup.
 	Key string `json:"key,omitempty"`
+	// SendTime is the letter's message's send time (Unix seconds), which
+	// with User finds it in a per-user dedup store.
+	SendTime int64 `json:"send_time,omitempty"`
 	// Done: the dedup store holds the letter's message as processed.
 	Done bool `json:"done,omitempty"`
 }
