@@ -372,7 +372,7 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 			}
 		}
 		scripts = append(scripts, leaseAcquireScript)
-		cmds = append(cmds, []any{"evalsha", leaseAcquireScript.Hash(), 2, l.key, u.seqKey, u.owner, u.leaseMs, prev})
+		cmds = append(cmds, []any{"evalsha", leaseAcquireScript.Hash(), 2, l.key, u.seqKey, u.owner, u.leaseMs})
 	}
 	for _, d := range missing {
 		scripts = append(scripts, nil)

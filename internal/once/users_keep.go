@@ -175,6 +175,12 @@ type markGroup struct {
 	day   int64
 	exp   int64
 	marks []*pendingMark
+	// trusted: the lease the marks were made under is still this
+	// process's by its own clock (renewed within two thirds of a lease),
+	// so Redis cannot have given it to anyone else yet: the marks go as
+	// plain SADDs. Otherwise they go through markScript, which refuses
+	// them when another owner holds the lease.
+	trusted bool
 }
 
 // flush writes the queued done marks, a script call (and pipeline) at a
@@ -203,7 +209,9 @@ func (u *Users) flush() {
 			k := markGroupKey{m.l, m.value, m.day}
 			g := index[k]
 			if g == nil {
-				g = &markGroup{l: m.l, value: m.value, day: m.day}
+				l := m.l
+				g = &markGroup{l: l, value: m.value, day: m.day,
+					trusted: m.value == l.value && !l.lost && now.Sub(l.lastOK) < u.lease*2/3}
 				// The set must outlive every mark in it by the TTL: its
 				// expiry is pushed out when it falls short, with an hour to
 				// spare so that a busy user's set is not touched every time.
@@ -250,27 +258,44 @@ type markGroupKey struct {
 // sendMarks sends one mark script for groups (plus, with LegacyReadWrite,
 // the per-message done markers) and settles each group's marks.
 func (u *Users) sendMarks(groups []*markGroup) error {
-	keys := make([]any, 0, 2*len(groups))
-	argv := make([]any, 0, 4*len(groups))
+	var cmds [][]any
+	var scripts []*redis.Script
+	var fenced []*markGroup
+	var keys, argv []any
 	for _, g := range groups {
+		if g.trusted {
+			cmd := make([]any, 0, 2+len(g.marks))
+			cmd = append(cmd, "sadd", u.doneKey(g.l.user, g.day))
+			for _, m := range g.marks {
+				cmd = append(cmd, m.digest)
+			}
+			cmds, scripts = append(cmds, cmd), append(scripts, nil)
+			if g.exp > 0 {
+				cmds, scripts = append(cmds, []any{"pexpireat", u.doneKey(g.l.user, g.day), g.exp}), append(scripts, nil)
+			}
+			continue
+		}
+		fenced = append(fenced, g)
 		keys = append(keys, g.l.key, u.doneKey(g.l.user, g.day))
 		argv = append(argv, g.value, g.exp, len(g.marks))
 		for _, m := range g.marks {
 			argv = append(argv, m.digest)
 		}
 	}
-	cmd := make([]any, 0, 3+len(keys)+len(argv))
-	cmd = append(cmd, "evalsha", markScript.Hash(), len(keys))
-	cmd = append(cmd, keys...)
-	cmd = append(cmd, argv...)
-	cmds := [][]any{cmd}
-	scripts := []*redis.Script{markScript}
+	script := -1
+	if len(fenced) > 0 {
+		cmd := make([]any, 0, 3+len(keys)+len(argv))
+		cmd = append(cmd, "evalsha", markScript.Hash(), len(keys))
+		cmd = append(cmd, keys...)
+		cmd = append(cmd, argv...)
+		script = len(cmds)
+		cmds, scripts = append(cmds, cmd), append(scripts, markScript)
+	}
 	if u.legacy == LegacyReadWrite {
 		ttlMs := u.ttl.Milliseconds()
 		for _, g := range groups {
 			for _, m := range g.marks {
-				cmds = append(cmds, []any{"set", u.legacyPrefix + m.key, donePrefix, "px", ttlMs})
-				scripts = append(scripts, nil)
+				cmds, scripts = append(cmds, []any{"set", u.legacyPrefix + m.key, donePrefix, "px", ttlMs}), append(scripts, nil)
 			}
 		}
 	}
@@ -280,14 +305,21 @@ func (u *Users) sendMarks(groups []*markGroup) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	codes, _ := res[0].([]any)
-	if len(codes) != len(groups) {
-		return errors.New("once: unexpected answer to the mark script")
+	refused := map[*markGroup]bool{}
+	if script >= 0 {
+		codes, _ := res[script].([]any)
+		if len(codes) != len(fenced) {
+			return errors.New("once: unexpected answer to the mark script")
+		}
+		for i, g := range fenced {
+			if code, _ := codes[i].(int64); code == 0 {
+				refused[g] = true
+			}
+		}
 	}
-	for i, g := range groups {
-		code, _ := codes[i].(int64)
+	for _, g := range groups {
 		var err error
-		if code == 0 {
+		if refused[g] {
 			err = ErrFenced
 			u.m.refused.Add(float64(len(g.marks)))
 			u.log.Warn("once: done marks refused: another owner holds the user's lease", zap.String("user", g.l.user),
@@ -302,7 +334,7 @@ func (u *Users) sendMarks(groups []*markGroup) error {
 		}
 		u.endMarks(g.marks, err)
 	}
-	u.m.marks.Add(float64(len(codes)))
+	u.m.marks.Add(float64(len(groups)))
 	return nil
 }
 

@@ -9,19 +9,19 @@ import "github.com/redis/go-redis/v9"
 // part tells this process's leases from another's.
 
 // leaseAcquireScript takes or continues the user's lease. KEYS: the lease,
-// the token counter. ARGV: owner, lease ms, the value this process last
-// held ("" when none). Answers {1, value} when our previous value was still
-// there (continued: nobody held the lease since, so what we know of the
-// user's done marks is still all there is), {2, value} for a new lease,
-// {0, value, pttl} when another owner holds it.
+// the token counter. ARGV: owner, lease ms. Answers {1, value} when the
+// lease is already this owner's (one it let lapse, still in Redis: nobody
+// held the lease since), {2, value} for a new lease, {0, value} when
+// another owner holds it.
 var leaseAcquireScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v then
-  if v == ARGV[3] then
+  local own = ':' .. ARGV[1]
+  if string.sub(v, -string.len(own)) == own then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, v}
   end
-  return {0, v, redis.call('PTTL', KEYS[1])}
+  return {0, v}
 end
 local nv = redis.call('INCR', KEYS[2]) .. ':' .. ARGV[1]
 redis.call('SET', KEYS[1], nv, 'PX', ARGV[2])

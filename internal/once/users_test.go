@@ -295,20 +295,27 @@ func TestUsersLeaseLostStopsTheOwnerBeforeItsNextEffect(t *testing.T) {
 	}
 }
 
-// (b) A done mark from an owner fenced out (another owner took the lease
-// while its handler ran) is refused by Redis.
+// (b) A done mark from an owner fenced out — another owner took the lease
+// while its handler ran, and its renewal found that out — is refused by
+// Redis.
 func TestUsersMarkFromAFencedOutOwnerIsRefused(t *testing.T) {
 	fx := newUsersFixture(t)
 	now := time.Now().Unix()
-	a, b := fx.process(t, nil), fx.process(t, nil)
+	a, b := fx.process(t, func(c *UsersConfig) { c.Lease = time.Second }), fx.process(t, nil)
 	ts := a.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
 	marked := make(chan error, 1)
+	lost := make(chan error, 1)
 	var tokA int64
 	_, err := a.DoTicket(ctxT(t, 5*time.Second), ts[0], func(ctx context.Context) error {
 		tokA, _ = FencingTokenFrom(ctx)
 		takeOver(t, fx, a, b, "u", now)
-		return nil // the effect happened, but a no longer owns the user
-	}, func(err error) { marked <- err }, nil)
+		select {
+		case <-lost:
+		case <-time.After(3 * time.Second):
+			t.Error("a was not told it lost the lease")
+		}
+		return nil // the effect happened anyway (a handler that ignored the signal)
+	}, func(err error) { marked <- err }, func(err error) { lost <- err })
 	if err != nil {
 		t.Fatal(err)
 	}
