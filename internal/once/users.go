@@ -154,8 +154,9 @@ type userLease struct {
 	busy   int       // tickets not done with + marks not yet written
 	lost   bool      // given up: nothing runs under value any more
 	renew  bool      // a renewal is in flight
-	// release: give the lease back as soon as it is not busy.
-	release bool
+	// release: give the lease back as soon as it is not busy;
+	// releasing: the release is on its way to Redis.
+	release, releasing bool
 	// days holds the user's done digests per day bucket read (or written)
 	// under this lease; expSet is the expire-at (ms) last sent per bucket.
 	days   map[int64][]int64
@@ -343,6 +344,10 @@ var errLeaseHeld = errors.New("once: user leased by another owner")
 func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (bool, error) {
 	now := u.now()
 	u.mu.Lock()
+	if l.releasing {
+		u.mu.Unlock()
+		return false, errLeaseHeld // until the release has landed
+	}
 	valid := l.value != "" && !l.lost && now.Sub(l.lastOK) < u.lease*2/3
 	prev := l.value
 	var missing []int64
@@ -508,10 +513,16 @@ func (t *UserTicket) FencingToken() int64 {
 // given up (an error). It may be called again for the same ticket after an
 // error that is not f's.
 func (u *Users) DoTicket(ctx context.Context, t *UserTicket, f func(ctx context.Context) error, marked, lost func(error)) (Status, error) {
-	if t.released {
-		return StatusNone, errors.New("once: ticket already used")
-	}
 	l := t.l
+	if t.released {
+		// Called again after an error of f's (the consumer retries a
+		// handler stopped by a lost lease): the ticket takes its share
+		// of the lease back and is looked at afresh.
+		u.mu.Lock()
+		l.busy++
+		u.mu.Unlock()
+		t.released = false
+	}
 	for {
 		u.mu.Lock()
 		fresh := t.err == nil && l.value != "" && !l.lost && l.gen == t.gen && u.now().Sub(l.lastOK) < u.lease*2/3

@@ -49,6 +49,9 @@ func (u *Users) tick() {
 	var told []func(error)
 	u.mu.Lock()
 	for user, l := range u.leases {
+		if l.releasing {
+			continue // sweep ends it
+		}
 		age := now.Sub(l.lastOK)
 		busy := l.busy > 0 || len(l.running) > 0
 		switch {
@@ -141,18 +144,26 @@ func (u *Users) renewAll(ls []*userLease, values []string, sent time.Time) {
 
 // sweep gives back the leases marked for release that have no work.
 func (u *Users) sweep(ctx context.Context) {
+	var ls []*userLease
 	var keys []string
 	var values []any
 	u.mu.Lock()
 	for user, l := range u.leases {
-		if !l.release || l.busy > 0 || len(l.running) > 0 {
+		if !l.release || l.releasing || l.busy > 0 || len(l.running) > 0 {
 			continue
 		}
-		if l.value != "" && !l.lost {
-			keys = append(keys, l.key)
-			values = append(values, l.value)
+		if l.value == "" || l.lost {
+			delete(u.leases, user)
+			continue
 		}
-		delete(u.leases, user)
+		// It stays in the map, marked, until Redis has answered: a new
+		// message of the user waits for the release instead of taking
+		// the lease again under the same value, which the release would
+		// then delete from under it.
+		l.releasing = true
+		ls = append(ls, l)
+		keys = append(keys, l.key)
+		values = append(values, l.value)
 	}
 	u.mu.Unlock()
 	for lo := 0; lo < len(keys); lo += maxMarksPerFlush {
@@ -163,9 +174,19 @@ func (u *Users) sweep(ctx context.Context) {
 		if err != nil {
 			// They expire within a lease anyway.
 			u.log.Warn("once: releasing user leases failed", zap.Int("leases", hi-lo), zap.Error(err))
-			return
+		} else {
+			u.m.released.Add(float64(hi - lo))
 		}
-		u.m.released.Add(float64(hi - lo))
+		u.mu.Lock()
+		for _, l := range ls[lo:hi] {
+			l.releasing, l.release = false, false
+			l.value, l.days, l.expSet = "", nil, nil
+			l.gen++
+			if l.busy == 0 && len(l.running) == 0 && u.leases[l.user] == l {
+				delete(u.leases, l.user)
+			}
+		}
+		u.mu.Unlock()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -374,5 +375,48 @@ func TestUsersReadTheLegacyKeys(t *testing.T) {
 	}
 	if v, err := fx.rdb.Get(ctx, fx.prefix+"k:new").Result(); err != nil || v != "d:" {
 		t.Fatalf("read_write legacy marker: %q %v", v, err)
+	}
+}
+
+// A ticket whose handler failed is run again by the next DoTicket (the
+// consumer retries a handler stopped by a lost lease with the same ticket),
+// and leaves the lease free to be given back afterwards.
+func TestUsersTicketRunAgainAfterItsHandlerFailed(t *testing.T) {
+	fx := newUsersFixture(t)
+	u := fx.process(t, nil)
+	ts := u.ClaimUser(ctxT(t, 5*time.Second), "u", items(time.Now().Unix(), "k:1"))
+	if _, err := u.DoTicket(ctxT(t, 5*time.Second), ts[0], func(context.Context) error { return errors.New("stopped") }, nil, nil); err == nil {
+		t.Fatal("want f's error")
+	}
+	if st := runAll(t, u, ts, func(context.Context) error { return nil }); st[0] != StatusExecuted {
+		t.Fatalf("second run: %v, want executed", st[0])
+	}
+	u.ReleaseIdle()
+	if n, err := fx.rdb.Exists(ctxT(t, 5*time.Second), u.leaseKey("u")).Result(); err != nil || n != 0 {
+		t.Fatalf("lease still in Redis after ReleaseIdle (%d, %v): a ticket kept its share", n, err)
+	}
+}
+
+// A release on its way to Redis is never overtaken by the same process
+// taking the lease again under the same value, which the release would
+// then delete from under the new holder.
+func TestUsersReleaseDoesNotDeleteALeaseTakenAgain(t *testing.T) {
+	fx := newUsersFixture(t)
+	u := fx.process(t, nil)
+	now := time.Now().Unix()
+	for i := range 200 {
+		done := make(chan struct{})
+		go func() { u.ReleaseIdle(); close(done) }()
+		ts := u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:"+strconv.Itoa(i)))
+		var held bool
+		runAll(t, u, ts, func(ctx context.Context) error {
+			v, err := fx.rdb.Get(ctx, u.leaseKey("u")).Result()
+			held = err == nil && strings.HasSuffix(v, ":"+u.owner)
+			return nil
+		})
+		<-done
+		if !held {
+			t.Fatalf("round %d: the handler ran while the user's lease was not in Redis", i)
+		}
 	}
 }
