@@ -57,12 +57,14 @@ func Producer(e *Env, o ProducerOptions) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	created := time.Now()
 	kp, err := producer.NewKafkaProducer(kcfg, nil, e.Log)
 	if err != nil {
 		return nil, err
 	}
 	var pageLat Latencies
 	ctx := context.Background()
+	pages := newPageLog(created)
 	start := time.Now()
 	var wg sync.WaitGroup
 	var perr atomic.Pointer[error]
@@ -70,13 +72,15 @@ func Producer(e *Env, o ProducerOptions) ([]Result, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for lo := s * o.Page; lo < len(msgs); lo += o.Page * o.Streams {
+			for i, lo := 0, s*o.Page; lo < len(msgs); i, lo = i+1, lo+o.Page*o.Streams {
 				t0 := time.Now()
 				if err := kp.ProduceBatch(ctx, pipeTopic, msgs[lo:min(lo+o.Page, len(msgs))]); err != nil {
 					perr.Store(&err)
 					return
 				}
-				pageLat.Add(float64(time.Since(t0).Microseconds()) / 1000)
+				took := time.Since(t0)
+				pageLat.Add(float64(took.Microseconds()) / 1000)
+				pages.add(s, i, t0, took)
 			}
 		}()
 	}
@@ -91,7 +95,9 @@ func Producer(e *Env, o ProducerOptions) ([]Result, error) {
 		Baseline: "raw_produce", BaselineMsgsPerSec: round(rawRate, 0), Ratio: round(pipeRate/rawRate, 3),
 		RSSMiB: RSSMiB(), Goal: producerGoal, Pass: pipeRate >= 100000 && pipeRate/rawRate >= 0.7,
 		Extra: map[string]any{"bytes_per_msg": round(size, 0), "streams": o.Streams, "page": o.Page,
-			"latency": "per ProduceBatch page (produce + wait for its delivery reports)"}}
+			"latency": "per ProduceBatch page (produce + wait for its delivery reports)",
+			// at_ms: when the page started, since the producer was created.
+			"first_pages": pages.firsts(), "slowest_pages": pages.slowest(8)}}
 
 	syncRes, err := syncerRun(e, kcfg.Brokers, o, rawRate, size)
 	if err != nil {
