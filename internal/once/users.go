@@ -161,6 +161,10 @@ type userLease struct {
 	// under this lease; expSet is the expire-at (ms) last sent per bucket.
 	days   map[int64][]int64
 	expSet map[int64]int64
+	// pending are the digests of marks queued or on their way, per day:
+	// they survive the loss of the lease (the object lives while they
+	// are busy) and join what is read when it is taken again.
+	pending map[int64][]int64
 	// running are the lost callbacks of handlers running under the lease.
 	running map[*UserTicket]func(error)
 }
@@ -432,6 +436,14 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 				}
 			}
 		}
+		// Marks of this process not written yet (Redis was out, or full)
+		// are effects that happened: a copy of their message is a
+		// duplicate whatever the set says.
+		for _, pd := range l.pending[d] {
+			if !slices.Contains(ds, pd) {
+				ds = append(ds, pd)
+			}
+		}
 		l.days[d] = ds
 	}
 	u.markKnown(l, ts)
@@ -566,6 +578,10 @@ func (u *Users) DoTicket(ctx context.Context, t *UserTicket, f func(ctx context.
 		if ds, ok := l.days[t.day]; ok && !slices.Contains(ds, t.digest) {
 			l.days[t.day] = append(ds, t.digest)
 		}
+		if l.pending == nil {
+			l.pending = map[int64][]int64{}
+		}
+		l.pending[t.day] = append(l.pending[t.day], t.digest)
 		// The ticket's share of busy passes to its mark.
 		u.marks = append(u.marks, &pendingMark{l: l, value: value, day: t.day, digest: t.digest, key: t.key, marked: marked})
 		t.released = true

@@ -3,6 +3,7 @@ package once
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -227,12 +228,20 @@ func (u *Users) flush() {
 		var groups []*markGroup
 		index := map[markGroupKey]*markGroup{}
 		for _, m := range batch {
-			k := markGroupKey{m.l, m.value, m.day}
+			k := markGroupKey{m.l, m.day}
 			g := index[k]
 			if g == nil {
+				// A mark is this process's true effect whichever of its
+				// values it was made under: while the lease is ours now, it
+				// goes plain; else the script compares the value this
+				// process last held, refusing it only under another owner.
 				l := m.l
-				g = &markGroup{l: l, value: m.value, day: m.day,
-					trusted: m.value == l.value && !l.lost && now.Sub(l.lastOK) < u.lease*2/3}
+				value := m.value
+				if l.value != "" {
+					value = l.value
+				}
+				g = &markGroup{l: l, value: value, day: m.day,
+					trusted: l.value != "" && !l.lost && now.Sub(l.lastOK) < u.lease*2/3}
 				// The set must outlive every mark in it by the TTL: its
 				// expiry is pushed out when it falls short, with an hour to
 				// spare so that a busy user's set is not touched every time.
@@ -271,9 +280,8 @@ func (u *Users) flush() {
 }
 
 type markGroupKey struct {
-	l     *userLease
-	value string
-	day   int64
+	l   *userLease
+	day int64
 }
 
 // sendMarks sends one mark script for groups (plus, with LegacyReadWrite,
@@ -364,6 +372,16 @@ func (u *Users) endMarks(ms []*pendingMark, err error) {
 	u.mu.Lock()
 	for _, m := range ms {
 		m.l.busy--
+		if ds := m.l.pending[m.day]; len(ds) > 0 {
+			if i := slices.Index(ds, m.digest); i >= 0 {
+				ds = slices.Delete(ds, i, i+1)
+			}
+			if len(ds) == 0 {
+				delete(m.l.pending, m.day)
+			} else {
+				m.l.pending[m.day] = ds
+			}
+		}
 	}
 	u.mu.Unlock()
 	for _, m := range ms {

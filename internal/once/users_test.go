@@ -37,7 +37,11 @@ func (fx usersFixture) process(t *testing.T, mutate func(*UsersConfig)) *Users {
 	if err != nil {
 		t.Fatalf("NewUsers: %v", err)
 	}
-	t.Cleanup(func() { _ = u.Close(context.Background()) })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = u.Close(ctx)
+	})
 	return u
 }
 
@@ -419,4 +423,74 @@ func TestUsersReleaseDoesNotDeleteALeaseTakenAgain(t *testing.T) {
 			t.Fatalf("round %d: the handler ran while the user's lease was not in Redis", i)
 		}
 	}
+}
+
+// failSAdd fails every SADD while on is set (a Redis that refuses the
+// marks: out of memory, or cut off for them).
+type failSAdd struct{ on atomic.Bool }
+
+func (f *failSAdd) hit(cmd redis.Cmder) bool {
+	name, _ := cmd.Args()[0].(string)
+	return f.on.Load() && strings.EqualFold(name, "sadd")
+}
+func (f *failSAdd) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *failSAdd) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if f.hit(cmd) {
+			cmd.SetErr(errInjected)
+			return errInjected
+		}
+		return next(ctx, cmd)
+	}
+}
+func (f *failSAdd) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if f.hit(c) {
+				for _, c := range cmds {
+					c.SetErr(errInjected)
+				}
+				return errInjected
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A message handled while its mark cannot be written, then a copy of it
+// after the lease was lost and taken again (the sets read afresh, without
+// the mark): the copy is a duplicate — the process's marks on their way
+// count as done (redis-full with leases ran such copies 212 times).
+func TestUsersPendingMarksSurviveALostLease(t *testing.T) {
+	fx := newUsersFixture(t)
+	hook := &failSAdd{}
+	rdb := redis.NewClient(fx.rdb.Options())
+	rdb.AddHook(hook)
+	t.Cleanup(func() { _ = rdb.Close() })
+	u := usersFixture{rdb: rdb, prefix: fx.prefix}.process(t, nil)
+	now := time.Now().Unix()
+	var runs atomic.Int32
+	f := func(context.Context) error { runs.Add(1); return nil }
+	hook.on.Store(true)
+	ts := u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
+	if st, err := u.DoTicket(ctxT(t, 5*time.Second), ts[0], f, nil, nil); err != nil || st != StatusExecuted {
+		t.Fatalf("first: %v %v", st, err)
+	}
+	// The lease is lost (as after failed renewals) and taken again.
+	u.mu.Lock()
+	told := u.loseLocked(u.leases["u"])
+	u.mu.Unlock()
+	for _, f := range told {
+		f(errLeaseLost)
+	}
+	ts = u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
+	st, err := u.DoTicket(ctxT(t, 5*time.Second), ts[0], f, nil, nil)
+	if err != nil || st != StatusDuplicate || runs.Load() != 1 {
+		t.Fatalf("copy after the lease was taken again: %v %v, runs %d; want duplicate, 1", st, err, runs.Load())
+	}
+	hook.on.Store(false) // the mark lands
+	waitFor(t, 10*time.Second, func() bool {
+		ok, _ := fx.rdb.SIsMember(context.Background(), u.doneKey("u", dayOf(now)), Digest("k:1")).Result()
+		return ok
+	})
 }
