@@ -538,6 +538,11 @@ func (u *Users) DoTicket(ctx context.Context, t *UserTicket, f func(ctx context.
 	for {
 		u.mu.Lock()
 		fresh := t.err == nil && l.value != "" && !l.lost && l.gen == t.gen && u.now().Sub(l.lastOK) < u.lease*2/3
+		if fresh && !t.done {
+			// Looked up again now: a copy of a message claimed in the
+			// same window as the original was not done when claimed.
+			t.done = slices.Contains(l.days[t.day], t.digest) || slices.Contains(l.pending[t.day], t.digest)
+		}
 		u.mu.Unlock()
 		if fresh {
 			break

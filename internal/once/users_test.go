@@ -494,3 +494,16 @@ func TestUsersPendingMarksSurviveALostLease(t *testing.T) {
 		return ok
 	})
 }
+
+// A re-pulled copy claimed in the same window as its original (both were
+// not done when claimed) is a duplicate when its turn comes.
+func TestUsersCopyInTheSameWindowIsADuplicate(t *testing.T) {
+	fx := newUsersFixture(t)
+	u := fx.process(t, nil)
+	var runs atomic.Int32
+	st := runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(time.Now().Unix(), "k:1", "k:2", "k:1")),
+		func(context.Context) error { runs.Add(1); return nil })
+	if st[2] != StatusDuplicate || runs.Load() != 2 {
+		t.Fatalf("statuses %v, runs %d; want the copy a duplicate and 2 runs", st, runs.Load())
+	}
+}
