@@ -140,6 +140,18 @@ type options struct {
 // Option changes how New builds a Client.
 type Option func(*options)
 
+// applyOptions returns opts applied to the defaults (a no-op logger).
+func applyOptions(opts []Option) options {
+	o := options{}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.log == nil {
+		o.log = zap.NewNop()
+	}
+	return o
+}
+
 // WithLogger sets the logger (default: none).
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 

@@ -3,6 +3,7 @@ package once
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 type failScripts struct {
 	on     atomic.Bool
 	hashes map[string]bool
+	names  map[string]bool // commands failed by name (lower case)
 }
 
 var errInjected = errors.New("injected: connection reset")
@@ -26,8 +28,9 @@ func (f *failScripts) hit(cmd redis.Cmder) bool {
 	if !f.on.Load() || len(args) < 2 {
 		return false
 	}
+	name, _ := args[0].(string)
 	h, _ := args[1].(string)
-	return f.hashes[h]
+	return f.hashes[h] || f.names[strings.ToLower(name)]
 }
 
 func (f *failScripts) DialHook(next redis.DialHook) redis.DialHook { return next }

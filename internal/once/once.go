@@ -111,13 +111,7 @@ func New(ctx context.Context, serviceName string, cfg Config, opts ...Option) (*
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	o := options{}
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.log == nil {
-		o.log = zap.NewNop()
-	}
+	o := applyOptions(opts)
 	if serviceName == "" {
 		serviceName = "kfpipe"
 	}

@@ -223,13 +223,7 @@ func NewUsers(ctx context.Context, serviceName string, cfg UsersConfig, opts ...
 	if cfg.TTL == 0 {
 		cfg.TTL = 4 * 24 * time.Hour
 	}
-	o := options{}
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.log == nil {
-		o.log = zap.NewNop()
-	}
+	o := applyOptions(opts)
 	if serviceName == "" {
 		serviceName = "kfpipe"
 	}

@@ -425,45 +425,13 @@ func TestUsersReleaseDoesNotDeleteALeaseTakenAgain(t *testing.T) {
 	}
 }
 
-// failSAdd fails every SADD while on is set (a Redis that refuses the
-// marks: out of memory, or cut off for them).
-type failSAdd struct{ on atomic.Bool }
-
-func (f *failSAdd) hit(cmd redis.Cmder) bool {
-	name, _ := cmd.Args()[0].(string)
-	return f.on.Load() && strings.EqualFold(name, "sadd")
-}
-func (f *failSAdd) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (f *failSAdd) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if f.hit(cmd) {
-			cmd.SetErr(errInjected)
-			return errInjected
-		}
-		return next(ctx, cmd)
-	}
-}
-func (f *failSAdd) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, c := range cmds {
-			if f.hit(c) {
-				for _, c := range cmds {
-					c.SetErr(errInjected)
-				}
-				return errInjected
-			}
-		}
-		return next(ctx, cmds)
-	}
-}
-
 // A message handled while its mark cannot be written, then a copy of it
 // after the lease was lost and taken again (the sets read afresh, without
 // the mark): the copy is a duplicate — the process's marks on their way
 // count as done (redis-full with leases ran such copies 212 times).
 func TestUsersPendingMarksSurviveALostLease(t *testing.T) {
 	fx := newUsersFixture(t)
-	hook := &failSAdd{}
+	hook := &failScripts{names: map[string]bool{"sadd": true}} // Redis refuses the marks (out of memory, or cut off)
 	rdb := redis.NewClient(fx.rdb.Options())
 	rdb.AddHook(hook)
 	t.Cleanup(func() { _ = rdb.Close() })
