@@ -14,7 +14,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"math"
 	"os"
 	"runtime"
@@ -65,9 +64,6 @@ type Env struct {
 	Prefix string
 	// TmpDir holds the DLQ emergency files.
 	TmpDir string
-	// KafkaOverrides are extra librdkafka properties for every client
-	// built from KafkaConfig (diagnostics: debug contexts, statistics).
-	KafkaOverrides map[string]string
 
 	mu     sync.Mutex
 	topics []string
@@ -156,13 +152,6 @@ func (e *Env) KafkaConfig(mainTopic, dlqTopic, group string) (config.Kafka, erro
 	k.ClientID = "kfpipe-bench"
 	k.Topics.Main.Name, k.Topics.DLQ.Name = mainTopic, dlqTopic
 	k.Consumer.GroupID = group
-	if len(e.KafkaOverrides) > 0 {
-		k.Overrides = maps.Clone(k.Overrides)
-		if k.Overrides == nil {
-			k.Overrides = map[string]string{}
-		}
-		maps.Copy(k.Overrides, e.KafkaOverrides)
-	}
 	return k, nil
 }
 

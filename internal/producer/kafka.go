@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,12 +36,6 @@ type KafkaProducer struct {
 	readers   sync.WaitGroup
 	closeOnce sync.Once
 	closed    atomic.Bool
-	// closing is closed when Close starts; bg (the warm-up's metadata
-	// requests) is waited for before p.Close.
-	closing chan struct{}
-	bg      sync.WaitGroup
-
-	warm *warmup
 
 	fatal atomic.Pointer[kafka.Error]
 }
@@ -79,17 +72,12 @@ func newKafkaMetrics(reg prometheus.Registerer) kafkaMetrics {
 // safety settings (kafkaclient.Producer: acks=all, idempotence, lz4,
 // murmur2_random). reg may be nil (metrics not registered), logger may be
 // nil.
-//
-// The producer warms up in the background: it is not Ready, and WaitReady
-// blocks, until its idempotent producer ID is assigned and the leaders of
-// cfg.Topics.Main's partitions (when named) are known.
-// ProduceBatch works before that, but its messages wait for all of it.
 func NewKafkaProducer(cfg config.Kafka, reg prometheus.Registerer, logger *zap.Logger) (*KafkaProducer, error) {
 	cm, err := producerConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return newKafkaProducer(cm, cfg.Topics.Main.Name, reg, logger)
+	return newKafkaProducer(cm, reg, logger)
 }
 
 // producerConfig is kafkaclient.Producer plus what this wrapper relies on.
@@ -104,49 +92,25 @@ func producerConfig(cfg config.Kafka) (*kafka.ConfigMap, error) {
 	if err := cm.SetKey("go.logs.channel.enable", true); err != nil {
 		return nil, fmt.Errorf("kafka producer config: %w", err)
 	}
-	// The warm-up reads the idempotent producer's state from the
-	// statistics; an override may make them more frequent, not disable them.
-	if v, _ := cm.Get("statistics.interval.ms", 0); toInt(v) <= 0 {
-		if err := cm.SetKey("statistics.interval.ms", int(StatsInterval.Milliseconds())); err != nil {
-			return nil, fmt.Errorf("kafka producer config: %w", err)
-		}
-	}
 	return cm, nil
 }
 
-func newKafkaProducer(cm *kafka.ConfigMap, topic string, reg prometheus.Registerer, logger *zap.Logger) (*KafkaProducer, error) {
+func newKafkaProducer(cm *kafka.ConfigMap, reg prometheus.Registerer, logger *zap.Logger) (*KafkaProducer, error) {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
-	w := newWarmup(topic)
 	p, err := kafka.NewProducer(cm)
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
-	kp := &KafkaProducer{p: p, log: logger, m: newKafkaMetrics(reg), closing: make(chan struct{}), warm: w}
+	kp := &KafkaProducer{p: p, log: logger, m: newKafkaMetrics(reg)}
 	kp.readers.Add(1)
 	go kp.readEvents()
 	if logs := p.Logs(); logs != nil {
 		kp.readers.Add(1)
 		go kp.readLogs(logs)
 	}
-	if topic != "" {
-		kp.bg.Add(1)
-		go kp.fetchTopic()
-	}
 	return kp, nil
-}
-
-// toInt reads a ConfigMap value that may be a number or a string.
-func toInt(v kafka.ConfigValue) int {
-	switch x := v.(type) {
-	case int:
-		return x
-	case string:
-		n, _ := strconv.Atoi(x)
-		return n
-	}
-	return 0
 }
 
 // readLogs forwards librdkafka's log lines (syslog levels) to zap.
@@ -231,8 +195,6 @@ func (kp *KafkaProducer) readEvents() {
 			kp.m.produced.Inc()
 			kp.m.latency.Observe(time.Since(f.sent).Seconds())
 			f.b.settle(1, nil)
-		case *kafka.Stats:
-			kp.onStats(e.String())
 		case kafka.Error:
 			if e.IsFatal() {
 				kp.fatal.Store(&e)
@@ -337,18 +299,14 @@ func kafkaMessage(topic string, m *chatmsg.ChatMessage) (*kafka.Message, error) 
 	}, nil
 }
 
-// Ready reports whether the producer has warmed up (see WaitReady), has no
-// fatal error, and the brokers answer a metadata request within ctx's
-// deadline (1 s when ctx has none).
+// Ready reports whether the brokers answer a metadata request within ctx's
+// deadline (1 s when ctx has none) and the producer has no fatal error.
 func (kp *KafkaProducer) Ready(ctx context.Context) error {
 	if kp.closed.Load() {
 		return ErrClosed
 	}
 	if f := kp.fatal.Load(); f != nil {
 		return fmt.Errorf("kafka producer fatal error: %w", *f)
-	}
-	if !kp.warm.warm.Load() {
-		return fmt.Errorf("%w: %s", ErrWarmingUp, *kp.warm.reason.Load())
 	}
 	timeout := time.Second
 	if dl, ok := ctx.Deadline(); ok {
@@ -374,7 +332,6 @@ func (kp *KafkaProducer) Close(ctx context.Context) error {
 	var err error
 	kp.closeOnce.Do(func() {
 		kp.closed.Store(true)
-		close(kp.closing)
 		for kp.p.Len() > 0 && ctx.Err() == nil {
 			kp.p.Flush(100)
 		}
@@ -383,7 +340,6 @@ func (kp *KafkaProducer) Close(ctx context.Context) error {
 			_ = kp.p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight)
 			kp.p.Flush(1000) // serves the purge reports so waiting batches fail
 		}
-		kp.bg.Wait()
 		kp.p.Close()
 		kp.readers.Wait()
 	})
