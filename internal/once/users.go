@@ -180,7 +180,6 @@ type UserTicket struct {
 	day      int64
 	done     bool
 	legacyP  bool // a per-message claim of the previous store was found
-	token    int64
 	err      error
 	released bool
 }
@@ -227,7 +226,7 @@ func NewUsers(ctx context.Context, serviceName string, cfg UsersConfig, opts ...
 	if serviceName == "" {
 		serviceName = "kfpipe"
 	}
-	for _, s := range append(slices.Clone(usersScripts), allScripts...) {
+	for _, s := range usersScripts {
 		if err := s.Load(ctx, cfg.Client).Err(); err != nil {
 			return nil, fmt.Errorf("once: load scripts: %w", err)
 		}
@@ -346,7 +345,7 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		u.mu.Unlock()
 		return false, errLeaseHeld // until the release has landed
 	}
-	valid := l.value != "" && !l.lost && now.Sub(l.lastOK) < u.lease*2/3
+	valid := u.heldLocked(l, now)
 	prev := l.value
 	var missing []int64
 	if valid {
@@ -444,6 +443,13 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 	return true, nil
 }
 
+// heldLocked reports whether this process holds l by its own clock: taken
+// or renewed within two thirds of a lease, so Redis cannot have given it to
+// anyone else yet (u.mu held).
+func (u *Users) heldLocked(l *userLease, now time.Time) bool {
+	return l.value != "" && !l.lost && now.Sub(l.lastOK) < u.lease*2/3
+}
+
 // markKnown sets each ticket's done flag from l's known digests and binds
 // it to l's generation (u.mu held).
 func (u *Users) markKnown(l *userLease, ts []*UserTicket) {
@@ -505,12 +511,6 @@ func (u *Users) readLegacy(ctx context.Context, l *userLease, ts []*UserTicket) 
 // (after a crash: the dead owner's users, until their leases expire).
 func (u *Users) Waiting() Waits { return u.waits.snapshot(time.Now()) }
 
-// FencingToken returns the token of the lease a ticket runs under (0 before
-// the lease was taken).
-func (t *UserTicket) FencingToken() int64 {
-	return t.token
-}
-
 // DoTicket runs f for t's message unless it is done: the protocol of
 // Client.DoTicket under the user's lease. f runs with the lease held; when
 // the lease is lost while f runs, lost is called (once, from any goroutine)
@@ -531,7 +531,7 @@ func (u *Users) DoTicket(ctx context.Context, t *UserTicket, f func(ctx context.
 	}
 	for {
 		u.mu.Lock()
-		fresh := t.err == nil && l.value != "" && !l.lost && l.gen == t.gen && u.now().Sub(l.lastOK) < u.lease*2/3
+		fresh := t.err == nil && l.gen == t.gen && u.heldLocked(l, u.now())
 		if fresh && !t.done {
 			// Looked up again now: a copy of a message claimed in the
 			// same window as the original was not done when claimed.
@@ -567,10 +567,9 @@ func (u *Users) DoTicket(ctx context.Context, t *UserTicket, f func(ctx context.
 		l.running = map[*UserTicket]func(error){}
 	}
 	l.running[t] = lost
-	t.token = l.token
-	value := l.value
+	token, value := l.token, l.value
 	u.mu.Unlock()
-	err := f(context.WithValue(ctx, fencingKey{}, t.token))
+	err := f(context.WithValue(ctx, fencingKey{}, token))
 	u.mu.Lock()
 	delete(l.running, t)
 	if err == nil {

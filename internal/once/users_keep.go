@@ -241,7 +241,7 @@ func (u *Users) flush() {
 					value = l.value
 				}
 				g = &markGroup{l: l, value: value, day: m.day,
-					trusted: l.value != "" && !l.lost && now.Sub(l.lastOK) < u.lease*2/3}
+					trusted: u.heldLocked(l, now)}
 				// The set must outlive every mark in it by the TTL: its
 				// expiry is pushed out when it falls short, with an hour to
 				// spare so that a busy user's set is not touched every time.

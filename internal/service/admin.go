@@ -174,16 +174,13 @@ func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, forRetry bool) 
 		if err := s.x.Whole(ctx, part); err != nil {
 			return nil, fmt.Errorf("reading letters for their dedup keys: %w", err)
 		}
-		keys := make([]string, len(part))
-		users := make([]once.UserDone, len(part))
+		qs := make([]once.UserDone, len(part))
 		for i, e := range part {
-			keys[i] = dedupKey(e.DeadLetterMessage)
-			ls[lo+i].Key = keys[i]
-			users[i] = userDone(e.DeadLetterMessage, keys[i])
-			ls[lo+i].SendTime = users[i].SendTime
+			qs[i] = userDone(e.DeadLetterMessage)
+			ls[lo+i].Key, ls[lo+i].SendTime = qs[i].Key, qs[i].SendTime
 			part[i] = nil // the whole letter is not kept
 		}
-		done, err := s.doneKeys(ctx, keys, users)
+		done, err := s.doneKeys(ctx, qs)
 		if err != nil {
 			return nil, err
 		}
@@ -204,32 +201,35 @@ func dedupKey(dl *dlq.DeadLetterMessage) string {
 	return m.DedupKey()
 }
 
-// userDone is the question for dedup.store leases: the letter's routing
-// user, its key and its send time.
-func userDone(dl *dlq.DeadLetterMessage, key string) once.UserDone {
-	q := once.UserDone{User: dl.UserID, UserItem: once.UserItem{Key: key}}
+// userDone is the dedup question for a letter: its message's key ("" when
+// the letter does not say), its routing user and its send time, which a
+// per-user store (dedup.store leases) needs as well.
+func userDone(dl *dlq.DeadLetterMessage) once.UserDone {
+	q := once.UserDone{User: dl.UserID, UserItem: once.UserItem{Key: dedupKey(dl)}}
 	if dl.Original != nil {
 		q.SendTime = dl.Original.SendTime
 	}
 	return q
 }
 
-// doneKeys asks the dedup store which keys are done ("" never is): in
-// either store, since the consumers may use either (dedup.store) or be
-// switching between them. users may be nil (claims only).
-func (s dlqStore) doneKeys(ctx context.Context, keys []string, users []once.UserDone) ([]bool, error) {
+// doneKeys asks the dedup store which letters' messages are done (a
+// letter without a key never is): in either store, since the consumers may
+// use either (dedup.store) or be switching between them.
+func (s dlqStore) doneKeys(ctx context.Context, qs []once.UserDone) ([]bool, error) {
+	keys := make([]string, len(qs))
+	for i, q := range qs {
+		keys[i] = q.Key
+	}
 	done, err := once.Done(ctx, s.rdb, dedupPrefix(s.prefix), keys)
 	if err != nil {
 		return nil, err
 	}
-	var byUser []bool
-	if users != nil {
-		if byUser, err = once.DoneUsers(ctx, s.rdb, dedupPrefix(s.prefix), users); err != nil {
-			return nil, err
-		}
+	byUser, err := once.DoneUsers(ctx, s.rdb, dedupPrefix(s.prefix), qs)
+	if err != nil {
+		return nil, err
 	}
 	for i, k := range keys {
-		done[i] = (done[i] || (byUser != nil && byUser[i])) && k != ""
+		done[i] = (done[i] || byUser[i]) && k != ""
 	}
 	return done, nil
 }
@@ -239,17 +239,16 @@ func (s dlqStore) doneKeys(ctx context.Context, keys []string, users []once.User
 // message is done.
 func (s dlqStore) RetryLetters(ctx context.Context, ls []admin.Letter, from, since time.Time) ([]admin.Outcome, error) {
 	ids := make([]string, len(ls))
-	keys := make([]string, len(ls))
-	users := make([]once.UserDone, len(ls))
+	qs := make([]once.UserDone, len(ls))
 	for i, l := range ls {
-		ids[i], keys[i] = l.ID, l.Key
-		users[i] = once.UserDone{User: l.User, UserItem: once.UserItem{Key: l.Key, SendTime: l.SendTime}}
+		ids[i] = l.ID
+		qs[i] = once.UserDone{User: l.User, UserItem: once.UserItem{Key: l.Key, SendTime: l.SendTime}}
 	}
 	es, err := s.x.Summaries(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
-	done, err := s.doneKeys(ctx, keys, users)
+	done, err := s.doneKeys(ctx, qs)
 	if err != nil {
 		return nil, err
 	}
