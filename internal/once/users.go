@@ -165,6 +165,11 @@ type userLease struct {
 	// they survive the loss of the lease (the object lives while they
 	// are busy) and join what is read when it is taken again.
 	pending map[int64][]int64
+	// reads counts set reads in flight; landed holds the digests of marks
+	// written while one was (its answer may predate them, and they are no
+	// longer pending), merged like pending, dropped when no read is left.
+	reads  int
+	landed map[int64][]int64
 	// running are the lost callbacks of handlers running under the lease.
 	running map[*UserTicket]func(error)
 }
@@ -360,7 +365,15 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 			return true, nil
 		}
 	}
+	l.reads++
 	u.mu.Unlock()
+	defer func() {
+		u.mu.Lock()
+		if l.reads--; l.reads == 0 {
+			l.landed = nil
+		}
+		u.mu.Unlock()
+	}()
 
 	var cmds [][]any
 	var scripts []*redis.Script
@@ -390,7 +403,7 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		}
 	}
 	u.mu.Lock()
-	defer u.mu.Unlock()
+	defer u.mu.Unlock() // runs before the reads' decrement above
 	sets := res
 	if !valid {
 		code, value, err := parseAcquire(res[0])
@@ -431,8 +444,9 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		}
 		// Marks of this process not written yet (Redis was out, or full)
 		// are effects that happened: a copy of their message is a
-		// duplicate whatever the set says.
-		for _, pd := range l.pending[d] {
+		// duplicate whatever the set says. So are the ones written since
+		// the read was sent.
+		for _, pd := range slices.Concat(l.pending[d], l.landed[d]) {
 			if !slices.Contains(ds, pd) {
 				ds = append(ds, pd)
 			}

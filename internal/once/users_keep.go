@@ -382,6 +382,13 @@ func (u *Users) endMarks(ms []*pendingMark, err error) {
 				m.l.pending[m.day] = ds
 			}
 		}
+		if err == nil && m.l.reads > 0 {
+			// A read in flight may have missed it: keep it known.
+			if m.l.landed == nil {
+				m.l.landed = map[int64][]int64{}
+			}
+			m.l.landed[m.day] = append(m.l.landed[m.day], m.digest)
+		}
 	}
 	u.mu.Unlock()
 	for _, m := range ms {

@@ -3,6 +3,7 @@ package once
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -461,6 +462,69 @@ func TestUsersPendingMarksSurviveALostLease(t *testing.T) {
 		ok, _ := fx.rdb.SIsMember(context.Background(), u.doneKey("u", dayOf(now)), Digest("k:1")).Result()
 		return ok
 	})
+}
+
+// holdReads holds the answer of a pipeline that reads a done set (SMEMBERS)
+// until until() is true (or 3 s pass): the answer is then older than what
+// happened meanwhile.
+type holdReads struct {
+	on    atomic.Bool
+	until func() bool
+}
+
+func (h *holdReads) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *holdReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if h.on.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "smembers" }) {
+			h.on.Store(false)
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && !h.until(); {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		return err
+	}
+}
+
+// A pending mark that lands while the user's set is being read (the read's
+// answer predates it, and it is no longer pending when the answer is used)
+// still makes its message's copy a duplicate.
+func TestUsersMarkLandingDuringTheReadIsKnown(t *testing.T) {
+	fx := newUsersFixture(t)
+	fail := &failScripts{names: map[string]bool{"sadd": true}}
+	hold := &holdReads{}
+	rdb := redis.NewClient(fx.rdb.Options())
+	rdb.AddHook(fail)
+	rdb.AddHook(hold)
+	t.Cleanup(func() { _ = rdb.Close() })
+	u := usersFixture{rdb: rdb, prefix: fx.prefix}.process(t, nil)
+	now := time.Now().Unix()
+	hold.until = func() bool {
+		ok, _ := fx.rdb.SIsMember(context.Background(), u.doneKey("u", dayOf(now)), Digest("k:1")).Result()
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		return ok && len(u.leases["u"].pending) == 0
+	}
+	var runs atomic.Int32
+	f := func(context.Context) error { runs.Add(1); return nil }
+	fail.on.Store(true) // the plain SADD fails; the fenced retry, once the lease is lost, lands
+	ts := u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
+	if st, err := u.DoTicket(ctxT(t, 5*time.Second), ts[0], f, nil, nil); err != nil || st != StatusExecuted {
+		t.Fatalf("first: %v %v", st, err)
+	}
+	u.mu.Lock()
+	u.loseLocked(u.leases["u"])
+	u.mu.Unlock()
+	hold.on.Store(true)
+	ts = u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
+	if !hold.until() {
+		t.Fatal("the mark did not land while the read was held")
+	}
+	st, err := u.DoTicket(ctxT(t, 5*time.Second), ts[0], f, nil, nil)
+	if err != nil || st != StatusDuplicate || runs.Load() != 1 {
+		t.Fatalf("copy: %v %v, runs %d; want duplicate, 1", st, err, runs.Load())
+	}
 }
 
 // A re-pulled copy claimed in the same window as its original (both were
