@@ -3,6 +3,7 @@ package once
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -537,5 +538,21 @@ func TestUsersCopyInTheSameWindowIsADuplicate(t *testing.T) {
 		func(context.Context) error { runs.Add(1); return nil })
 	if st[2] != StatusDuplicate || runs.Load() != 2 {
 		t.Fatalf("statuses %v, runs %d; want the copy a duplicate and 2 runs", st, runs.Load())
+	}
+}
+
+// Digest is FNV-1a of the key: marks written by earlier versions (which
+// used hash/fnv) are found by this one. It allocates nothing.
+func TestDigestIsFNV1a(t *testing.T) {
+	for _, k := range []string{"", "k:1", "wkAJ2GCAAAZSfhHCt7IFSvLKtMPxyJTw:" + strings.Repeat("m", 36), "微信客服:消息"} {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(k))
+		if got, want := Digest(k), int64(h.Sum64()); got != want {
+			t.Errorf("Digest(%q) = %d, want %d", k, got, want)
+		}
+	}
+	key := "wkAJ2GCAAAZSfhHCt7IFSvLKtMPxyJTw:" + strings.Repeat("m", 36)
+	if n := testing.AllocsPerRun(100, func() { Digest(key) }); n != 0 {
+		t.Errorf("Digest allocates %v times", n)
 	}
 }
