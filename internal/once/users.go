@@ -354,7 +354,7 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		u.mu.Unlock()
 		return false, errLeaseHeld // until the release has landed
 	}
-	valid := u.heldLocked(l, now)
+	valid := u.startableLocked(l, now)
 	prev := l.value
 	var missing []int64
 	if valid {
@@ -468,6 +468,16 @@ func (u *Users) heldLocked(l *userLease, now time.Time) bool {
 	return l.value != "" && !l.lost && now.Sub(l.lastOK) < u.lease*2/3
 }
 
+// startableLocked reports whether work may start under l without asking
+// Redis: held, and taken or renewed within a third of a lease. An idle lease
+// is not renewed, so one older than that would reach the two thirds at
+// which keep gives it up before its first renewal could land, stopping the
+// handler just started (after its effect, perhaps); it is taken again
+// first, which continues it in one call (u.mu held).
+func (u *Users) startableLocked(l *userLease, now time.Time) bool {
+	return u.heldLocked(l, now) && now.Sub(l.lastOK) < u.lease/3
+}
+
 // markKnown sets each ticket's done flag from l's known digests and binds
 // it to l's generation (u.mu held).
 func (u *Users) markKnown(l *userLease, ts []*UserTicket) {
@@ -549,7 +559,7 @@ func (u *Users) DoTicket(ctx context.Context, t *UserTicket, f func(ctx context.
 	}
 	for {
 		u.mu.Lock()
-		fresh := t.err == nil && l.gen == t.gen && u.heldLocked(l, u.now())
+		fresh := t.err == nil && l.gen == t.gen && u.startableLocked(l, u.now())
 		if fresh && !t.done {
 			// Looked up again now: a copy of a message claimed in the
 			// same window as the original was not done when claimed.

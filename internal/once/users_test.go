@@ -556,3 +556,33 @@ func TestDigestIsFNV1a(t *testing.T) {
 		t.Errorf("Digest allocates %v times", n)
 	}
 }
+
+// A lease left idle (not renewed) for most of the time keep trusts it is
+// taken again before new work starts under it: a handler started on it
+// would otherwise be stopped by keep at two thirds of a lease, before the
+// first renewal could land — after its effect, perhaps, and then run again.
+// With the shipped 10s lease.
+func TestUsersIdleLeaseIsContinuedBeforeWorkStarts(t *testing.T) {
+	fx := newUsersFixture(t)
+	u := fx.process(t, func(c *UsersConfig) { c.Lease = 0 })
+	now := time.Now().Unix()
+	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), func(context.Context) error { return nil })
+	// Idle since its last renewal 6.4s ago: still held by this process's
+	// clock (under 6.67s), about to be given up.
+	u.mu.Lock()
+	u.leases["u"].lastOK = time.Now().Add(-6400 * time.Millisecond)
+	u.mu.Unlock()
+	ts := u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:2"))
+	lost := make(chan error, 1)
+	st, err := u.DoTicket(ctxT(t, 10*time.Second), ts[0], func(ctx context.Context) error {
+		select { // longer than two keep ticks (a twelfth of the lease each)
+		case err := <-lost:
+			return err
+		case <-time.After(2 * time.Second):
+			return nil
+		}
+	}, nil, func(err error) { lost <- err })
+	if err != nil || st != StatusExecuted {
+		t.Fatalf("handler on a lease idle for 6.4s: %v %v; want it to run to the end", st, err)
+	}
+}
