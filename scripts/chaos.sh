@@ -2,7 +2,7 @@
 # What `make chaos` runs: the full fault-injection suite (internal/chaos)
 # against real services, with the full-size scenarios enabled. It starts
 # the services that are not running (and stops those it started), runs
-#   go test -v -run 'TestChaos' -count=1 -timeout 30m ./internal/chaos/...
+#   go test -v -run 'TestChaos' -count=1 -timeout 75m ./internal/chaos/...
 # with KFPIPE_CHAOS_FULL=1, and prints one line per scenario at the end:
 #   scenario=<name> sent=N effects=N dlq=N lost=0 dup=0 reordered=0 duration=… …
 #
@@ -25,9 +25,9 @@ report="$RUN_DIR/chaos-report.txt"
 export KFPIPE_CHAOS_REPORT="$report"
 
 run=${CHAOS_RUN:-TestChaos}
-log "go test -v -run '$run' -count=1 -timeout 30m ./internal/chaos/... (KFPIPE_CHAOS_FULL=$KFPIPE_CHAOS_FULL)"
+log "go test -v -run '$run' -count=1 -timeout 75m ./internal/chaos/... (KFPIPE_CHAOS_FULL=$KFPIPE_CHAOS_FULL)"
 set +e
-go test -v -run "$run" -count=1 -timeout 30m ./internal/chaos/... 2>&1 | tee "$RUN_DIR/chaos.log"
+go test -v -run "$run" -count=1 -timeout 75m ./internal/chaos/... 2>&1 | tee "$RUN_DIR/chaos.log"
 status=${PIPESTATUS[0]}
 if [[ -z ${CHAOS_RUN:-} ]]; then
   # Scenario 8 lives in its own package (in-process daemons, adversarial HTTP).

@@ -249,9 +249,13 @@ func (d *Daemon) tail(n int) string {
 func (d *Daemon) dumpLogs(t testing.TB, n int) {
 	d.mu.Lock()
 	logs := append([]string(nil), d.logs...)
+	crashes := append([]string(nil), d.crashes...)
 	d.mu.Unlock()
 	for _, p := range logs {
 		t.Logf("----- %s (last %d lines) -----\n%s", filepath.Base(p), n, tailFile(p, n))
+	}
+	for _, c := range crashes {
+		t.Logf("----- %s", c)
 	}
 }
 
