@@ -310,7 +310,12 @@ func TestGroupLag(t *testing.T) {
 		Partitions: []kafka.TopicPartition{{Topic: &topic.Name, Partition: 0, Offset: 2}}}}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := GroupLag(ctx, admin, topic.Name, group)
+	reader, err := GroupReader(testKafka(brokers), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	got, err := GroupLag(ctx, admin, reader, topic.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +323,7 @@ func TestGroupLag(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("lag %+v, want %+v", got, want)
 	}
-	if _, err := GroupLag(ctx, admin, testenv.Name(t, "missing"), group); err == nil {
+	if _, err := GroupLag(ctx, admin, reader, testenv.Name(t, "missing")); err == nil {
 		t.Fatal("no error for a topic that does not exist")
 	}
 }

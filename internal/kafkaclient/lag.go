@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/config"
 )
 
 // PartitionLag is one partition of a topic as a consumer group sees it.
@@ -22,9 +24,28 @@ type PartitionLag struct {
 	Lag int64
 }
 
-// GroupLag returns, for every partition of topic, its end offset, group's
-// committed offset and the lag between them: the admin API's overview.
-func GroupLag(ctx context.Context, admin *kafka.AdminClient, topic, group string) ([]PartitionLag, error) {
+// GroupReader returns a consumer handle of group that never joins it (it
+// subscribes to nothing and commits nothing): GroupLag reads the group's
+// committed offsets through it.
+func GroupReader(k config.Kafka, group string) (*kafka.Consumer, error) {
+	m := Consumer(k, group)
+	_ = m.SetKey("client.id", k.ClientID+"-lag")
+	return kafka.NewConsumer(m)
+}
+
+// GroupLag returns, for every partition of topic, its end offset, the
+// committed offset of the group reader's group and the lag between them:
+// the admin API's overview.
+//
+// The committed offsets are read through a consumer handle of the group
+// (GroupReader), not with the admin client's ListConsumerGroupOffsets: when
+// the group's coordinator answers NOT_COORDINATOR (it moves, or is still
+// loading, as while a broker restarts), librdkafka hands that answer to the
+// consumer group of the handle that asked, and an admin client has none: the
+// process dies of a segmentation fault (seen in the chaos suite's broker
+// kills; the same librdkafka fault is reported against its JavaScript
+// client, confluent-kafka-javascript#374). A consumer handle has its group.
+func GroupLag(ctx context.Context, admin *kafka.AdminClient, group *kafka.Consumer, topic string) ([]PartitionLag, error) {
 	md, err := admin.GetMetadata(&topic, false, timeoutMs(ctx, 5*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("metadata of %s: %w", topic, err)
@@ -44,16 +65,14 @@ func GroupLag(ctx context.Context, admin *kafka.AdminClient, topic, group string
 	if err != nil {
 		return nil, fmt.Errorf("end offsets of %s: %w", topic, err)
 	}
-	committed, err := admin.ListConsumerGroupOffsets(ctx, []kafka.ConsumerGroupTopicPartitions{{Group: group, Partitions: tps}})
+	committed, err := group.Committed(tps, timeoutMs(ctx, 5*time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("offsets of group %s: %w", group, err)
+		return nil, fmt.Errorf("committed offsets of %s: %w", topic, err)
 	}
 	byPart := map[int32]int64{}
-	for _, g := range committed.ConsumerGroupsTopicPartitions {
-		for _, tp := range g.Partitions {
-			if tp.Error == nil && tp.Offset >= 0 {
-				byPart[tp.Partition] = int64(tp.Offset)
-			}
+	for _, tp := range committed {
+		if tp.Error == nil && tp.Offset >= 0 {
+			byPart[tp.Partition] = int64(tp.Offset)
 		}
 	}
 	out := make([]PartitionLag, 0, len(tps))

@@ -22,7 +22,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 )
 
-func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ) (*admin.Server, error) {
+func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag *kafka.Consumer) (*admin.Server, error) {
 	ac := admin.FromConfig(cfg.Admin, cfg.Redis.KeyPrefix)
 	for g := range cfg.RateLimit.Groups {
 		ac.Groups = append(ac.Groups, g)
@@ -31,7 +31,7 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ) (*admin.Se
 		ac.Reasons = append(ac.Reasons, string(r))
 	}
 	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
-		topic: cfg.Kafka.Topics.Main.Name, group: cfg.Admin.ConsumerGroup, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}
+		group: lag, topic: cfg.Kafka.Topics.Main.Name, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}
 	if base.Coord != nil {
 		// Provider.Close (at the daemon's end) ends the watch.
 		view, err := fleet.Watch(context.Background(), base.Coord)
@@ -433,8 +433,8 @@ func (s dlqStore) Inflow(ctx context.Context, to time.Time, step time.Duration, 
 type pipelineView struct {
 	state  *producer.RedisState
 	kafka  *kafka.AdminClient
+	group  *kafka.Consumer // a reader of the schedule-consumers' group (kafkaclient.GroupReader)
 	topic  string
-	group  string
 	rdb    redis.UniversalClient
 	prefix string
 }
@@ -465,7 +465,7 @@ func (p pipelineView) Accounts(ctx context.Context) ([]admin.AccountSync, error)
 func (p pipelineView) Lag(ctx context.Context) ([]admin.PartitionLag, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	lag, err := kafkaclient.GroupLag(ctx, p.kafka, p.topic, p.group)
+	lag, err := kafkaclient.GroupLag(ctx, p.kafka, p.group, p.topic)
 	if err != nil {
 		return nil, err
 	}

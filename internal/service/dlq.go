@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -19,6 +20,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/fleet"
+	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 )
 
@@ -50,6 +52,7 @@ type DLQ struct {
 	scheduler *dlq.Scheduler
 	http      *http.Server
 	admin     *admin.Server
+	lag       *kafka.Consumer // reads the schedule-consumers' committed offsets
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	runErr    error
@@ -136,10 +139,16 @@ func (d *DLQ) purgeLoop(ctx context.Context, idx *dlq.Index) {
 }
 
 func (d *DLQ) startAdmin(cfg *config.DLQConsumer, base *daemon.Base) error {
-	h, err := adminHandler(cfg, base, d)
+	lag, err := kafkaclient.GroupReader(cfg.Kafka, cfg.Admin.ConsumerGroup)
 	if err != nil {
+		return fmt.Errorf("admin: consumer-group reader: %w", err)
+	}
+	h, err := adminHandler(cfg, base, d, lag)
+	if err != nil {
+		_ = lag.Close()
 		return err
 	}
+	d.lag = lag
 	ln, err := net.Listen("tcp", cfg.Admin.Addr)
 	if err != nil {
 		return fmt.Errorf("admin listen %s: %w", cfg.Admin.Addr, err)
@@ -172,6 +181,9 @@ func (d *DLQ) Close(ctx context.Context) error {
 	}
 	if d.admin != nil {
 		errs = append(errs, d.admin.Close())
+	}
+	if d.lag != nil {
+		errs = append(errs, d.lag.Close())
 	}
 	errs = append(errs, d.scheduler.Close(ctx))
 	d.cancel()
