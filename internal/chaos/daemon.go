@@ -91,7 +91,8 @@ func (d *Daemon) Start() error {
 		return err
 	}
 	cmd := exec.Command(d.bin, d.args...)
-	cmd.Env = append(append(append(os.Environ(), d.env...), d.envFor(tag)...), "KFPIPE_OPS_ADDR="+d.opsAddr)
+	cmd.Env = append(append(append(os.Environ(), d.env...), d.envFor(tag)...), "KFPIPE_OPS_ADDR="+d.opsAddr,
+		"GOTRACEBACK=all") // every goroutine in the dump of a hung stop
 	cmd.Stdout, cmd.Stderr = lf, lf
 	// Own process group: a Ctrl-C of go test does not reach it before our
 	// cleanup does, and nothing else is signalled by our kills.
@@ -161,9 +162,16 @@ func (d *Daemon) Stop(timeout time.Duration) error {
 	select {
 	case <-done:
 	case <-time.After(timeout):
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-done
-		return fmt.Errorf("%s: still running %s after SIGTERM (killed)", tag, timeout)
+		// SIGQUIT first: the Go runtime writes every goroutine's stack to
+		// the log (dumpLogs shows it), which says where the stop hung.
+		_ = cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-done:
+		case <-time.After(3 * time.Second):
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+		}
+		return fmt.Errorf("%s: still running %s after SIGTERM (killed; its goroutines are in its log)", tag, timeout)
 	}
 	d.mu.Lock()
 	err := d.exitErr
@@ -253,10 +261,28 @@ func (d *Daemon) dumpLogs(t testing.TB, n int) {
 	d.mu.Unlock()
 	for _, p := range logs {
 		t.Logf("----- %s (last %d lines) -----\n%s", filepath.Base(p), n, tailFile(p, n))
+		if dump := quitDump(p, 600); dump != "" {
+			t.Logf("----- %s: goroutines at SIGQUIT -----\n%s", filepath.Base(p), dump)
+		}
 	}
 	for _, c := range crashes {
 		t.Logf("----- %s", c)
 	}
+}
+
+// quitDump returns up to n lines of the goroutine dump the Go runtime wrote
+// to the log at path on SIGQUIT ("" when there is none).
+func quitDump(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	i := strings.Index(string(b), "SIGQUIT: quit")
+	if i < 0 {
+		return ""
+	}
+	lines := strings.Split(string(b[i:]), "\n")
+	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
 
 func tailFile(path string, n int) string {

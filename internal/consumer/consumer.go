@@ -749,7 +749,13 @@ func (c *Consumer) finishedBefore(p *partition, off int64) bool {
 func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
-		prior := c.readPrior(kc, e.Partitions)
+		var prior map[tpKey]committedState
+		if !c.closing.Load() {
+			// Not while closing: nothing will be consumed from them, and
+			// the group may not answer a member on its way out (the read
+			// then held the close up for its whole timeout).
+			prior = c.readPrior(kc, e.Partitions)
+		}
 		c.mu.Lock()
 		for _, tp := range e.Partitions {
 			k := tpKey{*tp.Topic, tp.Partition}
@@ -1045,13 +1051,36 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 			}
 		}
 	}
-	if cerr := c.kc.Close(); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("close kafka consumer: %w", cerr))
+	// Leaving the group serves its last rebalance callbacks. It is bounded:
+	// a client that never gets the group's leave done (seen once, after the
+	// group dropped this member mid-rebalance) must not keep the daemon
+	// from exiting; the group then drops the member at its session timeout.
+	closed := make(chan error, 1)
+	go func() { closed <- c.kc.Close() }()
+	wait := kafkaCloseGrace
+	if dl, ok := ctx.Deadline(); ok {
+		wait = max(wait, time.Until(dl))
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case cerr := <-closed:
+		if cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close kafka consumer: %w", cerr))
+		}
+	case <-t.C:
+		c.log.Error("close kafka consumer: still leaving the group; stopping without it (the group drops this member at its session timeout)",
+			zap.Duration("waited", wait))
+		return errors.Join(err, errors.New("close kafka consumer: timed out leaving the group"))
 	}
 	c.stopDeadQueues() // any assigned while the client closed
 	c.deadWG.Wait()
 	return err
 }
+
+// kafkaCloseGrace is how long Close waits for the Kafka client to leave the
+// group when the shutdown deadline leaves less.
+const kafkaCloseGrace = 5 * time.Second
 
 // stopDeadQueues halts the dead-letter queues of the assigned partitions.
 func (c *Consumer) stopDeadQueues() {
