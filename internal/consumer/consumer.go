@@ -1052,8 +1052,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 		}
 	}
 	// Leaving the group serves its last rebalance callbacks. It is bounded:
-	// a client that never gets the group's leave done (seen once, after the
-	// group dropped this member mid-rebalance) must not keep the daemon
+	// a client whose leave is held back (below) must not keep the daemon
 	// from exiting; the group then drops the member at its session timeout.
 	closed := make(chan error, 1)
 	go func() { closed <- c.kc.Close() }()
@@ -1069,9 +1068,14 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 			err = errors.Join(err, fmt.Errorf("close kafka consumer: %w", cerr))
 		}
 	case <-t.C:
-		c.log.Error("close kafka consumer: still leaving the group; stopping without it (the group drops this member at its session timeout)",
+		// The work is drained and committed: a clean stop, only the group
+		// learns of it late. librdkafka holds the leave back behind a
+		// JoinGroup request in flight, which the coordinator may keep for
+		// the whole rebalance timeout (a chaos run logged "LeaveGroupRequest
+		// … held back by preceding blocking JoinGroupRequest").
+		c.log.Warn("close kafka consumer: still leaving the group; stopping without it (the group drops this member at its session timeout)",
 			zap.Duration("waited", wait))
-		return errors.Join(err, errors.New("close kafka consumer: timed out leaving the group"))
+		return err
 	}
 	c.stopDeadQueues() // any assigned while the client closed
 	c.deadWG.Wait()
