@@ -153,6 +153,10 @@ type userLease struct {
 	busy   int       // tickets not done with + marks not yet written
 	lost   bool      // given up: nothing runs under value any more
 	renew  bool      // a renewal is in flight
+	// used: work was started under the lease since its last renewal was
+	// sent; keep renews such a lease even while it is idle, so the user's
+	// next message finds it fresh rather than continuing it first.
+	used bool
 	// release: give the lease back as soon as it is not busy;
 	// releasing: the release is on its way to Redis.
 	release, releasing bool
@@ -318,6 +322,9 @@ func (u *Users) settle(ctx context.Context, l *userLease, ts []*UserTicket, wait
 		if err == nil && held {
 			break
 		}
+		if errors.Is(err, errReadAgain) {
+			continue
+		}
 		if err != nil && !errors.Is(err, errLeaseHeld) {
 			return err
 		}
@@ -355,15 +362,20 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		return false, errLeaseHeld // until the release has landed
 	}
 	valid := u.startableLocked(l, now)
+	// held: ours by our clock, only too old to start work under. It is
+	// continued, and what is known of its days stays true (nobody else
+	// can have held it), so only the days not known are read with it.
+	held := !valid && u.heldLocked(l, now)
+	l.used = true
 	prev := l.value
 	var missing []int64
-	if valid {
+	if valid || held {
 		for _, t := range ts {
 			if _, ok := l.days[t.day]; !ok && !slices.Contains(missing, t.day) {
 				missing = append(missing, t.day)
 			}
 		}
-		if len(missing) == 0 {
+		if valid && len(missing) == 0 {
 			u.markKnown(l, ts)
 			u.mu.Unlock()
 			return true, nil
@@ -385,9 +397,11 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		// Which days to read is only known once the lease is ours, but
 		// reading them in the same pipeline saves the round trip: the
 		// answers are used only when the lease was taken.
-		for _, t := range ts {
-			if !slices.Contains(missing, t.day) {
-				missing = append(missing, t.day)
+		if !held {
+			for _, t := range ts {
+				if !slices.Contains(missing, t.day) {
+					missing = append(missing, t.day)
+				}
 			}
 		}
 		scripts = append(scripts, leaseAcquireScript)
@@ -457,9 +471,20 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		}
 		l.days[d] = ds
 	}
+	for _, t := range ts {
+		if _, ok := l.days[t.day]; !ok {
+			// A lease believed held came back new (Redis lost it): the
+			// days known went with it and are read now, under it.
+			return false, errReadAgain
+		}
+	}
 	u.markKnown(l, ts)
 	return true, nil
 }
+
+// errReadAgain: the lease is held now, but days the tickets need are not
+// known yet; ensure is called again at once.
+var errReadAgain = errors.New("once: read the user's days again")
 
 // heldLocked reports whether this process holds l by its own clock: taken
 // or renewed within two thirds of a lease, so Redis cannot have given it to

@@ -62,8 +62,11 @@ func (u *Users) tick() {
 			}
 		case busy && age >= u.lease*2/3:
 			told = append(told, u.loseLocked(l)...)
-		case busy && age >= u.lease/4 && !l.renew:
-			l.renew = true
+		case (busy || l.used) && age >= u.lease/4 && !l.renew:
+			// Renewed while it has work, and once more after work
+			// started on it: a user's next message, within a lease,
+			// then finds the lease fresh enough to start under.
+			l.renew, l.used = true, false
 			renew = append(renew, l)
 			values = append(values, l.value)
 		case !busy && age >= u.lease*2/3:

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -584,5 +585,133 @@ func TestUsersIdleLeaseIsContinuedBeforeWorkStarts(t *testing.T) {
 	}, nil, func(err error) { lost <- err })
 	if err != nil || st != StatusExecuted {
 		t.Fatalf("handler on a lease idle for 6.4s: %v %v; want it to run to the end", st, err)
+	}
+}
+
+// countCmds counts the commands a client sends, by name, pipelines
+// included.
+type countCmds struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *countCmds) add(cmds ...redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	for _, cmd := range cmds {
+		c.n[cmd.Name()]++
+	}
+}
+
+func (c *countCmds) get(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[name]
+}
+
+func (c *countCmds) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *countCmds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.add(cmd); return next(ctx, cmd) }
+}
+func (c *countCmds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.add(cmds...); return next(ctx, cmds) }
+}
+
+func countingProcess(t *testing.T, fx usersFixture) (*Users, *countCmds) {
+	t.Helper()
+	count := &countCmds{}
+	rdb := redis.NewClient(fx.rdb.Options())
+	rdb.AddHook(count)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return usersFixture{rdb: rdb, prefix: fx.prefix}.process(t, nil), count
+}
+
+// A lease this process still holds, but too old to start work under, is
+// continued without reading again the days it knows: nobody else can have
+// written them meanwhile.
+func TestUsersHeldLeaseIsContinuedWithoutReadingItsDaysAgain(t *testing.T) {
+	u, count := countingProcess(t, newUsersFixture(t))
+	now := time.Now().Unix()
+	var runs atomic.Int32
+	f := func(context.Context) error { runs.Add(1); return nil }
+	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), f)
+	if got := count.get("smembers"); got != 1 {
+		t.Fatalf("smembers after the first claim: %d, want 1", got)
+	}
+	u.mu.Lock()
+	u.leases["u"].lastOK = time.Now().Add(-5 * time.Second) // held (< 6.67s), not startable (> 3.33s)
+	u.mu.Unlock()
+	evals := count.get("evalsha")
+	st := runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1", "k:2")), f)
+	if st[0] != StatusDuplicate || st[1] != StatusExecuted || runs.Load() != 2 {
+		t.Fatalf("statuses %v, runs %d; want duplicate, executed, 2", st, runs.Load())
+	}
+	if got := count.get("smembers"); got != 1 {
+		t.Errorf("smembers after continuing the lease: %d, want still 1 (the day is known)", got)
+	}
+	if got := count.get("evalsha") - evals; got < 1 {
+		t.Errorf("lease scripts sent to continue it: %d, want ≥ 1", got)
+	}
+	u.mu.Lock()
+	age := time.Since(u.leases["u"].lastOK)
+	u.mu.Unlock()
+	if age > time.Second {
+		t.Errorf("lease age after it was continued: %v", age)
+	}
+}
+
+// When a lease believed held comes back new (Redis lost it), what was known
+// of its days is dropped and every day the tickets need is read again.
+func TestUsersHeldLeaseFoundNewReadsItsDaysAgain(t *testing.T) {
+	fx := newUsersFixture(t)
+	u, count := countingProcess(t, fx)
+	now := time.Now().Unix()
+	var runs atomic.Int32
+	f := func(context.Context) error { runs.Add(1); return nil }
+	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), f)
+	if err := fx.rdb.Del(context.Background(), u.leaseKey("u")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	u.mu.Lock()
+	u.leases["u"].lastOK = time.Now().Add(-5 * time.Second)
+	u.mu.Unlock()
+	// k:0 is of the day before: a day not known, read with the continue.
+	st := runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", append(items(now-86400, "k:0"), items(now, "k:1")...)), f)
+	if st[0] != StatusExecuted || st[1] != StatusDuplicate || runs.Load() != 2 {
+		t.Fatalf("statuses %v, runs %d; want executed, duplicate, 2", st, runs.Load())
+	}
+	if got := count.get("smembers"); got != 3 {
+		t.Errorf("smembers: %d, want 3 (today, then the day before with the lease, then today again)", got)
+	}
+}
+
+// A lease that work started on is renewed once more while idle, so the
+// user's next message finds it fresh; one not used since is left to lapse.
+func TestUsersUsedIdleLeaseIsRenewedOnce(t *testing.T) {
+	u, _ := countingProcess(t, newUsersFixture(t))
+	now := time.Now().Unix()
+	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), func(context.Context) error { return nil })
+	age := func() time.Duration {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if l := u.leases["u"]; l != nil {
+			return time.Since(l.lastOK)
+		}
+		return -1
+	}
+	setAge := func(d time.Duration) {
+		u.mu.Lock()
+		u.leases["u"].lastOK = time.Now().Add(-d)
+		u.mu.Unlock()
+	}
+	setAge(3 * time.Second) // past a quarter of the 10s lease
+	waitFor(t, 3*time.Second, func() bool { a := age(); return a >= 0 && a < time.Second })
+	setAge(3 * time.Second)
+	time.Sleep(2 * time.Second) // more than two keep ticks
+	if a := age(); a < 3*time.Second {
+		t.Fatalf("lease renewed again without work: age %v", a)
 	}
 }
