@@ -494,14 +494,23 @@ func (u *Users) heldLocked(l *userLease, now time.Time) bool {
 }
 
 // startableLocked reports whether work may start under l without asking
-// Redis: held, and taken or renewed within a third of a lease. An idle lease
-// is not renewed, so one older than that would reach the two thirds at
-// which keep gives it up before its first renewal could land, stopping the
-// handler just started (after its effect, perhaps); it is taken again
-// first, which continues it in one call (u.mu held).
+// Redis: held, and young enough that keep renews it in time. keep renews
+// a lease with work (or work started on it) at the first tick after
+// renewAge; work started before renewAge plus a tick is renewed by half a
+// lease at the latest, two ticks before the two thirds at which keep gives
+// it up. An older lease would be given up before its first renewal could
+// land, stopping the handler just started (after its effect, perhaps); it
+// is taken again first, which continues it in one call (u.mu held).
 func (u *Users) startableLocked(l *userLease, now time.Time) bool {
-	return u.heldLocked(l, now) && now.Sub(l.lastOK) < u.lease/3
+	return u.heldLocked(l, now) && now.Sub(l.lastOK) < u.renewAge()+u.tickEvery()
 }
+
+// renewAge is the age from which keep renews a lease with work: a third
+// of a lease, which leaves a third for the renewal to land (four ticks).
+func (u *Users) renewAge() time.Duration { return u.lease / 3 }
+
+// tickEvery is keep's period.
+func (u *Users) tickEvery() time.Duration { return max(u.lease/12, time.Millisecond) }
 
 // markKnown sets each ticket's done flag from l's known digests and binds
 // it to l's generation (u.mu held).

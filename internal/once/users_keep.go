@@ -31,7 +31,7 @@ func FencingTokenFrom(ctx context.Context) (int64, bool) {
 // as Client's keeper.
 func (u *Users) keep() {
 	defer u.wg.Done()
-	tk := time.NewTicker(max(u.lease/12, time.Millisecond))
+	tk := time.NewTicker(u.tickEvery())
 	defer tk.Stop()
 	for {
 		select {
@@ -62,7 +62,7 @@ func (u *Users) tick() {
 			}
 		case busy && age >= u.lease*2/3:
 			told = append(told, u.loseLocked(l)...)
-		case (busy || l.used) && age >= u.lease/4 && !l.renew:
+		case (busy || l.used) && age >= u.renewAge() && !l.renew:
 			// Renewed while it has work, and once more after work
 			// started on it: a user's next message, within a lease,
 			// then finds the lease fresh enough to start under.

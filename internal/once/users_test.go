@@ -642,7 +642,7 @@ func TestUsersHeldLeaseIsContinuedWithoutReadingItsDaysAgain(t *testing.T) {
 		t.Fatalf("smembers after the first claim: %d, want 1", got)
 	}
 	u.mu.Lock()
-	u.leases["u"].lastOK = time.Now().Add(-5 * time.Second) // held (< 6.67s), not startable (> 3.33s)
+	u.leases["u"].lastOK = time.Now().Add(-5 * time.Second) // held (< 6.67s), not startable (> 4.17s)
 	u.mu.Unlock()
 	evals := count.get("evalsha")
 	st := runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1", "k:2")), f)
@@ -707,11 +707,11 @@ func TestUsersUsedIdleLeaseIsRenewedOnce(t *testing.T) {
 		u.leases["u"].lastOK = time.Now().Add(-d)
 		u.mu.Unlock()
 	}
-	setAge(3 * time.Second) // past a quarter of the 10s lease
+	setAge(4 * time.Second) // past a third of the 10s lease
 	waitFor(t, 3*time.Second, func() bool { a := age(); return a >= 0 && a < time.Second })
-	setAge(3 * time.Second)
+	setAge(4 * time.Second)
 	time.Sleep(2 * time.Second) // more than two keep ticks
-	if a := age(); a < 3*time.Second {
+	if a := age(); a < 4*time.Second {
 		t.Fatalf("lease renewed again without work: age %v", a)
 	}
 }
