@@ -153,10 +153,6 @@ type userLease struct {
 	busy   int       // tickets not done with + marks not yet written
 	lost   bool      // given up: nothing runs under value any more
 	renew  bool      // a renewal is in flight
-	// used: work was started under the lease since its last renewal was
-	// sent; keep renews such a lease even while it is idle, so the user's
-	// next message finds it fresh rather than continuing it first.
-	used bool
 	// release: give the lease back as soon as it is not busy;
 	// releasing: the release is on its way to Redis.
 	release, releasing bool
@@ -362,11 +358,13 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		return false, errLeaseHeld // until the release has landed
 	}
 	valid := u.startableLocked(l, now)
-	// held: ours by our clock, only too old to start work under. It is
-	// continued, and what is known of its days stays true (nobody else
-	// can have held it), so only the days not known are read with it.
-	held := !valid && u.heldLocked(l, now)
-	l.used = true
+	// held: ours when last heard of, and not lost since, but too old to
+	// start work under (or no longer trusted: it may have expired). It is
+	// continued; when Redis answers that it still holds this value,
+	// nobody else held it meanwhile and what is known of its days stays
+	// true, so only the days not known are read with it. A lease that
+	// expired comes back new, and its days are read then (errReadAgain).
+	held := !valid && l.value != "" && !l.lost
 	prev := l.value
 	var missing []int64
 	if valid || held {
@@ -495,10 +493,11 @@ func (u *Users) heldLocked(l *userLease, now time.Time) bool {
 
 // startableLocked reports whether work may start under l without asking
 // Redis: held, and young enough that keep renews it in time. keep renews
-// a lease with work (or work started on it) at the first tick after
-// renewAge; work started before renewAge plus a tick is renewed by half a
-// lease at the latest, two ticks before the two thirds at which keep gives
-// it up. An older lease would be given up before its first renewal could
+// a lease with work at the first tick after renewAge; work started before
+// renewAge plus a tick is renewed by half a lease at the latest, two ticks
+// before the two thirds at which keep gives it up. An idle lease is not
+// renewed (most users write seldom: renewing after each message would cost
+// more calls than continuing the lease at the next one). An older lease would be given up before its first renewal could
 // land, stopping the handler just started (after its effect, perhaps); it
 // is taken again first, which continues it in one call (u.mu held).
 func (u *Users) startableLocked(l *userLease, now time.Time) bool {

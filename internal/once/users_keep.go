@@ -62,15 +62,17 @@ func (u *Users) tick() {
 			}
 		case busy && age >= u.lease*2/3:
 			told = append(told, u.loseLocked(l)...)
-		case (busy || l.used) && age >= u.renewAge() && !l.renew:
-			// Renewed while it has work, and once more after work
-			// started on it: a user's next message, within a lease,
-			// then finds the lease fresh enough to start under.
-			l.renew, l.used = true, false
+		case busy && age >= u.renewAge() && !l.renew:
+			l.renew = true
 			renew = append(renew, l)
 			values = append(values, l.value)
-		case !busy && age >= u.lease*2/3:
-			// Idle and no longer trusted: Redis lets it expire.
+		case !busy && age >= u.lease:
+			// Idle, and expired in Redis by now: Redis lets it go.
+			// Until then the entry stays, untrusted after two thirds:
+			// the user's next message continues the lease in one call
+			// and, when Redis answers that it is still this process's
+			// (nobody held it since), keeps the days it knows instead
+			// of reading them again.
 			delete(u.leases, user)
 		}
 	}

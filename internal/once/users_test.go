@@ -688,30 +688,39 @@ func TestUsersHeldLeaseFoundNewReadsItsDaysAgain(t *testing.T) {
 	}
 }
 
-// A lease that work started on is renewed once more while idle, so the
-// user's next message finds it fresh; one not used since is left to lapse.
-func TestUsersUsedIdleLeaseIsRenewedOnce(t *testing.T) {
-	u, _ := countingProcess(t, newUsersFixture(t))
+// An idle lease stays known until it has expired in Redis: the user's
+// next message, after two thirds of it, continues it and keeps the days it
+// knows.
+func TestUsersIdleLeaseIsContinuedWithItsDaysUntilItExpires(t *testing.T) {
+	u, count := countingProcess(t, newUsersFixture(t))
 	now := time.Now().Unix()
-	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), func(context.Context) error { return nil })
-	age := func() time.Duration {
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		if l := u.leases["u"]; l != nil {
-			return time.Since(l.lastOK)
-		}
-		return -1
-	}
+	var runs atomic.Int32
+	f := func(context.Context) error { runs.Add(1); return nil }
+	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), f)
 	setAge := func(d time.Duration) {
 		u.mu.Lock()
 		u.leases["u"].lastOK = time.Now().Add(-d)
 		u.mu.Unlock()
 	}
-	setAge(4 * time.Second) // past a third of the 10s lease
-	waitFor(t, 3*time.Second, func() bool { a := age(); return a >= 0 && a < time.Second })
-	setAge(4 * time.Second)
-	time.Sleep(2 * time.Second) // more than two keep ticks
-	if a := age(); a < 4*time.Second {
-		t.Fatalf("lease renewed again without work: age %v", a)
+	setAge(7 * time.Second) // past two thirds of the 10s lease: no longer trusted
+	time.Sleep(1800 * time.Millisecond) // two keep ticks, and still short of the whole lease
+	u.mu.Lock()
+	kept := u.leases["u"] != nil
+	u.mu.Unlock()
+	if !kept {
+		t.Fatal("an idle lease was forgotten before it could have expired in Redis")
 	}
+	st := runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1", "k:2")), f)
+	if st[0] != StatusDuplicate || st[1] != StatusExecuted || runs.Load() != 2 {
+		t.Fatalf("statuses %v, runs %d; want duplicate, executed, 2", st, runs.Load())
+	}
+	if got := count.get("smembers"); got != 1 {
+		t.Errorf("smembers: %d, want 1 (the lease was still this process's: its day is known)", got)
+	}
+	setAge(10500 * time.Millisecond)
+	waitFor(t, 3*time.Second, func() bool {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		return u.leases["u"] == nil
+	})
 }
