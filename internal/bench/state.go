@@ -67,12 +67,33 @@ func (e *Env) redisStats() (redisStats, error) {
 	return s, nil
 }
 
+// memoryAfterExpiry waits d, lets Redis drop the keys that expired
+// meanwhile (a SCAN of the keyspace deletes every expired key it meets),
+// and returns used_memory.
+func (e *Env) memoryAfterExpiry(d time.Duration) (int64, error) {
+	time.Sleep(d)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var cursor uint64
+	for {
+		_, next, err := e.Redis.Scan(ctx, cursor, "", 10000).Result()
+		if err != nil {
+			return 0, err
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	st, err := e.redisStats()
+	return st.usedMemory, err
+}
+
 // State measures what the consumer's dedup state costs Redis per message:
 // one topic of o.Msgs messages over o.Users users, read by the raw loop and
 // then by the full schedule-consumer with dedup.store claims and with
 // leases, each in its own group and key prefix, in the same run. Per store:
-// the Redis memory still held after the consumer closed (what stays for
-// the dedup TTL; INFO memory), the Redis commands per message (INFO
+// the Redis memory still held once the consumer closed and its transient
+// keys expired (what stays for the dedup TTL; INFO memory), the Redis commands per message (INFO
 // commandstats, every call including those a script makes) and Redis CPU
 // per message (INFO cpu), and this process's CPU per message against the
 // raw loop's.
@@ -112,6 +133,12 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
+		// What stays is read once the transient keys (claims in flight,
+		// leases not given back) have expired: a lease after the shipped
+		// dedup.lease, dropped by Redis when a SCAN meets it.
+		if after.usedMemory, err = e.memoryAfterExpiry(config.DefaultDedupLease + time.Second); err != nil {
+			return nil, err
+		}
 		n := float64(o.Msgs)
 		var calls int64
 		perCmd := map[string]float64{}
@@ -141,7 +168,7 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 				"redis_calls_per_msg_by_command": perCmd, "commands": cmdNames,
 				"redis_cpu_us_per_msg": round(redisCPU, 2), "cpu_us_per_msg": round(cpu, 2),
 				"raw_cpu_us_per_msg": round(rawCPU, 2), "cpu_ratio_to_raw": round(cpu/rawCPU, 2),
-				"note": "redis figures are INFO deltas around the phase (memory after the consumer closed: what stays for dedup.ttl); calls include those made inside scripts",
+				"note": "redis figures are INFO deltas around the phase (memory once the consumer closed and dedup.lease passed: what stays for dedup.ttl); calls include those made inside scripts",
 				"path": "service.StartConsumer with dedup.store=" + store}})
 	}
 	return out, nil
