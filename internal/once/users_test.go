@@ -620,45 +620,78 @@ func (c *countCmds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return func(ctx context.Context, cmds []redis.Cmder) error { c.add(cmds...); return next(ctx, cmds) }
 }
 
-func countingProcess(t *testing.T, fx usersFixture) (*Users, *countCmds) {
+// oneMessageDone is a process (its commands counted) that has run user
+// u's message k:1: it holds u's lease and knows today's set.
+type oneMessageDone struct {
+	fx    usersFixture
+	u     *Users
+	count *countCmds
+	now   int64
+	runs  atomic.Int32
+}
+
+func newOneMessageDone(t *testing.T) *oneMessageDone {
 	t.Helper()
-	count := &countCmds{}
-	rdb := redis.NewClient(fx.rdb.Options())
-	rdb.AddHook(count)
+	o := &oneMessageDone{fx: newUsersFixture(t), now: time.Now().Unix()}
+	o.count = &countCmds{}
+	rdb := redis.NewClient(o.fx.rdb.Options())
+	rdb.AddHook(o.count)
 	t.Cleanup(func() { _ = rdb.Close() })
-	return usersFixture{rdb: rdb, prefix: fx.prefix}.process(t, nil), count
+	o.u = usersFixture{rdb: rdb, prefix: o.fx.prefix}.process(t, nil)
+	o.run(t, items(o.now, "k:1"))
+	if got := o.count.get("smembers"); got != 1 {
+		t.Fatalf("smembers after the first claim: %d, want 1", got)
+	}
+	return o
+}
+
+// run claims and runs items as user u; it returns their statuses.
+func (o *oneMessageDone) run(t *testing.T, its []UserItem) []Status {
+	t.Helper()
+	return runAll(t, o.u, o.u.ClaimUser(ctxT(t, 5*time.Second), "u", its), func(context.Context) error { o.runs.Add(1); return nil })
+}
+
+// setAge makes u's lease look taken or renewed d ago.
+func (o *oneMessageDone) setAge(d time.Duration) {
+	o.u.mu.Lock()
+	o.u.leases["u"].lastOK = time.Now().Add(-d)
+	o.u.mu.Unlock()
+}
+
+// lease returns u's lease entry (nil when forgotten) and its age.
+func (o *oneMessageDone) lease() (*userLease, time.Duration) {
+	o.u.mu.Lock()
+	defer o.u.mu.Unlock()
+	l := o.u.leases["u"]
+	if l == nil {
+		return nil, 0
+	}
+	return l, time.Since(l.lastOK)
+}
+
+// wantRun checks the statuses of the second run and the handler's runs.
+func (o *oneMessageDone) wantRun(t *testing.T, st []Status, want ...Status) {
+	t.Helper()
+	if !slices.Equal(st, want) || o.runs.Load() != 2 {
+		t.Fatalf("statuses %v, runs %d; want %v, 2", st, o.runs.Load(), want)
+	}
 }
 
 // A lease this process still holds, but too old to start work under, is
 // continued without reading again the days it knows: nobody else can have
 // written them meanwhile.
 func TestUsersHeldLeaseIsContinuedWithoutReadingItsDaysAgain(t *testing.T) {
-	u, count := countingProcess(t, newUsersFixture(t))
-	now := time.Now().Unix()
-	var runs atomic.Int32
-	f := func(context.Context) error { runs.Add(1); return nil }
-	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), f)
-	if got := count.get("smembers"); got != 1 {
-		t.Fatalf("smembers after the first claim: %d, want 1", got)
-	}
-	u.mu.Lock()
-	u.leases["u"].lastOK = time.Now().Add(-5 * time.Second) // held (< 6.67s), not startable (> 4.17s)
-	u.mu.Unlock()
-	evals := count.get("evalsha")
-	st := runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1", "k:2")), f)
-	if st[0] != StatusDuplicate || st[1] != StatusExecuted || runs.Load() != 2 {
-		t.Fatalf("statuses %v, runs %d; want duplicate, executed, 2", st, runs.Load())
-	}
-	if got := count.get("smembers"); got != 1 {
+	o := newOneMessageDone(t)
+	o.setAge(5 * time.Second) // held (< 6.67s), not startable (> 4.17s)
+	evals := o.count.get("evalsha")
+	o.wantRun(t, o.run(t, items(o.now, "k:1", "k:2")), StatusDuplicate, StatusExecuted)
+	if got := o.count.get("smembers"); got != 1 {
 		t.Errorf("smembers after continuing the lease: %d, want still 1 (the day is known)", got)
 	}
-	if got := count.get("evalsha") - evals; got < 1 {
+	if got := o.count.get("evalsha") - evals; got < 1 {
 		t.Errorf("lease scripts sent to continue it: %d, want ≥ 1", got)
 	}
-	u.mu.Lock()
-	age := time.Since(u.leases["u"].lastOK)
-	u.mu.Unlock()
-	if age > time.Second {
+	if _, age := o.lease(); age > time.Second {
 		t.Errorf("lease age after it was continued: %v", age)
 	}
 }
@@ -666,24 +699,14 @@ func TestUsersHeldLeaseIsContinuedWithoutReadingItsDaysAgain(t *testing.T) {
 // When a lease believed held comes back new (Redis lost it), what was known
 // of its days is dropped and every day the tickets need is read again.
 func TestUsersHeldLeaseFoundNewReadsItsDaysAgain(t *testing.T) {
-	fx := newUsersFixture(t)
-	u, count := countingProcess(t, fx)
-	now := time.Now().Unix()
-	var runs atomic.Int32
-	f := func(context.Context) error { runs.Add(1); return nil }
-	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), f)
-	if err := fx.rdb.Del(context.Background(), u.leaseKey("u")).Err(); err != nil {
+	o := newOneMessageDone(t)
+	if err := o.fx.rdb.Del(context.Background(), o.u.leaseKey("u")).Err(); err != nil {
 		t.Fatal(err)
 	}
-	u.mu.Lock()
-	u.leases["u"].lastOK = time.Now().Add(-5 * time.Second)
-	u.mu.Unlock()
+	o.setAge(5 * time.Second)
 	// k:0 is of the day before: a day not known, read with the continue.
-	st := runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", append(items(now-86400, "k:0"), items(now, "k:1")...)), f)
-	if st[0] != StatusExecuted || st[1] != StatusDuplicate || runs.Load() != 2 {
-		t.Fatalf("statuses %v, runs %d; want executed, duplicate, 2", st, runs.Load())
-	}
-	if got := count.get("smembers"); got != 3 {
+	o.wantRun(t, o.run(t, append(items(o.now-86400, "k:0"), items(o.now, "k:1")...)), StatusExecuted, StatusDuplicate)
+	if got := o.count.get("smembers"); got != 3 {
 		t.Errorf("smembers: %d, want 3 (today, then the day before with the lease, then today again)", got)
 	}
 }
@@ -692,35 +715,16 @@ func TestUsersHeldLeaseFoundNewReadsItsDaysAgain(t *testing.T) {
 // next message, after two thirds of it, continues it and keeps the days it
 // knows.
 func TestUsersIdleLeaseIsContinuedWithItsDaysUntilItExpires(t *testing.T) {
-	u, count := countingProcess(t, newUsersFixture(t))
-	now := time.Now().Unix()
-	var runs atomic.Int32
-	f := func(context.Context) error { runs.Add(1); return nil }
-	runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1")), f)
-	setAge := func(d time.Duration) {
-		u.mu.Lock()
-		u.leases["u"].lastOK = time.Now().Add(-d)
-		u.mu.Unlock()
-	}
-	setAge(7 * time.Second) // past two thirds of the 10s lease: no longer trusted
+	o := newOneMessageDone(t)
+	o.setAge(7 * time.Second)           // past two thirds of the 10s lease: no longer trusted
 	time.Sleep(1800 * time.Millisecond) // two keep ticks, and still short of the whole lease
-	u.mu.Lock()
-	kept := u.leases["u"] != nil
-	u.mu.Unlock()
-	if !kept {
+	if l, _ := o.lease(); l == nil {
 		t.Fatal("an idle lease was forgotten before it could have expired in Redis")
 	}
-	st := runAll(t, u, u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1", "k:2")), f)
-	if st[0] != StatusDuplicate || st[1] != StatusExecuted || runs.Load() != 2 {
-		t.Fatalf("statuses %v, runs %d; want duplicate, executed, 2", st, runs.Load())
-	}
-	if got := count.get("smembers"); got != 1 {
+	o.wantRun(t, o.run(t, items(o.now, "k:1", "k:2")), StatusDuplicate, StatusExecuted)
+	if got := o.count.get("smembers"); got != 1 {
 		t.Errorf("smembers: %d, want 1 (the lease was still this process's: its day is known)", got)
 	}
-	setAge(10500 * time.Millisecond)
-	waitFor(t, 3*time.Second, func() bool {
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		return u.leases["u"] == nil
-	})
+	o.setAge(10500 * time.Millisecond)
+	waitFor(t, 3*time.Second, func() bool { l, _ := o.lease(); return l == nil })
 }
