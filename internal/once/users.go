@@ -358,26 +358,27 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 		return false, errLeaseHeld // until the release has landed
 	}
 	valid := u.startableLocked(l, now)
-	// held: ours when last heard of, and not lost since, but too old to
-	// start work under (or no longer trusted: it may have expired). It is
-	// continued; when Redis answers that it still holds this value,
-	// nobody else held it meanwhile and what is known of its days stays
-	// true, so only the days not known are read with it. A lease that
-	// expired comes back new, and its days are read then (errReadAgain).
-	held := !valid && l.value != "" && !l.lost
+	// known: this process had the lease and did not lose it, so what
+	// l.days holds is still true once the lease is confirmed: always while
+	// it is startable, and when Redis answers that an older one (too old
+	// to start under, or expired by our clock) still holds this value —
+	// nobody else held it meanwhile. A lease that expired comes back new,
+	// and its days are read then (errReadAgain). Otherwise every day the
+	// tickets need is read, in the acquisition's pipeline: which days to
+	// read is only known once the lease is ours, but reading them with it
+	// saves the round trip; the answers are used only when it was taken.
+	known := l.value != "" && !l.lost // startable implies it
 	prev := l.value
 	var missing []int64
-	if valid || held {
-		for _, t := range ts {
-			if _, ok := l.days[t.day]; !ok && !slices.Contains(missing, t.day) {
-				missing = append(missing, t.day)
-			}
+	for _, t := range ts {
+		if _, ok := l.days[t.day]; (!known || !ok) && !slices.Contains(missing, t.day) {
+			missing = append(missing, t.day)
 		}
-		if valid && len(missing) == 0 {
-			u.markKnown(l, ts)
-			u.mu.Unlock()
-			return true, nil
-		}
+	}
+	if valid && len(missing) == 0 {
+		u.markKnown(l, ts)
+		u.mu.Unlock()
+		return true, nil
 	}
 	l.reads++
 	u.mu.Unlock()
@@ -392,16 +393,6 @@ func (u *Users) ensure(ctx context.Context, l *userLease, ts []*UserTicket) (boo
 	var cmds [][]any
 	var scripts []*redis.Script
 	if !valid {
-		// Which days to read is only known once the lease is ours, but
-		// reading them in the same pipeline saves the round trip: the
-		// answers are used only when the lease was taken.
-		if !held {
-			for _, t := range ts {
-				if !slices.Contains(missing, t.day) {
-					missing = append(missing, t.day)
-				}
-			}
-		}
 		scripts = append(scripts, leaseAcquireScript)
 		cmds = append(cmds, []any{"evalsha", leaseAcquireScript.Hash(), 2, l.key, u.seqKey, u.owner, u.leaseMs})
 	}
@@ -497,9 +488,10 @@ func (u *Users) heldLocked(l *userLease, now time.Time) bool {
 // renewAge plus a tick is renewed by half a lease at the latest, two ticks
 // before the two thirds at which keep gives it up. An idle lease is not
 // renewed (most users write seldom: renewing after each message would cost
-// more calls than continuing the lease at the next one). An older lease would be given up before its first renewal could
-// land, stopping the handler just started (after its effect, perhaps); it
-// is taken again first, which continues it in one call (u.mu held).
+// more calls than continuing the lease at the next one). An older lease
+// would be given up before its first renewal could land, stopping the
+// handler just started (after its effect, perhaps); it is taken again
+// first, which continues it in one call (u.mu held).
 func (u *Users) startableLocked(l *userLease, now time.Time) bool {
 	return u.heldLocked(l, now) && now.Sub(l.lastOK) < u.renewAge()+u.tickEvery()
 }
