@@ -93,10 +93,10 @@ func (e *Env) memoryAfterExpiry(d time.Duration) (int64, error) {
 // then by the full schedule-consumer with dedup.store claims and with
 // leases, each in its own group and key prefix, in the same run. Per store:
 // the Redis memory still held once the consumer closed and its transient
-// keys expired (what stays for the dedup TTL; INFO memory), the Redis commands per message (INFO
-// commandstats, every call including those a script makes) and Redis CPU
-// per message (INFO cpu), and this process's CPU per message against the
-// raw loop's.
+// keys expired (what stays for the dedup TTL; INFO memory), the Redis
+// commands per message (INFO commandstats, every call including those a
+// script makes) and Redis CPU per message (INFO cpu), and this process's
+// CPU per message against the raw loop's.
 func State(e *Env, o StateOptions) ([]Result, error) {
 	topic, err := e.Topic("state", o.Partitions)
 	if err != nil {

@@ -265,9 +265,8 @@ func TestMailboxFullDeadLettered(t *testing.T) {
 	waitFor(t, 30*time.Second, func() bool { return other.Load() == 2 })
 	// The overflow is dead-lettered off the poll goroutine: it may land
 	// just after the other user's messages ran (a fresh-clone CI run read
-	// 0 at that instant).
-	// Every overflow counts as a breaker failure when it is dispatched,
-	// before its dead letter is queued.
+	// 0 at that instant). Each overflow counts as a breaker failure when
+	// it is dispatched, before its dead letter is queued.
 	waitFor(t, 10*time.Second, func() bool {
 		n := dlq.byReason()[ReasonQueueFull]
 		return n >= 7 && int64(n) == br.failed.Load()
