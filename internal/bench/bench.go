@@ -14,6 +14,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"runtime"
@@ -64,6 +65,9 @@ type Env struct {
 	Prefix string
 	// TmpDir holds the DLQ emergency files.
 	TmpDir string
+	// KafkaOverrides are extra librdkafka properties for every client
+	// built from KafkaConfig (diagnostics: debug contexts, statistics).
+	KafkaOverrides map[string]string
 
 	mu     sync.Mutex
 	topics []string
@@ -152,6 +156,13 @@ func (e *Env) KafkaConfig(mainTopic, dlqTopic, group string) (config.Kafka, erro
 	k.ClientID = "kfpipe-bench"
 	k.Topics.Main.Name, k.Topics.DLQ.Name = mainTopic, dlqTopic
 	k.Consumer.GroupID = group
+	if len(e.KafkaOverrides) > 0 {
+		k.Overrides = maps.Clone(k.Overrides)
+		if k.Overrides == nil {
+			k.Overrides = map[string]string{}
+		}
+		maps.Copy(k.Overrides, e.KafkaOverrides)
+	}
 	return k, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -12,6 +13,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/internal/producer"
 )
 
 // Record is a main-topic record exactly as the producer writes it: key =
@@ -41,12 +43,24 @@ type RawProducer struct {
 	// OnDelivery, when set before the first Produce, is called for every
 	// successful report (from the reader goroutine).
 	OnDelivery func(m *kafka.Message)
+	// stats is librdkafka's latest statistics report (newWarmRawProducer).
+	stats atomic.Pointer[string]
 }
 
 // NewRawProducer builds the producer from cfg.
-func NewRawProducer(cfg config.Kafka) (*RawProducer, error) {
+func NewRawProducer(cfg config.Kafka) (*RawProducer, error) { return newRawProducer(cfg, false) }
+
+// newWarmRawProducer is NewRawProducer with librdkafka's statistics on at
+// the interval producer.KafkaProducer uses, so that WaitWarm can tell when
+// it is warm.
+func newWarmRawProducer(cfg config.Kafka) (*RawProducer, error) { return newRawProducer(cfg, true) }
+
+func newRawProducer(cfg config.Kafka, stats bool) (*RawProducer, error) {
 	cm := kafkaclient.Producer(cfg)
 	_ = cm.SetKey("go.delivery.report.fields", "none")
+	if stats {
+		_ = cm.SetKey("statistics.interval.ms", int(producer.StatsInterval.Milliseconds()))
+	}
 	p, err := kafka.NewProducer(cm)
 	if err != nil {
 		return nil, fmt.Errorf("raw producer: %w", err)
@@ -56,6 +70,11 @@ func NewRawProducer(cfg config.Kafka) (*RawProducer, error) {
 	go func() {
 		defer r.wg.Done()
 		for ev := range p.Events() {
+			if st, ok := ev.(*kafka.Stats); ok {
+				s := st.String()
+				r.stats.Store(&s)
+				continue
+			}
 			m, ok := ev.(*kafka.Message)
 			if !ok {
 				continue
@@ -109,6 +128,34 @@ func (r *RawProducer) Wait(n int, limit time.Duration) error {
 	return nil
 }
 
+// WaitWarm waits until the producer (built by newWarmRawProducer) is
+// warm as producer.KafkaProducer.WaitReady defines it: its idempotent
+// producer ID assigned and the leaders of topic's partitions known.
+func (r *RawProducer) WaitWarm(topic string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	var parts int
+	for parts == 0 {
+		md, err := r.P.GetMetadata(&topic, false, 1000)
+		if err == nil && md.Topics[topic].Error.Code() == kafka.ErrNoError {
+			parts = len(md.Topics[topic].Partitions)
+		}
+		if parts == 0 && time.Now().After(deadline) {
+			return fmt.Errorf("raw producer: no metadata for %s after %s: %v", topic, limit, err)
+		}
+	}
+	reason := "no statistics yet"
+	if !waitUntil(time.Until(deadline), func() bool {
+		if s := r.stats.Load(); s != nil {
+			reason = producer.StatsNotReady(*s, topic, parts)
+			return reason == ""
+		}
+		return false
+	}) {
+		return fmt.Errorf("raw producer not warm after %s: %s", limit, reason)
+	}
+	return nil
+}
+
 // Close flushes and closes the producer.
 func (r *RawProducer) Close() {
 	r.P.Flush(10000)
@@ -116,24 +163,31 @@ func (r *RawProducer) Close() {
 	r.wg.Wait()
 }
 
-// rawProduceRate produces msgs (already built) and returns msgs/s until the
-// last delivery report.
-func rawProduceRate(cfg config.Kafka, msgs []*kafka.Message) (float64, error) {
-	r, err := NewRawProducer(cfg)
+// rawProduceRate produces msgs (already built, all to one topic) and
+// returns msgs/s from when the producer is warm (WaitWarm, the same
+// condition as KafkaProducer.WaitReady) to the last delivery report, and
+// how long the warm-up took.
+func rawProduceRate(cfg config.Kafka, msgs []*kafka.Message) (rate float64, warm time.Duration, err error) {
+	r, err := newWarmRawProducer(cfg)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer r.Close()
+	created := time.Now()
+	if err := r.WaitWarm(*msgs[0].TopicPartition.Topic, 30*time.Second); err != nil {
+		return 0, 0, err
+	}
 	start := time.Now()
+	warm = start.Sub(created)
 	for _, m := range msgs {
 		if err := r.Produce(m); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	if err := r.Wait(len(msgs), 2*time.Minute); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(len(msgs)) / time.Since(start).Seconds(), nil
+	return float64(len(msgs)) / time.Since(start).Seconds(), warm, nil
 }
 
 // Prefill writes msgs to topic with a raw producer.

@@ -92,6 +92,9 @@ type KafkaProducer struct {
 	BatchSize       int           `mapstructure:"batch_size"`
 	QueueMaxMsgs    int           `mapstructure:"queue_max_messages"`
 	Compression     string        `mapstructure:"compression"`
+	// DeliveryTimeout bounds a message's delivery for the dead-letter
+	// and replay producers. kf-producer's pages have none: a page is never
+	// delivered with a hole (sync.delivery_wait bounds the wait instead).
 	DeliveryTimeout time.Duration `mapstructure:"delivery_timeout"`
 }
 

@@ -126,11 +126,6 @@ func (c *Producer) Validate() error {
 		v.addf("sync.lock.backend", "is etcd, which needs coord.enabled: true (the etcd of the coord section)")
 	}
 	v.between("sync.workers", s.Workers, 1, 1024)
-	// Waiting less than librdkafka may still deliver would re-send a page
-	// that is still queued.
-	if s.DeliveryWait <= c.Kafka.Producer.DeliveryTimeout {
-		v.addf("sync.delivery_wait", "must be > kafka.producer.delivery_timeout (%s), got %s", c.Kafka.Producer.DeliveryTimeout, s.DeliveryWait)
-	}
 	c.IDGen.validate(v, c.Coord.Enabled)
 	return v.err()
 }

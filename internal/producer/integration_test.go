@@ -2,7 +2,10 @@ package producer
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/lock"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom"
@@ -271,6 +275,93 @@ func TestIntegrationKafkaDownHoldsCursor(t *testing.T) {
 		t.Fatalf("Ready() after recovery = %v", err)
 	}
 	checkRecords(t, readTopic(t, brokers, topic), logs(fake, kfs), false)
+}
+
+// A page whose broker is gone for several times kafka.producer.delivery_timeout
+// is not failed message by message: it stays queued and is delivered whole
+// and in order once the broker is back, and the page sent again meanwhile
+// waits for it instead of being queued beside it. (With a message timeout,
+// librdkafka failed the messages queued first and could deliver the rest
+// after the broker's return; the page's re-send then put a user's earlier
+// message after a later one.)
+func TestIntegrationKafkaDownPageDeliveredWholeInOrder(t *testing.T) {
+	t.Parallel()
+	testenv.Tool(t, "java")
+	port := testenv.FreePortPair(t)
+	name := "producer-whole"
+	testenv.Script(t, "kafka.sh", "start", "--name", name, "--port", fmt.Sprint(port))
+	t.Cleanup(func() { testenv.Script(t, "kafka.sh", "stop", "--name", name) })
+	brokers := fmt.Sprintf("127.0.0.1:%d", port)
+	topic := testenv.Name(t, "topic")
+	createTopic(t, brokers, topic, 1)
+
+	kc := kafkaCfg(brokers)
+	kc.Topics.Main.Name = topic
+	kc.Producer.DeliveryTimeout = time.Second // the least the config allows
+	kp, err := NewKafkaProducer(kc, prometheus.NewRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = kp.Close(ctx)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kp.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	page := func(attempt int) []*chatmsg.ChatMessage {
+		msgs := make([]*chatmsg.ChatMessage, n)
+		for i := range msgs {
+			msgs[i] = &chatmsg.ChatMessage{MessageID: int64(attempt*1000 + i), UpstreamMsgID: fmt.Sprintf("m-%03d", i),
+				OpenKfID: "wk-a", ExternalUserID: fmt.Sprintf("u-%d", i%10), MsgType: "text", Content: json.RawMessage(`{"content":"hello"}`)}
+		}
+		return msgs
+	}
+
+	testenv.Script(t, "kafka.sh", "stop", "--name", name)
+	down := time.Now()
+	wait, cancel1 := context.WithTimeout(context.Background(), 3*time.Second)
+	err = kp.ProduceBatch(wait, topic, page(1))
+	cancel1()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("first send with the broker down = %v, want the wait's deadline", err)
+	}
+	wait, cancel2 := context.WithTimeout(context.Background(), time.Second)
+	err = kp.ProduceBatch(wait, topic, page(2))
+	cancel2()
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "earlier batch") {
+		t.Fatalf("second send while the first is queued = %v, want it to wait for the first", err)
+	}
+	time.Sleep(5*time.Second - time.Since(down))
+	testenv.Script(t, "kafka.sh", "resume", "--name", name)
+	t.Logf("broker down for %s", time.Since(down).Round(time.Millisecond))
+	wait, cancel3 := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel3()
+	if err := kp.ProduceBatch(wait, topic, page(3)); err != nil {
+		t.Fatalf("third send after the broker's return = %v", err)
+	}
+
+	var got []int64
+	for _, r := range readTopic(t, brokers, topic) {
+		m, err := chatmsg.Decode(r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, m.MessageID)
+	}
+	var want []int64
+	for _, attempt := range []int{1, 3} {
+		for i := range n {
+			want = append(want, int64(attempt*1000+i))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("the topic holds %d records %v…, want the first page whole and in order, then the third (%d)", len(got), got[:min(len(got), 20)], len(want))
+	}
 }
 
 func createTopic(t *testing.T, brokers, topic string, partitions int) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,14 +38,29 @@ type KafkaProducer struct {
 	readers   sync.WaitGroup
 	closeOnce sync.Once
 	closed    atomic.Bool
+	// closing is closed when Close starts; bg (the warm-up's metadata
+	// requests) is waited for before p.Close.
+	closing chan struct{}
+	bg      sync.WaitGroup
+
+	warm *warmup
 
 	fatal atomic.Pointer[kafka.Error]
+
+	// stale are batches whose caller stopped waiting before every report
+	// came back: their messages are still queued in librdkafka, where
+	// they stay until delivered (they never time out). ProduceBatch waits
+	// for them before it sends anything, so a page sent again follows its
+	// earlier copy instead of being queued beside it.
+	staleMu sync.Mutex
+	stale   []*batch
 }
 
 type kafkaMetrics struct {
 	produced prometheus.Counter
 	errors   prometheus.Counter
 	latency  prometheus.Histogram
+	stale    prometheus.Gauge
 }
 
 func newKafkaMetrics(reg prometheus.Registerer) kafkaMetrics {
@@ -61,9 +78,13 @@ func newKafkaMetrics(reg prometheus.Registerer) kafkaMetrics {
 			Help:    "Time from handing a message to librdkafka to its successful delivery report.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kfpipe_produce_stale_batches",
+			Help: "Batches whose caller stopped waiting while some of their messages were still queued; new batches wait for them.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.produced, m.errors, m.latency)
+		reg.MustRegister(m.produced, m.errors, m.latency, m.stale)
 	}
 	return m
 }
@@ -72,12 +93,17 @@ func newKafkaMetrics(reg prometheus.Registerer) kafkaMetrics {
 // safety settings (kafkaclient.Producer: acks=all, idempotence, lz4,
 // murmur2_random). reg may be nil (metrics not registered), logger may be
 // nil.
+//
+// The producer warms up in the background: it is not Ready, and WaitReady
+// blocks, until its idempotent producer ID is assigned and the leaders of
+// cfg.Topics.Main's partitions (when named) are known.
+// ProduceBatch works before that, but its messages wait for all of it.
 func NewKafkaProducer(cfg config.Kafka, reg prometheus.Registerer, logger *zap.Logger) (*KafkaProducer, error) {
 	cm, err := producerConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return newKafkaProducer(cm, reg, logger)
+	return newKafkaProducer(cm, cfg.Topics.Main.Name, reg, logger)
 }
 
 // producerConfig is kafkaclient.Producer plus what this wrapper relies on.
@@ -92,25 +118,61 @@ func producerConfig(cfg config.Kafka) (*kafka.ConfigMap, error) {
 	if err := cm.SetKey("go.logs.channel.enable", true); err != nil {
 		return nil, fmt.Errorf("kafka producer config: %w", err)
 	}
+	// A message is never failed for taking too long (0: no timeout), so a
+	// page is never delivered with a hole in it. With a timeout, librdkafka
+	// fails the messages queued first once it passes and delivers the rest
+	// when the broker is back; the page's re-send then brings a user's
+	// earlier message after a later one (I4). How long a caller waits is
+	// its context's business (sync.delivery_wait); ProduceBatch does not
+	// send again while an earlier batch is still queued (see stale).
+	delete(*cm, "delivery.timeout.ms")
+	delete(*cm, "message.timeout.ms")
+	if err := cm.SetKey("message.timeout.ms", 0); err != nil {
+		return nil, fmt.Errorf("kafka producer config: %w", err)
+	}
+	// The warm-up reads the idempotent producer's state from the
+	// statistics; an override may make them more frequent, not disable them.
+	if v, _ := cm.Get("statistics.interval.ms", 0); toInt(v) <= 0 {
+		if err := cm.SetKey("statistics.interval.ms", int(StatsInterval.Milliseconds())); err != nil {
+			return nil, fmt.Errorf("kafka producer config: %w", err)
+		}
+	}
 	return cm, nil
 }
 
-func newKafkaProducer(cm *kafka.ConfigMap, reg prometheus.Registerer, logger *zap.Logger) (*KafkaProducer, error) {
+func newKafkaProducer(cm *kafka.ConfigMap, topic string, reg prometheus.Registerer, logger *zap.Logger) (*KafkaProducer, error) {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
+	w := newWarmup(topic)
 	p, err := kafka.NewProducer(cm)
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
-	kp := &KafkaProducer{p: p, log: logger, m: newKafkaMetrics(reg)}
+	kp := &KafkaProducer{p: p, log: logger, m: newKafkaMetrics(reg), closing: make(chan struct{}), warm: w}
 	kp.readers.Add(1)
 	go kp.readEvents()
 	if logs := p.Logs(); logs != nil {
 		kp.readers.Add(1)
 		go kp.readLogs(logs)
 	}
+	if topic != "" {
+		kp.bg.Add(1)
+		go kp.fetchTopic()
+	}
 	return kp, nil
+}
+
+// toInt reads a ConfigMap value that may be a number or a string.
+func toInt(v kafka.ConfigValue) int {
+	switch x := v.(type) {
+	case int:
+		return x
+	case string:
+		n, _ := strconv.Atoi(x)
+		return n
+	}
+	return 0
 }
 
 // readLogs forwards librdkafka's log lines (syslog levels) to zap.
@@ -195,6 +257,8 @@ func (kp *KafkaProducer) readEvents() {
 			kp.m.produced.Inc()
 			kp.m.latency.Observe(time.Since(f.sent).Seconds())
 			f.b.settle(1, nil)
+		case *kafka.Stats:
+			kp.onStats(e.String())
 		case kafka.Error:
 			if e.IsFatal() {
 				kp.fatal.Store(&e)
@@ -216,11 +280,20 @@ func (kp *KafkaProducer) readEvents() {
 // error. On error some messages may still be delivered later: the caller
 // re-produces the batch and the consumer drops the duplicates (I3).
 //
+// A message is never failed for being slow: when ctx ends first, the
+// batch stays queued and is delivered once the broker takes it, and every
+// later call waits (within its own ctx) until it is, before sending
+// anything. So a batch sent again comes after all of its earlier copy,
+// and a user's messages are first seen in order (I4).
+//
 // Concurrent calls are safe. Within one call, messages of one key are
 // produced in slice order, and the idempotent producer keeps that order.
 func (kp *KafkaProducer) ProduceBatch(ctx context.Context, topic string, msgs []*chatmsg.ChatMessage) error {
 	if kp.closed.Load() {
 		return ErrClosed
+	}
+	if err := kp.waitStale(ctx); err != nil {
+		return err
 	}
 	b := newBatch(len(msgs))
 	now := time.Now()
@@ -244,7 +317,39 @@ func (kp *KafkaProducer) ProduceBatch(ctx context.Context, topic string, msgs []
 	case <-b.done:
 		return b.result()
 	case <-ctx.Done():
+		kp.staleMu.Lock()
+		kp.stale = append(kp.stale, b)
+		kp.m.stale.Set(float64(len(kp.stale)))
+		kp.staleMu.Unlock()
 		return fmt.Errorf("waiting for delivery reports: %w", ctx.Err())
+	}
+}
+
+// waitStale returns once every stale batch has all its reports, or with
+// ctx's error.
+func (kp *KafkaProducer) waitStale(ctx context.Context) error {
+	for {
+		kp.staleMu.Lock()
+		kp.stale = slices.DeleteFunc(kp.stale, func(b *batch) bool {
+			select {
+			case <-b.done:
+				return true
+			default:
+				return false
+			}
+		})
+		kp.m.stale.Set(float64(len(kp.stale)))
+		if len(kp.stale) == 0 {
+			kp.staleMu.Unlock()
+			return nil
+		}
+		b := kp.stale[0]
+		kp.staleMu.Unlock()
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for an earlier batch still queued: %w", ctx.Err())
+		}
 	}
 }
 
@@ -299,14 +404,18 @@ func kafkaMessage(topic string, m *chatmsg.ChatMessage) (*kafka.Message, error) 
 	}, nil
 }
 
-// Ready reports whether the brokers answer a metadata request within ctx's
-// deadline (1 s when ctx has none) and the producer has no fatal error.
+// Ready reports whether the producer has warmed up (see WaitReady), has no
+// fatal error, and the brokers answer a metadata request within ctx's
+// deadline (1 s when ctx has none).
 func (kp *KafkaProducer) Ready(ctx context.Context) error {
 	if kp.closed.Load() {
 		return ErrClosed
 	}
 	if f := kp.fatal.Load(); f != nil {
 		return fmt.Errorf("kafka producer fatal error: %w", *f)
+	}
+	if !kp.warm.warm.Load() {
+		return fmt.Errorf("%w: %s", ErrWarmingUp, *kp.warm.reason.Load())
 	}
 	timeout := time.Second
 	if dl, ok := ctx.Deadline(); ok {
@@ -332,6 +441,7 @@ func (kp *KafkaProducer) Close(ctx context.Context) error {
 	var err error
 	kp.closeOnce.Do(func() {
 		kp.closed.Store(true)
+		close(kp.closing)
 		for kp.p.Len() > 0 && ctx.Err() == nil {
 			kp.p.Flush(100)
 		}
@@ -340,6 +450,7 @@ func (kp *KafkaProducer) Close(ctx context.Context) error {
 			_ = kp.p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight)
 			kp.p.Flush(1000) // serves the purge reports so waiting batches fail
 		}
+		kp.bg.Wait()
 		kp.p.Close()
 		kp.readers.Wait()
 	})

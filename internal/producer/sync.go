@@ -258,9 +258,17 @@ func NewSyncer(cfg SyncerConfig, d SyncerDeps, opts ...Option) (*Syncer, error) 
 }
 
 // Start launches the workers and the safety sync, which triggers every
-// configured open_kfid at once and then every SafetyInterval.
+// configured open_kfid at once and then every SafetyInterval. Triggers
+// received before Start wait in the queue. Start after Stop does nothing.
 func (s *Syncer) Start() {
 	s.startOnce.Do(func() {
+		// Under mu, so that a concurrent Stop either sees these goroutines
+		// in wg or keeps them from starting.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.stopped {
+			return
+		}
 		for range s.cfg.Workers {
 			s.wg.Add(1)
 			go s.worker()

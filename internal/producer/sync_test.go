@@ -606,3 +606,33 @@ func TestUnknownOpenKfIDIgnored(t *testing.T) {
 		t.Fatalf("unknown_open_kfid triggers = %v", v)
 	}
 }
+
+// kf-producer starts the Syncer only once its Kafka producer is warm:
+// triggers received before Start wait in the queue and are served after
+// it.
+func TestTriggerBeforeStart(t *testing.T) {
+	src := &pageSource{}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: msgs("kf", "a", 1)})
+	st := newMemStore()
+	s, err := NewSyncer(unitCfg(), SyncerDeps{Source: src, Locker: &fakeLocker{s: st}, State: st, Publisher: &recPublisher{},
+		IDs: &seqIDs{}}, WithRegisterer(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := len(src.requests()); n != 0 {
+		t.Fatalf("%d sync_msg calls before Start", n)
+	}
+	s.Start()
+	waitFor(t, "the queued trigger served after Start", s.idle)
+	if c := st.cursor("kf"); c != "c1" {
+		t.Fatalf("cursor = %q, want c1", c)
+	}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+}

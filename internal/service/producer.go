@@ -58,7 +58,7 @@ func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base)
 	if err := p.startWorkerID(ctx, cfg, base); err != nil {
 		return fail(err)
 	}
-	if err := p.startSync(cfg, base); err != nil {
+	if err := p.startSync(rctx, cfg, base); err != nil {
 		return fail(err)
 	}
 	p.keeper.Start(rctx)
@@ -115,9 +115,13 @@ func (p *Producer) startWorkerID(ctx context.Context, cfg *config.Producer, base
 	return keeper.Allocate(ctx)
 }
 
-// startSync starts the async Kafka producer and the sync loop on the
-// WeChat client.
-func (p *Producer) startSync(cfg *config.Producer, base *daemon.Base) error {
+// startSync starts the async Kafka producer and, once the producer has
+// warmed up (KafkaProducer.WaitReady: its idempotent producer ID assigned,
+// the main topic's leaders known), the sync loop on the WeChat client.
+// Until then no page is fetched — a page fetched earlier would only wait in
+// librdkafka's queue — and /readyz names the kafka_producer check; callback
+// triggers received meanwhile are queued.
+func (p *Producer) startSync(ctx context.Context, cfg *config.Producer, base *daemon.Base) error {
 	log, reg, prefix := base.Log, base.Registry, cfg.Redis.KeyPrefix
 	var err error
 	p.kp, err = producer.NewKafkaProducer(cfg.Kafka, reg, log)
@@ -149,7 +153,17 @@ func (p *Producer) startSync(cfg *config.Producer, base *daemon.Base) error {
 	if err != nil {
 		return err
 	}
-	p.Syncer.Start()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		t0 := time.Now()
+		if err := p.kp.WaitReady(ctx); err != nil {
+			log.Info("sync not started: kafka producer not ready", zap.Error(err))
+			return
+		}
+		log.Info("kafka producer warmed up; starting the sync", zap.Duration("waited", time.Since(t0)))
+		p.Syncer.Start()
+	}()
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -43,11 +44,18 @@ func run() error {
 	variant := flag.String("variant", "", "consumer scenario diagnostics: no_limiter | no_flush_wait (processor.pipeline_flush=0) | leases (dedup.store: leases) | bare (no dedup, limiter, breaker)")
 	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address while running")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the scenario to this file")
+	logLevel := flag.String("log-level", "error", "log level of the scenario's components (debug shows librdkafka's debug lines, see -kafka-set debug=...)")
+	var kafkaSet kvFlags
+	flag.Var(&kafkaSet, "kafka-set", "extra librdkafka property key=value for every client (repeatable), e.g. debug=eos,metadata")
 	memProfile := flag.String("memprofile", "", "write an allocation profile (every allocation since start) to this file at the end")
 	flag.Parse()
 
 	logCfg := zap.NewProductionConfig()
-	logCfg.Level = zap.NewAtomicLevelAt(zapcore.ErrorLevel)
+	lvl, err := zapcore.ParseLevel(*logLevel)
+	if err != nil {
+		return err
+	}
+	logCfg.Level = zap.NewAtomicLevelAt(lvl)
 	logCfg.OutputPaths = []string{"stderr"}
 	log, err := logCfg.Build()
 	if err != nil {
@@ -58,6 +66,7 @@ func run() error {
 		return err
 	}
 	defer e.Close()
+	e.KafkaOverrides = kafkaSet.m
 	if *pprofAddr != "" {
 		go func() { _ = http.ListenAndServe(*pprofAddr, nil) }()
 	}
@@ -179,4 +188,21 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// kvFlags collects repeated key=value flags.
+type kvFlags struct{ m map[string]string }
+
+func (f *kvFlags) String() string { return fmt.Sprint(f.m) }
+
+func (f *kvFlags) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want key=value, got %q", s)
+	}
+	if f.m == nil {
+		f.m = map[string]string{}
+	}
+	f.m[k] = v
+	return nil
 }
