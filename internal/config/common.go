@@ -88,10 +88,10 @@ type Topic struct {
 // KafkaProducer tunes the librdkafka producer. The safety settings
 // (acks=all, idempotence) are not configurable: I1 depends on them.
 type KafkaProducer struct {
-	LingerMs        int           `mapstructure:"linger_ms"`
-	BatchSize       int           `mapstructure:"batch_size"`
-	QueueMaxMsgs    int           `mapstructure:"queue_max_messages"`
-	Compression     string        `mapstructure:"compression"`
+	LingerMs     int    `mapstructure:"linger_ms"`
+	BatchSize    int    `mapstructure:"batch_size"`
+	QueueMaxMsgs int    `mapstructure:"queue_max_messages"`
+	Compression  string `mapstructure:"compression"`
 	// DeliveryTimeout bounds a message's delivery for the dead-letter
 	// and replay producers. kf-producer's pages have none: a page is never
 	// delivered with a hole (sync.delivery_wait bounds the wait instead).
