@@ -211,14 +211,8 @@ func TestIntegrationTwoInstances(t *testing.T) {
 // everything is delivered, each user's order intact.
 func TestIntegrationKafkaDownHoldsCursor(t *testing.T) {
 	t.Parallel()
-	testenv.Tool(t, "java")
-	port := testenv.FreePortPair(t)
 	name := "producer-fault"
-	testenv.Script(t, "kafka.sh", "start", "--name", name, "--port", fmt.Sprint(port))
-	t.Cleanup(func() { testenv.Script(t, "kafka.sh", "stop", "--name", name) })
-	brokers := fmt.Sprintf("127.0.0.1:%d", port)
-	topic := testenv.Name(t, "topic")
-	createTopic(t, brokers, topic, 4)
+	brokers, topic := privateBroker(t, name, 4)
 
 	rdb, prefix := testenv.Redis(t)
 	kfs := []string{"wk-a", "wk-b"}
@@ -286,14 +280,8 @@ func TestIntegrationKafkaDownHoldsCursor(t *testing.T) {
 // message after a later one.)
 func TestIntegrationKafkaDownPageDeliveredWholeInOrder(t *testing.T) {
 	t.Parallel()
-	testenv.Tool(t, "java")
-	port := testenv.FreePortPair(t)
 	name := "producer-whole"
-	testenv.Script(t, "kafka.sh", "start", "--name", name, "--port", fmt.Sprint(port))
-	t.Cleanup(func() { testenv.Script(t, "kafka.sh", "stop", "--name", name) })
-	brokers := fmt.Sprintf("127.0.0.1:%d", port)
-	topic := testenv.Name(t, "topic")
-	createTopic(t, brokers, topic, 1)
+	brokers, topic := privateBroker(t, name, 1)
 
 	kc := kafkaCfg(brokers)
 	kc.Topics.Main.Name = topic
@@ -362,6 +350,20 @@ func TestIntegrationKafkaDownPageDeliveredWholeInOrder(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("the topic holds %d records %v…, want the first page whole and in order, then the third (%d)", len(got), got[:min(len(got), 20)], len(want))
 	}
+}
+
+// privateBroker starts a broker of the test's own, named name, that the
+// test may stop and resume, with a topic of partitions.
+func privateBroker(t *testing.T, name string, partitions int) (brokers, topic string) {
+	t.Helper()
+	testenv.Tool(t, "java")
+	port := testenv.FreePortPair(t)
+	testenv.Script(t, "kafka.sh", "start", "--name", name, "--port", fmt.Sprint(port))
+	t.Cleanup(func() { testenv.Script(t, "kafka.sh", "stop", "--name", name) })
+	brokers = fmt.Sprintf("127.0.0.1:%d", port)
+	topic = testenv.Name(t, "topic")
+	createTopic(t, brokers, topic, partitions)
+	return brokers, topic
 }
 
 func createTopic(t *testing.T, brokers, topic string, partitions int) {
