@@ -467,11 +467,15 @@ func TestUsersPendingMarksSurviveALostLease(t *testing.T) {
 }
 
 // holdReads holds the answer of a pipeline that reads a done set (SMEMBERS)
-// until until() is true (or 3 s pass): the answer is then older than what
-// happened meanwhile.
+// once on is set: it calls opened (the read has been answered), then waits
+// until until reports true (3 s at most) and records in landed whether it
+// did.
 type holdReads struct {
-	on    atomic.Bool
-	until func() bool
+	on     atomic.Bool
+	opened func()
+	until  func() bool
+	landed atomic.Bool
+	held   atomic.Bool
 }
 
 func (h *holdReads) DialHook(next redis.DialHook) redis.DialHook          { return next }
@@ -479,11 +483,14 @@ func (h *holdReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook { retu
 func (h *holdReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
-		if h.on.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "smembers" }) {
+		if err == nil && h.on.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "smembers" }) {
 			h.on.Store(false)
+			h.held.Store(true)
+			h.opened()
 			for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && !h.until(); {
 				time.Sleep(time.Millisecond)
 			}
+			h.landed.Store(h.until())
 		}
 		return err
 	}
@@ -494,8 +501,11 @@ func (h *holdReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // still makes its message's copy a duplicate.
 func TestUsersMarkLandingDuringTheReadIsKnown(t *testing.T) {
 	fx := newUsersFixture(t)
-	fail := &failScripts{names: map[string]bool{"sadd": true}}
-	hold := &holdReads{}
+	// The mark fails, plain or fenced, until the read has been answered:
+	// so it lands in a pipeline of its own after the read, never in the
+	// read's (whose answer the hold keeps back).
+	fail := &failScripts{names: map[string]bool{"sadd": true}, hashes: map[string]bool{markScript.Hash(): true}}
+	hold := &holdReads{opened: func() { fail.on.Store(false) }}
 	rdb := redis.NewClient(fx.rdb.Options())
 	rdb.AddHook(fail)
 	rdb.AddHook(hold)
@@ -510,7 +520,7 @@ func TestUsersMarkLandingDuringTheReadIsKnown(t *testing.T) {
 	}
 	var runs atomic.Int32
 	f := func(context.Context) error { runs.Add(1); return nil }
-	fail.on.Store(true) // the plain SADD fails; the fenced retry, once the lease is lost, lands
+	fail.on.Store(true)
 	ts := u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
 	if st, err := u.DoTicket(ctxT(t, 5*time.Second), ts[0], f, nil, nil); err != nil || st != StatusExecuted {
 		t.Fatalf("first: %v %v", st, err)
@@ -519,11 +529,13 @@ func TestUsersMarkLandingDuringTheReadIsKnown(t *testing.T) {
 	u.loseLocked(u.leases["u"])
 	u.mu.Unlock()
 	hold.on.Store(true)
+	// The claim's read is the one held; should it have gone out with a
+	// failing mark, DoTicket reads again.
 	ts = u.ClaimUser(ctxT(t, 5*time.Second), "u", items(now, "k:1"))
-	if !hold.until() {
-		t.Fatal("the mark did not land while the read was held")
-	}
 	st, err := u.DoTicket(ctxT(t, 5*time.Second), ts[0], f, nil, nil)
+	if !hold.held.Load() || !hold.landed.Load() {
+		t.Fatalf("read held: %v; the mark landed while it was: %v", hold.held.Load(), hold.landed.Load())
+	}
 	if err != nil || st != StatusDuplicate || runs.Load() != 1 {
 		t.Fatalf("copy: %v %v, runs %d; want duplicate, 1", st, err, runs.Load())
 	}
