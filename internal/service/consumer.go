@@ -312,34 +312,54 @@ const fleetActorsEvery = 10 * time.Second
 
 // watchRedis pings Redis every interval; once no ping has succeeded for
 // after, it calls standby(true, why), and standby(false, "") at the next
-// success. It returns when ctx ends.
+// success. It returns when ctx ends. A ping runs on a goroutine of its own
+// and the clock runs on without it: one that does not come back counts as
+// failing (go-redis can wait on a new connection to a blackholed Redis well
+// past the ping's context), and no second one is started meanwhile.
 func watchRedis(ctx context.Context, ping func(context.Context) error, interval, after time.Duration, standby func(bool, string)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	lastOK, on := time.Now(), false
+	answers := make(chan error, 1) // the ping goroutine never blocks on it
+	lastOK, on, pinging := time.Now(), false, false
+	var lastErr error
 	for {
-		pctx, cancel := context.WithTimeout(ctx, interval)
-		err := ping(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case err == nil:
-			lastOK = time.Now()
-			if on {
-				on = false
-				standby(false, "")
-			}
-		case !on && time.Since(lastOK) >= after:
-			on = true
-			standby(true, fmt.Sprintf("Redis unreachable for %s (processor.standby_after_redis_lost %s): %v",
-				time.Since(lastOK).Round(time.Second), after, err))
+		if !pinging {
+			pinging = true
+			go func() {
+				pctx, cancel := context.WithTimeout(ctx, interval)
+				defer cancel()
+				answers <- ping(pctx)
+			}()
 		}
 		select {
 		case <-ctx.Done():
 			return
+		case err := <-answers:
+			pinging = false
+			if err == nil {
+				lastOK = time.Now()
+				if on {
+					on = false
+					standby(false, "")
+				}
+			} else {
+				lastErr = err
+			}
+			select { // one ping per interval
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		case <-t.C:
+		}
+		if !on && time.Since(lastOK) >= after {
+			on = true
+			why := "a ping not answered"
+			if !pinging && lastErr != nil {
+				why = lastErr.Error()
+			}
+			standby(true, fmt.Sprintf("Redis unreachable for %s (processor.standby_after_redis_lost %s): %s",
+				time.Since(lastOK).Round(time.Second), after, why))
 		}
 	}
 }

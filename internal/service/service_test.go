@@ -338,6 +338,48 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	}
 }
 
+// A ping that does not come back (go-redis waiting on a new connection to
+// a blackholed Redis, deaf to the ping's context) still counts as failing:
+// the standby comes after "after", not when the ping returns, and ends at
+// the first success after it.
+func TestWatchRedisStandsByWhileAPingHangs(t *testing.T) {
+	release := make(chan struct{})
+	var hung atomic.Bool
+	ping := func(context.Context) error {
+		if hung.CompareAndSwap(false, true) {
+			<-release // the first ping hangs, whatever its context says
+		}
+		return nil
+	}
+	calls := make(chan bool, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		watchRedis(ctx, ping, 10*time.Millisecond, 200*time.Millisecond, func(on bool, _ string) { calls <- on })
+	}()
+	defer func() { cancel(); <-done }()
+	start := time.Now()
+	select {
+	case on := <-calls:
+		if !on || time.Since(start) < 200*time.Millisecond {
+			t.Fatalf("standby(%v) %s after the ping hung, want on after ≥ 200ms", on, time.Since(start))
+		}
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("no standby 5 s into a ping that hangs")
+	}
+	close(release)
+	select {
+	case on := <-calls:
+		if on {
+			t.Fatal("standby(true) twice")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("standby not ended once pings succeed again")
+	}
+}
+
 // watchRedis stands the consumer by only after Redis has failed for the
 // whole "after", ignores a shorter blip, and ends the standby at the first
 // success.
