@@ -74,6 +74,12 @@ type Limiter struct {
 	// epoch is bumped when events may have been missed (pub/sub
 	// reconnect); a user state loaded in an older epoch reloads.
 	epoch atomic.Uint64
+	// pausedUntil (message time, unix ms): after a read of a user's record
+	// failed, no read is tried for any user before it, and users run on
+	// defaults as after their own failure. A Redis that does not answer
+	// then costs the caller (the consumer's poll goroutine) one timeout a
+	// loadRetry, not one per new user of a polled batch.
+	pausedUntil atomic.Int64
 
 	shards [numShards]shard
 
@@ -275,6 +281,14 @@ func (l *Limiter) Prefetch(ctx context.Context, users []string, now time.Time) {
 	if len(names) == 0 {
 		return
 	}
+	if until := l.pausedUntil.Load(); nowMs < until {
+		for _, st := range states {
+			st.mu.Lock()
+			st.epoch, st.retryAt = epoch, until
+			st.mu.Unlock()
+		}
+		return
+	}
 	historySince := int64(-1)
 	if l.cfg.Progressive.Enabled {
 		historySince = nowMs - l.cfg.Progressive.History.Milliseconds()
@@ -289,6 +303,7 @@ func (l *Limiter) Prefetch(ctx context.Context, users []string, now time.Time) {
 		case errs[i] != nil:
 			st.epoch, st.retryAt = epoch, nowMs+loadRetry.Milliseconds()
 			failed = errs[i]
+			l.pausedUntil.Store(nowMs + loadRetry.Milliseconds())
 		case st.seq == seqs[i]:
 			l.applyRecord(st, names[i], recs[i])
 			st.epoch, st.retryAt = epoch, 0
@@ -346,6 +361,12 @@ func (l *Limiter) load(ctx context.Context, st *userState, user string, nowMs in
 		historySince = nowMs - l.cfg.Progressive.History.Milliseconds()
 	}
 	epoch := l.epoch.Load()
+	if until := l.pausedUntil.Load(); nowMs < until {
+		st.mu.Lock()
+		st.epoch, st.retryAt = epoch, until
+		st.mu.Unlock()
+		return
+	}
 	for attempt := 0; attempt < 3; attempt++ {
 		st.mu.Lock()
 		seq := st.seq
@@ -357,6 +378,7 @@ func (l *Limiter) load(ctx context.Context, st *userState, user string, nowMs in
 		if err != nil {
 			st.epoch, st.retryAt = epoch, nowMs+loadRetry.Milliseconds()
 			st.mu.Unlock()
+			l.pausedUntil.Store(nowMs + loadRetry.Milliseconds())
 			l.o.logger.Warn("rate limiter runs on defaults for user", zap.String("user_id", user), zap.Error(err))
 			return
 		}

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -104,4 +105,36 @@ func unusedAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	_ = ln.Close()
 	return addr
+}
+
+// After a read fails, the new users of the same moment run on defaults
+// without a read each: a Redis that does not answer costs one timeout a
+// loadRetry (message time), not one per user (the consumer's poll goroutine
+// makes these reads, and a batch of 256 new users each waiting on a
+// blackholed Redis held it for minutes). After loadRetry reads resume.
+func TestFailedReadPausesReads(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, seedConfig(), NewStore(rdb, prefix), WithClock(newFakeClock()))
+	rt := &roundTrips{}
+	dead := redis.NewClient(&redis.Options{Addr: unusedAddr(t), MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	dead.AddHook(rt)
+	t.Cleanup(func() { _ = dead.Close() })
+	l.store = NewStore(dead, prefix) // Redis gone after the start
+	t0 := time.Now()
+	l.Prefetch(bg, []string{"first"}, t0)
+	if rt.total() != 1 {
+		t.Fatalf("prefetch: %d round trips, want 1", rt.total())
+	}
+	for i := range 20 {
+		if d := l.Allow(bg, fmt.Sprintf("new-%d", i), t0.Add(time.Duration(i)*time.Millisecond)); !d.Allowed {
+			t.Fatalf("new user %d while reads pause: %+v, want allowed on defaults", i, d)
+		}
+	}
+	l.Prefetch(bg, []string{"other-1", "other-2"}, t0.Add(loadRetry/2))
+	if n := rt.total(); n != 1 {
+		t.Fatalf("%d round trips within loadRetry of the failure, want only the failed one", n)
+	}
+	if d := l.Allow(bg, "later", t0.Add(loadRetry)); !d.Allowed || rt.total() != 2 {
+		t.Fatalf("after loadRetry: %+v, %d round trips; want a read (2) and defaults", d, rt.total())
+	}
 }
