@@ -281,12 +281,7 @@ func (l *Limiter) Prefetch(ctx context.Context, users []string, now time.Time) {
 	if len(names) == 0 {
 		return
 	}
-	if until := l.pausedUntil.Load(); nowMs < until {
-		for _, st := range states {
-			st.mu.Lock()
-			st.epoch, st.retryAt = epoch, until
-			st.mu.Unlock()
-		}
+	if l.readsPaused(states, epoch, nowMs) {
 		return
 	}
 	historySince := int64(-1)
@@ -303,7 +298,6 @@ func (l *Limiter) Prefetch(ctx context.Context, users []string, now time.Time) {
 		case errs[i] != nil:
 			st.epoch, st.retryAt = epoch, nowMs+loadRetry.Milliseconds()
 			failed = errs[i]
-			l.pausedUntil.Store(nowMs + loadRetry.Milliseconds())
 		case st.seq == seqs[i]:
 			l.applyRecord(st, names[i], recs[i])
 			st.epoch, st.retryAt = epoch, 0
@@ -317,8 +311,28 @@ func (l *Limiter) Prefetch(ctx context.Context, users []string, now time.Time) {
 		st.mu.Unlock()
 	}
 	if failed != nil {
+		l.pauseReads(nowMs)
 		l.o.logger.Warn("rate limiter runs on defaults for users", zap.Int("users", len(names)), zap.Error(failed))
 	}
+}
+
+// pauseReads stops reads of users' records for loadRetry after nowMs (a
+// read just failed; see pausedUntil).
+func (l *Limiter) pauseReads(nowMs int64) { l.pausedUntil.Store(nowMs + loadRetry.Milliseconds()) }
+
+// readsPaused reports whether reads are paused at nowMs; if so, states run
+// on defaults until the pause ends, as after a failed read of their own.
+func (l *Limiter) readsPaused(states []*userState, epoch uint64, nowMs int64) bool {
+	until := l.pausedUntil.Load()
+	if nowMs >= until {
+		return false
+	}
+	for _, st := range states {
+		st.mu.Lock()
+		st.epoch, st.retryAt = epoch, until
+		st.mu.Unlock()
+	}
+	return true
 }
 
 // insert adds a state for user that is due for loading (retryAt in the
@@ -361,10 +375,7 @@ func (l *Limiter) load(ctx context.Context, st *userState, user string, nowMs in
 		historySince = nowMs - l.cfg.Progressive.History.Milliseconds()
 	}
 	epoch := l.epoch.Load()
-	if until := l.pausedUntil.Load(); nowMs < until {
-		st.mu.Lock()
-		st.epoch, st.retryAt = epoch, until
-		st.mu.Unlock()
+	if l.readsPaused([]*userState{st}, epoch, nowMs) {
 		return
 	}
 	for attempt := 0; attempt < 3; attempt++ {
@@ -378,7 +389,7 @@ func (l *Limiter) load(ctx context.Context, st *userState, user string, nowMs in
 		if err != nil {
 			st.epoch, st.retryAt = epoch, nowMs+loadRetry.Milliseconds()
 			st.mu.Unlock()
-			l.pausedUntil.Store(nowMs + loadRetry.Milliseconds())
+			l.pauseReads(nowMs)
 			l.o.logger.Warn("rate limiter runs on defaults for user", zap.String("user_id", user), zap.Error(err))
 			return
 		}
