@@ -112,6 +112,9 @@ type Pipeline struct {
 	FakeURL             string // base URL of the fake WeChat
 
 	onSync atomic.Pointer[func(messages int)]
+	// feeder is Run's, so a fault can send the messages of users of its
+	// own (their messages are judged like the load's).
+	feeder *Feeder
 
 	sender *wecomtest.CallbackSender
 	rdb    *redis.Client

@@ -36,6 +36,7 @@ func Run(t *testing.T, name string, p *Pipeline, load Load, settle time.Duration
 	defer cancel()
 	f := NewFeeder(p, load.Users)
 	f.maxPerUser = load.MaxPerUser
+	p.feeder = f
 	rec := &Report{Name: name}
 	start := time.Now()
 	fed := make(chan error, 1)
