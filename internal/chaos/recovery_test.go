@@ -193,6 +193,17 @@ func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt
 		}
 		var prev time.Time
 		for _, s := range ss {
+			if len(ev.DLQ[s.MsgID]) > 0 {
+				throughDLQ++
+			}
+			for _, l := range ev.DLQ[s.MsgID] {
+				if l.Reason == "rate_limited" || l.Reason == "user_blocked" {
+					limited++
+					if limited <= 5 {
+						rep.note("recovered letter refused by the limiter: %s of %s: %s", s.MsgID, u, l.Reason)
+					}
+				}
+			}
 			at, ok := first[s.MsgID]
 			if !ok {
 				undelivered++
@@ -210,17 +221,6 @@ func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt
 			prev = at
 			if ph := failing[u]; at.After(last[ph]) {
 				last[ph] = at
-			}
-			if len(ev.DLQ[s.MsgID]) > 0 {
-				throughDLQ++
-			}
-			for _, l := range ev.DLQ[s.MsgID] {
-				if l.Reason == "rate_limited" || l.Reason == "user_blocked" {
-					limited++
-					if limited <= 5 {
-						rep.note("recovered letter refused by the limiter: %s of %s: %s", s.MsgID, u, l.Reason)
-					}
-				}
 			}
 		}
 	}
