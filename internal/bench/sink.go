@@ -463,3 +463,15 @@ func jitter(max time.Duration) time.Duration {
 	}
 	return rand.N(max + 1)
 }
+
+// DeadLetters returns the reason of every sent message's dead letter
+// (msgid → reason; the last one read when there were several).
+func (l *Ledger) DeadLetters() map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]string, len(l.dead))
+	for id, r := range l.dead {
+		out[id] = r
+	}
+	return out
+}
