@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/service"
@@ -46,10 +47,7 @@ func TestLoadgenAttackKafkaMode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	bin := filepath.Join(t.TempDir(), "kf-loadgen")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildLoadgen(t)
 	cfg, err := config.LoadConsumer(cfgPath)
 	if err != nil {
 		t.Fatal(err)
@@ -93,5 +91,102 @@ func TestLoadgenAttackKafkaMode(t *testing.T) {
 	// per 10 s through per user, the rest goes to the DLQ.
 	if !res.OK || res.Sent < 100 || res.Report.Handled == 0 || refused == 0 || res.Report.Handled+refused != res.Sent {
 		t.Fatalf("summary %s\n%s", out, stderr.String())
+	}
+}
+
+// buildLoadgen builds the binary once per test.
+func buildLoadgen(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "kf-loadgen")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestLoadgenExpectThenCheckTopic: a run into real Kafka with --expect
+// (no sink: the deployment's receiver would be judged), then check of the
+// main topic's content with the DLQ topic: every expected message is on
+// the topic once, in each user's order, with a send time of now; a dead
+// letter of one of them on the DLQ topic makes check fail, unless its
+// reason is allowed.
+func TestLoadgenExpectThenCheckTopic(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	mainTopic, dlqTopic := testenv.Topic(t, 3), testenv.Topic(t, 1)
+	for k, v := range map[string]string{
+		"KFPIPE_KAFKA_BROKERS":          brokers,
+		"KFPIPE_KAFKA_TOPICS_MAIN_NAME": mainTopic,
+		"KFPIPE_KAFKA_TOPICS_DLQ_NAME":  dlqTopic,
+	} {
+		t.Setenv(k, v)
+	}
+	cfgPath := filepath.Join(testenv.RepoRoot(t), "config", "test.yaml")
+	dir := t.TempDir()
+	exp := filepath.Join(dir, "expect.jsonl")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// In process (what main runs), not the built binary: seconds, not a
+	// cgo link.
+	runCmd := func(args ...string) ([]byte, string, error) {
+		var out, stderr strings.Builder
+		err := dispatch(ctx, args, &out, &stderr)
+		return []byte(out.String()), stderr.String(), err
+	}
+	begin := time.Now()
+	out, stderr, err := runCmd("--config", cfgPath, "--profile", "peak", "--users", "6", "--burst", "2-4",
+		"--gap", "exp:150ms", "--duration", "3s", "--mode", "kafka", "--sink", "none", "--expect", exp)
+	if err != nil {
+		t.Fatalf("kf-loadgen: %v\n%s\n%s", err, out, stderr)
+	}
+	var gen struct {
+		Sent int    `json:"sent"`
+		Run  string `json:"run"`
+	}
+	if err := json.Unmarshal(out, &gen); err != nil || gen.Sent < 6 {
+		t.Fatalf("summary %q: %v", out, err)
+	}
+	expected, err := readExpect(exp)
+	if err != nil || len(expected) != gen.Sent {
+		t.Fatalf("expected set: %d lines, sent %d: %v", len(expected), gen.Sent, err)
+	}
+	// Send times are now, not a constant.
+	for _, m := range testenv.ReadTopic(t, brokers, mainTopic) {
+		cm, err := chatmsg.Decode(m.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := time.Unix(cm.SendTime, 0); st.Before(begin.Add(-time.Second)) || st.After(time.Now()) {
+			t.Fatalf("send_time %s of %s, want within the run (from %s)", st, cm.UpstreamMsgID, begin)
+		}
+	}
+
+	check := func(extra ...string) (checkResult, string, error) {
+		out, stderr, err := runCmd(append([]string{"check", "--config", cfgPath, "--expect", exp, "--record", "topic"}, extra...)...)
+		var res checkResult
+		if jerr := json.Unmarshal(out, &res); jerr != nil || len(res.Runs) != 1 {
+			t.Fatalf("check output %q: %v\n%s", out, jerr, stderr)
+		}
+		return res, stderr, err
+	}
+	res, stderr, err := check()
+	rv := res.Runs[0]
+	if err != nil || !res.OK || rv.Run != gen.Run || rv.Sent != gen.Sent || rv.Effects != gen.Sent || rv.Lost+rv.Dup+rv.Reordered != 0 {
+		t.Fatalf("check of a clean run: %v %+v\n%s", err, res, stderr)
+	}
+
+	victim := expected[len(expected)/2]
+	dl, _ := json.Marshal(map[string]any{"failure_reason": "rate_limited",
+		"original_message": map[string]string{"upstream_msgid": victim.MsgID, "external_userid": victim.User}})
+	testenv.Produce(t, brokers, dlqTopic, []testenv.Record{{Key: []byte(victim.User), Value: dl}})
+	res, stderr, err = check()
+	rv = res.Runs[0]
+	if err == nil || res.OK || rv.Unexpected != 1 || rv.DeadLettered["rate_limited"] != 1 || rv.Recovered != 1 {
+		t.Fatalf("check with a dead letter: err %v %+v\n%s", err, res, stderr)
+	}
+	if !strings.Contains(stderr, "dead letter: "+victim.MsgID) {
+		t.Fatalf("check does not name the dead letter:\n%s", stderr)
+	}
+	if res, stderr, err = check("--allow-dlq", "rate_limited,user_blocked"); err != nil || !res.OK {
+		t.Fatalf("check with an allowed dead letter: %v %+v\n%s", err, res, stderr)
 	}
 }
