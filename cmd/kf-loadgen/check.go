@@ -158,6 +158,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	dlq := fs.String("dlq", "topic", "where dead letters are read: topic (the DLQ topic, from its start) or none")
 	allow := fs.String("allow-dlq", "", "comma-separated dead-letter reasons that are expected (e.g. rate_limited,user_blocked for an attack); any other dead letter makes ok false")
 	requireRecovery := fs.Bool("require-recovery", false, "ok only if every dead-lettered message was handled in the end (after a fix and a retry)")
+	wait := fs.Duration("wait", 0, "while messages are still missing, read again every 2 s for up to this long (messages in flight when check starts)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "how long reading a topic may take")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -172,8 +173,6 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
 	var k config.Kafka
 	if *record == "topic" || *dlq == "topic" {
 		c, err := config.LoadConsumer(config.Path(*cfgPath))
@@ -182,22 +181,30 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		k = c.Kafka
 	}
-	var effects []bench.RecordLine
-	if *record == "topic" {
-		effects, err = mainTopicRecord(ctx, k)
-	} else {
-		effects, err = readRecord(*record)
-	}
-	if err != nil {
-		return err
-	}
-	dead := map[string][]string{}
-	if *dlq == "topic" {
-		if dead, err = deadLetters(ctx, k); err != nil {
+	rules := checkRules{allow: reasonSet(*allow), requireRecovery: *requireRecovery}
+	deadline := time.Now().Add(*wait)
+	var res checkResult
+	for {
+		if res, err = checkOnce(ctx, k, expected, *record, *dlq == "topic", *timeout, rules); err != nil {
 			return err
 		}
+		missing := 0
+		for _, rv := range res.Runs {
+			missing += rv.Lost
+			if *requireRecovery {
+				missing += rv.Unrecovered
+			}
+		}
+		if missing == 0 || time.Now().After(deadline) {
+			break
+		}
+		fmt.Fprintf(stderr, "kf-loadgen check: %d messages not handled yet, reading again\n", missing)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
 	}
-	res := judgeRuns(expected, effects, dead, checkRules{allow: reasonSet(*allow), requireRecovery: *requireRecovery})
 	for _, rv := range res.Runs {
 		fmt.Fprintln(stderr, rv.line())
 		for _, e := range rv.Examples {
@@ -210,6 +217,30 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("check failed (details above)")
 	}
 	return nil
+}
+
+// checkOnce reads the record and the dead letters and judges them.
+func checkOnce(ctx context.Context, k config.Kafka, expected []expectLine, record string, dlqTopic bool,
+	timeout time.Duration, rules checkRules) (checkResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var effects []bench.RecordLine
+	var err error
+	if record == "topic" {
+		effects, err = mainTopicRecord(ctx, k)
+	} else {
+		effects, err = readRecord(record)
+	}
+	if err != nil {
+		return checkResult{}, err
+	}
+	dead := map[string][]string{}
+	if dlqTopic {
+		if dead, err = deadLetters(ctx, k); err != nil {
+			return checkResult{}, err
+		}
+	}
+	return judgeRuns(expected, effects, dead, rules), nil
 }
 
 func reasonSet(s string) map[string]bool {

@@ -189,3 +189,25 @@ func TestReadRecordAliasesAndErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckWaits: with --wait, check reads the record again until the
+// message still in flight when it started has arrived.
+func TestCheckWaits(t *testing.T) {
+	dir := t.TempDir()
+	exp, _ := writeExpect(t, dir, 1)
+	rec := deliver(t, dir, bench.SinkOptions{}, "a-0")
+	if _, _, err := check(t, "--expect", exp, "--record", rec, "--dlq", "none"); err == nil {
+		t.Fatal("b-0 is missing: check must fail without --wait")
+	}
+	go func() {
+		time.Sleep(time.Second)
+		f, _ := os.OpenFile(rec, os.O_APPEND|os.O_WRONLY, 0)
+		line, _ := json.Marshal(bench.RecordLine{MsgID: "b-0", User: "b", At: time.Now()})
+		_, _ = f.Write(append(line, '\n'))
+		_ = f.Close()
+	}()
+	res, stderr, err := check(t, "--expect", exp, "--record", rec, "--dlq", "none", "--wait", "20s")
+	if err != nil || !res.OK || !strings.Contains(stderr, "not handled yet") {
+		t.Fatalf("%v %+v\n%s", err, res, stderr)
+	}
+}
