@@ -96,13 +96,20 @@ type conversations struct {
 	q     userQueue
 }
 
-func newConversations(users int, perUserMin float64, burst burstRange, gap gapDist, start time.Time, seed uint64) *conversations {
+// newConversations schedules users from start for a run of length run.
+func newConversations(users int, perUserMin float64, burst burstRange, gap gapDist, start time.Time, run time.Duration, seed uint64) *conversations {
 	c := &conversations{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), burst: burst, gap: gap}
 	cycle := time.Duration(burst.mean() * float64(time.Minute) / perUserMin)
 	c.pause = max(cycle-time.Duration((burst.mean()-1)*float64(gap.mean())), gap.mean())
+	// Users start at random points of their cycle, not all at once; in a
+	// run shorter than two cycles, within its first half, so that every
+	// user of a short smoke test sends.
+	spread := cycle
+	if run > 0 {
+		spread = min(spread, run/2)
+	}
 	for u := range users {
-		// Users start at random points of their cycle, not all at once.
-		c.q = append(c.q, &userState{user: u, next: start.Add(time.Duration(c.r.Int64N(int64(cycle) + 1))),
+		c.q = append(c.q, &userState{user: u, next: start.Add(time.Duration(c.r.Int64N(int64(spread) + 1))),
 			left: c.drawBurst()})
 	}
 	heap.Init(&c.q)

@@ -37,7 +37,7 @@ func TestConversations(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	gap, _ := parseGap("fixed:2s")
 	const users, perMin = 50, 2.0
-	c := newConversations(users, perMin, burstRange{3, 3}, gap, start, 7)
+	c := newConversations(users, perMin, burstRange{3, 3}, gap, start, 2*time.Hour, 7)
 	times := map[int][]time.Time{}
 	end := start.Add(2 * time.Hour)
 	for now := start; now.Before(end); now = now.Add(100 * time.Millisecond) {
@@ -59,5 +59,22 @@ func TestConversations(t *testing.T) {
 	want := users * perMin * 120
 	if float64(total) < 0.85*want || float64(total) > 1.15*want {
 		t.Fatalf("%d messages in 2 h, want about %.0f (the profile's rate)", total, want)
+	}
+}
+
+// TestConversationsShortRun: in a run shorter than a cycle every user
+// starts within its first half.
+func TestConversationsShortRun(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	gap, _ := parseGap("fixed:100ms")
+	c := newConversations(40, 2, burstRange{2, 2}, gap, start, 4*time.Second, 3)
+	seen := map[int]int{}
+	for now := start; now.Before(start.Add(4 * time.Second)); now = now.Add(10 * time.Millisecond) {
+		c.due(now, func(u int, _ time.Time) { seen[u]++ })
+	}
+	for u := range 40 {
+		if seen[u] < 2 {
+			t.Fatalf("user %d sent %d messages in the run, want a whole conversation (2)", u, seen[u])
+		}
 	}
 }

@@ -241,7 +241,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if o.seed == 0 {
 			o.seed = uint64(time.Now().UnixNano())
 		}
-		sched = newConversations(p.users, p.perUserMin, burst, gap, time.Now(), o.seed)
+		sched = newConversations(p.users, p.perUserMin, burst, gap, time.Now(), o.duration, o.seed)
 	}
 	path := config.Path(o.cfgPath)
 	ccfg, err := config.LoadConsumer(path)

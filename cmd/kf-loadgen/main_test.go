@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,45 +24,11 @@ import (
 // lost, no duplicate effect, every user in order), with the surplus the
 // limiter refuses counted as dead-lettered.
 func TestLoadgenAttackKafkaMode(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	_, prefix := testenv.Redis(t)
-	mainTopic, dlqTopic := testenv.Topic(t, 4), testenv.Topic(t, 2)
 	sink := testenv.FreeAddr(t)
-	env := map[string]string{
-		"KFPIPE_KAFKA_BROKERS":           brokers,
-		"KFPIPE_KAFKA_TOPICS_MAIN_NAME":  mainTopic,
-		"KFPIPE_KAFKA_TOPICS_DLQ_NAME":   dlqTopic,
-		"KFPIPE_REDIS_ADDR":              testenv.RedisAddr(t),
-		"KFPIPE_REDIS_KEY_PREFIX":        prefix,
-		"KFPIPE_KAFKA_CONSUMER_GROUP_ID": testenv.Name(t, "g"),
-		"KFPIPE_HANDLER_TYPE":            "http",
-		"KFPIPE_HANDLER_HTTP_URL":        "http://" + sink + "/sink",
-		"KFPIPE_OPS_ADDR":                testenv.FreeAddr(t),
-		"KFPIPE_DLQ_EMERGENCY_FILE":      filepath.Join(t.TempDir(), "emergency.jsonl"),
-	}
-	for k, v := range env {
-		t.Setenv(k, v)
-	}
-	root := testenv.RepoRoot(t)
-	cfgPath := filepath.Join(root, "config", "test.yaml")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-
 	bin := buildLoadgen(t)
-	cfg, err := config.LoadConsumer(cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer base.Close(context.Background())
-	cons, err := service.StartConsumer(ctx, cfg, base, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cons.Close(context.Background())
+	cfgPath := startConsumer(t, sink)
 
 	cmd := exec.CommandContext(ctx, bin, "--config", cfgPath, "--profile", "attack", "--users", "5",
 		"--duration", "3s", "--drain", "60s", "--mode", "kafka", "--sink", sink)
@@ -92,6 +59,50 @@ func TestLoadgenAttackKafkaMode(t *testing.T) {
 	if !res.OK || res.Sent < 100 || res.Report.Handled == 0 || refused == 0 || res.Report.Handled+refused != res.Sent {
 		t.Fatalf("summary %s\n%s", out, stderr.String())
 	}
+}
+
+// startConsumer starts a real schedule-consumer on fresh topics whose http
+// handler posts to http://sink/sink, and returns the config file whose
+// KFPIPE_ environment (set for the test) describes it.
+func startConsumer(t *testing.T, sink string) string {
+	t.Helper()
+	// Cancelled last, after the consumer's Close (cleanups run in reverse).
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	brokers := testenv.KafkaBrokers(t)
+	_, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Topic(t, 4), testenv.Topic(t, 2)
+	env := map[string]string{
+		"KFPIPE_KAFKA_BROKERS":           brokers,
+		"KFPIPE_KAFKA_TOPICS_MAIN_NAME":  mainTopic,
+		"KFPIPE_KAFKA_TOPICS_DLQ_NAME":   dlqTopic,
+		"KFPIPE_REDIS_ADDR":              testenv.RedisAddr(t),
+		"KFPIPE_REDIS_KEY_PREFIX":        prefix,
+		"KFPIPE_KAFKA_CONSUMER_GROUP_ID": testenv.Name(t, "g"),
+		"KFPIPE_HANDLER_TYPE":            "http",
+		"KFPIPE_HANDLER_HTTP_URL":        "http://" + sink + "/sink",
+		"KFPIPE_OPS_ADDR":                testenv.FreeAddr(t),
+		"KFPIPE_DLQ_EMERGENCY_FILE":      filepath.Join(t.TempDir(), "emergency.jsonl"),
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	cfgPath := filepath.Join(testenv.RepoRoot(t), "config", "test.yaml")
+	cfg, err := config.LoadConsumer(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { base.Close(context.Background()) })
+	cons, err := service.StartConsumer(ctx, cfg, base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cons.Close(context.Background()) })
+	return cfgPath
 }
 
 // buildLoadgen builds the binary once per test.
@@ -188,5 +199,69 @@ func TestLoadgenExpectThenCheckTopic(t *testing.T) {
 	}
 	if res, stderr, err = check("--allow-dlq", "rate_limited,user_blocked"); err != nil || !res.OK {
 		t.Fatalf("check with an allowed dead letter: %v %+v\n%s", err, res, stderr)
+	}
+}
+
+// TestSmokeTestOfADeployment runs docs/operations.md's "Smoke test of a
+// deployment" against a real schedule-consumer: the receiver (kf-loadgen
+// sink, writing its record), traffic with --sink none --expect, then check
+// --wait. It passes on a healthy pipeline, and fails when the receiver
+// failed a user's messages into the DLQ (an unexpected dead letter).
+func TestSmokeTestOfADeployment(t *testing.T) {
+	sinkAddr := testenv.FreeAddr(t)
+	cfgPath := startConsumer(t, sinkAddr)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	rec, exp := filepath.Join(dir, "rec.jsonl"), filepath.Join(dir, "exp.jsonl")
+	sinkCtx, stopSink := context.WithCancel(ctx)
+	sinkDone := make(chan error, 1)
+	var sinkErr strings.Builder
+	go func() {
+		sinkDone <- dispatch(sinkCtx, []string{"sink", "--addr", sinkAddr, "--record", rec, "--fail-users", "wmnormal000007"},
+			io.Discard, &sinkErr)
+	}()
+	defer func() {
+		stopSink()
+		if err := <-sinkDone; err != nil {
+			t.Errorf("sink: %v\n%s", err, sinkErr.String())
+		}
+	}()
+	lg := func(args ...string) (string, string, error) {
+		var out, stderr strings.Builder
+		err := dispatch(ctx, args, &out, &stderr)
+		return out.String(), stderr.String(), err
+	}
+	// 8 users, each a 2-message conversation within the run (user 7's
+	// failed by the sink), far inside the limiter's rule.
+	out, stderr, err := lg("--config", cfgPath, "--profile", "normal", "--users", "8", "--burst", "2", "--gap", "fixed:100ms",
+		"--duration", "4s", "--sink", "none", "--expect", exp, "--seed", "1")
+	if err != nil {
+		t.Fatalf("generate: %v\n%s\n%s", err, out, stderr)
+	}
+	expected, err := readExpect(exp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := 0
+	for _, e := range expected {
+		if e.User == "wmnormal000007" {
+			victim++
+		}
+	}
+	if victim == 0 {
+		t.Fatalf("user 7 sent nothing in the run: %+v", expected)
+	}
+	out, stderr, err = lg("check", "--config", cfgPath, "--expect", exp, "--record", rec, "--wait", "90s")
+	var res checkResult
+	_ = json.Unmarshal([]byte(out), &res)
+	if err == nil || res.OK || len(res.Runs) != 1 || res.Runs[0].Unexpected != victim || res.Runs[0].DeadLettered["downstream_error"] != victim ||
+		res.Runs[0].Lost != 0 || res.Runs[0].Effects != len(expected)-victim {
+		t.Fatalf("check with user 7 failing: want ok=false and its %d messages dead-lettered as downstream_error: %v %s\n%s",
+			victim, err, out, stderr)
+	}
+	out, stderr, err = lg("check", "--config", cfgPath, "--expect", exp, "--record", rec, "--allow-dlq", "downstream_error")
+	if err != nil || !strings.Contains(stderr, "ok=true") {
+		t.Fatalf("check allowing downstream_error: %v %s\n%s", err, out, stderr)
 	}
 }
