@@ -29,7 +29,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -248,6 +247,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The run judges itself the way check does, on the sink's record: in
+	// a temporary file when no --record is asked for (a file, not memory:
+	// a throughput run records millions).
+	if o.sinkOpts.record == "" && o.sink != "none" {
+		tmp, err := os.CreateTemp("", "kf-loadgen-record-*.jsonl")
+		if err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+		_ = tmp.Close()
+		defer os.Remove(tmp.Name())
+		o.sinkOpts.record = tmp.Name()
+	}
 	so, closeRec, err := o.sinkOpts.open()
 	if err != nil {
 		return err
@@ -262,14 +273,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	ledger := bench.NewLedger()
-	// The run judges itself the way check does: on the sink's record, kept
-	// in memory as well when no file is asked for.
-	var memRec memRecord
-	if so.Record == nil {
-		so.Record = &memRec
-	} else {
-		so.Record = io.MultiWriter(so.Record, &memRec)
-	}
 	sink := bench.NewSink(ledger, so)
 	if o.sink != "none" {
 		stopSink, err := serveSink(o.sink, sink)
@@ -343,7 +346,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for id, r := range ledger.DeadLetters() {
 		dead[id] = []string{r}
 	}
-	effects, err := memRec.lines()
+	effects, err := readRecord(o.sinkOpts.record)
 	if err != nil {
 		return err
 	}
@@ -365,33 +368,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("verification failed (details above)")
 	}
 	return nil
-}
-
-// memRecord keeps the sink's record lines in memory.
-type memRecord struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (m *memRecord) Write(p []byte) (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.buf.Write(p)
-}
-
-func (m *memRecord) lines() ([]bench.RecordLine, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []bench.RecordLine
-	err := readLines("sink record", bytes.NewReader(m.buf.Bytes()), func(b []byte) error {
-		var l bench.RecordLine
-		if err := json.Unmarshal(b, &l); err != nil {
-			return err
-		}
-		out = append(out, l)
-		return nil
-	})
-	return out, err
 }
 
 // sender sends one tick's messages; each is (user, seq).
