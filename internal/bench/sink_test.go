@@ -30,8 +30,8 @@ func TestLedgerVerify(t *testing.T) {
 			want: Report{Handled: 3, DeadLettered: map[string]int{"rate_limited": 1}}},
 		{name: "duplicate effect", handled: []string{"a0", "a1", "a1", "b0", "b1"},
 			want: Report{Handled: 4, Duplicates: 1, OutOfOrder: 1}},
-		{name: "handled and dead-lettered", handled: []string{"a0", "a1", "b0", "b1"}, dead: map[string]string{"b1": "queue_full"},
-			want: Report{Handled: 4, Duplicates: 1}},
+		{name: "handled and dead-lettered is recovered", handled: []string{"a0", "a1", "b0", "b1"}, dead: map[string]string{"b1": "queue_full"},
+			want: Report{Handled: 4, Recovered: 1, DeadLettered: map[string]int{"queue_full": 1}}},
 		{name: "reordered", handled: []string{"a1", "a0", "b0", "b1"},
 			want: Report{Handled: 4, OutOfOrder: 1}},
 		{name: "gap from a dead letter keeps order", handled: []string{"a0", "a2", "b0", "b1"}, dead: map[string]string{"a1": "circuit_open"},
@@ -53,7 +53,7 @@ func TestLedgerVerify(t *testing.T) {
 			}
 			got := l.Verify()
 			if got.Handled != tt.want.Handled || got.Lost != tt.want.Lost || got.Duplicates != tt.want.Duplicates ||
-				got.OutOfOrder != tt.want.OutOfOrder {
+				got.OutOfOrder != tt.want.OutOfOrder || got.Recovered != tt.want.Recovered {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
 			for r, n := range tt.want.DeadLettered {
