@@ -266,3 +266,41 @@ func TestSmokeTestOfADeployment(t *testing.T) {
 		t.Fatalf("check allowing downstream_error: %v %s\n%s", err, out, stderr)
 	}
 }
+
+// TestRunNotOKOnADeadLetter: a normal run whose sink fails one user ends
+// with ok=false and that user's messages as unexpected dead letters (a
+// run once reported ok with 4 of 19 messages dead-lettered).
+func TestRunNotOKOnADeadLetter(t *testing.T) {
+	sinkAddr := testenv.FreeAddr(t)
+	cfgPath := startConsumer(t, sinkAddr)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, stderr strings.Builder
+	exp := filepath.Join(t.TempDir(), "exp.jsonl")
+	err := dispatch(ctx, []string{"--config", cfgPath, "--profile", "normal", "--users", "6", "--burst", "2",
+		"--gap", "fixed:100ms", "--duration", "3s", "--drain", "60s", "--sink", sinkAddr, "--fail-users", "wmnormal000002",
+		"--expect", exp}, &out, &stderr)
+	expected, rerr := readExpect(exp)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	victim := 0
+	for _, e := range expected {
+		if e.User == "wmnormal000002" {
+			victim++
+		}
+	}
+	var res struct {
+		OK    bool         `json:"ok"`
+		Sent  int          `json:"sent"`
+		Check []runVerdict `json:"check"`
+	}
+	if jerr := json.Unmarshal([]byte(out.String()), &res); jerr != nil || len(res.Check) != 1 {
+		t.Fatalf("summary %q: %v\n%s", out.String(), jerr, stderr.String())
+	}
+	rv := res.Check[0]
+	if victim == 0 || err == nil || res.OK || rv.Unexpected != victim || rv.DeadLettered["downstream_error"] != victim ||
+		rv.Lost != 0 || rv.Effects != res.Sent-victim || !strings.Contains(stderr.String(), "dead letter: ") {
+		t.Fatalf("want ok=false with user 2's %d messages dead-lettered: err %v %+v\n%s", victim, err, res, stderr.String())
+	}
+}
