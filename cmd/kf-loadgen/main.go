@@ -11,7 +11,21 @@
 // handler.http.url=http://<--sink>/sink) and reads the DLQ topic, so a
 // message refused by the rate limiter counts as dead-lettered, not lost.
 //
+// Users write the way people do: conversations of a few messages (--burst)
+// with gaps between them (--gap), pauses between conversations that keep
+// the profile's average rate, and send times of now.
+//
+// It is also the operator's checker of a running deployment
+// (docs/operations.md, "Smoke test of a deployment"): --expect FILE writes
+// the expected set, the sink writes its record (--record FILE; also as
+// `kf-loadgen sink`, a receiver of its own with delay and failure modes),
+// and `kf-loadgen check` judges a record against the expected set and the
+// DLQ topic with the chaos suite's judge (internal/judge).
+//
 //	kf-loadgen --config config/development.yaml --profile peak --duration 30s --mode kafka
+//	kf-loadgen --config … --profile normal --users 50 --expect exp.jsonl --record rec.jsonl
+//	kf-loadgen check --config … --expect exp.jsonl --record rec.jsonl
+//	kf-loadgen sink --addr 127.0.0.1:18099 --record rec.jsonl --fail-users u1,u2
 package main
 
 import (
@@ -20,11 +34,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,44 +56,155 @@ import (
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
-// profile is a load shape: how many users send how fast.
+// profile is a load shape: how many users send how fast, and how their
+// conversations look by default.
 type profile struct {
 	users      int
 	perUserMin float64 // messages per user per minute; 0 = as fast as possible
+	burst, gap string  // defaults of --burst and --gap
+	allowDLQ   string  // default of --allow-dlq: the dead letters the profile is meant to cause
 }
 
 var profiles = map[string]profile{
-	"normal":     {users: 1000, perUserMin: 2},
-	"peak":       {users: 100, perUserMin: 60},
-	"attack":     {users: 10, perUserMin: 1000},
+	"normal":     {users: 1000, perUserMin: 2, burst: "1-3", gap: "exp:3s"},
+	"peak":       {users: 100, perUserMin: 60, burst: "1-3", gap: "exp:1s"},
+	"attack":     {users: 10, perUserMin: 1000, burst: "1", gap: "fixed:0s", allowDLQ: "rate_limited,user_blocked"},
 	"throughput": {users: 1000, perUserMin: 0},
 }
 
 func main() {
-	if err := run(); err != nil {
+	ctx, cancel := daemon.SignalContext()
+	err := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "kf-loadgen:", err)
 		os.Exit(1)
 	}
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "check":
+			return runCheck(ctx, args[1:], stdout, stderr)
+		case "sink":
+			return runSink(ctx, args[1:], stderr)
+		}
+	}
+	return run(ctx, args, stdout, stderr)
 }
 
 type options struct {
 	cfgPath, profile, mode, sink string
 	duration, drain              time.Duration
 	users, openKfIDs, maxMsgs    int
+	burst, gap, expect, allowDLQ string
+	seed                         uint64
+	sinkOpts                     sinkFlags
 }
 
-func run() error {
+// sinkFlags are the sink's delay and failure modes, shared by the run and
+// `kf-loadgen sink`.
+type sinkFlags struct {
+	record, failUsers, failWindows string
+	delay, jitter                  time.Duration
+}
+
+func (f *sinkFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.record, "record", "", "write the sink's record of effects here (JSON lines, what check reads)")
+	fs.DurationVar(&f.delay, "sink-delay", 0, "the sink holds each message this long before answering (the handler's work)")
+	fs.DurationVar(&f.jitter, "sink-jitter", 0, "plus a random extra of up to this")
+	fs.StringVar(&f.failUsers, "fail-users", "", "comma-separated users whose messages the sink answers 500 (switch at runtime: POST /fail?user=U&on=false)")
+	fs.StringVar(&f.failWindows, "fail-window", "", "comma-separated LENGTH@START windows (from the sink's start) in which the sink answers 503 to everyone, e.g. 30s@10s (at runtime: POST /fail?all=true&on=true|false)")
+}
+
+// open returns the sink's options and a close for the record file.
+func (f *sinkFlags) open() (bench.SinkOptions, func() error, error) {
+	o := bench.SinkOptions{Delay: f.delay, Jitter: f.jitter}
+	if f.delay < 0 || f.jitter < 0 {
+		return o, nil, errors.New("--sink-delay and --sink-jitter must be >= 0")
+	}
+	for _, u := range strings.Split(f.failUsers, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			o.FailUsers = append(o.FailUsers, u)
+		}
+	}
+	for _, w := range strings.Split(f.failWindows, ",") {
+		if w = strings.TrimSpace(w); w == "" {
+			continue
+		}
+		win, err := bench.ParseWindow(w)
+		if err != nil {
+			return o, nil, fmt.Errorf("--fail-window: %w", err)
+		}
+		o.FailWindows = append(o.FailWindows, win)
+	}
+	closeRec := func() error { return nil }
+	if f.record != "" {
+		rf, err := os.Create(f.record)
+		if err != nil {
+			return o, nil, fmt.Errorf("--record: %w", err)
+		}
+		o.Record, closeRec = rf, rf.Close
+	}
+	return o, closeRec, nil
+}
+
+// runSink is `kf-loadgen sink`: the receiver alone, until interrupted.
+func runSink(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kf-loadgen sink", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:18099", "listen address (the consumer's handler.http.url is http://ADDR/sink)")
+	var sf sinkFlags
+	sf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	so, closeRec, err := sf.open()
+	if err != nil {
+		return err
+	}
+	sink := bench.NewSink(nil, so)
+	stop, err := serveSink(*addr, sink)
+	if err != nil {
+		_ = closeRec()
+		return err
+	}
+	fmt.Fprintf(stderr, "kf-loadgen sink: http://%s/sink (failure switch: POST http://%s/fail?user=U&on=false)\n", *addr, *addr)
+	<-ctx.Done()
+	stop()
+	err = sink.Close()
+	if cerr := closeRec(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
-	flag.StringVar(&o.cfgPath, "config", "", "the daemons' config file (brokers, topics, callback and wecom keys); default $KFPIPE_CONFIG")
-	flag.StringVar(&o.profile, "profile", "normal", "normal (1000 users x 2/min) | peak (100 x 60/min) | attack (10 x 1000/min) | throughput (as fast as possible)")
-	flag.StringVar(&o.mode, "mode", "kafka", "callback (fake WeChat + signed callbacks to kf-producer) | kafka (produce to the main topic)")
-	flag.StringVar(&o.sink, "sink", "127.0.0.1:18099", "address of the sink the consumer's http handler posts to (path /sink)")
-	flag.DurationVar(&o.duration, "duration", 30*time.Second, "how long to send")
-	flag.DurationVar(&o.drain, "drain", 60*time.Second, "how long to wait afterwards for every message to be handled or dead-lettered")
-	flag.IntVar(&o.users, "users", 0, "users (0 = the profile's)")
-	flag.IntVar(&o.openKfIDs, "open-kfids", 4, "callback mode: customer-service accounts the users are spread over")
-	flag.IntVar(&o.maxMsgs, "max-msgs", 2_000_000, "throughput profile: stop after this many messages")
-	flag.Parse()
+	fs := flag.NewFlagSet("kf-loadgen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.cfgPath, "config", "", "the daemons' config file (brokers, topics, callback and wecom keys); default $KFPIPE_CONFIG")
+	fs.StringVar(&o.profile, "profile", "normal", "normal (1000 users x 2/min) | peak (100 x 60/min) | attack (10 x 1000/min) | throughput (as fast as possible)")
+	fs.StringVar(&o.mode, "mode", "kafka", "callback (fake WeChat + signed callbacks to kf-producer) | kafka (produce to the main topic)")
+	fs.StringVar(&o.sink, "sink", "127.0.0.1:18099", "address of the sink the consumer's http handler posts to (path /sink); \"none\" when the deployment's own receiver is checked")
+	fs.DurationVar(&o.duration, "duration", 30*time.Second, "how long to send")
+	fs.DurationVar(&o.drain, "drain", 60*time.Second, "how long to wait afterwards for every message to be handled or dead-lettered")
+	fs.IntVar(&o.users, "users", 0, "users (0 = the profile's)")
+	fs.IntVar(&o.openKfIDs, "open-kfids", 4, "callback mode: customer-service accounts the users are spread over")
+	fs.IntVar(&o.maxMsgs, "max-msgs", 2_000_000, "throughput profile: stop after this many messages")
+	fs.StringVar(&o.burst, "burst", "", "messages per conversation: N or MIN-MAX (default: the profile's; normal 1-3)")
+	fs.StringVar(&o.gap, "gap", "", "gap between a conversation's messages: exp:MEAN | uniform:MIN-MAX | fixed:D (default: the profile's; normal exp:3s)")
+	fs.StringVar(&o.expect, "expect", "", "write the expected set here (JSON lines: run, msgid, user, index, at), for check")
+	fs.StringVar(&o.allowDLQ, "allow-dlq", "-", "comma-separated dead-letter reasons the run expects (default: the profile's; attack rate_limited,user_blocked); any other makes ok false")
+	fs.Uint64Var(&o.seed, "seed", 0, "seed of the conversation schedule (0 = from the clock)")
+	o.sinkOpts.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (subcommands: check, sink)", fs.Arg(0))
+	}
 	p, ok := profiles[o.profile]
 	if !ok {
 		return fmt.Errorf("--profile must be normal, peak, attack or throughput, got %q", o.profile)
@@ -88,20 +215,72 @@ func run() error {
 	if o.mode != "kafka" && o.mode != "callback" {
 		return fmt.Errorf("--mode must be callback or kafka, got %q", o.mode)
 	}
+	if o.burst == "" {
+		o.burst = p.burst
+	}
+	if o.gap == "" {
+		o.gap = p.gap
+	}
+	if o.sink == "none" && o.expect == "" {
+		return errors.New("--sink none needs --expect FILE: the run is judged later by check, on the receiver's record")
+	}
+	if o.allowDLQ == "-" {
+		o.allowDLQ = p.allowDLQ
+	}
+	var sched *conversations
+	if p.perUserMin > 0 {
+		burst, err := parseBurst(o.burst)
+		if err != nil {
+			return err
+		}
+		gap, err := parseGap(o.gap)
+		if err != nil {
+			return err
+		}
+		if o.seed == 0 {
+			o.seed = uint64(time.Now().UnixNano())
+		}
+		sched = newConversations(p.users, p.perUserMin, burst, gap, time.Now(), o.duration, o.seed)
+	}
 	path := config.Path(o.cfgPath)
 	ccfg, err := config.LoadConsumer(path)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := daemon.SignalContext()
-	defer cancel()
-
-	ledger := bench.NewLedger()
-	stopSink, err := serveSink(o.sink, ledger)
+	// The run judges itself the way check does, on the sink's record: in
+	// a temporary file when no --record is asked for (a file, not memory:
+	// a throughput run records millions).
+	if o.sinkOpts.record == "" && o.sink != "none" {
+		tmp, err := os.CreateTemp("", "kf-loadgen-record-*.jsonl")
+		if err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+		_ = tmp.Close()
+		defer os.Remove(tmp.Name())
+		o.sinkOpts.record = tmp.Name()
+	}
+	so, closeRec, err := o.sinkOpts.open()
 	if err != nil {
 		return err
 	}
-	defer stopSink()
+	defer func() { _ = closeRec() }()
+	exp := (*expectWriter)(nil)
+	if o.expect != "" {
+		if exp, err = createExpect(o.expect); err != nil {
+			return err
+		}
+		defer func() { _ = exp.close() }()
+	}
+
+	ledger := bench.NewLedger()
+	sink := bench.NewSink(ledger, so)
+	if o.sink != "none" {
+		stopSink, err := serveSink(o.sink, sink)
+		if err != nil {
+			return err
+		}
+		defer stopSink()
+	}
 	stopDLQ := readDLQ(ccfg.Kafka, ledger)
 	defer stopDLQ()
 
@@ -128,36 +307,72 @@ func run() error {
 	}
 
 	run := fmt.Sprintf("lg%d", time.Now().UnixNano()%1e10)
-	fmt.Fprintf(os.Stderr, "kf-loadgen: profile %s, %d users, mode %s, %s, sink http://%s/sink, run %s\n",
-		o.profile, p.users, o.mode, o.duration, o.sink, run)
+	fmt.Fprintf(stderr, "kf-loadgen: profile %s, %d users, mode %s, %s, burst %s gap %s, sink http://%s/sink, run %s\n",
+		o.profile, p.users, o.mode, o.duration, o.burst, o.gap, o.sink, run)
+	var expected []expectLine
+	record := func(l expectLine) {
+		l.Run = run
+		expected = append(expected, l)
+		exp.add(l)
+	}
 	start := time.Now()
-	sent, err := generate(ctx, p, o, run, ledger, send)
+	sent, err := generate(ctx, p, o, sched, run, ledger, send, record)
 	sendTime := time.Since(start)
 	if err != nil {
 		return err
+	}
+	if err := exp.close(); err != nil {
+		return err
+	}
+	exp = nil
+	if o.sink == "none" {
+		b, _ := json.Marshal(map[string]any{"profile": o.profile, "mode": o.mode, "users": p.users, "sent": sent,
+			"run": run, "expect": o.expect, "send_seconds": sendTime.Seconds()})
+		fmt.Fprintln(stdout, string(b))
+		fmt.Fprintf(stderr, "sent %d in %s; judge it with: kf-loadgen check --expect %s --record RECEIVER_RECORD\n",
+			sent, sendTime.Round(time.Millisecond), o.expect)
+		return nil
 	}
 	deadline := time.Now().Add(o.drain)
 	for ledger.Accounted() < sent && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(100 * time.Millisecond)
 	}
 	total := time.Since(start)
+	if err := sink.Close(); err != nil {
+		return fmt.Errorf("--record: %w", err)
+	}
 	rep := ledger.Verify()
-	out := map[string]any{"profile": o.profile, "mode": o.mode, "users": p.users, "sent": sent,
+	dead := map[string][]string{}
+	for id, r := range ledger.DeadLetters() {
+		dead[id] = []string{r}
+	}
+	effects, err := readRecord(o.sinkOpts.record)
+	if err != nil {
+		return err
+	}
+	chk := judgeRuns(expected, effects, dead, checkRules{allow: reasonSet(o.allowDLQ)})
+	out := map[string]any{"profile": o.profile, "mode": o.mode, "users": p.users, "sent": sent, "run": run,
 		"send_seconds": sendTime.Seconds(), "send_msgs_per_sec": float64(sent) / sendTime.Seconds(),
-		"end_to_end_msgs_per_sec": float64(rep.Handled) / total.Seconds(), "report": rep, "ok": rep.OK()}
+		"end_to_end_msgs_per_sec": float64(rep.Handled) / total.Seconds(), "report": rep, "check": chk.Runs, "ok": chk.OK}
 	b, _ := json.Marshal(out)
-	fmt.Println(string(b))
-	fmt.Fprintf(os.Stderr, "sent %d in %s; handled %d, dead-lettered %v, lost %d, duplicate effects %d, users out of order %d; latency p50 %.1f ms p99 %.1f ms\n",
-		sent, sendTime.Round(time.Millisecond), rep.Handled, rep.DeadLettered, rep.Lost, rep.Duplicates, rep.OutOfOrder, rep.P50Ms, rep.P99Ms)
-	if !rep.OK() {
-		return fmt.Errorf("verification failed: %v", rep.Examples)
+	fmt.Fprintln(stdout, string(b))
+	fmt.Fprintf(stderr, "sent %d in %s; handled %d, dead-lettered %v; latency p50 %.1f ms p99 %.1f ms\n",
+		sent, sendTime.Round(time.Millisecond), rep.Handled, rep.DeadLettered, rep.P50Ms, rep.P99Ms)
+	for _, rv := range chk.Runs {
+		fmt.Fprintln(stderr, rv.line())
+		for _, e := range rv.Examples {
+			fmt.Fprintln(stderr, "  "+e)
+		}
+	}
+	if !chk.OK {
+		return errors.New("verification failed (details above)")
 	}
 	return nil
 }
 
 // sender sends one tick's messages; each is (user, seq).
 type sender interface {
-	send(ctx context.Context, run string, batch []item, ledger *bench.Ledger) error
+	send(ctx context.Context, run string, batch []item, ledger *bench.Ledger, record func(expectLine)) error
 }
 
 type item struct {
@@ -166,67 +381,93 @@ type item struct {
 }
 
 // generate sends the profile's messages every 10 ms until the duration is
-// over (or, for throughput, as fast as the sender takes them).
-func generate(ctx context.Context, p profile, o options, run string, ledger *bench.Ledger, s sender) (int, error) {
+// over (or, for throughput, as fast as the sender takes them, round robin
+// over the users).
+func generate(ctx context.Context, p profile, o options, sched *conversations, run string, ledger *bench.Ledger, s sender, record func(expectLine)) (int, error) {
 	seqs := make([]int, p.users)
-	next := 0 // round-robin over users
-	take := func(n int) []item {
-		batch := make([]item, n)
-		for i := range batch {
-			u := next % p.users
-			next++
-			batch[i] = item{user: fmt.Sprintf("wm%s%06d", o.profile, u), seq: seqs[u]}
-			seqs[u]++
-		}
-		return batch
+	one := func(u int) item {
+		it := item{user: fmt.Sprintf("wm%s%06d", o.profile, u), seq: seqs[u]}
+		seqs[u]++
+		return it
 	}
 	sent := 0
 	start := time.Now()
-	if p.perUserMin == 0 {
+	if sched == nil {
+		next := 0
 		for time.Since(start) < o.duration && sent < o.maxMsgs && ctx.Err() == nil {
-			b := take(1000)
-			if err := s.send(ctx, run, b, ledger); err != nil {
+			b := make([]item, 1000)
+			for i := range b {
+				b[i] = one(next % p.users)
+				next++
+			}
+			if err := s.send(ctx, run, b, ledger, record); err != nil {
 				return sent, err
 			}
 			sent += len(b)
 		}
 		return sent, nil
 	}
-	rate := float64(p.users) * p.perUserMin / 60
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for ctx.Err() == nil {
-		now := <-t.C
-		el := now.Sub(start)
-		if el >= o.duration {
+		var now time.Time
+		select {
+		case now = <-t.C:
+		case <-ctx.Done():
+			return sent, nil
+		}
+		if now.Sub(start) >= o.duration {
 			break
 		}
-		if due := int(rate * el.Seconds()); due > sent {
-			b := take(due - sent)
-			if err := s.send(ctx, run, b, ledger); err != nil {
-				return sent, err
-			}
-			sent += len(b)
+		var b []item
+		sched.due(now, func(u int, _ time.Time) { b = append(b, one(u)) })
+		if len(b) == 0 {
+			continue
 		}
+		if err := s.send(ctx, run, b, ledger, record); err != nil {
+			return sent, err
+		}
+		sent += len(b)
 	}
 	return sent, nil
 }
 
 type kafkaSender struct {
-	kp    *producer.KafkaProducer
-	topic string
+	kp     *producer.KafkaProducer
+	topic  string
+	nextID int64
 }
 
-func (k *kafkaSender) send(ctx context.Context, run string, batch []item, ledger *bench.Ledger) error {
+func (k *kafkaSender) send(ctx context.Context, run string, batch []item, ledger *bench.Ledger, record func(expectLine)) error {
 	msgs := make([]*chatmsg.ChatMessage, len(batch))
+	now := time.Now()
+	if k.nextID == 0 {
+		k.nextID = int64(1e15) + now.UnixNano()%int64(1e14)
+	}
 	for i, it := range batch {
-		m := bench.Message(run+"-"+it.user, it.seq, it.user, "seq "+strconv.Itoa(it.seq))
-		ledger.Sent(m.UpstreamMsgID, it.user, it.seq)
-		msgs[i] = m
+		msgs[i] = kafkaMessage(run, it, now, k.nextID)
+		k.nextID++
+		ledger.Sent(msgs[i].UpstreamMsgID, it.user, it.seq)
 	}
 	// One batch at a time keeps each user's messages in order (a user's
 	// later batch is produced after the earlier one is acknowledged).
-	return k.kp.ProduceBatch(ctx, k.topic, msgs)
+	if err := k.kp.ProduceBatch(ctx, k.topic, msgs); err != nil {
+		return err
+	}
+	for i, it := range batch {
+		record(expectLine{MsgID: msgs[i].UpstreamMsgID, User: it.user, Index: it.seq, At: now})
+	}
+	return nil
+}
+
+// kafkaMessage is the ChatMessage kf-producer would make of it, sent now:
+// send_time is the current second (the limiter's windows run on it).
+func kafkaMessage(run string, it item, now time.Time, id int64) *chatmsg.ChatMessage {
+	msgid := run + "-" + it.user + "-" + strconv.Itoa(it.seq)
+	raw, _ := json.Marshal(map[string]any{"msgid": msgid, "send_time": now.Unix(), "origin": 3, "msgtype": "text",
+		"text": map[string]string{"content": "seq " + strconv.Itoa(it.seq)}})
+	return &chatmsg.ChatMessage{MessageID: id, UpstreamMsgID: msgid, OpenKfID: "wkLoadgen",
+		ExternalUserID: it.user, MsgType: "text", Origin: 3, SendTime: now.Unix(), Content: raw}
 }
 
 type callbackSender struct {
@@ -259,12 +500,14 @@ func newCallbackSender(c *config.Producer, n int) (*callbackSender, func(), erro
 	return s, func() { _ = srv.Close() }, nil
 }
 
-func (s *callbackSender) send(ctx context.Context, _ string, batch []item, ledger *bench.Ledger) error {
+func (s *callbackSender) send(ctx context.Context, _ string, batch []item, ledger *bench.Ledger, record func(expectLine)) error {
 	touched := map[string]bool{}
 	for _, it := range batch {
 		kf := s.kfs[int(hash(it.user))%len(s.kfs)]
+		// The fake stamps send_time now.
 		id := s.fake.AddText(kf, it.user, "seq "+strconv.Itoa(it.seq))
 		ledger.Sent(id, it.user, it.seq)
+		record(expectLine{MsgID: id, User: it.user, Index: it.seq, At: time.Now()})
 		touched[kf] = true
 	}
 	// One callback per account per tick, as WeChat coalesces nothing but
@@ -285,14 +528,12 @@ func hash(s string) uint32 {
 	return h
 }
 
-func serveSink(addr string, l *bench.Ledger) (func(), error) {
+func serveSink(addr string, s *bench.Sink) (func(), error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("sink: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/sink", l.SinkHandler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return func() { _ = srv.Close() }, nil
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/judge"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
 )
@@ -267,57 +268,53 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		}
 		return false
 	}
-	for id, ds := range byMsg {
-		if _, ok := sent[id]; !ok {
-			r.Problem("effect for a message never sent: %s (from %s)", id, ds[0].Tag)
-			continue
-		}
-		r.Effects++
-		if len(ds) == 1 {
-			continue
-		}
-		unexplained, failover := false, false
-		for i := 1; i < len(ds); i++ {
+	v := judge.Judge(judge.Input{Sent: judgeSent(e.Sent), Effects: judgeEffects(e.Deliveries), Dead: e.dead(),
+		Explain: func(p judge.Effect) judge.Cause {
+			prev := Delivery{Seq: p.Seq, MsgID: p.MsgID, User: p.User, Tag: p.Tag, At: p.At}
 			switch {
-			case explained(ds[i-1]):
-			case afterFailover(ds[i-1]):
-				failover = true
-			default:
-				unexplained = true
+			case explained(prev):
+				return judge.Crash
+			case afterFailover(prev):
+				return judge.Failover
+			}
+			return judge.Unexplained
+		}})
+	for _, u := range v.Unknown {
+		r.Problem("effect for a message never sent: %s (from %s)", u.MsgID, u.Tag)
+	}
+	r.Effects, r.DLQ = v.Effects, v.Dead
+	r.Dup, r.DupAfterFailover, r.Redelivered = v.Dup(), v.Count(judge.Failover), v.Count(judge.Crash)
+	dups, failovers := 0, 0
+	for _, rp := range v.Repeats {
+		switch rp.Cause {
+		case judge.Unexplained:
+			if dups++; dups <= 5 {
+				r.note("dup %s user %s: %s", rp.MsgID, rp.User, describeDeliveries(byMsg[rp.MsgID]))
+			}
+		case judge.Failover:
+			if failovers++; failovers <= 5 {
+				r.note("dup after failover %s user %s: %s", rp.MsgID, rp.User, describeDeliveries(byMsg[rp.MsgID]))
 			}
 		}
-		switch {
-		case unexplained:
-			r.Dup++
-			if r.Dup <= 5 {
-				r.note("dup %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
-			}
-		case failover:
-			r.DupAfterFailover++
-			if r.DupAfterFailover <= 5 {
-				r.note("dup after failover %s user %s: %s", id, ds[0].User, describeDeliveries(ds))
-			}
-		default:
-			r.Redelivered++
+	}
+	r.Lost = len(v.Lost)
+	for i, s := range v.Lost {
+		if i < 5 {
+			r.note("lost %s user %s account %s (kafka records %d)", s.MsgID, s.User, sent[s.MsgID].OpenKfID, e.Kafka[s.MsgID])
 		}
 	}
 	for _, s := range e.Sent {
-		dl := e.DLQ[s.MsgID]
-		if len(dl) > 0 {
-			r.DLQ++
-		}
-		if len(byMsg[s.MsgID]) == 0 && len(dl) == 0 {
-			r.Lost++
-			if r.Lost <= 5 {
-				r.note("lost %s user %s account %s (kafka records %d)", s.MsgID, s.User, s.OpenKfID, e.Kafka[s.MsgID])
-			}
-		}
 		if e.Kafka[s.MsgID] > 0 {
 			r.InKafka++
 		}
 	}
 	r.KafkaRecords = e.KafkaTotal
-	r.Reordered = e.reordered(byMsg, r)
+	r.Reordered = len(v.Reordered)
+	for i, o := range v.Reordered {
+		if i < 5 {
+			r.note("reordered %s user %s: WeChat index %d first handled after index %d", o.MsgID, o.User, o.Index, o.After)
+		}
+	}
 	r.Kills = len(e.Kills)
 	r.Failovers = len(e.Failovers)
 	for _, f := range e.Failovers {
@@ -404,30 +401,33 @@ func (e *Evidence) maxUserStall() (max time.Duration, ok bool) {
 	return max, true
 }
 
-func (e *Evidence) reordered(byMsg map[string][]Delivery, r *Report) int {
-	perUser := map[string][]Sent{}
-	for _, s := range e.Sent {
-		if len(e.DLQ[s.MsgID]) > 0 || len(byMsg[s.MsgID]) == 0 {
-			continue
-		}
-		perUser[s.User] = append(perUser[s.User], s)
+// judgeSent is e.Sent as the judge reads it.
+func judgeSent(sent []Sent) []judge.Message {
+	out := make([]judge.Message, len(sent))
+	for i, s := range sent {
+		out[i] = judge.Message{MsgID: s.MsgID, User: s.User, Index: s.Index, At: s.At}
 	}
-	n := 0
-	for user, msgs := range perUser {
-		sort.Slice(msgs, func(i, j int) bool { return byMsg[msgs[i].MsgID][0].Seq < byMsg[msgs[j].MsgID][0].Seq })
-		maxIdx := -1
-		for _, s := range msgs {
-			if s.Index < maxIdx {
-				n++
-				if n <= 5 {
-					r.note("reordered %s user %s: WeChat index %d first handled after index %d", s.MsgID, user, s.Index, maxIdx)
-				}
-				continue
-			}
-			maxIdx = s.Index
+	return out
+}
+
+// judgeEffects is the Sink's deliveries as the judge reads them.
+func judgeEffects(ds []Delivery) []judge.Effect {
+	out := make([]judge.Effect, len(ds))
+	for i, d := range ds {
+		out[i] = judge.Effect{Seq: d.Seq, MsgID: d.MsgID, User: d.User, Tag: d.Tag, At: d.At}
+	}
+	return out
+}
+
+// dead is the set of msgids with a dead letter.
+func (e *Evidence) dead() map[string]bool {
+	out := make(map[string]bool, len(e.DLQ))
+	for id, dl := range e.DLQ {
+		if len(dl) > 0 {
+			out[id] = true
 		}
 	}
-	return n
+	return out
 }
 
 func describeDeliveries(ds []Delivery) string {
