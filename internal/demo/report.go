@@ -535,7 +535,7 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(&b, "processed:              %d (handler failures during the outage: %d; for the failing users: %d)\n",
 		r.Processed, r.HandlerFailures, r.FailedCalls)
 	outageLetters := r.DLQRecords["downstream_error"] - r.Profile("failing").Downstream
-	fmt.Fprintf(&b, "downstream outage:      everybody's downstream out for %.0f s: held by the downstream gate (%d openings and closings), %d messages dead-lettered for it\n",
+	fmt.Fprintf(&b, "downstream outage:      everybody's downstream out for %.0f s: held by the downstream gate (%d openings and closings), dead-lettered for it: %d\n",
 		r.Scenario.OutageFor.Seconds(), r.GateTransitions, outageLetters)
 	fmt.Fprintf(&b, "deduplicated:           %d records recognised as already done (I3); double effects: %d\n", r.Duplicates, r.DoubleEffects)
 	fmt.Fprintf(&b, "replies:                %d sent to WeChat (it delivered %d; %d sends repeated a delivered msgid); %d duplicates prevented (the handler failed after replying %d times and ran again); %d refused by WeChat's 5-in-48h rule\n",
@@ -575,7 +575,8 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(&b, "                        the scheduler retries a letter recovery.base_delay (%s) after its failure, doubling per retry",
 			r.RetryBase)
 		if r.RetryBase != r.ShippedRetry {
-			fmt.Fprintf(&b, " (the demo's override: shipped %s, too long for a %.0f s scenario)", r.ShippedRetry, r.Planned.Seconds())
+			fmt.Fprintf(&b, " —\n                        a demo override: the configured %s would bring them back only after the %.0f s scenario",
+				r.ShippedRetry, r.Planned.Seconds())
 		}
 		b.WriteString("\n")
 	}

@@ -97,7 +97,7 @@ func FullScenario() Scenario {
 		Excited:   []Burst{{At: 2 * time.Second, N: 12, Over: 2 * time.Second}, {At: 22 * time.Second, N: 12, Over: 2 * time.Second}},
 		FailUsers: 8, FailMsgs: 4, FailAt: 3 * time.Second, FailFor: 3800 * time.Millisecond, FailGap: 800 * time.Millisecond,
 		BotAt: 8 * time.Second, BotRate: 50, BotFor: 4 * time.Second,
-		OutageAt: 18 * time.Second, OutageFor: 3 * time.Second,
+		OutageAt: 13 * time.Second, OutageFor: 3 * time.Second,
 		RedeliverAt: 10 * time.Second, RedeliverFrom: 3 * time.Second, RedeliverTo: 7 * time.Second, RedeliverN: 30,
 		CrowdAt: 24 * time.Second, CrowdUsers: 1500,
 	}
