@@ -58,6 +58,8 @@ type Report struct {
 	// failure and not dead-lettered (retried by the consumer until the
 	// fix) are apart too: Failing.
 	Calm, Outage, Failing Latency
+	// CalmBy splits Calm by profile (a crowd arriving at once queues).
+	CalmBy map[string]Latency
 	// GateHeldAfter is how long after the outage's end the first
 	// success came (the gate's next probe closes it).
 	GateHeldAfter time.Duration
@@ -332,6 +334,7 @@ func (r *Report) account(p *plan, rec recorded, v dlqView, now time.Time, start 
 		outageEnd = now
 	}
 	var lats, calm, held, failingLat []time.Duration
+	calmBy := map[string][]time.Duration{}
 	for id, d := range rec.latency {
 		if _, dead := v.byMsg[id]; !dead {
 			if _, ours := seqOf[id]; ours {
@@ -345,6 +348,7 @@ func (r *Report) account(p *plan, rec recorded, v dlqView, now time.Time, start 
 					failingLat = append(failingLat, d)
 				default:
 					calm = append(calm, d)
+					calmBy[profileOf(rec.userOf[id])] = append(calmBy[profileOf(rec.userOf[id])], d)
 				}
 			}
 		}
@@ -352,6 +356,10 @@ func (r *Report) account(p *plan, rec recorded, v dlqView, now time.Time, start 
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
 	r.P50, r.P99 = quantile(lats, 0.50), quantile(lats, 0.99)
 	r.Calm, r.Outage, r.Failing = latencyOf(calm), latencyOf(held), latencyOf(failingLat)
+	r.CalmBy = map[string]Latency{}
+	for name, ds := range calmBy {
+		r.CalmBy[name] = latencyOf(ds)
+	}
 	r.GateHeldAfter = 0
 	if !rec.outageEndAt.IsZero() && !rec.outageClosedAt.IsZero() {
 		r.GateHeldAfter = rec.outageClosedAt.Sub(rec.outageEndAt)
@@ -602,6 +610,14 @@ func (r *Report) Write(w io.Writer) {
 		fmt.Fprintf(&b, "  %-22s %d messages, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", name+":", l.N, ms(l.P50), ms(l.P99), ms(l.Max))
 	}
 	lat("did not wait", r.Calm)
+	for _, pc := range r.Profiles {
+		if l, ok := r.CalmBy[pc.Name]; ok && l.N > 0 {
+			fmt.Fprintf(&b, "    %-20s %d messages, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n", pc.Name+":", l.N, ms(l.P50), ms(l.P99), ms(l.Max))
+		}
+	}
+	if l := r.CalmBy["crowd"]; l.N > 0 {
+		fmt.Fprintf(&b, "                         (the crowd's %d messages arrive within 50 ms and queue behind each other)\n", l.N)
+	}
 	lat("waited on the outage", r.Outage)
 	fmt.Fprintf(&b, "                         in flight between the outage's start and the gate's closing, %.1f s after the downstream\n", r.GateHeldAfter.Seconds())
 	b.WriteString("                         was back (its next probe, one every outage.probe_interval): held by the gate, not dead-lettered.\n")
