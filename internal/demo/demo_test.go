@@ -249,17 +249,21 @@ func TestReportRecovery(t *testing.T) {
 		{user: f, id: "f1", userSeq: 0}, {user: f, id: "f2", userSeq: 1}, {user: f, id: "f3", userSeq: 2},
 		{user: "demo-user-0001", id: "n1", userSeq: 0}, {user: "demo-user-0001", id: "n2", userSeq: 1},
 		{user: botUser, id: "b1", userSeq: 0},
+		{user: "demo-crowd-0001", id: "c1", userSeq: 0}, {user: "demo-user-0002", id: "n3", userSeq: 0},
 	}}
 	t0 := time.Now().Add(-time.Minute)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	rec := recorded{
-		seqs:       map[string][]string{f: {"f2", "f1", "f3"}, "demo-user-0001": {"n1", "n2"}, botUser: {"b1"}},
-		handled:    map[string]int{"f1": 1, "f2": 1, "f3": 1, "n1": 1, "n2": 1, "b1": 1},
-		latency:    map[string]time.Duration{"n1": 10 * time.Millisecond, "n2": 3 * time.Second, "b1": 20 * time.Millisecond},
-		producedAt: map[string]time.Time{"n1": at(1), "n2": at(10), "b1": at(20)},
+		seqs: map[string][]string{f: {"f2", "f1", "f3"}, "demo-user-0001": {"n1", "n2"}, botUser: {"b1"},
+			"demo-crowd-0001": {"c1"}, "demo-user-0002": {"n3"}},
+		handled: map[string]int{"f1": 1, "f2": 1, "f3": 1, "n1": 1, "n2": 1, "b1": 1, "c1": 1, "n3": 1},
+		latency: map[string]time.Duration{"n1": 10 * time.Millisecond, "n2": 3 * time.Second, "b1": 20 * time.Millisecond,
+			"c1": time.Second, "n3": 500 * time.Millisecond},
+		producedAt: map[string]time.Time{"n1": at(1), "n2": at(10), "b1": at(20), "c1": at(30), "n3": at(30.5)},
 		handledAt: map[string]time.Time{"n1": at(1.01), "n2": at(13), "b1": at(20.02),
-			"f1": at(8), "f2": at(7.5), "f3": at(9)},
-		userOf:   map[string]string{"n1": "demo-user-0001", "n2": "demo-user-0001", "b1": botUser},
+			"f1": at(8), "f2": at(7.5), "f3": at(9), "c1": at(31), "n3": at(31)},
+		userOf: map[string]string{"n1": "demo-user-0001", "n2": "demo-user-0001", "b1": botUser,
+			"c1": "demo-crowd-0001", "n3": "demo-user-0002"},
 		outageAt: at(10), outageEndAt: at(11), outageClosedAt: at(13),
 		failAt: at(2), fixedAt: at(6),
 	}
@@ -288,6 +292,8 @@ func TestReportRecovery(t *testing.T) {
 		t.Errorf("fix → recovered %s..%s, want 1.5s..3s", r.FixToFirst, r.FixToLast)
 	case r.Outage.N != 1 || r.Outage.Max != 3*time.Second || r.Calm.N != 2 || r.Calm.Max != 20*time.Millisecond:
 		t.Errorf("latency split: outage %+v, calm %+v; want n2 waited, n1 and b1 did not", r.Outage, r.Calm)
+	case r.Crowd.N != 2 || r.Crowd.Max != time.Second || r.CalmBy["normal"].N != 1 || r.CalmBy["bot"].N != 1:
+		t.Errorf("latency split: crowd %+v, calm by profile %+v; want c1 and n3 with the crowd", r.Crowd, r.CalmBy)
 	case r.GateHeldAfter != 2*time.Second:
 		t.Errorf("gate held after = %s, want 2s", r.GateHeldAfter)
 	}
