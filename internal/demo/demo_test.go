@@ -66,7 +66,10 @@ func TestShortDemoEmbedded(t *testing.T) {
 		{"bot limited and blocked", bot.RateLimited > 0 && bot.Blocked > 0 && bot.BlockedUsers == 1},
 		// Recovery: the failing downstream's messages were dead-lettered
 		// and, after the fix, every one came back through the scheduler,
-		// each user's in order, with nobody blocked on the way.
+		// each user's in order, with nobody limited or blocked on the way.
+		// The limiter must not judge a recovered letter as new traffic:
+		// when it did (issue 29), the letters came back into the
+		// window of their send time and were refused, their users blocked.
 		{"recovered > 0 on the last line", recovered > 0},
 		{"failing users dead-lettered as downstream_error", failing.In > 0 && failing.Downstream > 0 && failing.DLQ > 0},
 		{"every failing user's letter recovered", failing.Recovered == failing.DLQ && failing.Processed == failing.In},
@@ -75,7 +78,8 @@ func TestShortDemoEmbedded(t *testing.T) {
 		{"nobody blocked by a recovery", len(rep.BlockedByRecovery) == 0 && failing.BlockedUsers == 0},
 		{"recovery timed from the fix", rep.FixToFirst > 0 && rep.FixToLast >= rep.FixToFirst},
 		// A human's burst (12 messages in 2 s, twice) is neither limited
-		// nor blocked by the shipped rules, while the bot is.
+		// nor blocked by the shipped rules, while the bot is (the seed's
+		// rule, 5 per 10 s and 3 refusals, blocks both).
 		{"excited customer not limited", excited.In == 24 && excited.Limited == 0 && excited.DLQ == 0 && excited.Processed == excited.In},
 		{"excited customer not blocked", excited.BlockedUsers == 0},
 		{"only the bot blocked", len(rep.BlockedUsers) == 1},
