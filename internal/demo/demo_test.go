@@ -87,6 +87,7 @@ func TestShortDemoEmbedded(t *testing.T) {
 		// and the others, both reported.
 		{"latency split around the outage", rep.Outage.N > 0 && rep.Calm.N > 0 && rep.Calm.N+rep.Outage.N > 0 &&
 			rep.Outage.Max >= rep.Outage.P50},
+		{"the p99's messages attributed to their classes", len(rep.AtP99) > 0},
 		// The outage fails the handler for every user: the downstream gate
 		// holds their messages instead of dead-lettering them. At the
 		// demo's low traffic the first one or two messages of the outage
@@ -298,6 +299,8 @@ func TestReportRecovery(t *testing.T) {
 		t.Errorf("latency split: outage %+v, calm %+v; want n2 waited, n1 and b1 did not", r.Outage, r.Calm)
 	case r.Crowd.N != 2 || r.Crowd.Max != time.Second || r.CalmBy["normal"].N != 1 || r.CalmBy["bot"].N != 1:
 		t.Errorf("latency split: crowd %+v, calm by profile %+v; want c1 and n3 with the crowd", r.Crowd, r.CalmBy)
+	case r.AtP99["waited on the outage"] != 1 || len(r.AtP99) != 1:
+		t.Errorf("at the p99 (%s): %v, want n2 (waited on the outage) alone", r.P99, r.AtP99)
 	case r.GateHeldAfter != 2*time.Second:
 		t.Errorf("gate held after = %s, want 2s", r.GateHeldAfter)
 	}

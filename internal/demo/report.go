@@ -60,6 +60,9 @@ type Report struct {
 	// So are the messages in flight while the crowd (arriving at once)
 	// was handled, the crowd's own included: Crowd.
 	Calm, Outage, Failing, Crowd Latency
+	// AtP99 counts, by latency class, the messages at or above P99: who
+	// makes the p99.
+	AtP99 map[string]int
 	// CalmBy splits Calm by profile.
 	CalmBy map[string]Latency
 	// GateHeldAfter is how long after the outage's end the first
@@ -336,6 +339,7 @@ func (r *Report) account(p *plan, rec recorded, v dlqView, now time.Time, start 
 		outageEnd = now
 	}
 	var lats, calm, held, failingLat, crowd []time.Duration
+	class := map[string]string{} // msgid → latency class
 	calmBy := map[string][]time.Duration{}
 	// The crowd arrives at once: from its first message's production to
 	// its last one's handling, every message queues behind it.
@@ -359,13 +363,17 @@ func (r *Report) account(p *plan, rec recorded, v dlqView, now time.Time, start 
 				switch {
 				case !rec.outageAt.IsZero() && produced.Before(outageEnd) && handled.After(rec.outageAt):
 					held = append(held, d)
+					class[id] = "waited on the outage"
 				case !rec.failAt.IsZero() && profileOf(rec.userOf[id]) == "failing" && handled.After(rec.failAt) &&
 					(rec.fixedAt.IsZero() || produced.Before(rec.fixedAt)):
 					failingLat = append(failingLat, d)
+					class[id] = "waited on the failure"
 				case !crowdFrom.IsZero() && produced.Before(crowdTo) && handled.After(crowdFrom):
 					crowd = append(crowd, d)
+					class[id] = "came with the crowd"
 				default:
 					calm = append(calm, d)
+					class[id] = "did not wait"
 					calmBy[profileOf(rec.userOf[id])] = append(calmBy[profileOf(rec.userOf[id])], d)
 				}
 			}
@@ -374,6 +382,12 @@ func (r *Report) account(p *plan, rec recorded, v dlqView, now time.Time, start 
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
 	r.P50, r.P99 = quantile(lats, 0.50), quantile(lats, 0.99)
 	r.Calm, r.Outage, r.Failing, r.Crowd = latencyOf(calm), latencyOf(held), latencyOf(failingLat), latencyOf(crowd)
+	r.AtP99 = map[string]int{}
+	for id, c := range class {
+		if rec.latency[id] >= r.P99 && r.P99 > 0 {
+			r.AtP99[c]++
+		}
+	}
 	r.CalmBy = map[string]Latency{}
 	for name, ds := range calmBy {
 		r.CalmBy[name] = latencyOf(ds)
@@ -636,7 +650,6 @@ func (r *Report) Write(w io.Writer) {
 	lat("waited on the outage", r.Outage)
 	fmt.Fprintf(&b, "                         in flight between the outage's start and the gate's closing, %.1f s after the downstream\n", r.GateHeldAfter.Seconds())
 	b.WriteString("                         was back (its next probe, one every outage.probe_interval): held by the gate, not dead-lettered.\n")
-	b.WriteString("                         They set the p99 when they are more than 1% of the messages.\n")
 	if r.Crowd.N > 0 {
 		lat("came with the crowd", r.Crowd)
 		fmt.Fprintf(&b, "                         its %d users' messages arrive within 50 ms and queue behind each other (and the messages\n",
@@ -649,6 +662,17 @@ func (r *Report) Write(w io.Writer) {
 		b.WriteString("                         them (its gate suspected an outage).\n")
 	}
 	b.WriteString("  recovered letters are in none of these: their wait is the retry delay above.\n")
+	if len(r.AtP99) > 0 {
+		n := 0
+		var parts []string
+		for _, c := range []string{"came with the crowd", "waited on the outage", "waited on the failure", "did not wait"} {
+			if r.AtP99[c] > 0 {
+				n += r.AtP99[c]
+				parts = append(parts, fmt.Sprintf("%d %s", r.AtP99[c], c))
+			}
+		}
+		fmt.Fprintf(&b, "  who makes the p99:    of the %d messages at or above %.1f ms, %s\n", n, ms(r.P99), strings.Join(parts, ", "))
+	}
 	settled := "settled"
 	if !r.Settled {
 		settled = "NOT settled: drain deadline passed"
