@@ -54,7 +54,8 @@ type Options struct {
 const (
 	recoveryBase = 4 * time.Second
 	// horizon: a DLQ entry due within it is still moving, so the run
-	// waits for it (two backoff steps cover the excited user's retries).
+	// waits for it (two backoff steps: a letter retried once more, e.g.
+	// one the limiter refused on its way back).
 	horizon = 3 * recoveryBase
 )
 
@@ -125,7 +126,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}()
 
-	rep := &Report{AdminURL: pl.dlq.AdminURL, OperatorToken: cfgs.operatorToken}
+	rep := &Report{AdminURL: pl.dlq.AdminURL, OperatorToken: cfgs.operatorToken, Scenario: o.Scenario,
+		RetryBase: cfgs.dlq.Recovery.BaseDelay, ShippedRetry: cfgs.configuredRetry, Rule: ruleOf(cfgs.consumer.RateLimit)}
 	fmt.Fprintf(o.Out, "kfpipe demo: kafka %s (%s), redis %s (%s)\n", be.brokers, kind(be.embedded.kafka),
 		be.redisAddr, kind(be.embedded.redis))
 	fmt.Fprintf(o.Out, "admin console: %s/admin/ui/  operator token: %s\n", pl.dlq.AdminURL, cfgs.operatorToken)
@@ -140,8 +142,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 	p := o.Scenario.build(o.Seed)
 	drv := &driver{plan: p, fake: fake, sender: sender, rec: rec}
-	fmt.Fprintf(o.Out, "scenario: %d messages over %.0f s (%d normal users, excited user, bot, outage, re-delivery, crowd of %d)\n",
-		len(p.msgs), p.duration.Seconds(), o.Scenario.Users, o.Scenario.CrowdUsers)
+	rep.Planned = p.duration
+	fmt.Fprintf(o.Out, "scenario: %d messages over %.0f s (%d normal users, %d whose downstream fails and is fixed, excited user, bot, outage, re-delivery, crowd of %d)\n",
+		len(p.msgs), p.duration.Seconds(), o.Scenario.Users, o.Scenario.FailUsers, o.Scenario.CrowdUsers)
+	if rep.RetryBase != rep.ShippedRetry {
+		fmt.Fprintf(o.Out, "recovery.base_delay: %s for the demo (configured: %s), so letters come back within the run\n",
+			rep.RetryBase, rep.ShippedRetry)
+	}
 	start := time.Now()
 	bar := newBar(o.Progress)
 	sctx, cancel := context.WithCancel(ctx)
@@ -182,6 +189,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep.RepliesAtWeChat, rep.ReplyMsgIDRepeats = len(fake.Replies("", "")), fake.DuplicateMsgIDs()
 	_, rep.Redelivered, rep.Callbacks, rep.CallbackErrors = drv.counts()
 	checkAdmin(ctx, rep)
+	rep.blocks(blockedUsers(ctx, rep))
 	rep.Write(o.Out)
 	if o.Hold {
 		fmt.Fprintf(o.Notice, "holding: admin console %s/admin/ui/ (token %s); Ctrl-C to stop\n", rep.AdminURL, rep.OperatorToken)
@@ -283,6 +291,62 @@ func checkAdmin(ctx context.Context, r *Report) {
 	r.BotBlocked = st.Blocked
 }
 
+// blockedUsers lists, through the admin API, the users the limiter
+// holds blocked.
+func blockedUsers(ctx context.Context, r *Report) map[string]time.Time {
+	c := &http.Client{Timeout: 5 * time.Second}
+	out := map[string]time.Time{}
+	cursor := ""
+	for range 100 {
+		url := r.AdminURL + "/admin/ratelimit/blocked?limit=500"
+		if cursor != "" {
+			url += "&cursor=" + cursor
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return out
+		}
+		req.Header.Set("Authorization", "Bearer "+r.OperatorToken)
+		resp, err := c.Do(req)
+		if err != nil {
+			return out
+		}
+		var page struct {
+			Users []struct {
+				User         string    `json:"user"`
+				BlockedUntil time.Time `json:"blocked_until"`
+			} `json:"users"`
+			NextCursor string `json:"next_cursor"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return out
+		}
+		for _, u := range page.Users {
+			out[u.User] = u.BlockedUntil
+		}
+		if page.NextCursor == "" {
+			return out
+		}
+		cursor = page.NextCursor
+	}
+	return out
+}
+
+// ruleOf describes the default group's limiter rule.
+func ruleOf(rl config.RateLimit) string {
+	if !rl.Enabled {
+		return "limiter off"
+	}
+	g, ok := rl.Groups[rl.DefaultGroup]
+	if !ok {
+		return rl.DefaultGroup + " (unknown group)"
+	}
+	return fmt.Sprintf("%s, %d messages per %g s, blocked for %g h after %d refusals",
+		rl.DefaultGroup, g.MaxMessages, g.WindowSeconds, g.BlockHours, g.PenaltyThreshold)
+}
+
 // findConfig looks for config/development.yaml from the working directory
 // up, so the demo runs from the repository root and from a test's package
 // directory alike.
@@ -311,6 +375,9 @@ type configs struct {
 	consumer      *config.Consumer
 	dlq           *config.DLQConsumer
 	operatorToken string
+	// configuredRetry is recovery.base_delay as configured, before the
+	// demo's override.
+	configuredRetry time.Duration
 }
 
 // configure loads the three configurations from the file and overrides
@@ -391,9 +458,10 @@ func configure(o Options, be *backends, tmp, fakeURL string) (*configs, error) {
 	cons.DLQ.EmergencyFile = filepath.Join(tmp, "consumer-dlq-emergency.jsonl")
 
 	dq.DLQ.EmergencyFile = filepath.Join(tmp, "dlq-consumer-emergency.jsonl")
-	// recoveryBase > 10 s / 3: an excited user's rate-limited message is
-	// retried at +4 s (still limited) and +12 s (window slid), never so
-	// often that the retries themselves reach the penalty threshold.
+	// The configured recovery.base_delay (shipped: 1 min) would bring the
+	// failing downstream's letters back only after the scenario ended:
+	// the demo retries after recoveryBase, and its report says so.
+	c.configuredRetry = dq.Recovery.BaseDelay
 	dq.Recovery.BaseDelay = recoveryBase
 	dq.Recovery.ScanInterval = 250 * time.Millisecond
 	dq.Admin.Addr = "127.0.0.1:0"

@@ -14,8 +14,9 @@ import (
 )
 
 // Scenario is the scripted traffic, after the user profiles of the design
-// (normal, excited, bot) plus a downstream outage, a WeChat re-delivery
-// and a flash crowd. Times are from the scenario's start.
+// (normal, excited, bot) plus a downstream failing for some users and then
+// fixed, a downstream outage for everybody, a WeChat re-delivery and a
+// flash crowd. Times are from the scenario's start.
 type Scenario struct {
 	Accounts int // open_kfids the users are spread over
 
@@ -28,10 +29,26 @@ type Scenario struct {
 	Spread         time.Duration
 	GapMin, GapMax time.Duration
 
-	// Excited user: bursts of N messages 100 ms apart. A burst of 6 trips
-	// the limiter once (rate_limited); the DLQ re-injects it once the
-	// window has slid.
+	// Excited user: a human's bursts (a dozen messages within seconds, a
+	// few times an hour: eight photos, a question pasted line by line).
+	// The shipped limiter rules must let them through.
 	Excited []Burst
+
+	// Failing downstream: from FailAt for FailFor the business's
+	// downstream fails for FailUsers users (fewer than the gate's
+	// outage.min_users, so it is their problem, not an outage): each of
+	// them sends FailMsgs messages FailGap apart from FailAt (during the
+	// other users' traffic: failures of more than one user making up
+	// half of the handler's recent calls make the gate suspect an outage
+	// and hold them), which are
+	// dead-lettered as downstream_error and brought back by the DLQ
+	// scheduler once the downstream is fixed. FailFor below the demo's
+	// recovery.base_delay (recoveryBase) makes every letter come due
+	// after the fix: none is retried into the failure, so each user's
+	// letters come back together, in order.
+	FailUsers, FailMsgs int
+	FailAt, FailFor     time.Duration
+	FailGap             time.Duration
 
 	// Bot: BotRate messages/s for BotFor from BotAt ⇒ rate_limited until
 	// the penalty threshold, then user_blocked for the block time.
@@ -39,7 +56,8 @@ type Scenario struct {
 	BotRate int
 	BotFor  time.Duration
 
-	// Outage: the business handler fails everything for OutageFor.
+	// Outage: the business handler fails everything for OutageFor; the
+	// consumer's downstream gate holds the messages meanwhile.
 	OutageAt  time.Duration
 	OutageFor time.Duration
 
@@ -55,20 +73,31 @@ type Scenario struct {
 	CrowdUsers int
 }
 
-// Burst is a run of messages from one user.
+// Burst is a run of N messages from one user, spread evenly over Over
+// (100 ms apart when Over is 0).
 type Burst struct {
-	At time.Duration
-	N  int
+	At   time.Duration
+	N    int
+	Over time.Duration
 }
 
-// FullScenario is what `make demo` runs: about 3,900 messages in 27 s.
+// gap is the time between two messages of the burst.
+func (b Burst) gap() time.Duration {
+	if b.Over <= 0 || b.N < 2 {
+		return 100 * time.Millisecond
+	}
+	return b.Over / time.Duration(b.N-1)
+}
+
+// FullScenario is what `make demo` runs: about 3,600 messages in 30 s.
 func FullScenario() Scenario {
 	return Scenario{
 		Accounts: 2,
 		Users:    300, MsgsPerUser: 6, Spread: 4 * time.Second, GapMin: 4200 * time.Millisecond, GapMax: 5500 * time.Millisecond,
-		Excited: []Burst{{At: 2 * time.Second, N: 6}, {At: 22 * time.Second, N: 4}},
-		BotAt:   8 * time.Second, BotRate: 50, BotFor: 4 * time.Second,
-		OutageAt: 14 * time.Second, OutageFor: 3 * time.Second,
+		Excited:   []Burst{{At: 2 * time.Second, N: 12, Over: 2 * time.Second}, {At: 22 * time.Second, N: 12, Over: 2 * time.Second}},
+		FailUsers: 8, FailMsgs: 4, FailAt: 3 * time.Second, FailFor: 3800 * time.Millisecond, FailGap: 800 * time.Millisecond,
+		BotAt: 8 * time.Second, BotRate: 50, BotFor: 4 * time.Second,
+		OutageAt: 13 * time.Second, OutageFor: 3 * time.Second,
 		RedeliverAt: 10 * time.Second, RedeliverFrom: 3 * time.Second, RedeliverTo: 7 * time.Second, RedeliverN: 30,
 		CrowdAt: 24 * time.Second, CrowdUsers: 1500,
 	}
@@ -78,20 +107,25 @@ func FullScenario() Scenario {
 func ShortScenario() Scenario {
 	return Scenario{
 		Accounts: 2,
-		Users:    40, MsgsPerUser: 3, Spread: 2 * time.Second, GapMin: 4200 * time.Millisecond, GapMax: 5 * time.Second,
-		Excited: []Burst{{At: time.Second, N: 6}},
-		BotAt:   3 * time.Second, BotRate: 50, BotFor: 2 * time.Second,
-		OutageAt: 6 * time.Second, OutageFor: 2 * time.Second,
+		Users:    60, MsgsPerUser: 3, Spread: 3 * time.Second, GapMin: 4200 * time.Millisecond, GapMax: 5 * time.Second,
+		Excited:   []Burst{{At: time.Second, N: 12, Over: 2 * time.Second}, {At: 5 * time.Second, N: 12, Over: 2 * time.Second}},
+		FailUsers: 2, FailMsgs: 3, FailAt: 500 * time.Millisecond, FailFor: 3 * time.Second, FailGap: time.Second,
+		BotAt: 3 * time.Second, BotRate: 50, BotFor: 2 * time.Second,
+		OutageAt: 8 * time.Second, OutageFor: 2 * time.Second,
 		RedeliverAt: 5 * time.Second, RedeliverFrom: time.Second, RedeliverTo: 4 * time.Second, RedeliverN: 10,
 		CrowdAt: 9 * time.Second, CrowdUsers: 200,
 	}
 }
 
-// Bot and excited user IDs.
+// Bot and excited user IDs; failingPrefix starts the IDs of the users
+// whose downstream fails.
 const (
-	botUser     = "demo-bot"
-	excitedUser = "demo-excited"
+	botUser       = "demo-bot"
+	excitedUser   = "demo-excited"
+	failingPrefix = "demo-failing-"
 )
+
+func failingUser(i int) string { return fmt.Sprintf("%s%04d", failingPrefix, i) }
 
 type evKind int
 
@@ -100,6 +134,8 @@ const (
 	evRedeliver
 	evOutageOn
 	evOutageOff
+	evFailOn
+	evFailOff
 )
 
 type event struct {
@@ -153,8 +189,23 @@ func (s Scenario) build(seed uint64) *plan {
 	}
 	for _, b := range s.Excited {
 		for k := range b.N {
-			add(b.At+time.Duration(k)*100*time.Millisecond, excitedUser, 0)
+			add(b.At+time.Duration(k)*b.gap(), excitedUser, 0)
 		}
+	}
+	if s.FailUsers > 0 && s.FailFor > 0 {
+		// The failing users take turns, so their failures are spread
+		// among the other users' successes: bunched together they
+		// would look like the start of an outage to the consumer's
+		// gate, which then holds them instead of dead-lettering them.
+		for u := range s.FailUsers {
+			at := s.FailAt + time.Duration(u)*s.FailGap/time.Duration(s.FailUsers)
+			for range s.FailMsgs {
+				add(at, failingUser(u), u)
+				at += s.FailGap
+			}
+		}
+		p.events = append(p.events, event{at: s.FailAt, kind: evFailOn},
+			event{at: s.FailAt + s.FailFor, kind: evFailOff})
 	}
 	if s.BotRate > 0 {
 		step := time.Second / time.Duration(s.BotRate)
@@ -175,7 +226,7 @@ func (s Scenario) build(seed uint64) *plan {
 		var cands []int
 		for _, e := range p.events {
 			if e.kind == evMessage && e.at >= s.RedeliverFrom && e.at < s.RedeliverTo &&
-				e.user != botUser && e.user != excitedUser {
+				profileOf(e.user) == "normal" {
 				cands = append(cands, e.ref)
 			}
 		}
@@ -239,9 +290,13 @@ func (d *driver) run(ctx context.Context, start time.Time) error {
 func (d *driver) apply(e event, touched map[string]bool) {
 	switch e.kind {
 	case evOutageOn:
-		d.rec.outage.Store(true)
+		d.rec.outageOn()
 	case evOutageOff:
-		d.rec.outage.Store(false)
+		d.rec.outageOff()
+	case evFailOn:
+		d.rec.failOn()
+	case evFailOff:
+		d.rec.failOff()
 	case evMessage:
 		m := &d.plan.msgs[e.ref]
 		m.id = d.fake.AddText(m.account, m.user, m.text)
