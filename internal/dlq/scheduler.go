@@ -477,13 +477,20 @@ func (s *Scheduler) retriedEvent(c claimed, attempts int) *DeadLetterMessage {
 		UserID: c.dl.UserID, OriginalKey: c.dl.OriginalKey, FailureTime: s.clock.Now()}
 }
 
-// admit applies the pacing rule: a user's rate_limited and user_blocked
-// retries are re-injected at most max_messages/2 per window of the user's
-// group, so recovery itself does not trip the limiter again. When refused
-// it returns the time the user's next window starts.
+// admit applies the pacing rule: a user's retries, whatever their reason,
+// are re-injected at most max_messages/2 per window of the user's group
+// (the scheduler's windows, one per user, from the user's first retry),
+// the rest postponed to the user's next window in their order. A
+// recovery thus comes back at a person's pace — 20 letters under normal
+// (30 a minute): 15 now, 5 a minute later — and leaves half of the window
+// to what the user sends meanwhile. The consumer does not count a retry
+// whose failure came after the limiter's yes (downstream_error,
+// process_timeout, queue_full); one the limiter or the breaker refused it
+// judges at its re-injection time, which this pacing keeps inside the
+// limit. When refused it returns the time the user's next window starts.
 func (s *Scheduler) admit(dl *DeadLetterMessage, now time.Time) (time.Time, bool) {
 	rl := s.cfg.RateLimit
-	if !rl.Enabled || (dl.Reason != ReasonRateLimited && dl.Reason != ReasonUserBlocked) || dl.UserID == "" {
+	if !rl.Enabled || dl.UserID == "" {
 		return time.Time{}, true
 	}
 	g, ok := rl.Groups[dl.UserGroup]
