@@ -88,7 +88,7 @@ func bots() map[string]abuse {
 		// The seed's acceptance test: 100 messages in a minute.
 		"seed test 100/min": {burst(t0, 100, 600*time.Millisecond), 30},
 		// Sustained slight excess: 40 a minute (the rule allows 30) for 5
-		// minutes: blocked in its third minute.
+		// minutes: blocked after 2 minutes.
 		"steady 40/min": {burst(t0, 200, 1500*time.Millisecond), 60},
 	}
 }
