@@ -373,3 +373,82 @@ func TestCommittedRetryIsNotSentAgain(t *testing.T) {
 		t.Fatalf("%d retries on the main topic, want 1", len(got))
 	}
 }
+
+// blockedUsers is a BlockLookup of fixed blocks.
+type blockedUsers map[string]time.Time
+
+func (b blockedUsers) BlockedUntil(_ context.Context, user string) (time.Time, bool, error) {
+	until, ok := b[user]
+	return until, ok, nil
+}
+
+// A rate_limited letter placed before its user's block was known (the
+// refusals that led to the block) is due after its backoff; when it is due
+// the user is still blocked. The scheduler holds it until a second past
+// the block's end instead of re-injecting it into a refusal (user_blocked,
+// a new letter: the DLQ grew instead of shrinking). Another user's letter
+// goes at once; once the block ends the held ones go, in order.
+func TestSchedulerHoldsLettersOfABlockedUser(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	mainTopic := testenv.Topic(t, 1)
+	rdb, prefix := testenv.Redis(t)
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	ctx := context.Background()
+	unaware := NewPolicy(testRecovery()) // placement did not know of the block
+	var held []*DeadLetterMessage
+	for i := range 3 {
+		dl := deadLetter("bot", ReasonRateLimited, int64(i), clk.Now())
+		unaware.Place(ctx, dl)
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, dl)
+	}
+	other := deadLetter("person", ReasonRateLimited, 10, clk.Now())
+	unaware.Place(ctx, other)
+	if _, err := indexDL(t, ctx, idx, other); err != nil {
+		t.Fatal(err)
+	}
+	blockEnd := clk.Now().Add(time.Hour)
+	cfg := testConfig(t, brokers, mainTopic, testenv.Topic(t, 2))
+	pol := NewPolicy(testRecovery(), WithBlockLookup(blockedUsers{"bot": blockEnd}))
+	s, err := NewScheduler(SchedulerConfig{Kafka: cfg.Kafka, Recovery: testRecovery(), RateLimit: cfg.RateLimit, Prefix: prefix},
+		rdb, idx, pol, WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	clk.Add(time.Minute)
+	if n, err := s.ScanOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("first scan sent %d %v, want the other user's one", n, err)
+	}
+	for i, dl := range held {
+		e, err := idx.Get(ctx, dl.ID)
+		if err != nil || e.State == StateRetried {
+			t.Fatalf("the blocked user's letter %d: %+v %v, want still due", i, e, err)
+		}
+	}
+	clk.Add(blockEnd.Sub(clk.Now()) - time.Second)
+	if n, _ := s.ScanOnce(ctx); n != 0 {
+		t.Fatalf("a second before the block's end sent %d", n)
+	}
+	delete(pol.strategies[ReasonRateLimited].(*blocked).lookup.(blockedUsers), "bot") // the block ended
+	clk.Add(2*time.Second + 10*time.Millisecond)
+	if n, err := s.ScanOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("after the block sent %d %v, want 3", n, err)
+	}
+	var order []string
+	for _, m := range readTopic(t, brokers, mainTopic, 4, 200*time.Millisecond) {
+		if string(m.Key) == "bot" {
+			cm, err := chatmsg.Decode(m.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			order = append(order, cm.UpstreamMsgID)
+		}
+	}
+	if fmt.Sprint(order) != "[up-0 up-1 up-2]" {
+		t.Fatalf("the held letters went in the order %v", order)
+	}
+}
