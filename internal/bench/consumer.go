@@ -458,7 +458,7 @@ func Isolation(e *Env, normal, attackers int, d time.Duration) (Result, error) {
 		isNormal := func(u string) bool { return len(u) > 0 && u[0] == 'n' }
 		h := &counter{work: 2 * time.Millisecond, only: isNormal}
 		s, _, err := e.startConsumer(name, topic, h, func(c *config.Consumer) {
-			c.RateLimit.DefaultGroup = "normal" // the shipped default: 5 per 10 s
+			c.RateLimit.DefaultGroup = "normal" // the shipped default: 30 per 60 s
 		})
 		if err != nil {
 			return nil, 0, 0, err

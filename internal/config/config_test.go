@@ -111,8 +111,11 @@ processor:
 	if g := cfg.RateLimit.Groups["vip"]; g.MaxMessages != 30 {
 		t.Errorf("vip = %+v", g)
 	}
-	if g := cfg.RateLimit.Groups["normal"]; g.MaxMessages != 5 || g.PenaltyThreshold != 3 {
+	if g := cfg.RateLimit.Groups["normal"]; g.MaxMessages != 30 || g.PenaltyThreshold != 20 {
 		t.Errorf("normal group lost its defaults: %+v", g)
+	}
+	if g := cfg.RateLimit.Groups["seed"]; g.MaxMessages != 5 || g.WindowSeconds != 10 || g.PenaltyThreshold != 3 || g.BlockHours != 1 {
+		t.Errorf("seed group lost its defaults: %+v", g)
 	}
 }
 

@@ -164,13 +164,29 @@ type DLQ struct {
 	BreakerOpen     time.Duration `mapstructure:"breaker_open"`
 }
 
+// defaultRateGroups are the shipped rules (docs/operations.md, "The rate
+// limiter's rules"). normal lets a person's burst through — a dozen
+// messages within seconds, eight photos, a question pasted line by line,
+// up to 30 in any minute — and blocks only sustained excess: 20 refusals
+// before the window drains to half. Its long-run rate is the seed's
+// (30 a minute); the seed's own rule (5 per 10 s, 3 violations, 1 h),
+// which blocks such a burst, stays available as the group seed.
 func defaultRateGroups() map[string]RateGroup {
 	return map[string]RateGroup{
-		"normal":     {WindowSeconds: 10, MaxMessages: 5, PenaltyThreshold: 3, BlockHours: 1},
-		"vip":        {WindowSeconds: 10, MaxMessages: 20, PenaltyThreshold: 10, BlockHours: 0.5},
+		"normal":     {WindowSeconds: 60, MaxMessages: 30, PenaltyThreshold: 20, BlockHours: 1},
+		"seed":       {WindowSeconds: 10, MaxMessages: 5, PenaltyThreshold: 3, BlockHours: 1},
+		"vip":        {WindowSeconds: 60, MaxMessages: 120, PenaltyThreshold: 40, BlockHours: 0.5},
 		"suspicious": {WindowSeconds: 30, MaxMessages: 3, PenaltyThreshold: 1, BlockHours: 24},
 		"whitelist":  {WindowSeconds: 1, MaxMessages: 9999, PenaltyThreshold: 9999, BlockHours: 0},
 	}
+}
+
+// DefaultRateLimit is the shipped rate_limit section (the consumer's and
+// the DLQ daemon's, which paces re-injection by it): enabled, default group
+// normal, the groups of defaultRateGroups, progressive penalty off.
+func DefaultRateLimit() RateLimit {
+	return RateLimit{Enabled: true, RulesBackend: "redis", DefaultGroup: "normal", Groups: defaultRateGroups(),
+		Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}}
 }
 
 func defaultDLQ() DLQ {
@@ -206,7 +222,7 @@ func defaultConsumer(env string) Consumer {
 			StandbyAfterRedisLost: DefaultStandbyAfterRedisLost},
 		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
 		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: DefaultDedupLease, Store: "claims", Legacy: "off"},
-		RateLimit: RateLimit{Enabled: true, RulesBackend: "redis", DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
+		RateLimit: DefaultRateLimit(),
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
 		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
 		DLQ:       defaultDLQ(),

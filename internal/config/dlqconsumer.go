@@ -69,7 +69,7 @@ func defaultDLQConsumer(env string) DLQConsumer {
 			TTL:        map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
 		Admin:     Admin{Addr: "127.0.0.1:8090", MaxBodyBytes: 64 << 10, ConsumerGroup: "kfpipe-consumer", BatchRate: 200},
 		DLQIndex:  DLQIndex{MaxEntries: 1_000_000},
-		RateLimit: RateLimit{Enabled: true, RulesBackend: "redis", DefaultGroup: "normal", Groups: defaultRateGroups(), Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}},
+		RateLimit: DefaultRateLimit(),
 	}
 	c.Kafka.Consumer.GroupID = "kfpipe-dlq"
 	return c

@@ -497,6 +497,56 @@ func (c *Consumer) sentAt(km *kafka.Message) time.Time {
 	return produced
 }
 
+// admittedBefore reports whether a message that failed for reason had
+// passed the limiter: route runs breaker → limiter → mailbox → handler, so
+// a full mailbox and the handler's failures come after the limiter's yes.
+// Refusals of the breaker and the limiter, and anything else (an invalid
+// record, a reason this consumer does not give), did not — or may not have.
+func admittedBefore(reason string) bool {
+	switch reason {
+	case ReasonQueueFull, ReasonDownstreamError, ReasonProcessTimeout:
+		return true
+	}
+	return false
+}
+
+// limitAt says whether the limiter judges the record, and by which time.
+// A record re-injected from the DLQ (the retry_from_dlq header; the
+// scheduler and an operator's retry both set it) is not new traffic:
+//   - one whose failure came after the limiter admitted it
+//     (admittedBefore) was judged once already: the limiter does not see
+//     it again — no window slot, no violation, no block — so a user's
+//     recovered letters never block the user;
+//   - one the limiter (or the breaker, before it) refused is judged again
+//     at its re-injection time (the record's produce time), not at its
+//     send time: a send time older than the user's newest would count as
+//     the newest, and every letter of a recovery would land in one
+//     window. A user who is still blocked is refused again, so a bot's
+//     flood an operator retries is still stopped.
+//
+// Any other record is judged at sentAt.
+func (c *Consumer) limitAt(km *kafka.Message) (at time.Time, judge bool) {
+	retried, failure := false, ""
+	for _, h := range km.Headers {
+		switch h.Key {
+		case chatmsg.HeaderRetryFromDLQ:
+			retried = string(h.Value) == "true"
+		case chatmsg.HeaderOriginalFailure:
+			failure = string(h.Value)
+		}
+	}
+	if !retried {
+		return c.sentAt(km), true
+	}
+	if admittedBefore(failure) {
+		return time.Time{}, false
+	}
+	if km.TimestampType == kafka.TimestampNotAvailable || km.Timestamp.IsZero() {
+		return c.clock.Now(), true
+	}
+	return km.Timestamp, true
+}
+
 // route applies breaker → limiter → mailbox to one admitted record.
 func (c *Consumer) route(env *envelope) {
 	user := env.user
@@ -508,8 +558,8 @@ func (c *Consumer) route(env *envelope) {
 		}
 		env.breakerDone = done
 	}
-	if c.limiter != nil {
-		if v := c.limiter.Allow(c.runCtx, user, c.sentAt(env.km)); !v.Allowed {
+	if at, judge := c.limitAt(env.km); judge && c.limiter != nil {
+		if v := c.limiter.Allow(c.runCtx, user, at); !v.Allowed {
 			reason := v.Reason
 			if reason == "" {
 				reason = ReasonRateLimited

@@ -352,8 +352,16 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 	sent := make([]inflight, 0, len(items))
 	var errs []error
 	paced := 0
+	blocks := map[string]time.Time{}
 	for _, c := range items {
 		st := s.policy.Strategy(c.dl.Reason)
+		if until, held := s.heldByBlock(ctx, st, c.dl, now, blocks); held {
+			// Refused again at once if sent now: it waits for the block.
+			if err := s.idx.reschedule(ctx, c.id, until); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
 		if at, ok := s.admit(c.dl, now); !ok {
 			// Postponed to the next window of the user, in order.
 			paced++
@@ -477,13 +485,51 @@ func (s *Scheduler) retriedEvent(c claimed, attempts int) *DeadLetterMessage {
 		UserID: c.dl.UserID, OriginalKey: c.dl.OriginalKey, FailureTime: s.clock.Now()}
 }
 
-// admit applies the pacing rule: a user's rate_limited and user_blocked
-// retries are re-injected at most max_messages/2 per window of the user's
-// group, so recovery itself does not trip the limiter again. When refused
-// it returns the time the user's next window starts.
+// heldByBlock reports whether a letter the limiter refused (a reason whose
+// recovery waits for the block: rate_limited, user_blocked) belongs to a
+// user who is blocked now, and until when (a second past the block's end).
+// The consumer would refuse it again at once (user_blocked) and the DLQ
+// would grow by a letter per retry; this happens when the letter was
+// placed before its user's block was known (the refusals that led to the
+// block), and when an operator retries a blocked user's letters without
+// unblocking the user. blocks caches one scan's lookups per user; a failed
+// lookup lets the letter go (the consumer still judges it).
+func (s *Scheduler) heldByBlock(ctx context.Context, st RecoveryStrategy, dl *DeadLetterMessage, now time.Time,
+	blocks map[string]time.Time) (time.Time, bool) {
+	b, ok := st.(*blocked)
+	if !ok || b.lookup == nil || dl.UserID == "" {
+		return time.Time{}, false
+	}
+	until, seen := blocks[dl.UserID]
+	if !seen {
+		u, isBlocked, err := b.lookup.BlockedUntil(ctx, dl.UserID)
+		if err != nil {
+			s.log.Warn("block lookup failed; re-injecting", zap.String("user_id", dl.UserID), zap.Error(err))
+		} else if isBlocked {
+			until = u
+		}
+		blocks[dl.UserID] = until
+	}
+	if !until.After(now) {
+		return time.Time{}, false
+	}
+	return until.Add(time.Second), true
+}
+
+// admit applies the pacing rule: a user's retries, whatever their reason,
+// are re-injected at most max_messages/2 per window of the user's group
+// (the scheduler's windows, one per user, from the user's first retry),
+// the rest postponed to the user's next window in their order. A
+// recovery thus comes back at a person's pace — 20 letters under normal
+// (30 a minute): 15 now, 5 a minute later — and leaves half of the window
+// to what the user sends meanwhile. The consumer does not count a retry
+// whose failure came after the limiter's yes (downstream_error,
+// process_timeout, queue_full); one the limiter or the breaker refused it
+// judges at its re-injection time, which this pacing keeps inside the
+// limit. When refused it returns the time the user's next window starts.
 func (s *Scheduler) admit(dl *DeadLetterMessage, now time.Time) (time.Time, bool) {
 	rl := s.cfg.RateLimit
-	if !rl.Enabled || (dl.Reason != ReasonRateLimited && dl.Reason != ReasonUserBlocked) || dl.UserID == "" {
+	if !rl.Enabled || dl.UserID == "" {
 		return time.Time{}, true
 	}
 	g, ok := rl.Groups[dl.UserGroup]

@@ -1,6 +1,6 @@
 // Package ratelimit protects the consumer from flooding users (invariants
 // I5 and I6): a per-user sliding-window limiter with a penalty
-// block, user groups (normal, vip, suspicious, whitelist), an optional
+// block, user groups (normal, seed, vip, suspicious, whitelist), an optional
 // progressive penalty, admin operations over Redis, and a per-user circuit
 // breaker.
 //

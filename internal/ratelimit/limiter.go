@@ -203,7 +203,10 @@ func (l *Limiter) lookup(user string) *userState {
 // so that a backlog read at catch-up speed is judged by how fast the
 // customer sent it; a block then covers what the user sent until it ends.
 // A time earlier than the user's newest one counts as that newest one (the
-// window stays sorted). ctx bounds the one
+// window stays sorted); for that reason the consumer does not hand a letter
+// re-injected from the DLQ its old send time: it judges one the limiter
+// refused at its re-injection time, and one that failed after the limiter's
+// yes not at all (consumer.limitAt). ctx bounds the one
 // Redis read made when the user's state is first created (or reloaded after
 // a pub/sub reconnect); if that read fails the user runs on defaults (fail
 // open: refusing everyone because Redis blinked would send every message to
@@ -544,9 +547,10 @@ func (st *userState) prune(cutoff int64) {
 }
 
 // last returns the newest timestamp in the window (0 when empty). A user's
-// messages arrive in send order, but a time may still step back (a
-// re-injected dead letter, two devices' clocks): the window keeps its
-// timestamps sorted by counting such a message at the newest time seen.
+// messages arrive in send order, but a time may still step back (two
+// devices' clocks, a send time in seconds beside a re-injection time in
+// milliseconds): the window keeps its timestamps sorted by counting such a
+// message at the newest time seen.
 func (st *userState) last() int64 {
 	if st.n == 0 {
 		return 0
