@@ -17,10 +17,13 @@ var ErrNoReplier = reply.ErrNoReplier
 // once per message however often the handler runs: the handler's n-th
 // reply is sent once for that message. A handler that replies must reply
 // the same way (the same number of replies, in the same order) when it
-// runs again for a message. A refusal of WeChat that retrying cannot fix
-// is returned as Permanent.
+// runs again for a message: a different reply at a position an earlier run
+// already sent is skipped all the same (the customer has the earlier one),
+// counted in kfpipe_reply_mismatch_total and logged as a warning with the
+// message's ids (kfpipetest's RunTwice finds this in a unit test). A
+// refusal of WeChat that retrying cannot fix is returned as Permanent.
 func Reply(ctx context.Context, msg kf.Message) error {
-	return reply.Do(ctx, "reply", func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
+	return reply.DoContent(ctx, "reply", msg, func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
 		_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, msg)
 		return err
 	})
@@ -30,7 +33,7 @@ func Reply(ctx context.Context, msg kf.Message) error {
 // event (its welcome_code is valid 20 seconds, and once), with the same
 // exactly-once rule as Reply.
 func Welcome(ctx context.Context, msg kf.Message) error {
-	return reply.Do(ctx, "welcome", func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
+	return reply.DoContent(ctx, "welcome", msg, func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
 		if to.WelcomeCode == "" {
 			return Permanent(errors.New("the message is not an enter_session event with a welcome_code"))
 		}
@@ -43,7 +46,7 @@ func Welcome(ctx context.Context, msg kf.Message) error {
 // servicer's userid hands the customer to a human, kf.StateQueue queues
 // them, kf.StateEnded ends the session — with the same exactly-once rule.
 func Transfer(ctx context.Context, to kf.State, servicer string) error {
-	return reply.Do(ctx, "transfer", func(ctx context.Context, kc *kf.Client, t reply.Target, _ string) error {
+	return reply.DoContent(ctx, "transfer", reply.Transfer{State: to, Servicer: servicer}, func(ctx context.Context, kc *kf.Client, t reply.Target, _ string) error {
 		_, err := kc.TransServiceState(ctx, t.OpenKfID, t.User, to, servicer)
 		return err
 	})

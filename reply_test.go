@@ -11,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/once"
@@ -25,6 +29,8 @@ import (
 type replyRig struct {
 	fake *wecomtest.Server
 	fx   *reply.Effects
+	reg  *prometheus.Registry
+	logs *observer.ObservedLogs
 	cut  atomic.Pointer[func(w http.ResponseWriter, r *http.Request) bool]
 }
 
@@ -49,7 +55,9 @@ func newReplyRig(t *testing.T) *replyRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = oc.Close() })
-	rig.fx = reply.New(oc, kc, nil)
+	core, logs := observer.New(zap.WarnLevel)
+	rig.reg, rig.logs = prometheus.NewRegistry(), logs
+	rig.fx = reply.New(oc, kc, rig.reg, reply.WithLogger(zap.New(core)))
 	return rig
 }
 
@@ -119,6 +127,55 @@ func TestRerunHandlerRepliesOnce(t *testing.T) {
 	if calls.Load() != 3 {
 		t.Fatalf("handler ran %d times", calls.Load())
 	}
+}
+
+// TestDifferentReplyOnRerunIsReported: a handler that replies "one" and
+// then, run again for the same message, "other" at the same position:
+// the customer keeps "one" only, and the skipped reply is counted in
+// kfpipe_reply_mismatch_total and logged with the message's ids. The same
+// reply on a third run is not a mismatch.
+func TestDifferentReplyOnRerunIsReported(t *testing.T) {
+	rig := newReplyRig(t)
+	id := rig.fake.AddText("wk", "u4", "hi")
+	c := rig.message(t, id)
+	texts := []string{"one", "other", "one"}
+	var run atomic.Int32
+	h := reply.Wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+		return Reply(ctx, kf.Text{Content: texts[run.Add(1)-1]})
+	})), rig.fx)
+	for range texts {
+		if err := h.Handle(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertReplies(t, rig.fake, "u4", "one")
+	if n := counterValue(t, rig.reg, "kfpipe_reply_mismatch_total"); n != 1 || rig.fx.Mismatches() != 1 {
+		t.Fatalf("kfpipe_reply_mismatch_total = %v (Mismatches %d), want 1", n, rig.fx.Mismatches())
+	}
+	warns := rig.logs.FilterMessageSnippet("different reply").All()
+	if len(warns) != 1 {
+		t.Fatalf("%d mismatch warnings, want 1: %v", len(warns), rig.logs.All())
+	}
+	f := warns[0].ContextMap()
+	if f["upstream_msgid"] != id || f["user_id"] != "u4" || f["reply"] != int64(0) {
+		t.Fatalf("the warning does not name the message and reply: %v", f)
+	}
+}
+
+// counterValue returns the value of the registered counter named name.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 // TestWebhookAnswerRepliesOnce: the replies in an http receiver's answer
