@@ -13,6 +13,20 @@ import (
 // wecom.corp_id and wecom.secret.
 var ErrNoReplier = reply.ErrNoReplier
 
+// WeChat's routine refusals of a reply, which a handler can test for with
+// errors.Is: the 5-replies / 48-hours window (95001, 95002), an ended
+// session (95013), a welcome_code that expired or was used (95017). A
+// handler that returns one (as a handler that just returns Reply's error
+// does) finishes the message: the refusal is counted in
+// kfpipe_reply_refusals_total{reason} and logged, not dead-lettered.
+// Other refusals (an unknown user, a bad media_id…) are Permanent errors
+// that dead-letter the message as invalid_message.
+var (
+	ErrReplyWindow        = reply.ErrReplyWindow
+	ErrSessionEnded       = reply.ErrSessionEnded
+	ErrWelcomeCodeExpired = reply.ErrWelcomeCodeExpired
+)
+
 // Reply sends msg to the customer of the message being handled, at most
 // once per message however often the handler runs: the handler's n-th
 // reply is sent once for that message. A handler that replies must reply
@@ -21,7 +35,8 @@ var ErrNoReplier = reply.ErrNoReplier
 // already sent is skipped all the same (the customer has the earlier one),
 // counted in kfpipe_reply_mismatch_total and logged as a warning with the
 // message's ids (kfpipetest's RunTwice finds this in a unit test). A
-// refusal of WeChat that retrying cannot fix is returned as Permanent.
+// refusal of WeChat that retrying cannot fix is returned as Permanent; the
+// routine ones (ErrReplyWindow, ErrSessionEnded) also match their error.
 func Reply(ctx context.Context, msg kf.Message) error {
 	return reply.DoContent(ctx, "reply", msg, func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
 		_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, msg)

@@ -3,6 +3,7 @@ package kfpipe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -160,6 +161,74 @@ func TestDifferentReplyOnRerunIsReported(t *testing.T) {
 	if f["upstream_msgid"] != id || f["user_id"] != "u4" || f["reply"] != int64(0) {
 		t.Fatalf("the warning does not name the message and reply: %v", f)
 	}
+}
+
+// TestRoutineRefusalFinishesMessage: a handler that returns WeChat's
+// routine refusal of a reply (the 5-replies window, an ended session)
+// finishes its message, counted by reason; the error matches
+// ErrReplyWindow / ErrSessionEnded for a handler that tests it. Another
+// refusal (an unknown user) still dead-letters it (Permanent).
+func TestRoutineRefusalFinishesMessage(t *testing.T) {
+	rig := newReplyRig(t)
+	var last error
+	h := reply.Wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+		n := 1
+		if text, _ := m.Text(); text == "six" {
+			n = 6
+		}
+		for i := range n {
+			if last = Reply(ctx, kf.Text{Content: fmt.Sprint(i)}); last != nil {
+				return last
+			}
+		}
+		return nil
+	})), rig.fx)
+	ctx := context.Background()
+	if err := h.Handle(ctx, rig.message(t, rig.fake.AddText("wk", "u5", "six"))); err != nil {
+		t.Fatalf("six replies: the handler's refusal was not settled: %v", err)
+	}
+	if !errors.Is(last, ErrReplyWindow) || !IsPermanent(last) || errors.Is(last, ErrSessionEnded) {
+		t.Fatalf("the sixth reply's error %v, want ErrReplyWindow and Permanent", last)
+	}
+	if n := len(rig.fake.Replies("wk", "u5")); n != 5 {
+		t.Fatalf("%d replies delivered, want 5", n)
+	}
+	rig.fake.FailNextSend(1, kf.CodeSessionEnded)
+	if err := h.Handle(ctx, rig.message(t, rig.fake.AddText("wk", "u6", "hi"))); err != nil || !errors.Is(last, ErrSessionEnded) {
+		t.Fatalf("ended session: handler %v, reply %v", err, last)
+	}
+	rig.fake.FailNextSend(1, kf.CodeInvalidUser)
+	if err := h.Handle(ctx, rig.message(t, rig.fake.AddText("wk", "u7", "hi"))); !IsPermanent(err) {
+		t.Fatalf("unknown user: %v, want a permanent error", err)
+	}
+	for reason, want := range map[string]float64{"reply_window": 1, "session_ended": 1, "welcome_code_expired": 0} {
+		if n := labeledValue(t, rig.reg, "kfpipe_reply_refusals_total", "reason", reason); n != want {
+			t.Errorf("kfpipe_reply_refusals_total{reason=%q} = %v, want %v", reason, n, want)
+		}
+	}
+}
+
+// labeledValue returns the value of the counter name{label=value}.
+func labeledValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no metric %s{%s=%q}", name, label, value)
+	return 0
 }
 
 // counterValue returns the value of the registered counter named name.

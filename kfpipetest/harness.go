@@ -366,7 +366,11 @@ func (hs *Harness) Run(m *kfpipe.Message) *Result {
 		hs.mu.Lock()
 		hs.attempt = res.Attempts
 		hs.mu.Unlock()
-		err, timedOut := hs.call(reply.With(context.Background(), hs.fx, reply.TargetOf(c)), m)
+		to := reply.TargetOf(c)
+		err, timedOut := hs.call(reply.With(context.Background(), hs.fx, to), m)
+		// A routine refusal of a reply (kfpipe.ErrReplyWindow, …) the
+		// handler returns finishes the message, as in the consumer.
+		err = hs.fx.Settle(to, err)
 		res.Err = err
 		switch {
 		case err == nil:

@@ -2,6 +2,7 @@ package kfpipetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -118,6 +119,24 @@ func TestRefusalIsPermanent(t *testing.T) {
 	}))
 	r := h.Run(ServicerText("nobody", "alice", "hello")).ExpectPermanent()
 	if len(r.Replies) != 1 || r.Replies[0].Outcome != Refused {
+		t.Fatalf("replies %v", r.Replies)
+	}
+}
+
+// TestRoutineRefusalFinishes: the sixth reply to one customer message is
+// refused (WeChat's 5-replies window); a handler that returns that error
+// finishes the message, as in the consumer.
+func TestRoutineRefusalFinishes(t *testing.T) {
+	h := New(t, kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		for i := range 6 {
+			if err := kfpipe.Reply(ctx, kf.Text{Content: fmt.Sprint(i)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	r := h.Run(Text("u", "hi")).ExpectDone()
+	if len(r.Replies) != 6 || r.Replies[5].Outcome != Refused || !errors.Is(r.Replies[5].Err, kfpipe.ErrReplyWindow) {
 		t.Fatalf("replies %v", r.Replies)
 	}
 }

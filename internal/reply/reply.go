@@ -35,6 +35,34 @@ import (
 // when the consumer's configuration has no wecom.corp_id and wecom.secret.
 var ErrNoReplier = errors.New("kfpipe: replies need a handler run by RunConsumer with wecom.corp_id and wecom.secret configured")
 
+// Routine refusals: WeChat refusing a reply for a reason that is part of
+// ordinary chat, not a fault of the message or the handler. DoContent's
+// error wraps one of them (and the kf.Error); a handler that returns it
+// finishes the message (Settle) instead of dead-lettering it.
+var (
+	ErrReplyWindow        = errors.New("kfpipe: WeChat refused the reply: 5 replies were sent since the customer's last message, or it is 48 hours old (95001, 95002)")
+	ErrSessionEnded       = errors.New("kfpipe: WeChat refused the reply: the session has ended (95013)")
+	ErrWelcomeCodeExpired = errors.New("kfpipe: WeChat refused the welcome message: its welcome_code expired (20 s) or was used (95017)")
+)
+
+// routine maps WeChat's errcode of a routine refusal to its error and the
+// reason label of kfpipe_reply_refusals_total.
+func routine(err error) (sentinel error, reason string) {
+	var e *kf.Error
+	if !errors.As(err, &e) {
+		return nil, ""
+	}
+	switch e.Code {
+	case kf.CodeReplyLimit, kf.CodeReplyWindowClosed:
+		return ErrReplyWindow, "reply_window"
+	case kf.CodeSessionEnded:
+		return ErrSessionEnded, "session_ended"
+	case kf.CodeWelcomeCodeUsed:
+		return ErrWelcomeCodeExpired, "welcome_code_expired"
+	}
+	return nil, ""
+}
+
 // TTL is how long a reply's done mark lives: as long as a message's
 // (dedup.ttl's default), so a re-run of the handler within WeChat's 3-day
 // re-pull window never sends it again.
@@ -48,6 +76,7 @@ type Effects struct {
 	counts     [len(outcomes)]atomic.Int64
 	mismatch   prometheus.Counter
 	mismatches atomic.Int64
+	settled    *prometheus.CounterVec
 	log        *zap.Logger
 	observe    func(Attempt)
 }
@@ -98,15 +127,21 @@ func New(oc *once.Client, kc *kf.Client, reg prometheus.Registerer, opts ...Opti
 	}, []string{"outcome"}), mismatch: prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kfpipe_reply_mismatch_total",
 		Help: "Replies skipped because an earlier run of the handler for the same message made a different reply at the same position: the handler does not reply the same way when it runs again, and the customer got the earlier reply.",
-	}), log: zap.NewNop()}
+	}), settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kfpipe_reply_refusals_total",
+		Help: "Messages finished although WeChat refused a reply for a routine reason (reply_window: 95001/95002, session_ended: 95013, welcome_code_expired: 95017) and the handler returned that refusal: recorded, not dead-lettered.",
+	}, []string{"reason"}), log: zap.NewNop()}
 	for _, o := range outcomes {
 		fx.outcome.WithLabelValues(o)
+	}
+	for _, r := range []string{"reply_window", "session_ended", "welcome_code_expired"} {
+		fx.settled.WithLabelValues(r)
 	}
 	for _, o := range opts {
 		o(fx)
 	}
 	if reg != nil {
-		reg.MustRegister(fx.outcome, fx.mismatch)
+		reg.MustRegister(fx.outcome, fx.mismatch, fx.settled)
 	}
 	return fx
 }
@@ -171,11 +206,36 @@ func With(ctx context.Context, fx *Effects, to Target) context.Context {
 	return context.WithValue(ctx, stateKey{}, &state{fx: fx, to: to})
 }
 
-// Wrap gives each call of h a context that carries its reply state.
+// Wrap gives each call of h a context that carries its reply state, and
+// settles the routine refusals it returns (Settle).
 func Wrap(h consumer.Handler, fx *Effects) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
-		return h.Handle(With(ctx, fx, TargetOf(c)), c)
+		to := TargetOf(c)
+		return fx.Settle(to, h.Handle(With(ctx, fx, to), c))
 	})
+}
+
+// Settle returns nil for a handler's error that is a routine refusal of a
+// reply (ErrReplyWindow, ErrSessionEnded, ErrWelcomeCodeExpired): the
+// message is finished, the refusal counted in kfpipe_reply_refusals_total
+// and logged. Any other error is returned as it is.
+func (fx *Effects) Settle(to Target, err error) error {
+	if err == nil || fx == nil {
+		return err
+	}
+	for _, r := range []struct {
+		err    error
+		reason string
+	}{{ErrReplyWindow, "reply_window"}, {ErrSessionEnded, "session_ended"}, {ErrWelcomeCodeExpired, "welcome_code_expired"}} {
+		if errors.Is(err, r.err) {
+			fx.settled.WithLabelValues(r.reason).Inc()
+			fx.log.Info("reply refused by WeChat for a routine reason; the message is finished, not dead-lettered",
+				zap.String("open_kfid", to.OpenKfID), zap.String("upstream_msgid", to.UpstreamMsgID),
+				zap.String("user_id", to.User), zap.String("reason", r.reason), zap.Error(err))
+			return nil
+		}
+	}
+	return err
 }
 
 // Send is one reply's call to WeChat with the msgid to give it.
@@ -233,7 +293,11 @@ func DoContent(ctx context.Context, what string, content any, send Send) error {
 		// the message cannot change WeChat's answer.
 		fx.count(2)
 		a.Outcome = "refused"
-		err = consumer.Permanent(fmt.Errorf("%s: %w", what, err))
+		if sentinel, _ := routine(err); sentinel != nil {
+			err = consumer.Permanent(fmt.Errorf("%s: %w: %w", what, sentinel, err))
+		} else {
+			err = consumer.Permanent(fmt.Errorf("%s: %w", what, err))
+		}
 	default:
 		fx.count(3)
 		a.Outcome = "failed"
