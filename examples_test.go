@@ -2,6 +2,7 @@ package kfpipe_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -19,7 +21,8 @@ import (
 // kfpipe's public packages are importable from there) and runs its bot on
 // the real broker and Redis against the fake WeChat: enter_session →
 // welcome message; "hours" → the answer; "menu" → a menu message; "human"
-// → a reply and a hand-off to the servicer; anything else → an echo. Then
+// → a reply and a hand-off to the servicer; anything else → an echo; a
+// servicer's message → nothing. Then
 // a second bot in a new consumer group handles every message again (as
 // after a lost offset or a re-pull): no reply may reach WeChat a second
 // time.
@@ -43,6 +46,11 @@ func TestFAQBotEndToEnd(t *testing.T) {
 	fake.AddText(kfID, "u-menu", "menu")
 	fake.AddText(kfID, "u-human", "human")
 	fake.AddText(kfID, "u-echo", "hello there")
+	// A servicer's own message to the same customer: the bot answers
+	// customers only, so u-echo still gets one reply.
+	servicerMsg, _ := json.Marshal(map[string]any{"open_kfid": kfID, "external_userid": "u-echo", "origin": 5,
+		"servicer_userid": "alice", "msgtype": "text", "text": map[string]any{"content": "Hi, I am Alice from support"}})
+	fake.Append(kfID, wecom.Message{Raw: servicerMsg})
 	produceLog(t, brokers, mainTopic, fake, kfID)
 
 	start := func(group string) *exec.Cmd {
