@@ -149,6 +149,18 @@ func TestFAQBotEndToEnd(t *testing.T) {
 	check("after every message was handled again")
 }
 
+// TestExamplesUnitTests runs the examples module's own tests (faqbot's,
+// written with kfpipetest): the examples are a module of their own, which
+// go test ./... of this one does not enter.
+func TestExamplesUnitTests(t *testing.T) {
+	cmd := exec.Command("go", "test", "-count=1", "./...")
+	cmd.Dir = "examples"
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go test in the examples module: %v\n%s", err, out)
+	}
+}
+
 // produceLog writes kfID's messages in the fake as kf-producer would:
 // keyed by user, chatmsg-encoded with its headers.
 func produceLog(t *testing.T, brokers, topic string, fake *wecomtest.Server, kfID string) {
