@@ -18,6 +18,10 @@
 // twice. The one window left is a crash after WeChat accepted a reply and
 // before its done mark was written; the resend then carries the same msgid
 // (see docs/replies.md).
+//
+// NewConsumer and Run build the consumer in code from a Config (LoadConfig
+// reads the daemons' file into one). Package kfpipetest unit-tests a
+// handler in-process with the real reply path.
 package kfpipe
 
 import (

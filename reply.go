@@ -66,3 +66,29 @@ func Transfer(ctx context.Context, to kf.State, servicer string) error {
 		return err
 	})
 }
+
+// Client returns the consumer's WeChat client, for the calls of the
+// customer-service API a handler makes itself (UploadMedia before a
+// kf.Image reply, Customers): ErrNoReplier outside a handler run by the
+// consumer or without wecom.corp_id and wecom.secret. Its Send is not
+// exactly-once: reply with Reply.
+func Client(ctx context.Context) (*kf.Client, error) {
+	kc, _, ok := reply.Client(ctx)
+	if !ok {
+		return nil, ErrNoReplier
+	}
+	return kc, nil
+}
+
+// SessionState asks WeChat for the session state of the customer of the
+// message being handled (kf.StateUntreated, StateBot, StateQueue,
+// StateServicer with the servicer's userid, StateEnded). It is read at the
+// time of the call: a handler that replies from it may reply differently
+// when it runs again (see Reply).
+func SessionState(ctx context.Context) (state kf.State, servicer string, err error) {
+	kc, to, ok := reply.Client(ctx)
+	if !ok {
+		return 0, "", ErrNoReplier
+	}
+	return kc.ServiceState(ctx, to.OpenKfID, to.User)
+}

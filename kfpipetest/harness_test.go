@@ -140,3 +140,31 @@ func TestRoutineRefusalFinishes(t *testing.T) {
 		t.Fatalf("replies %v", r.Replies)
 	}
 }
+
+// TestSessionStateAndClient: a handler reads its customer's session state
+// and reaches the WeChat client from its context; outside a handler both
+// answer ErrNoReplier.
+func TestSessionStateAndClient(t *testing.T) {
+	h := New(t, kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		if _, err := kfpipe.Client(ctx); err != nil {
+			return err
+		}
+		if text, _ := m.Text(); text == "human" {
+			return kfpipe.Transfer(ctx, kf.StateServicer, "alice")
+		}
+		state, servicer, err := kfpipe.SessionState(ctx)
+		if err != nil {
+			return err
+		}
+		return kfpipe.Reply(ctx, kf.Text{Content: fmt.Sprintf("state %d %s", state, servicer)})
+	}))
+	h.Run(Text("u", "hi")).ExpectDone().ExpectTexts("state 0 ")
+	h.Run(Text("u", "human")).ExpectDone()
+	h.Run(Text("u", "and now?")).ExpectDone().ExpectTexts("state 3 alice")
+	if _, _, err := kfpipe.SessionState(context.Background()); !errors.Is(err, kfpipe.ErrNoReplier) {
+		t.Fatalf("SessionState outside a handler: %v", err)
+	}
+	if _, err := kfpipe.Client(context.Background()); !errors.Is(err, kfpipe.ErrNoReplier) {
+		t.Fatalf("Client outside a handler: %v", err)
+	}
+}

@@ -238,6 +238,17 @@ func (fx *Effects) Settle(to Target, err error) error {
 	return err
 }
 
+// Client returns the WeChat client and the message being answered of the
+// handler call ctx belongs to (ok false outside one, or without WeChat
+// credentials).
+func Client(ctx context.Context) (kc *kf.Client, to Target, ok bool) {
+	s, _ := ctx.Value(stateKey{}).(*state)
+	if s == nil || s.fx == nil {
+		return nil, Target{}, false
+	}
+	return s.fx.kf, s.to, true
+}
+
 // Send is one reply's call to WeChat with the msgid to give it.
 type Send func(ctx context.Context, kc *kf.Client, to Target, msgID string) error
 
