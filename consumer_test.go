@@ -3,12 +3,14 @@ package kfpipe_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kfpipe/kfpipe"
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -18,8 +20,8 @@ import (
 // TestNewConsumerRuns builds a consumer in code — the test configuration
 // file loaded with LoadConfig, then changed as Go fields — and runs it on
 // the real broker and Redis against the fake WeChat: the customer's
-// message is answered, the servicer's is not; Run returns nil once its
-// context ends.
+// message is answered, the servicer's is not, a retry from the DLQ says
+// so in Message; Run returns nil once its context ends.
 func TestNewConsumerRuns(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
@@ -34,6 +36,22 @@ func TestNewConsumerRuns(t *testing.T) {
 	fake.Append(kfID, wecom.Message{Raw: raw})
 	fake.AddText(kfID, "u1", "bye")
 	produceLog(t, brokers, mainTopic, fake, kfID)
+	// A message the DLQ's recovery put back for the second time: its
+	// record carries the recovery's headers.
+	lateID := fake.AddText(kfID, "u2", "late")
+	for i, m := range fake.Messages(kfID) {
+		if m.MsgID != lateID {
+			continue
+		}
+		c := &chatmsg.ChatMessage{MessageID: int64(100 + i), UpstreamMsgID: m.MsgID, OpenKfID: kfID, ExternalUserID: "u2",
+			MsgType: m.MsgType, Origin: m.Origin, SendTime: m.SendTime, ProducedAt: time.Now().UnixMilli(), Content: m.Raw}
+		v, err := chatmsg.Encode(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := append(c.Headers(), [2]string{chatmsg.HeaderRetryFromDLQ, "true"}, [2]string{chatmsg.HeaderRetryCount, "2"})
+		testenv.Produce(t, brokers, mainTopic, []testenv.Record{{Key: []byte("u2"), Value: v, Headers: hs}})
+	}
 
 	cfg, err := kfpipe.LoadConfig(filepath.Join(testenv.RepoRoot(t), "config", "test.yaml"))
 	if err != nil {
@@ -59,6 +77,9 @@ func TestNewConsumerRuns(t *testing.T) {
 
 	echo := kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
 		if text, ok := m.Text(); ok && m.FromCustomer() {
+			if m.RetryFromDLQ {
+				text += fmt.Sprintf(" (DLQ retry %d)", m.RetryCount)
+			}
 			return kfpipe.Reply(ctx, kf.Text{Content: "You said: " + text})
 		}
 		return nil
@@ -87,11 +108,14 @@ func TestNewConsumerRuns(t *testing.T) {
 			t.Fatalf("Run returned early: %v", err)
 		default:
 		}
-		return len(fake.Replies(kfID, "u1")) >= 2
+		return len(fake.Replies(kfID, "u1")) >= 2 && len(fake.Replies(kfID, "u2")) >= 1
 	})
 	time.Sleep(500 * time.Millisecond) // a reply to the servicer would come between the two
 	rs := fake.Replies(kfID, "u1")
 	if len(rs) != 2 || !strings.Contains(string(rs[0].Body), "You said: hello") || !strings.Contains(string(rs[1].Body), "You said: bye") {
 		t.Fatalf("replies %+v, want the two customer messages answered and the servicer's not", rs)
+	}
+	if rs := fake.Replies(kfID, "u2"); len(rs) != 1 || !strings.Contains(string(rs[0].Body), "You said: late (DLQ retry 2)") {
+		t.Fatalf("replies to the DLQ retry %+v, want one that knows it is the second retry from the DLQ", rs)
 	}
 }

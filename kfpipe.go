@@ -56,7 +56,19 @@ type Message struct {
 	SendTime time.Time
 	// Raw is WeChat's message item exactly as received.
 	Raw json.RawMessage
+	// RetryFromDLQ is true when this delivery is a retry from the
+	// dead-letter queue (an operator's or the DLQ consumer's), possibly
+	// hours after the message was sent (Age); RetryCount is how many times
+	// the message was put back from the DLQ (1 the first time).
+	RetryFromDLQ bool
+	RetryCount   int
 }
+
+// Age is how long ago the customer sent the message (SendTime): large for
+// a DLQ retry or a backlog read after an outage. A welcome_code is valid
+// 20 seconds after an enter_session; WeChat accepts replies within 48
+// hours of the customer's last message.
+func (m *Message) Age() time.Duration { return time.Since(m.SendTime) }
 
 // IdempotencyKey is the message's identity at WeChat, stable across
 // re-pulls, retries and redeliveries: "<open_kfid>:<upstream msgid>". A

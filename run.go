@@ -44,7 +44,10 @@ func RunConsumer(ctx context.Context, args []string, h Handler) error {
 // Message.
 func adapt(h Handler) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
-		return h.Handle(ctx, fromChat(c))
+		m := fromChat(c)
+		d := consumer.DeliveryFrom(ctx)
+		m.RetryFromDLQ, m.RetryCount = d.RetryFromDLQ, d.RetryCount
+		return h.Handle(ctx, m)
 	})
 }
 
