@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,22 +46,31 @@ var (
 	ErrWelcomeCodeExpired = errors.New("kfpipe: WeChat refused the welcome message: its welcome_code expired (20 s) or was used (95017)")
 )
 
-// routine maps WeChat's errcode of a routine refusal to its error and the
-// reason label of kfpipe_reply_refusals_total.
-func routine(err error) (sentinel error, reason string) {
+// refusals are the routine refusals: WeChat's errcodes, the error a reply
+// returns, the reason label of kfpipe_reply_refusals_total.
+var refusals = []struct {
+	codes  []int
+	err    error
+	reason string
+}{
+	{[]int{kf.CodeReplyLimit, kf.CodeReplyWindowClosed}, ErrReplyWindow, "reply_window"},
+	{[]int{kf.CodeSessionEnded}, ErrSessionEnded, "session_ended"},
+	{[]int{kf.CodeWelcomeCodeUsed}, ErrWelcomeCodeExpired, "welcome_code_expired"},
+}
+
+// routine returns the error of WeChat's routine refusal err (nil for any
+// other error).
+func routine(err error) error {
 	var e *kf.Error
 	if !errors.As(err, &e) {
-		return nil, ""
+		return nil
 	}
-	switch e.Code {
-	case kf.CodeReplyLimit, kf.CodeReplyWindowClosed:
-		return ErrReplyWindow, "reply_window"
-	case kf.CodeSessionEnded:
-		return ErrSessionEnded, "session_ended"
-	case kf.CodeWelcomeCodeUsed:
-		return ErrWelcomeCodeExpired, "welcome_code_expired"
+	for _, r := range refusals {
+		if slices.Contains(r.codes, e.Code) {
+			return r.err
+		}
 	}
-	return nil, ""
+	return nil
 }
 
 // TTL is how long a reply's done mark lives: as long as a message's
@@ -134,8 +144,8 @@ func New(oc *once.Client, kc *kf.Client, reg prometheus.Registerer, opts ...Opti
 	for _, o := range outcomes {
 		fx.outcome.WithLabelValues(o)
 	}
-	for _, r := range []string{"reply_window", "session_ended", "welcome_code_expired"} {
-		fx.settled.WithLabelValues(r)
+	for _, r := range refusals {
+		fx.settled.WithLabelValues(r.reason)
 	}
 	for _, o := range opts {
 		o(fx)
@@ -223,10 +233,7 @@ func (fx *Effects) Settle(to Target, err error) error {
 	if err == nil || fx == nil {
 		return err
 	}
-	for _, r := range []struct {
-		err    error
-		reason string
-	}{{ErrReplyWindow, "reply_window"}, {ErrSessionEnded, "session_ended"}, {ErrWelcomeCodeExpired, "welcome_code_expired"}} {
+	for _, r := range refusals {
 		if errors.Is(err, r.err) {
 			fx.settled.WithLabelValues(r.reason).Inc()
 			fx.log.Info("reply refused by WeChat for a routine reason; the message is finished, not dead-lettered",
@@ -304,7 +311,7 @@ func DoContent(ctx context.Context, what string, content any, send Send) error {
 		// the message cannot change WeChat's answer.
 		fx.count(2)
 		a.Outcome = "refused"
-		if sentinel, _ := routine(err); sentinel != nil {
+		if sentinel := routine(err); sentinel != nil {
 			err = consumer.Permanent(fmt.Errorf("%s: %w: %w", what, sentinel, err))
 		} else {
 			err = consumer.Permanent(fmt.Errorf("%s: %w", what, err))
