@@ -2,6 +2,7 @@ package kfpipe_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -19,7 +21,8 @@ import (
 // kfpipe's public packages are importable from there) and runs its bot on
 // the real broker and Redis against the fake WeChat: enter_session →
 // welcome message; "hours" → the answer; "menu" → a menu message; "human"
-// → a reply and a hand-off to the servicer; anything else → an echo. Then
+// → a reply and a hand-off to the servicer; anything else → an echo; a
+// servicer's message → nothing. Then
 // a second bot in a new consumer group handles every message again (as
 // after a lost offset or a re-pull): no reply may reach WeChat a second
 // time.
@@ -43,6 +46,11 @@ func TestFAQBotEndToEnd(t *testing.T) {
 	fake.AddText(kfID, "u-menu", "menu")
 	fake.AddText(kfID, "u-human", "human")
 	fake.AddText(kfID, "u-echo", "hello there")
+	// A servicer's own message to the same customer: the bot answers
+	// customers only, so u-echo still gets one reply.
+	servicerMsg, _ := json.Marshal(map[string]any{"open_kfid": kfID, "external_userid": "u-echo", "origin": 5,
+		"servicer_userid": "alice", "msgtype": "text", "text": map[string]any{"content": "Hi, I am Alice from support"}})
+	fake.Append(kfID, wecom.Message{Raw: servicerMsg})
 	produceLog(t, brokers, mainTopic, fake, kfID)
 
 	start := func(group string) *exec.Cmd {
@@ -139,6 +147,18 @@ func TestFAQBotEndToEnd(t *testing.T) {
 		return len(n) == len(marks)
 	})
 	check("after every message was handled again")
+}
+
+// TestExamplesUnitTests runs the examples module's own tests (faqbot's,
+// written with kfpipetest): the examples are a module of their own, which
+// go test ./... of this one does not enter.
+func TestExamplesUnitTests(t *testing.T) {
+	cmd := exec.Command("go", "test", "-count=1", "./...")
+	cmd.Dir = "examples"
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go test in the examples module: %v\n%s", err, out)
+	}
 }
 
 // produceLog writes kfID's messages in the fake as kf-producer would:

@@ -18,6 +18,10 @@
 // twice. The one window left is a crash after WeChat accepted a reply and
 // before its done mark was written; the resend then carries the same msgid
 // (see docs/replies.md).
+//
+// NewConsumer and Run build the consumer in code from a Config (LoadConfig
+// reads the daemons' file into one). Package kfpipetest unit-tests a
+// handler in-process with the real reply path.
 package kfpipe
 
 import (
@@ -41,11 +45,10 @@ type Message struct {
 	OpenKfID      string
 	// ExternalUserID is the customer.
 	ExternalUserID string
-	// MsgType is WeChat's msgtype: text, image, voice, video, file,
-	// location, link, business_card, miniprogram, msgmenu, event, …
+	// MsgType is WeChat's msgtype: MsgText, MsgImage, … MsgEvent.
 	MsgType string
-	// Origin is WeChat's origin: 3 the customer, 4 a system event, 5 a
-	// servicer.
+	// Origin is who wrote it: OriginCustomer, OriginSystem (an event) or
+	// OriginServicer. FromCustomer tells the messages a bot answers.
 	Origin int
 	// ServicerUserID is the servicer of a message a servicer sent.
 	ServicerUserID string
@@ -53,7 +56,19 @@ type Message struct {
 	SendTime time.Time
 	// Raw is WeChat's message item exactly as received.
 	Raw json.RawMessage
+	// RetryFromDLQ is true when this delivery is a retry from the
+	// dead-letter queue (an operator's or the DLQ consumer's), possibly
+	// hours after the message was sent (Age); RetryCount is how many times
+	// the message was put back from the DLQ (1 the first time).
+	RetryFromDLQ bool
+	RetryCount   int
 }
+
+// Age is how long ago the customer sent the message (SendTime): large for
+// a DLQ retry or a backlog read after an outage. A welcome_code is valid
+// 20 seconds after an enter_session; WeChat accepts replies within 48
+// hours of the customer's last message.
+func (m *Message) Age() time.Duration { return time.Since(m.SendTime) }
 
 // IdempotencyKey is the message's identity at WeChat, stable across
 // re-pulls, retries and redeliveries: "<open_kfid>:<upstream msgid>". A
@@ -72,7 +87,7 @@ func FencingToken(ctx context.Context) (token int64, ok bool) { return once.Fenc
 // Text returns a text message's content (ok false for other types). A tap
 // on a menu item comes back as a text message too; MenuID gives its item.
 func (m *Message) Text() (content string, ok bool) {
-	if m.MsgType != "text" {
+	if m.MsgType != MsgText {
 		return "", false
 	}
 	var item struct {
@@ -87,6 +102,9 @@ func (m *Message) Text() (content string, ok bool) {
 // MenuID returns the id of the menu item the customer tapped, when this
 // text message answers a Menu ("" otherwise).
 func (m *Message) MenuID() string {
+	if m.MsgType != MsgText {
+		return ""
+	}
 	var item struct {
 		Text struct {
 			MenuID string `json:"menu_id"`
@@ -98,19 +116,29 @@ func (m *Message) MenuID() string {
 
 // Event is an event message's content (MsgType "event").
 type Event struct {
-	// Type is WeChat's event_type: enter_session, msg_send_fail,
-	// servicer_status_change, session_status_change, …
+	// Type is WeChat's event_type: EventEnterSession, EventMsgSendFail,
+	// EventSessionStatusChange, …
 	Type string
 	// WelcomeCode is enter_session's code for the welcome message
 	// (Welcome), valid 20 seconds.
 	WelcomeCode string
-	// Scene and SceneParam say where the customer came from.
+	// Scene and SceneParam say where the customer came from
+	// (enter_session).
 	Scene, SceneParam string
+	// ChangeType, OldServicerUserID and NewServicerUserID describe a
+	// session_status_change: 1 a servicer took the session from the queue,
+	// 2 it was transferred, 3 a servicer ended it, 4 it was reopened.
+	ChangeType                           int
+	OldServicerUserID, NewServicerUserID string
+	// FailMsgID and FailType describe a msg_send_fail: the msgid of the
+	// message that was not delivered and WeChat's reason code.
+	FailMsgID string
+	FailType  int
 }
 
 // Event returns an event message's content (ok false for other types).
 func (m *Message) Event() (Event, bool) {
-	if m.MsgType != "event" {
+	if m.MsgType != MsgEvent {
 		return Event{}, false
 	}
 	var item struct {
@@ -119,11 +147,18 @@ func (m *Message) Event() (Event, bool) {
 			WelcomeCode string `json:"welcome_code"`
 			Scene       string `json:"scene"`
 			SceneParam  string `json:"scene_param"`
+			ChangeType  int    `json:"change_type"`
+			OldServicer string `json:"old_servicer_userid"`
+			NewServicer string `json:"new_servicer_userid"`
+			FailMsgID   string `json:"fail_msgid"`
+			FailType    int    `json:"fail_type"`
 		} `json:"event"`
 	}
 	_ = json.Unmarshal(m.Raw, &item)
 	e := item.Event
-	return Event{Type: e.Type, WelcomeCode: e.WelcomeCode, Scene: e.Scene, SceneParam: e.SceneParam}, true
+	return Event{Type: e.Type, WelcomeCode: e.WelcomeCode, Scene: e.Scene, SceneParam: e.SceneParam,
+		ChangeType: e.ChangeType, OldServicerUserID: e.OldServicer, NewServicerUserID: e.NewServicer,
+		FailMsgID: e.FailMsgID, FailType: e.FailType}, true
 }
 
 func fromChat(c *chatmsg.ChatMessage) *Message {

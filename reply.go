@@ -13,14 +13,32 @@ import (
 // wecom.corp_id and wecom.secret.
 var ErrNoReplier = reply.ErrNoReplier
 
+// WeChat's routine refusals of a reply, which a handler can test for with
+// errors.Is: the 5-replies / 48-hours window (95001, 95002), an ended
+// session (95013), a welcome_code that expired or was used (95017). A
+// handler that returns one (as a handler that just returns Reply's error
+// does) finishes the message: the refusal is counted in
+// kfpipe_reply_refusals_total{reason} and logged, not dead-lettered.
+// Other refusals (an unknown user, a bad media_id…) are Permanent errors
+// that dead-letter the message as invalid_message.
+var (
+	ErrReplyWindow        = reply.ErrReplyWindow
+	ErrSessionEnded       = reply.ErrSessionEnded
+	ErrWelcomeCodeExpired = reply.ErrWelcomeCodeExpired
+)
+
 // Reply sends msg to the customer of the message being handled, at most
 // once per message however often the handler runs: the handler's n-th
 // reply is sent once for that message. A handler that replies must reply
 // the same way (the same number of replies, in the same order) when it
-// runs again for a message. A refusal of WeChat that retrying cannot fix
-// is returned as Permanent.
+// runs again for a message: a different reply at a position an earlier run
+// already sent is skipped all the same (the customer has the earlier one),
+// counted in kfpipe_reply_mismatch_total and logged as a warning with the
+// message's ids (kfpipetest's RunTwice finds this in a unit test). A
+// refusal of WeChat that retrying cannot fix is returned as Permanent; the
+// routine ones (ErrReplyWindow, ErrSessionEnded) also match their error.
 func Reply(ctx context.Context, msg kf.Message) error {
-	return reply.Do(ctx, "reply", func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
+	return reply.DoContent(ctx, "reply", msg, func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
 		_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, msg)
 		return err
 	})
@@ -30,7 +48,7 @@ func Reply(ctx context.Context, msg kf.Message) error {
 // event (its welcome_code is valid 20 seconds, and once), with the same
 // exactly-once rule as Reply.
 func Welcome(ctx context.Context, msg kf.Message) error {
-	return reply.Do(ctx, "welcome", func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
+	return reply.DoContent(ctx, "welcome", msg, func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
 		if to.WelcomeCode == "" {
 			return Permanent(errors.New("the message is not an enter_session event with a welcome_code"))
 		}
@@ -43,8 +61,34 @@ func Welcome(ctx context.Context, msg kf.Message) error {
 // servicer's userid hands the customer to a human, kf.StateQueue queues
 // them, kf.StateEnded ends the session — with the same exactly-once rule.
 func Transfer(ctx context.Context, to kf.State, servicer string) error {
-	return reply.Do(ctx, "transfer", func(ctx context.Context, kc *kf.Client, t reply.Target, _ string) error {
+	return reply.DoContent(ctx, "transfer", reply.Transfer{State: to, Servicer: servicer}, func(ctx context.Context, kc *kf.Client, t reply.Target, _ string) error {
 		_, err := kc.TransServiceState(ctx, t.OpenKfID, t.User, to, servicer)
 		return err
 	})
+}
+
+// Client returns the consumer's WeChat client, for the calls of the
+// customer-service API a handler makes itself (UploadMedia before a
+// kf.Image reply, Customers): ErrNoReplier outside a handler run by the
+// consumer or without wecom.corp_id and wecom.secret. Its Send is not
+// exactly-once: reply with Reply.
+func Client(ctx context.Context) (*kf.Client, error) {
+	kc, _, ok := reply.Client(ctx)
+	if !ok {
+		return nil, ErrNoReplier
+	}
+	return kc, nil
+}
+
+// SessionState asks WeChat for the session state of the customer of the
+// message being handled (kf.StateUntreated, StateBot, StateQueue,
+// StateServicer with the servicer's userid, StateEnded). It is read at the
+// time of the call: a handler that replies from it may reply differently
+// when it runs again (see Reply).
+func SessionState(ctx context.Context) (state kf.State, servicer string, err error) {
+	kc, to, ok := reply.Client(ctx)
+	if !ok {
+		return 0, "", ErrNoReplier
+	}
+	return kc.ServiceState(ctx, to.OpenKfID, to.User)
 }

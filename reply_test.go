@@ -3,6 +3,7 @@ package kfpipe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/consumer"
@@ -25,6 +30,8 @@ import (
 type replyRig struct {
 	fake *wecomtest.Server
 	fx   *reply.Effects
+	reg  *prometheus.Registry
+	logs *observer.ObservedLogs
 	cut  atomic.Pointer[func(w http.ResponseWriter, r *http.Request) bool]
 }
 
@@ -49,7 +56,9 @@ func newReplyRig(t *testing.T) *replyRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = oc.Close() })
-	rig.fx = reply.New(oc, kc, nil)
+	core, logs := observer.New(zap.WarnLevel)
+	rig.reg, rig.logs = prometheus.NewRegistry(), logs
+	rig.fx = reply.New(oc, kc, rig.reg, reply.WithLogger(zap.New(core)))
 	return rig
 }
 
@@ -119,6 +128,123 @@ func TestRerunHandlerRepliesOnce(t *testing.T) {
 	if calls.Load() != 3 {
 		t.Fatalf("handler ran %d times", calls.Load())
 	}
+}
+
+// TestDifferentReplyOnRerunIsReported: a handler that replies "one" and
+// then, run again for the same message, "other" at the same position:
+// the customer keeps "one" only, and the skipped reply is counted in
+// kfpipe_reply_mismatch_total and logged with the message's ids. The same
+// reply on a third run is not a mismatch.
+func TestDifferentReplyOnRerunIsReported(t *testing.T) {
+	rig := newReplyRig(t)
+	id := rig.fake.AddText("wk", "u4", "hi")
+	c := rig.message(t, id)
+	texts := []string{"one", "other", "one"}
+	var run atomic.Int32
+	h := reply.Wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+		return Reply(ctx, kf.Text{Content: texts[run.Add(1)-1]})
+	})), rig.fx)
+	for range texts {
+		if err := h.Handle(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertReplies(t, rig.fake, "u4", "one")
+	if n := counterValue(t, rig.reg, "kfpipe_reply_mismatch_total"); n != 1 || rig.fx.Mismatches() != 1 {
+		t.Fatalf("kfpipe_reply_mismatch_total = %v (Mismatches %d), want 1", n, rig.fx.Mismatches())
+	}
+	warns := rig.logs.FilterMessageSnippet("different reply").All()
+	if len(warns) != 1 {
+		t.Fatalf("%d mismatch warnings, want 1: %v", len(warns), rig.logs.All())
+	}
+	f := warns[0].ContextMap()
+	if f["upstream_msgid"] != id || f["user_id"] != "u4" || f["reply"] != int64(0) {
+		t.Fatalf("the warning does not name the message and reply: %v", f)
+	}
+}
+
+// TestRoutineRefusalFinishesMessage: a handler that returns WeChat's
+// routine refusal of a reply (the 5-replies window, an ended session)
+// finishes its message, counted by reason; the error matches
+// ErrReplyWindow / ErrSessionEnded for a handler that tests it. Another
+// refusal (an unknown user) still dead-letters it (Permanent).
+func TestRoutineRefusalFinishesMessage(t *testing.T) {
+	rig := newReplyRig(t)
+	var last error
+	h := reply.Wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+		n := 1
+		if text, _ := m.Text(); text == "six" {
+			n = 6
+		}
+		for i := range n {
+			if last = Reply(ctx, kf.Text{Content: fmt.Sprint(i)}); last != nil {
+				return last
+			}
+		}
+		return nil
+	})), rig.fx)
+	ctx := context.Background()
+	if err := h.Handle(ctx, rig.message(t, rig.fake.AddText("wk", "u5", "six"))); err != nil {
+		t.Fatalf("six replies: the handler's refusal was not settled: %v", err)
+	}
+	if !errors.Is(last, ErrReplyWindow) || !IsPermanent(last) || errors.Is(last, ErrSessionEnded) {
+		t.Fatalf("the sixth reply's error %v, want ErrReplyWindow and Permanent", last)
+	}
+	if n := len(rig.fake.Replies("wk", "u5")); n != 5 {
+		t.Fatalf("%d replies delivered, want 5", n)
+	}
+	rig.fake.FailNextSend(1, kf.CodeSessionEnded)
+	if err := h.Handle(ctx, rig.message(t, rig.fake.AddText("wk", "u6", "hi"))); err != nil || !errors.Is(last, ErrSessionEnded) {
+		t.Fatalf("ended session: handler %v, reply %v", err, last)
+	}
+	rig.fake.FailNextSend(1, kf.CodeInvalidUser)
+	if err := h.Handle(ctx, rig.message(t, rig.fake.AddText("wk", "u7", "hi"))); !IsPermanent(err) {
+		t.Fatalf("unknown user: %v, want a permanent error", err)
+	}
+	for reason, want := range map[string]float64{"reply_window": 1, "session_ended": 1, "welcome_code_expired": 0} {
+		if n := labeledValue(t, rig.reg, "kfpipe_reply_refusals_total", "reason", reason); n != want {
+			t.Errorf("kfpipe_reply_refusals_total{reason=%q} = %v, want %v", reason, n, want)
+		}
+	}
+}
+
+// labeledValue returns the value of the counter name{label=value}.
+func labeledValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no metric %s{%s=%q}", name, label, value)
+	return 0
+}
+
+// counterValue returns the value of the registered counter named name.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 // TestWebhookAnswerRepliesOnce: the replies in an http receiver's answer

@@ -2,6 +2,7 @@ package kfpipe
 
 import (
 	"context"
+	"errors"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -43,6 +44,82 @@ func RunConsumer(ctx context.Context, args []string, h Handler) error {
 // Message.
 func adapt(h Handler) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
-		return h.Handle(ctx, fromChat(c))
+		m := fromChat(c)
+		d := consumer.DeliveryFrom(ctx)
+		m.RetryFromDLQ, m.RetryCount = d.RetryFromDLQ, d.RetryCount
+		return h.Handle(ctx, m)
 	})
+}
+
+// Config is the schedule-consumer's configuration as a Go value: the keys
+// of the YAML file the daemons read (docs/operations.md), as fields
+// (kafka.brokers is Kafka.Brokers). Start from LoadConfig and change what
+// a program or a test needs; NewConsumer validates it.
+type Config = config.Consumer
+
+// LoadConfig reads the configuration file the daemons read ("" reads none:
+// the defaults of the environment KFPIPE_ENV names), applies the KFPIPE_…
+// environment overrides, and validates it; an error names the bad key.
+func LoadConfig(path string) (*Config, error) { return config.LoadConsumer(path) }
+
+// Consumer is a schedule-consumer running a Go handler, built in code
+// (NewConsumer) instead of from the command line (RunConsumer).
+type Consumer struct {
+	cfg Config
+	h   Handler
+}
+
+// ConsumerOption configures a Consumer.
+type ConsumerOption func(*Consumer)
+
+// WithMiddleware wraps the consumer's handler in mw (Chain's order).
+func WithMiddleware(mw ...Middleware) ConsumerOption {
+	return func(c *Consumer) { c.h = Chain(c.h, mw...) }
+}
+
+// NewConsumer returns a consumer that runs h with cfg (copied); it checks
+// cfg and connects to nothing until Run.
+func NewConsumer(cfg *Config, h Handler, opts ...ConsumerOption) (*Consumer, error) {
+	if cfg == nil {
+		return nil, errors.New("kfpipe: NewConsumer needs a configuration (LoadConfig)")
+	}
+	if h == nil {
+		return nil, errors.New("kfpipe: NewConsumer needs a handler")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Consumer{cfg: *cfg, h: h}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
+}
+
+// Run runs the consumer until ctx ends, then shuts it down gracefully
+// within ops.shutdown_timeout, as RunConsumer does; it returns an error
+// when it cannot start (Kafka, Redis or WeChat's settings) or shut down.
+func (c *Consumer) Run(ctx context.Context) error {
+	cfg := c.cfg
+	base, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
+	if err != nil {
+		return err
+	}
+	fx, closeFx, err := reply.FromConfig(ctx, &cfg, base)
+	if err != nil {
+		_ = base.Close(context.Background())
+		return err
+	}
+	s, err := service.StartConsumer(ctx, &cfg, base, reply.Wrap(adapt(c.h), fx))
+	if err != nil {
+		closeFx()
+		_ = base.Close(context.Background())
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Ops.ShutdownTimeout)
+	defer cancel()
+	err = s.Close(sctx)
+	closeFx()
+	return errors.Join(err, base.Close(sctx))
 }

@@ -45,9 +45,14 @@ var menu = kf.Menu{
 func bot(servicer string) kfpipe.Handler {
 	return kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
 		if ev, ok := m.Event(); ok {
-			if ev.Type == "enter_session" && ev.WelcomeCode != "" {
+			if ev.Type == kfpipe.EventEnterSession && ev.WelcomeCode != "" {
 				return kfpipe.Welcome(ctx, kf.Text{Content: "Welcome! Type \"menu\" to see what I can do."})
 			}
+			return nil
+		}
+		if !m.FromCustomer() {
+			// A servicer's own message reaches the handler too: it is not
+			// the bot's to answer.
 			return nil
 		}
 		text, ok := m.Text()

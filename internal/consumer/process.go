@@ -319,7 +319,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 			return attempts, false, errClaimLost
 		}
 		attempts++
-		err = c.safeHandle(actx, m)
+		err = c.safeHandle(withDelivery(actx, env.km), m)
 		timedOut = err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)
 		lost := g.ended()
 		cancel()

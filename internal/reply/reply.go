@@ -9,15 +9,19 @@ package reply
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -32,6 +36,43 @@ import (
 // when the consumer's configuration has no wecom.corp_id and wecom.secret.
 var ErrNoReplier = errors.New("kfpipe: replies need a handler run by RunConsumer with wecom.corp_id and wecom.secret configured")
 
+// Routine refusals: WeChat refusing a reply for a reason that is part of
+// ordinary chat, not a fault of the message or the handler. DoContent's
+// error wraps one of them (and the kf.Error); a handler that returns it
+// finishes the message (Settle) instead of dead-lettering it.
+var (
+	ErrReplyWindow        = errors.New("kfpipe: WeChat refused the reply: 5 replies were sent since the customer's last message, or it is 48 hours old (95001, 95002)")
+	ErrSessionEnded       = errors.New("kfpipe: WeChat refused the reply: the session has ended (95013)")
+	ErrWelcomeCodeExpired = errors.New("kfpipe: WeChat refused the welcome message: its welcome_code expired (20 s) or was used (95017)")
+)
+
+// refusals are the routine refusals: WeChat's errcodes, the error a reply
+// returns, the reason label of kfpipe_reply_refusals_total.
+var refusals = []struct {
+	codes  []int
+	err    error
+	reason string
+}{
+	{[]int{kf.CodeReplyLimit, kf.CodeReplyWindowClosed}, ErrReplyWindow, "reply_window"},
+	{[]int{kf.CodeSessionEnded}, ErrSessionEnded, "session_ended"},
+	{[]int{kf.CodeWelcomeCodeUsed}, ErrWelcomeCodeExpired, "welcome_code_expired"},
+}
+
+// routine returns the error of WeChat's routine refusal err (nil for any
+// other error).
+func routine(err error) error {
+	var e *kf.Error
+	if !errors.As(err, &e) {
+		return nil
+	}
+	for _, r := range refusals {
+		if slices.Contains(r.codes, e.Code) {
+			return r.err
+		}
+	}
+	return nil
+}
+
 // TTL is how long a reply's done mark lives: as long as a message's
 // (dedup.ttl's default), so a re-run of the handler within WeChat's 3-day
 // re-pull window never sends it again.
@@ -39,10 +80,44 @@ const TTL = 4 * 24 * time.Hour
 
 // Effects sends replies through one WeChat client under one claim store.
 type Effects struct {
-	once    *once.Client
-	kf      *kf.Client
-	outcome *prometheus.CounterVec
-	counts  [len(outcomes)]atomic.Int64
+	once       *once.Client
+	kf         *kf.Client
+	outcome    *prometheus.CounterVec
+	counts     [len(outcomes)]atomic.Int64
+	mismatch   prometheus.Counter
+	mismatches atomic.Int64
+	settled    *prometheus.CounterVec
+	log        *zap.Logger
+	observe    func(Attempt)
+}
+
+// Option configures Effects.
+type Option func(*Effects)
+
+// WithLogger logs mismatched replies (see Do) to l.
+func WithLogger(l *zap.Logger) Option { return func(fx *Effects) { fx.log = l } }
+
+// WithObserver calls f after every reply with what it did (kfpipetest
+// records a handler's replies with it). f must be safe for concurrent use.
+func WithObserver(f func(Attempt)) Option { return func(fx *Effects) { fx.observe = f } }
+
+// Attempt is one reply of a handler call, as Do ran it.
+type Attempt struct {
+	Target Target
+	// What is "reply", "welcome" or "transfer"; N the reply's number in
+	// the call; Content what DoContent was given (nil from Do).
+	What    string
+	N       int
+	Content any
+	// Outcome is "sent", "skipped", "refused" or "failed"; Err the error
+	// Do returned.
+	Outcome string
+	Err     error
+	// Earlier is the fingerprint of the reply an earlier run made at this
+	// number when it differs from this one's (Fingerprint): this reply was
+	// skipped, the customer got the earlier one. "" when they agree or
+	// either is unknown.
+	Earlier, Fingerprint string
 }
 
 // outcomes label kfpipe_replies_total, in Counts' order.
@@ -54,17 +129,29 @@ func (fx *Effects) count(i int) {
 }
 
 // New builds Effects on the given claim store and client; reg (nil: none)
-// gets kfpipe_replies_total{outcome}.
-func New(oc *once.Client, kc *kf.Client, reg prometheus.Registerer) *Effects {
+// gets kfpipe_replies_total{outcome} and kfpipe_reply_mismatch_total.
+func New(oc *once.Client, kc *kf.Client, reg prometheus.Registerer, opts ...Option) *Effects {
 	fx := &Effects{once: oc, kf: kc, outcome: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kfpipe_replies_total",
 		Help: "Replies (send_msg, welcome messages, session transfers) by outcome: sent, skipped (already sent for this message: a re-run handler), refused (a WeChat refusal that retrying cannot fix), failed (retried with the message).",
-	}, []string{"outcome"})}
+	}, []string{"outcome"}), mismatch: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kfpipe_reply_mismatch_total",
+		Help: "Replies skipped because an earlier run of the handler for the same message made a different reply at the same position: the handler does not reply the same way when it runs again, and the customer got the earlier reply.",
+	}), settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kfpipe_reply_refusals_total",
+		Help: "Messages finished although WeChat refused a reply for a routine reason (reply_window: 95001/95002, session_ended: 95013, welcome_code_expired: 95017) and the handler returned that refusal: recorded, not dead-lettered.",
+	}, []string{"reason"}), log: zap.NewNop()}
 	for _, o := range outcomes {
 		fx.outcome.WithLabelValues(o)
 	}
+	for _, r := range refusals {
+		fx.settled.WithLabelValues(r.reason)
+	}
+	for _, o := range opts {
+		o(fx)
+	}
 	if reg != nil {
-		reg.MustRegister(fx.outcome)
+		reg.MustRegister(fx.outcome, fx.mismatch, fx.settled)
 	}
 	return fx
 }
@@ -86,13 +173,17 @@ func FromConfig(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (*
 	if err != nil {
 		return nil, nil, fmt.Errorf("replies: %w", err)
 	}
-	return New(oc, kc, base.Registry), func() { _ = oc.Close() }, nil
+	return New(oc, kc, base.Registry, WithLogger(base.Log)), func() { _ = oc.Close() }, nil
 }
 
 // Counts returns the replies counted so far by outcome.
 func (fx *Effects) Counts() (sent, skipped, refused, failed int) {
 	return int(fx.counts[0].Load()), int(fx.counts[1].Load()), int(fx.counts[2].Load()), int(fx.counts[3].Load())
 }
+
+// Mismatches returns how many replies were skipped because an earlier run
+// made a different reply at their position (kfpipe_reply_mismatch_total).
+func (fx *Effects) Mismatches() int { return int(fx.mismatches.Load()) }
 
 // Target is the message being answered.
 type Target struct {
@@ -125,21 +216,65 @@ func With(ctx context.Context, fx *Effects, to Target) context.Context {
 	return context.WithValue(ctx, stateKey{}, &state{fx: fx, to: to})
 }
 
-// Wrap gives each call of h a context that carries its reply state.
+// Wrap gives each call of h a context that carries its reply state, and
+// settles the routine refusals it returns (Settle).
 func Wrap(h consumer.Handler, fx *Effects) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
-		return h.Handle(With(ctx, fx, TargetOf(c)), c)
+		to := TargetOf(c)
+		return fx.Settle(to, h.Handle(With(ctx, fx, to), c))
 	})
+}
+
+// Settle returns nil for a handler's error that is a routine refusal of a
+// reply (ErrReplyWindow, ErrSessionEnded, ErrWelcomeCodeExpired): the
+// message is finished, the refusal counted in kfpipe_reply_refusals_total
+// and logged. Any other error is returned as it is.
+func (fx *Effects) Settle(to Target, err error) error {
+	if err == nil || fx == nil {
+		return err
+	}
+	for _, r := range refusals {
+		if errors.Is(err, r.err) {
+			fx.settled.WithLabelValues(r.reason).Inc()
+			fx.log.Info("reply refused by WeChat for a routine reason; the message is finished, not dead-lettered",
+				zap.String("open_kfid", to.OpenKfID), zap.String("upstream_msgid", to.UpstreamMsgID),
+				zap.String("user_id", to.User), zap.String("reason", r.reason), zap.Error(err))
+			return nil
+		}
+	}
+	return err
+}
+
+// Client returns the WeChat client and the message being answered of the
+// handler call ctx belongs to (ok false outside one, or without WeChat
+// credentials).
+func Client(ctx context.Context) (kc *kf.Client, to Target, ok bool) {
+	s, _ := ctx.Value(stateKey{}).(*state)
+	if s == nil || s.fx == nil {
+		return nil, Target{}, false
+	}
+	return s.fx.kf, s.to, true
 }
 
 // Send is one reply's call to WeChat with the msgid to give it.
 type Send func(ctx context.Context, kc *kf.Client, to Target, msgID string) error
 
-// Do runs send once for the reply number this call has reached: its key is
-// (open_kfid, upstream msgid, number), so a handler that runs again for
-// the same message and replies the same way finds each reply done. A
+// Do is DoContent without the content: its reply is not compared with an
+// earlier run's.
+func Do(ctx context.Context, what string, send Send) error { return DoContent(ctx, what, nil, send) }
+
+// DoContent runs send once for the reply number this call has reached: its
+// key is (open_kfid, upstream msgid, number), so a handler that runs again
+// for the same message and replies the same way finds each reply done. A
 // refusal of WeChat that retrying cannot fix is returned as Permanent.
-func Do(ctx context.Context, what string, send Send) error {
+//
+// content is the reply (a kf.Message, a transfer's target): its
+// fingerprint is stored in the done mark, and a run that finds the mark
+// done with a different fingerprint — the handler replied differently
+// when it ran again — still skips the reply (the customer has the earlier
+// one) but counts it in kfpipe_reply_mismatch_total and logs a warning
+// with the message.
+func DoContent(ctx context.Context, what string, content any, send Send) error {
 	s, _ := ctx.Value(stateKey{}).(*state)
 	if s == nil || s.fx == nil {
 		return ErrNoReplier
@@ -149,26 +284,65 @@ func Do(ctx context.Context, what string, send Send) error {
 	s.n++
 	s.mu.Unlock()
 	to := s.to
+	fx := s.fx
 	key := to.OpenKfID + ":" + to.UpstreamMsgID + ":" + strconv.Itoa(n)
-	st, err := s.fx.once.DoStatus(ctx, key, TTL, func(ctx context.Context) error {
-		return send(ctx, s.fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
+	fp := Fingerprint(what, content)
+	earlier, st, err := fx.once.ExecuteStatus(ctx, key, TTL, func(ctx context.Context) ([]byte, error) {
+		return []byte(fp), send(ctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
 	})
+	a := Attempt{Target: to, What: what, N: n, Content: content, Fingerprint: fp}
 	switch {
 	case err == nil && st == once.StatusDuplicate:
-		s.fx.count(1)
-		return nil
+		fx.count(1)
+		a.Outcome = "skipped"
+		if e := string(earlier); e != "" && fp != "" && e != fp {
+			a.Earlier = e
+			fx.mismatches.Add(1)
+			fx.mismatch.Inc()
+			fx.log.Warn("reply skipped: an earlier run of the handler made a different reply at this position; a handler must reply the same way when it runs again",
+				zap.String("open_kfid", to.OpenKfID), zap.String("upstream_msgid", to.UpstreamMsgID),
+				zap.String("user_id", to.User), zap.Int("reply", n), zap.String("earlier", e), zap.String("now", fp))
+		}
 	case err == nil:
-		s.fx.count(0)
-		return nil
+		fx.count(0)
+		a.Outcome = "sent"
 	case kf.IsPermanent(err):
 		// The 5-in-48h window, an ended session, an unknown user: retrying
 		// the message cannot change WeChat's answer.
-		s.fx.count(2)
-		return consumer.Permanent(fmt.Errorf("%s: %w", what, err))
+		fx.count(2)
+		a.Outcome = "refused"
+		if sentinel := routine(err); sentinel != nil {
+			err = consumer.Permanent(fmt.Errorf("%s: %w: %w", what, sentinel, err))
+		} else {
+			err = consumer.Permanent(fmt.Errorf("%s: %w", what, err))
+		}
 	default:
-		s.fx.count(3)
-		return fmt.Errorf("%s: %w", what, err)
+		fx.count(3)
+		a.Outcome = "failed"
+		err = fmt.Errorf("%s: %w", what, err)
 	}
+	a.Err = err
+	if fx.observe != nil {
+		fx.observe(a)
+	}
+	return err
+}
+
+// Transfer is a transfer's content: the state and servicer it asks for.
+type Transfer struct {
+	State    kf.State
+	Servicer string
+}
+
+// Fingerprint identifies a reply's content: what, the content's Go type
+// and a hash of its value ("" for nil content). Two runs that reply the
+// same way have the same fingerprints.
+func Fingerprint(what string, content any) string {
+	if content == nil {
+		return ""
+	}
+	sum := sha256.Sum256(fmt.Appendf(nil, "%#v", content))
+	return fmt.Sprintf("%s %T %s", what, content, hex.EncodeToString(sum[:6]))
 }
 
 // welcomeCode reads an enter_session event's welcome_code from WeChat's
