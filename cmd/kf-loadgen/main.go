@@ -37,6 +37,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/producer"
+	"github.com/kfpipe/kfpipe/internal/version"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -54,6 +55,9 @@ var profiles = map[string]profile{
 }
 
 func main() {
+	if version.Handle(os.Stdout, "kf-loadgen", os.Args[1:], daemon.Librdkafka) {
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "kf-loadgen:", err)
 		os.Exit(1)

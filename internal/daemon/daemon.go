@@ -26,10 +26,18 @@ import (
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/obs"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
+	"github.com/kfpipe/kfpipe/internal/version"
 )
 
-// Version is set at build time with -ldflags.
-var Version = "dev"
+// Version is this build's version (internal/version, set at build time
+// with -ldflags).
+var Version = version.Get("").Version
+
+// Librdkafka returns the linked librdkafka's version, for version.Handle.
+func Librdkafka() string {
+	_, s := kafka.LibraryVersion()
+	return s
+}
 
 // Flags are the command-line flags every daemon accepts.
 type Flags struct {
@@ -76,7 +84,7 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Base{Name: name, Log: log, Registry: obs.NewRegistry(name, Version), common: c}
+	b := &Base{Name: name, Log: log, Registry: obs.NewRegistryLabels(name, obs.BuildLabels(version.Get(Librdkafka()))), common: c}
 	b.Redis = redisconn.New(c.Redis)
 	redisErrs := redisconn.Instrument(b.Redis, b.Registry)
 	b.Admin, err = kafka.NewAdminClient(kafkaclient.Admin(c.Kafka))
