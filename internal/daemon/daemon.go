@@ -78,7 +78,9 @@ type Base struct {
 
 // Start builds the logger, registry, Redis client, Kafka admin client, the
 // ops server (with kafka and redis readiness checks) and bootstraps the
-// topics. Close releases all of it.
+// topics. Close releases all of it. /readyz answers 503 "starting" until
+// the daemon, its own checks registered and its listeners up, calls
+// b.Ops.Started().
 func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 	log, err := obs.NewLogger(c.Log, name)
 	if err != nil {
@@ -92,7 +94,8 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 		_ = b.Redis.Close()
 		return nil, fmt.Errorf("kafka admin client: %w", err)
 	}
-	b.Ops = obs.NewServer(obs.ServerConfig{Addr: c.Ops.Addr, Pprof: c.Ops.Pprof, ReadyTimeout: c.Ops.ReadyTimeout}, b.Registry, log)
+	b.Ops = obs.NewServer(obs.ServerConfig{Addr: c.Ops.Addr, Pprof: c.Ops.Pprof, ReadyTimeout: c.Ops.ReadyTimeout,
+		Starting: true}, b.Registry, log)
 	b.Ops.AddCheck("kafka", func(ctx context.Context) error { return kafkaclient.Ping(ctx, b.Admin) })
 	b.Ops.AddCheck("redis", redisconn.Ping(b.Redis))
 	b.Ops.AddDetail("redis", redisErrs.OOMDetail)
