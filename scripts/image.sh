@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# What `make image` runs: builds the kfpipe container image with podman and
+# tags it IMAGE:VERSION (VERSION = git describe --tags --always --dirty).
+#
+#   scripts/image.sh              IMAGE=kfpipe/kfpipe VERSION=… override
+#
+# The root filesystem (static binaries, CA certificates, tzdata, the kfpipe
+# user) is built on the host by scripts/image-rootfs.sh, where Go's build
+# cache makes it quick, and handed to the Containerfile as the "rootfs"
+# stage: the image is the Containerfile's final stage, the same as a plain
+# `podman build .` makes, without the Go toolchain image and a cold cache.
+# Installs musl-tools, podman, runc, file (Debian) when missing.
+set -euo pipefail
+LOG_TAG=image
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+cd "$REPO_ROOT"
+
+IMAGE=${IMAGE:-kfpipe/kfpipe}
+VERSION=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
+export VERSION
+
+# image_tools_install: the Debian packages make image needs, when missing.
+missing=()
+command -v musl-gcc >/dev/null || missing+=(musl-tools)
+command -v podman >/dev/null || missing+=(podman)
+command -v runc >/dev/null || missing+=(runc)
+command -v file >/dev/null || missing+=(file)
+[[ -d /usr/share/zoneinfo/Etc ]] || missing+=(tzdata)
+[[ -s /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
+if ((${#missing[@]})); then
+  command -v apt-get >/dev/null || die "missing: ${missing[*]} and no apt-get here"
+  SUDO=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null || die "missing packages: ${missing[*]}; run as root or install sudo"
+    SUDO=(sudo -n)
+  fi
+  log "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  APT_OPTS=(-o DPkg::Lock::Timeout=600)
+  "${SUDO[@]}" apt-get "${APT_OPTS[@]}" update -qq
+  "${SUDO[@]}" apt-get "${APT_OPTS[@]}" install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+rootfs=$REPO_ROOT/bin/image-rootfs
+"$SCRIPTS_DIR/image-rootfs.sh" "$rootfs"
+
+log "podman build $IMAGE:$VERSION"
+podman build --quiet --build-context "rootfs=$rootfs" -f Containerfile -t "$IMAGE:$VERSION" \
+  --label "org.opencontainers.image.version=$VERSION" \
+  --label "org.opencontainers.image.revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)" . >/dev/null
+size=$(podman image inspect --format '{{.Size}}' "$IMAGE:$VERSION")
+log "built $IMAGE:$VERSION ($((size / 1024 / 1024)) MiB, $size bytes)"
+echo "$IMAGE:$VERSION"
