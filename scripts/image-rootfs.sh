@@ -7,7 +7,7 @@
 #
 #   scripts/image-rootfs.sh DIR       VERSION=… COMMIT=… DATE=… override git
 #
-# Needs Go, musl-gcc (Debian: musl-tools), ca-certificates and tzdata.
+# Needs Go; installs musl-tools, file, ca-certificates, tzdata (Debian) when missing.
 set -euo pipefail
 LOG_TAG=image
 # shellcheck source=lib.sh
@@ -19,9 +19,14 @@ cd "$REPO_ROOT"
 # The commands the image carries; the manifests' `command`s name them.
 CMDS=(kf-producer schedule-consumer dlq-consumer kfpipectl kf-loadgen)
 
-command -v musl-gcc >/dev/null || die "musl-gcc not found (Debian: apt-get install musl-tools)"
-[[ -s /etc/ssl/certs/ca-certificates.crt ]] || die "no /etc/ssl/certs/ca-certificates.crt (Debian: apt-get install ca-certificates)"
-[[ -d /usr/share/zoneinfo/Etc ]] || die "no /usr/share/zoneinfo (Debian: apt-get install tzdata)"
+# shellcheck source=image-lib.sh
+source "$SCRIPTS_DIR/image-lib.sh"
+missing=()
+command -v musl-gcc >/dev/null || missing+=(musl-tools)
+command -v file >/dev/null || missing+=(file)
+[[ -s /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
+[[ -d /usr/share/zoneinfo/Etc ]] || missing+=(tzdata)
+apt_install "${missing[@]}"
 
 VERSION=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
 COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}

@@ -9,7 +9,7 @@
 # cache makes it quick, and handed to the Containerfile as the "rootfs"
 # stage: the image is the Containerfile's final stage, the same as a plain
 # `podman build .` makes, without the Go toolchain image and a cold cache.
-# Installs musl-tools, podman, runc, file (Debian) when missing.
+# Installs podman and runc (Debian) when missing; image-rootfs.sh its own.
 set -euo pipefail
 LOG_TAG=image
 # shellcheck source=lib.sh
@@ -20,27 +20,12 @@ IMAGE=${IMAGE:-kfpipe/kfpipe}
 VERSION=${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}
 export VERSION
 
-# image_tools_install: the Debian packages make image needs, when missing.
+# shellcheck source=image-lib.sh
+source "$SCRIPTS_DIR/image-lib.sh"
 missing=()
-command -v musl-gcc >/dev/null || missing+=(musl-tools)
 command -v podman >/dev/null || missing+=(podman)
 command -v runc >/dev/null || missing+=(runc)
-command -v file >/dev/null || missing+=(file)
-[[ -d /usr/share/zoneinfo/Etc ]] || missing+=(tzdata)
-[[ -s /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
-if ((${#missing[@]})); then
-  command -v apt-get >/dev/null || die "missing: ${missing[*]} and no apt-get here"
-  SUDO=()
-  if ((EUID != 0)); then
-    command -v sudo >/dev/null || die "missing packages: ${missing[*]}; run as root or install sudo"
-    SUDO=(sudo -n)
-  fi
-  log "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  APT_OPTS=(-o DPkg::Lock::Timeout=600)
-  "${SUDO[@]}" apt-get "${APT_OPTS[@]}" update -qq
-  "${SUDO[@]}" apt-get "${APT_OPTS[@]}" install -y -qq --no-install-recommends "${missing[@]}" >&2
-fi
+apt_install "${missing[@]}"
 
 rootfs=$REPO_ROOT/bin/image-rootfs
 "$SCRIPTS_DIR/image-rootfs.sh" "$rootfs"
