@@ -34,8 +34,9 @@ log "podman build $IMAGE:$VERSION"
 podman build --quiet --build-context "rootfs=$rootfs" -f Containerfile -t "$IMAGE:$VERSION" \
   --label "org.opencontainers.image.version=$VERSION" \
   --label "org.opencontainers.image.revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)" . >/dev/null
-# A rebuild under the same tag leaves the previous image untagged: drop those.
-podman image prune -f >/dev/null 2>&1 || true
+# A rebuild under the same tag leaves the previous image untagged: drop
+# those (kfpipe's only, by its label).
+podman image prune -f --filter label=org.opencontainers.image.title=kfpipe >/dev/null 2>&1 || true
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE:$VERSION")
 log "built $IMAGE:$VERSION ($((size / 1024 / 1024)) MiB, $size bytes)"
 echo "$IMAGE:$VERSION"
