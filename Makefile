@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 GO    ?= go
 BIN   ?= bin
 
-.PHONY: all build test demo bench chaos soak up down vet fmt clean
+.PHONY: all build test demo bench chaos soak up down vet fmt clean image package image-check
 
 all: build
 
@@ -37,6 +37,22 @@ up:
 
 down:
 	scripts/services.sh down
+
+## image: the container image (static binaries, CA certs, tzdata; non-root),
+## tagged $(IMAGE):$(VERSION). See Containerfile and scripts/image.sh.
+IMAGE   ?= kfpipe/kfpipe
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+image:
+	IMAGE=$(IMAGE) VERSION=$(VERSION) scripts/image.sh
+
+## package: the .deb for systemd hosts (binaries, units, config, kfpipe user) in $(BIN)/.
+package:
+	VERSION=$(VERSION) scripts/package.sh
+
+## image-check: build both, run the daemons from the image against the test
+## services, install and remove the .deb (make test runs it too).
+image-check:
+	scripts/image-check.sh
 
 vet:
 	$(GO) vet ./...

@@ -37,6 +37,7 @@ type loaded struct {
 	mainPartitions int
 	callbackAddr   string
 	adminAddr      string
+	emergencyFile  map[string]string // by consumer daemon
 }
 
 // loadProductionConfigs loads path for every daemon with env (plus the
@@ -68,6 +69,7 @@ func loadProductionConfigs(t *testing.T, path string, env map[string]string) loa
 	l.opsAddr = map[string]string{"kf-producer": p.Ops.Addr, "schedule-consumer": c.Ops.Addr, "dlq-consumer": d.Ops.Addr}
 	l.mainPartitions = c.Kafka.Topics.Main.Partitions
 	l.callbackAddr, l.adminAddr = p.Callback.Addr, d.Admin.Addr
+	l.emergencyFile = map[string]string{"schedule-consumer": c.DLQ.EmergencyFile, "dlq-consumer": d.DLQ.EmergencyFile}
 	return l
 }
 

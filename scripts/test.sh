@@ -7,6 +7,7 @@
 #   GO_TEST_FLAGS='-count=1 -run TestX' scripts/test.sh ./...
 #   KFPIPE_SKIP_VET=1                skip go vet
 #   KFPIPE_KEEP_SERVICES=1           leave the services running afterwards
+#   KFPIPE_SKIP_IMAGE=1              skip the image and package check (scripts/image-check.sh)
 #   KFPIPE_FUZZ=BUDGET               fuzz each target after the tests: Nx inputs or N s
 #                                    (default 10000x; 0 = off; see scripts/fuzz.sh)
 # Output is also written to .run/test.log.
@@ -51,5 +52,10 @@ set -e
 fuzz=${KFPIPE_FUZZ:-10000x}
 if ((status == 0)) && [[ $fuzz != 0 && $* == ./... ]]; then
   "$SCRIPTS_DIR/fuzz.sh" "$fuzz" || status=$?
+fi
+# What ships: the image and the .deb built, the daemons run from the image,
+# the package installed and removed (scripts/image-check.sh).
+if ((status == 0)) && [[ ${KFPIPE_SKIP_IMAGE:-} != 1 && $* == ./... ]]; then
+  "$SCRIPTS_DIR/image-check.sh" || status=$?
 fi
 exit "$status"

@@ -8,9 +8,13 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/service"
+	"github.com/kfpipe/kfpipe/internal/version"
 )
 
 func main() {
+	if version.Handle(os.Stdout, "dlq-consumer", os.Args[1:], daemon.Librdkafka) {
+		return
+	}
 	ctx, stop := daemon.SignalContext()
 	err := service.RunDLQ(ctx, os.Args[1:])
 	stop()

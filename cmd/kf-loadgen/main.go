@@ -53,6 +53,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/producer"
+	"github.com/kfpipe/kfpipe/internal/version"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -73,6 +74,9 @@ var profiles = map[string]profile{
 }
 
 func main() {
+	if version.Handle(os.Stdout, "kf-loadgen", os.Args[1:], daemon.Librdkafka) {
+		return
+	}
 	ctx, cancel := daemon.SignalContext()
 	err := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	cancel()

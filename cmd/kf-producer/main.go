@@ -9,9 +9,13 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/service"
+	"github.com/kfpipe/kfpipe/internal/version"
 )
 
 func main() {
+	if version.Handle(os.Stdout, "kf-producer", os.Args[1:], daemon.Librdkafka) {
+		return
+	}
 	ctx, stop := daemon.SignalContext()
 	err := service.RunProducer(ctx, os.Args[1:])
 	stop()

@@ -15,9 +15,13 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/demo"
+	"github.com/kfpipe/kfpipe/internal/version"
 )
 
 func main() {
+	if version.Handle(os.Stdout, "kfpipe-demo", os.Args[1:], daemon.Librdkafka) {
+		return
+	}
 	ctx, stop := daemon.SignalContext()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -27,9 +27,14 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kfpipe/kfpipe/internal/version"
 )
 
 func main() {
+	if version.Handle(os.Stdout, "kfpipectl", os.Args[1:], nil) {
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()

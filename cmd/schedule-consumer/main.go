@@ -10,9 +10,13 @@ import (
 
 	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/version"
 )
 
 func main() {
+	if version.Handle(os.Stdout, "schedule-consumer", os.Args[1:], daemon.Librdkafka) {
+		return
+	}
 	ctx, stop := daemon.SignalContext()
 	err := kfpipe.RunConsumer(ctx, os.Args[1:], nil)
 	stop()

@@ -26,10 +26,18 @@ import (
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/obs"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
+	"github.com/kfpipe/kfpipe/internal/version"
 )
 
-// Version is set at build time with -ldflags.
-var Version = "dev"
+// Version is this build's version (internal/version, set at build time
+// with -ldflags).
+var Version = version.Get("").Version
+
+// Librdkafka returns the linked librdkafka's version, for version.Handle.
+func Librdkafka() string {
+	_, s := kafka.LibraryVersion()
+	return s
+}
 
 // Flags are the command-line flags every daemon accepts.
 type Flags struct {
@@ -70,13 +78,15 @@ type Base struct {
 
 // Start builds the logger, registry, Redis client, Kafka admin client, the
 // ops server (with kafka and redis readiness checks) and bootstraps the
-// topics. Close releases all of it.
+// topics. Close releases all of it. /readyz answers 503 "starting" until
+// the daemon, its own checks registered and its listeners up, calls
+// b.Ops.Started().
 func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 	log, err := obs.NewLogger(c.Log, name)
 	if err != nil {
 		return nil, err
 	}
-	b := &Base{Name: name, Log: log, Registry: obs.NewRegistry(name, Version), common: c}
+	b := &Base{Name: name, Log: log, Registry: obs.NewRegistryLabels(name, obs.BuildLabels(version.Get(Librdkafka()))), common: c}
 	b.Redis = redisconn.New(c.Redis)
 	redisErrs := redisconn.Instrument(b.Redis, b.Registry)
 	b.Admin, err = kafka.NewAdminClient(kafkaclient.Admin(c.Kafka))
@@ -84,7 +94,8 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 		_ = b.Redis.Close()
 		return nil, fmt.Errorf("kafka admin client: %w", err)
 	}
-	b.Ops = obs.NewServer(obs.ServerConfig{Addr: c.Ops.Addr, Pprof: c.Ops.Pprof, ReadyTimeout: c.Ops.ReadyTimeout}, b.Registry, log)
+	b.Ops = obs.NewServer(obs.ServerConfig{Addr: c.Ops.Addr, Pprof: c.Ops.Pprof, ReadyTimeout: c.Ops.ReadyTimeout,
+		Starting: true}, b.Registry, log)
 	b.Ops.AddCheck("kafka", func(ctx context.Context) error { return kafkaclient.Ping(ctx, b.Admin) })
 	b.Ops.AddCheck("redis", redisconn.Ping(b.Redis))
 	b.Ops.AddDetail("redis", redisErrs.OOMDetail)

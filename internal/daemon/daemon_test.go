@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -29,12 +30,12 @@ func TestDaemonsServeAndStopOnSIGTERM(t *testing.T) {
 	}
 	for _, name := range []string{"kf-producer", "schedule-consumer", "dlq-consumer"} {
 		t.Run(name, func(t *testing.T) {
-			ops := testenv.FreeAddr(t)
+			ops, callback := testenv.FreeAddr(t), testenv.FreeAddr(t)
 			cmd := exec.Command(filepath.Join(bin, name), "--config", "config/development.yaml")
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(),
 				"KFPIPE_OPS_ADDR="+ops,
-				"KFPIPE_CALLBACK_ADDR="+testenv.FreeAddr(t),
+				"KFPIPE_CALLBACK_ADDR="+callback,
 				"KFPIPE_ADMIN_ADDR="+testenv.FreeAddr(t),
 				"KFPIPE_KAFKA_BROKERS="+brokers,
 				"KFPIPE_REDIS_ADDR="+redisAddr,
@@ -69,6 +70,28 @@ func TestDaemonsServeAndStopOnSIGTERM(t *testing.T) {
 					t.Fatalf("%s: /healthz not up\n%s", name, logs.String())
 				}
 				time.Sleep(100 * time.Millisecond)
+			}
+			// /readyz: 503 until the daemon is started; its first 200 comes
+			// with kf-producer's callback port already listening.
+			for {
+				body, code := get(base + "/readyz")
+				if code == 200 {
+					if body != "ready\n" {
+						t.Fatalf("/readyz 200 with %q", body)
+					}
+					if name == "kf-producer" {
+						c, err := net.DialTimeout("tcp", callback, time.Second)
+						if err != nil {
+							t.Fatalf("/readyz 200 before the callback port listens: %v", err)
+						}
+						c.Close()
+					}
+					break
+				}
+				if code != 503 || time.Now().After(deadline) {
+					t.Fatalf("%s: /readyz = %d %q\n%s", name, code, body, logs.String())
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
 			body, code := get(base + "/metrics")
 			if code != 200 || !strings.Contains(body, "kfpipe_build_info") {

@@ -40,6 +40,9 @@ func run[C any](ctx context.Context, name string, args []string, load func(strin
 		_ = base.Close(context.Background())
 		return err
 	}
+	// Every check is registered and every listener up: /readyz may
+	// answer from the checks now (503 "starting" until here).
+	base.Ops.Started()
 	<-ctx.Done()
 	base.Log.Info("shutting down", zap.Duration("deadline", c.Ops.ShutdownTimeout))
 	sctx, cancel := context.WithTimeout(context.Background(), c.Ops.ShutdownTimeout)

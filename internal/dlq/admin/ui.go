@@ -1,9 +1,13 @@
 package admin
 
 import (
+	"bytes"
 	"embed"
+	"html"
 	"io/fs"
 	"net/http"
+
+	"github.com/kfpipe/kfpipe/internal/version"
 )
 
 //go:embed ui
@@ -18,6 +22,12 @@ func uiHandler() http.Handler {
 		panic(err) // the embed directive guarantees the directory
 	}
 	files := http.StripPrefix("/admin/ui/", http.FileServer(http.FS(sub)))
+	// The footer names the build: {{build}} in index.html.
+	index, err := fs.ReadFile(sub, "index.html")
+	if err != nil {
+		panic(err)
+	}
+	index = bytes.ReplaceAll(index, []byte("{{build}}"), []byte(html.EscapeString(version.Get("").String())))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
@@ -25,6 +35,11 @@ func uiHandler() http.Handler {
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("X-Frame-Options", "DENY")
 		h.Set("Cache-Control", "no-cache")
+		if r.URL.Path == "/admin/ui/" || r.URL.Path == "/admin/ui/index.html" {
+			h.Set("Content-Type", "text/html; charset=utf-8")
+			_, _ = w.Write(index)
+			return
+		}
 		files.ServeHTTP(w, r)
 	})
 }
