@@ -53,9 +53,4 @@ fuzz=${KFPIPE_FUZZ:-10000x}
 if ((status == 0)) && [[ $fuzz != 0 && $* == ./... ]]; then
   "$SCRIPTS_DIR/fuzz.sh" "$fuzz" || status=$?
 fi
-# What ships: the image and the .deb built, the daemons run from the image,
-# the package installed and removed (scripts/image-check.sh).
-if ((status == 0)) && [[ ${KFPIPE_SKIP_IMAGE:-} != 1 && $* == ./... ]]; then
-  "$SCRIPTS_DIR/image-check.sh" || status=$?
-fi
 exit "$status"
