@@ -20,7 +20,11 @@ func (a *app) fleetCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "fleet",
 		Short: "The running daemons, as registered in etcd (coord.enabled)",
-		Args:  args(0, "no arguments"),
+		Long: `The running daemons, as registered in etcd (coord.enabled). A daemon whose
+registration lapsed (killed, or cut off from etcd) is listed as stale, with when
+it was last heard from, and is dropped 5 minutes after that; kfpipectl health and
+the console's consumers table follow the same rule for the consumers' reports.`,
+		Args: args(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var f admin.FleetList
 			if printed, err := a.read(cmd, "/admin/fleet", nil, &f); printed || err != nil {
@@ -29,8 +33,15 @@ func (a *app) fleetCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ROLE\tINSTANCE\tNODE\tVERSION\tUP\tOPS\tWORKS ON")
 			for _, m := range f.Members {
+				up := time.Since(m.StartedAt).Round(time.Second).String()
+				if m.LastHeard != nil {
+					up = "silent " + time.Since(*m.LastHeard).Round(time.Second).String()
+					if m.Stale {
+						up += " (stale)"
+					}
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Role, m.ID, m.Node, m.Version,
-					time.Since(m.StartedAt).Round(time.Second), m.OpsAddr, worksOn(m.Role, m.WorkerID, m.Partitions, m.Actors, m.AdminAddr))
+					up, m.OpsAddr, worksOn(m.Role, m.WorkerID, m.Partitions, m.Actors, m.AdminAddr))
 			}
 			return tw.Flush()
 		},

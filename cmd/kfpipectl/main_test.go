@@ -77,8 +77,9 @@ func contains(t *testing.T, r result, subs ...string) {
 }
 
 // startDLQConsumer starts a real dlq-consumer (Kafka, Redis) with its admin
-// API and returns it with the DLQ producer that feeds it.
-func startDLQConsumer(t *testing.T) (*service.DLQ, *config.DLQConsumer, *dlq.Producer) {
+// API and returns it with the DLQ producer that feeds it; edit adjusts its
+// configuration.
+func startDLQConsumer(t *testing.T, edit ...func(*config.DLQConsumer)) (*service.DLQ, *config.DLQConsumer, *dlq.Producer) {
 	t.Helper()
 	brokers := testenv.KafkaBrokers(t)
 	_, prefix := testenv.Redis(t)
@@ -100,6 +101,9 @@ func startDLQConsumer(t *testing.T) (*service.DLQ, *config.DLQConsumer, *dlq.Pro
 	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
 	// Retries an hour away: the letters stay as the test leaves them.
 	cfg.Recovery.BaseDelay, cfg.Recovery.MaxDelay = time.Hour, 2*time.Hour
+	for _, e := range edit {
+		e(cfg)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	base, err := daemon.Start(ctx, "dlq-consumer", cfg.Common)

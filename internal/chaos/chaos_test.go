@@ -44,11 +44,35 @@ func TestChaosConsumerKill9(t *testing.T) {
 	Run(t, "consumer-kill9", p, load, Size(90*time.Second, 5*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
 		// Spread the kills over the feeding time, so each lands under load.
 		gap := feedFor / time.Duration(kills+1)
+		pages := make(chan struct{}, 1)
+		p.OnSyncMsg(func(n int) {
+			if n > 0 {
+				select {
+				case pages <- struct{}{}:
+				default:
+				}
+			}
+		})
+		defer p.OnSyncMsg(nil)
 		for i := 0; i < kills; i++ {
 			if !Pause(ctx, gap/2, gap) {
 				return ctx.Err()
 			}
-			victim := p.Consumers[rand.IntN(len(p.Consumers))]
+			// The victim is working on partitions, and the kill lands as a
+			// page of messages goes out to the consumers: some of them are
+			// for the victim's users, who then wait on it (the report counts
+			// them per kill, and a kill with none fails the run).
+			victim := busyConsumer(ctx, p, 10*time.Second)
+			select {
+			case <-pages: // a page answered before we aimed
+			default:
+			}
+			select {
+			case <-pages:
+			case <-time.After(3 * time.Second):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			if _, err := victim.Kill9(); err != nil {
 				return err
 			}
@@ -63,10 +87,41 @@ func TestChaosConsumerKill9(t *testing.T) {
 	})
 }
 
+// busyConsumer picks, at random, a schedule-consumer that made an effect
+// within the last second — one that owns partitions and is working on
+// them, so its kill leaves users waiting on it (a consumer just restarted
+// may own nothing yet, and killing it tests no stall). After wait without
+// one it picks any consumer; the report then shows the kill found no user.
+func busyConsumer(ctx context.Context, p *Pipeline, wait time.Duration) *Daemon {
+	deadline := time.Now().Add(wait)
+	for {
+		recent := map[string]bool{}
+		ds := p.Sink.Deliveries()
+		for i := len(ds) - 1; i >= 0 && time.Since(ds[i].At) < time.Second; i-- {
+			recent[ds[i].Tag] = true
+		}
+		var busy []*Daemon
+		for _, c := range p.Consumers {
+			if c.Running() && recent[c.Tag()] {
+				busy = append(busy, c)
+			}
+		}
+		if len(busy) > 0 {
+			return busy[rand.IntN(len(busy))]
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return p.Consumers[rand.IntN(len(p.Consumers))]
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // TestChaosProducerKill9: kf-producer is killed with SIGKILL at random
 // moments while syncs are in progress (a slow fake WeChat, small pages,
 // four accounts), and restarted. Re-pulled pages put copies on the topic;
-// the consumer's dedup must keep effects at one per message.
+// the consumer's dedup must keep effects at one per message. After each
+// kill, the time until every account is synced again (max_ingest_gap) is
+// bounded by the sync lock TTL plus one sync.
 func TestChaosProducerKill9(t *testing.T) {
 	producerKill9(t, "producer-kill9", nil)
 }
@@ -75,8 +130,9 @@ func TestChaosProducerKill9(t *testing.T) {
 // sync timings instead of the suite's short ones (sync lock TTL 10 s
 // instead of 2 s, safety sync every minute instead of every second, retry
 // backoff up to 30 s instead of 2 s): a killed producer's lock holds its
-// accounts longer, and what it held is synced by the next callback or the
-// safety sync. Full size only (make chaos).
+// accounts longer, and the restarted producer syncs them when that lock
+// runs out, not at its next safety sync: max_ingest_gap must stay within
+// the lock TTL plus one sync. Full size only (make chaos).
 func TestChaosProducerKill9ShippedTimings(t *testing.T) {
 	SkipUnlessFull(t)
 	producerKill9(t, "producer-kill9-shipped-timings", map[string]string{
@@ -124,8 +180,49 @@ func TestChaosProducerKill9EtcdLock(t *testing.T) {
 	}
 }
 
+// oneSync is the allowance for a restarted kf-producer to start and run
+// one sync pass (sync_msg, produce, delivery reports) once it can take an
+// account's lock.
+const oneSync = 5 * time.Second
+
+// ingestionGap waits until the fake WeChat has seen a sync_msg call for
+// every account after the first from calls (the restarted producer's: the
+// killed one makes none) and returns the time from the kill at killed to
+// the last account's first call — how long ingestion of some account
+// stood still. A producer syncs every account at start; an account whose
+// lock the killed process held is synced when that lock can be taken. ok
+// is false when some account got no call within limit.
+func ingestionGap(ctx context.Context, p *Pipeline, killed time.Time, from int, limit time.Duration) (time.Duration, bool) {
+	for {
+		seen := map[string]bool{}
+		for _, c := range p.Fake.SyncCalls()[from:] {
+			seen[c.OpenKfID] = true
+		}
+		gap := time.Since(killed)
+		if len(seen) >= len(p.OpenKfIDs) {
+			return gap, true
+		}
+		if gap > limit || ctx.Err() != nil {
+			return gap, false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func producerKill9(t *testing.T, name string, producerEnv map[string]string) {
 	svc := NeedServices(t)
+	// The longest an account's ingestion may stand still after a kill: the
+	// killed process's sync lock (the suite's 2 s, or the env's) runs out,
+	// and the restarted producer syncs then (not at its next safety tick).
+	lockTTL := 2 * time.Second
+	if v, ok := producerEnv["KFPIPE_SYNC_LOCK_TTL"]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("KFPIPE_SYNC_LOCK_TTL %q: %v", v, err)
+		}
+		lockTTL = d
+	}
+	gapBound := lockTTL + oneSync
 	load := Size(Load{Total: 3000, Users: 100, Rate: 300}, Load{Total: 20000, Users: 500, Rate: 500})
 	kills := Size(3, 8)
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, OpenKfIDs: 4, PageLimit: 50,
@@ -145,6 +242,7 @@ func producerKill9(t *testing.T, name string, producerEnv map[string]string) {
 		})
 		defer p.OnSyncMsg(nil)
 		targeted := 0
+		var maxGap time.Duration
 		for i := 0; i < kills; i++ {
 			if !Pause(ctx, gap/2, gap) {
 				return ctx.Err()
@@ -162,17 +260,29 @@ func producerKill9(t *testing.T, name string, producerEnv map[string]string) {
 				Pause(ctx, 2*time.Millisecond, 25*time.Millisecond)
 			case <-time.After(3 * time.Second):
 			}
-			if _, err := p.Producer.Kill9(); err != nil {
+			k, err := p.Producer.Kill9()
+			if err != nil {
 				return err
 			}
+			from := len(p.Fake.SyncCalls()) // every later call is the next incarnation's
 			if !Pause(ctx, 200*time.Millisecond, time.Second) {
 				return ctx.Err()
 			}
 			if err := p.Producer.Restart(60 * time.Second); err != nil {
 				return err
 			}
+			gap, ok := ingestionGap(ctx, p, k.At, from, gapBound+30*time.Second)
+			if !ok {
+				rec.Problem("kill %d: an account not synced again within %s of the kill", i+1, gap.Round(100*time.Millisecond))
+			}
+			maxGap = max(maxGap, gap)
 		}
 		rec.Extra("kills_after_page", targeted)
+		rec.Extra("max_ingest_gap", maxGap.Round(100*time.Millisecond))
+		if maxGap > gapBound {
+			rec.Problem("max_ingest_gap %s after a producer kill exceeds the lock TTL plus one sync (%s)",
+				maxGap.Round(100*time.Millisecond), gapBound)
+		}
 		return nil
 	})
 	// Copies on the topic show that kills landed between produce and the
@@ -367,7 +477,7 @@ func TestChaosReplyKill9(t *testing.T) {
 			if !Pause(ctx, gap/2, gap) {
 				return ctx.Err()
 			}
-			victim := p.Consumers[rand.IntN(len(p.Consumers))]
+			victim := busyConsumer(ctx, p, 10*time.Second)
 			if _, err := victim.Kill9(); err != nil {
 				return err
 			}

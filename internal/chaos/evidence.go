@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -339,13 +340,28 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 	if e.RepliesOn {
 		e.judgeReplies(r, byMsg)
 	}
-	if stall, ok := e.maxUserStall(); ok {
+	if stall, victims, ok := e.maxUserStall(); ok {
 		r.Extra("max_user_stall", stall.Round(100*time.Millisecond))
 		if e.StallLimit > 0 && stall > e.StallLimit {
 			r.Problem("max_user_stall %s after a consumer kill exceeds %s", stall.Round(100*time.Millisecond), e.StallLimit)
 		}
+		counts := make([]string, len(victims))
+		for i, v := range victims {
+			counts[i] = strconv.Itoa(v.users)
+			if v.users == 0 {
+				r.Problem("consumer kill %d (%s) found no user waiting on the victim: it tested no stall", i+1, v.tag)
+			}
+		}
+		r.Extra("users_waiting_on_victim", strings.Join(counts, ","))
 	}
 	return r
+}
+
+// killVictims is, for one consumer kill, how many users were waiting on
+// the victim.
+type killVictims struct {
+	tag   string
+	users int
 }
 
 // maxUserStall is the longest time a user waited, after a consumer kill,
@@ -355,50 +371,60 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 // kills. A crashed consumer's users wait for the group to notice (the
 // session timeout) and for the dead process's dedup claims to expire (the
 // lease): this is the figure that shows both.
-func (e *Evidence) maxUserStall() (max time.Duration, ok bool) {
-	var kills []time.Time
+//
+// victims counts, per kill, the users waiting on the victim: those waiting
+// at K whose last effect before K the victim made (their partition was
+// the victim's, as the Sink saw it). A kill with none tested no stall
+// (a victim with no partitions yet, or nothing in flight).
+func (e *Evidence) maxUserStall() (max time.Duration, victims []killVictims, ok bool) {
+	var kills []Kill
 	for _, k := range e.Kills {
 		if strings.HasPrefix(k.Tag, "consumer") {
-			kills = append(kills, k.At)
+			kills = append(kills, k)
 		}
 	}
 	if len(kills) == 0 {
-		return 0, false
+		return 0, nil, false
 	}
 	first := map[string]time.Time{} // msgid → first effect
-	byUser := map[string][]time.Time{}
+	byUser := map[string][]Delivery{}
 	for _, d := range e.Deliveries {
 		if t, seen := first[d.MsgID]; !seen || d.At.Before(t) {
 			first[d.MsgID] = d.At
 		}
-		byUser[d.User] = append(byUser[d.User], d.At)
+		byUser[d.User] = append(byUser[d.User], d)
 	}
-	for _, ts := range byUser {
-		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	for _, ds := range byUser {
+		sort.Slice(ds, func(i, j int) bool { return ds[i].At.Before(ds[j].At) })
 	}
 	for _, k := range kills {
 		pending := map[string]bool{}
 		for _, s := range e.Sent {
-			if s.At.After(k) {
+			if s.At.After(k.At) {
 				continue
 			}
-			if t, seen := first[s.MsgID]; seen && !t.After(k) {
+			if t, seen := first[s.MsgID]; seen && !t.After(k.At) {
 				continue
 			}
 			pending[s.User] = true
 		}
+		v := killVictims{tag: k.Tag}
 		for u := range pending {
-			ts := byUser[u]
-			i := sort.Search(len(ts), func(i int) bool { return ts[i].After(k) })
-			if i == len(ts) {
+			ds := byUser[u]
+			i := sort.Search(len(ds), func(i int) bool { return ds[i].At.After(k.At) })
+			if i > 0 && ds[i-1].Tag == k.Tag {
+				v.users++
+			}
+			if i == len(ds) {
 				continue // nothing after the kill: counted as lost or dead-lettered
 			}
-			if d := ts[i].Sub(k); d > max {
+			if d := ds[i].At.Sub(k.At); d > max {
 				max = d
 			}
 		}
+		victims = append(victims, v)
 	}
-	return max, true
+	return max, victims, true
 }
 
 // judgeSent is e.Sent as the judge reads it.

@@ -130,7 +130,8 @@ func TestReportLine(t *testing.T) {
 
 // TestMaxUserStall checks the stall figure on hand-made evidence: only
 // users with a message waiting at a consumer kill count, from the kill to
-// their next effect, and the limit turns a long stall into a problem.
+// their next effect, and the limit turns a long stall into a problem; a
+// kill with no user waiting on the victim is a problem too.
 func TestMaxUserStall(t *testing.T) {
 	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
@@ -139,25 +140,32 @@ func TestMaxUserStall(t *testing.T) {
 		{MsgID: "b1", User: "b", At: at(0)}, {MsgID: "c1", User: "c", At: at(30)},
 	}
 	deliveries := []Delivery{
-		{Seq: 0, MsgID: "a1", User: "a", At: at(0.1)},
-		{Seq: 1, MsgID: "b1", User: "b", At: at(0.2)}, // done before the kill: b does not count
-		{Seq: 2, MsgID: "a2", User: "a", At: at(14)},  // waiting at the kill (2 s): 12 s
-		{Seq: 3, MsgID: "c1", User: "c", At: at(30.1)},
+		{Seq: 0, MsgID: "a1", User: "a", Tag: "consumer-1.1", At: at(0.1)}, // a's partition: the victim's
+		{Seq: 1, MsgID: "b1", User: "b", Tag: "consumer-2.1", At: at(0.2)}, // done before the kill: b does not count
+		{Seq: 2, MsgID: "a2", User: "a", Tag: "consumer-2.1", At: at(14)},  // waiting at the kill (2 s): 12 s
+		{Seq: 3, MsgID: "c1", User: "c", Tag: "consumer-2.1", At: at(30.1)},
 	}
 	ev := &Evidence{Sent: sent, Deliveries: deliveries, Kills: []Kill{{Tag: "consumer-1.1", At: at(2)}}, Lease: 10 * time.Second}
-	if stall, ok := ev.maxUserStall(); !ok || stall != 12*time.Second {
-		t.Fatalf("max stall = %v %v, want 12s", stall, ok)
+	if stall, victims, ok := ev.maxUserStall(); !ok || stall != 12*time.Second || len(victims) != 1 || victims[0].users != 1 {
+		t.Fatalf("max stall = %v %v, victims %+v; want 12s, one user waiting on the victim", stall, ok, victims)
 	}
 	ev.StallLimit = 20 * time.Second
-	if r := ev.Report("x", time.Minute); !r.OK() || !strings.Contains(r.Line(), "max_user_stall=12s") {
+	if r := ev.Report("x", time.Minute); !r.OK() || !strings.Contains(r.Line(), "max_user_stall=12s") ||
+		!strings.Contains(r.Line(), "users_waiting_on_victim=1") {
 		t.Fatalf("within the limit: ok=%v line %q", r.OK(), r.Line())
 	}
+	// The same kill of the other consumer: a was waiting, but not on it.
+	ev.Kills = []Kill{{Tag: "consumer-2.1", At: at(2)}}
+	if r := ev.Report("x", time.Minute); r.OK() || !strings.Contains(r.Line(), "users_waiting_on_victim=0") {
+		t.Fatalf("a kill with no user waiting on the victim passed: %q", r.Line())
+	}
+	ev.Kills = []Kill{{Tag: "consumer-1.1", At: at(2)}}
 	ev.StallLimit = 10 * time.Second
 	if r := ev.Report("x", time.Minute); r.OK() {
 		t.Fatalf("a 12 s stall passed a 10 s limit: %q", r.Line())
 	}
 	ev.Kills = []Kill{{Tag: "producer.1", At: at(2)}}
-	if _, ok := ev.maxUserStall(); ok {
+	if _, _, ok := ev.maxUserStall(); ok {
 		t.Fatal("a producer kill produced a consumer stall figure")
 	}
 }

@@ -41,7 +41,16 @@ type Member struct {
 	// partitions and live per-user actors.
 	Partitions []int32 `json:"partitions"`
 	Actors     int     `json:"actors"`
+	// LastHeard is set on a member whose registry lease expired: when it
+	// was last heard from. Stale: silent for StaleAfter (see Judge); such
+	// a member is shown, not counted as running.
+	LastHeard *time.Time `json:"last_heard,omitempty"`
+	Stale     bool       `json:"stale,omitempty"`
 }
+
+// leavingKey marks an entry whose daemon is stopping cleanly (Leave), so
+// the View drops it at once instead of showing it stale.
+const leavingKey = "leaving"
 
 // NewMember returns the Member of this process for role.
 func NewMember(role, version, opsAddr string) Member {
@@ -143,8 +152,17 @@ func (s *Self) Update(ctx context.Context, edit func(*Member)) {
 }
 
 // Leave removes the entry (a graceful stop; a killed process leaves when
-// its lease expires).
+// its lease expires, and is shown stale for a while, see View). The entry
+// is first marked as leaving, so that views drop it at once; if that write
+// fails the daemon is merely shown stale until it is gone.
 func (s *Self) Leave(ctx context.Context) error {
+	s.mu.Lock()
+	info := s.m.info()
+	s.mu.Unlock()
+	info.Metadata[leavingKey] = "true"
+	if err := s.reg.Update(ctx, info); err != nil {
+		s.log.Debug("fleet: mark as leaving", zap.String("id", info.ID), zap.Error(err))
+	}
 	if err := s.reg.Unregister(ctx, s.m.ID); err != nil {
 		return fmt.Errorf("fleet: leave: %w", err)
 	}

@@ -34,7 +34,7 @@ func TestJoinUpdateLeaveSeenByView(t *testing.T) {
 	_, ns := testenv.Etcd(t)
 	admin, cons, prod := coordtest.Provider(t, ns), coordtest.Provider(t, ns), coordtest.Provider(t, ns)
 	ctx := t.Context()
-	v, err := Watch(ctx, admin)
+	v, err := Watch(ctx, admin, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -138,6 +138,18 @@ func (l *Locker) TryLock(ctx context.Context, name string, ttl time.Duration) (*
 	return m, nil
 }
 
+// Remaining returns how long the lock name has left before it expires
+// unless its holder extends it: 0 when nobody holds it. A process that
+// found the lock busy can try again then, whether the holder is alive or
+// was killed holding it.
+func (l *Locker) Remaining(ctx context.Context, name string) (time.Duration, error) {
+	d, err := l.rdb.PTTL(ctx, l.prefix+name).Result()
+	if err != nil {
+		return 0, fmt.Errorf("lock %s: ttl: %w", name, err)
+	}
+	return max(d, 0), nil // -2: no key; -1 (no expiry) does not happen to a lock
+}
+
 // Lock takes the lock name for ttl, retrying while it is busy (or Redis
 // fails) until ctx ends.
 func (l *Locker) Lock(ctx context.Context, name string, ttl time.Duration) (*Mutex, error) {

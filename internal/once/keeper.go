@@ -206,15 +206,21 @@ const (
 // owner's claims hold its users until their lease expires, and an operator
 // must be able to see that rather than a silent stall.
 func (k *keeper) reportWaits(now time.Time) {
-	if now.Sub(k.lastWarn) < waitReportEvery {
-		return
+	if reportWaits(k.c.log, &k.lastWarn, k.c.waits.snapshot(now), now, k.c.lease) {
+		k.lastWarn = now
 	}
-	w := k.c.waits.snapshot(now)
-	if w.Oldest < waitReportAfter {
-		return
+}
+
+// reportWaits logs w (once per waitReportEvery after *last) when its oldest
+// wait is longer than waitReportAfter, and says whether it did; both dedup
+// stores use it (store claims: claims, store leases: user leases), so
+// docs/operations.md's takeover log line is the same for both.
+func reportWaits(log *zap.Logger, last *time.Time, w Waits, now time.Time, lease time.Duration) bool {
+	if now.Sub(*last) < waitReportEvery || w.Oldest < waitReportAfter {
+		return false
 	}
-	k.lastWarn = now
-	k.c.log.Warn("once: waiting on claims held by others (a crashed owner's claims are waited on until their lease expires)",
+	log.Warn("once: waiting on claims held by others (a crashed owner's claims are waited on until their lease expires)",
 		zap.Int("waiting", w.Count), zap.Duration("oldest_wait", w.Oldest), zap.String("oldest_key", w.OldestKey),
-		zap.Duration("lease", k.c.lease))
+		zap.Duration("lease", lease))
+	return true
 }

@@ -71,6 +71,7 @@ type Users struct {
 	// flushing counts mark flushes in flight (at most maxFlushes).
 	flushing int
 	stop     chan struct{}
+	lastWarn time.Time // the last wait report (keep's goroutine only)
 	wg       sync.WaitGroup
 	closed   bool
 	once     sync.Once

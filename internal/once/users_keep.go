@@ -84,6 +84,12 @@ func (u *Users) tick() {
 		go u.renewAll(renew, values, now)
 	}
 	u.sweep(context.Background())
+	// Messages waiting on a user another owner leases (after a crash, the
+	// dead owner's lease until it expires) are logged as store claims'
+	// waits are.
+	if reportWaits(u.log, &u.lastWarn, u.waits.snapshot(now), now, u.lease) {
+		u.lastWarn = now
+	}
 }
 
 // errLeaseLost is what a running handler's lost callback gets.

@@ -62,3 +62,9 @@ func (l lockMutex) SetIfHeld(ctx context.Context, key, value string, ttl time.Du
 	}
 	return err
 }
+
+// Remaining implements LockRemainer: the lock key's remaining time to live
+// (0 when the key is gone).
+func (a LockAdapter) Remaining(ctx context.Context, name string) (time.Duration, error) {
+	return a.Locker.Remaining(ctx, name)
+}

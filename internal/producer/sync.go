@@ -61,6 +61,14 @@ type Locker interface {
 	TryLock(ctx context.Context, name string, ttl time.Duration) (Mutex, error)
 }
 
+// LockRemainer is an optional interface of a Locker: how long the lock
+// name has left before it expires if its holder does not extend it (0 or
+// less: free). A Syncer that found the lock busy retries when it can be
+// taken; without this it waits the whole sync.lock_ttl.
+type LockRemainer interface {
+	Remaining(ctx context.Context, name string) (time.Duration, error)
+}
+
 // Mutex is a held lock.
 type Mutex interface {
 	// Lost is closed when the lock could not be extended and may belong
@@ -148,6 +156,8 @@ type Syncer struct {
 	produceErr error // last produce outcome; nil after a success
 	// failing holds the open_kfids whose last sync failed permanently.
 	failing map[string]*permanentFailure
+	// retrying holds the open_kfids with a retryWhenFree waiting (under mu).
+	retrying map[string]bool
 	// hz is what the horizon metrics export (horizon.go).
 	hz horizon
 	// status, when set, receives the accounts' SyncStatus every
@@ -244,8 +254,8 @@ func NewSyncer(cfg SyncerConfig, d SyncerDeps, opts ...Option) (*Syncer, error) 
 	}
 	s := &Syncer{cfg: cfg, d: d, clock: realClock{}, log: zap.NewNop(),
 		kfs: make(map[string]*kfState), queue: make(chan string, cfg.MaxPending),
-		failing: make(map[string]*permanentFailure),
-		hz:      horizon{triggered: map[string]time.Time{}, fetched: map[string]time.Time{}, ok: map[string]time.Time{}}}
+		failing: make(map[string]*permanentFailure), retrying: make(map[string]bool),
+		hz: horizon{triggered: map[string]time.Time{}, fetched: map[string]time.Time{}, ok: map[string]time.Time{}}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -564,6 +574,7 @@ func (s *Syncer) syncKf(kf, token string) (again bool) {
 		if m == nil {
 			s.m.busy.Inc()
 			s.forgetWaiting(kf)
+			s.retryWhenFree(kf, lockKey)
 			return false
 		}
 		err = s.hold(m, kf, token)
@@ -621,6 +632,63 @@ func (s *Syncer) acquire(kf, lockKey string) (Mutex, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// lockRetryMargin is added to a busy lock's remaining time: Redis and etcd
+// expire keys within milliseconds of their TTL.
+const lockRetryMargin = 100 * time.Millisecond
+
+// retryWhenFree makes sure the pending flag just left for the holder of
+// kf's lock is served even when that holder is dead (a kill -9 leaves its
+// lock held until the TTL runs out, and no safety tick or callback may come
+// for a minute): once the lock's remaining time has passed, kf is triggered
+// again if its flag is still set. A live holder takes the flag after its
+// pass (then nothing happens here) or still holds the lock (then the
+// trigger finds it busy and waits again, one TryLock per lock TTL).
+func (s *Syncer) retryWhenFree(kf, lockKey string) {
+	wait := s.cfg.LockTTL
+	if r, ok := s.d.Locker.(LockRemainer); ok {
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.LockTTL)
+		left, err := r.Remaining(ctx, lockKey)
+		cancel()
+		switch {
+		case err != nil:
+			s.log.Debug("sync lock: remaining time unknown, retrying after the lock TTL", zap.String("open_kfid", kf), zap.Error(err))
+		case left < wait:
+			wait = max(left, 0)
+		}
+	}
+	wait += lockRetryMargin
+	s.mu.Lock()
+	if s.stopped || s.retrying[kf] {
+		s.mu.Unlock()
+		return
+	}
+	s.retrying[kf] = true
+	s.wg.Add(1)
+	s.mu.Unlock()
+	s.log.Info("sync lock held by another process: retrying when it expires unless the holder syncs first",
+		zap.String("open_kfid", kf), zap.Duration("retry_in", wait))
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-s.clock.After(wait):
+		case <-s.ctx.Done():
+		}
+		s.mu.Lock()
+		delete(s.retrying, kf)
+		s.mu.Unlock()
+		if s.ctx.Err() != nil {
+			return
+		}
+		pending, err := s.d.State.HasPending(s.ctx, kf)
+		if err == nil && !pending {
+			return // the holder served it
+		}
+		if err := s.Trigger(kf, ""); err != nil && !errors.Is(err, ErrStopped) {
+			s.log.Warn("sync retry after a busy lock", zap.String("open_kfid", kf), zap.Error(err))
+		}
+	}()
 }
 
 func (s *Syncer) unlock(m Mutex) {

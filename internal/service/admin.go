@@ -34,7 +34,7 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag *kafka
 		group: lag, topic: cfg.Kafka.Topics.Main.Name, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}
 	if base.Coord != nil {
 		// Provider.Close (at the daemon's end) ends the watch.
-		view, err := fleet.Watch(context.Background(), base.Coord)
+		view, err := fleet.Watch(context.Background(), base.Coord, cfg.Coord.KeepAlive)
 		if err != nil {
 			return nil, err
 		}
@@ -440,7 +440,7 @@ type pipelineView struct {
 }
 
 func (p pipelineView) Consumers(ctx context.Context) ([]admin.ConsumerStatus, error) {
-	return consumerStatuses(ctx, p.rdb, p.prefix)
+	return consumerStatuses(ctx, p.rdb, p.prefix, time.Now())
 }
 
 func (p pipelineView) Accounts(ctx context.Context) ([]admin.AccountSync, error) {

@@ -170,6 +170,7 @@ type Consumer struct {
 // with handler h (nil: the one selected by handler.type).
 func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h consumer.Handler) (*Consumer, error) {
 	log, reg := base.Log, base.Registry
+	logConsumerSettings(log, cfg)
 	prefix := cfg.Redis.KeyPrefix
 	if h == nil {
 		var err error

@@ -61,6 +61,7 @@ type DLQ struct {
 // StartDLQ starts the dlq-consumer's parts on base's clients.
 func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (*DLQ, error) {
 	opts := []dlq.Option{dlq.WithLogger(base.Log), dlq.WithRegisterer(base.Registry)}
+	logDLQSettings(base.Log, cfg)
 	prefix := cfg.Redis.KeyPrefix
 	rlAdmin, err := ratelimit.NewAdmin(ratelimit.NewStore(base.Redis, prefix), cfg.RateLimit,
 		append(rulesOption(cfg.RateLimit, base), ratelimit.WithLogger(base.Log))...)

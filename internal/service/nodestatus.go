@@ -10,15 +10,17 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/fleet"
 )
 
 // A schedule-consumer's actors and breakers live in its memory; the
 // console's overview (on the dlq-consumer) shows them because every
 // schedule-consumer publishes a small status to the Redis hash
 // <prefix>consumer:status every nodeStatusInterval, one field per process,
-// read from the process's own metrics. A field older than three intervals
-// is a process that stopped or lost Redis; the hash expires an hour after
-// its last write.
+// read from the process's own metrics. A field is judged by fleet.Judge,
+// the rule of every fleet view: not written for three intervals it is a
+// process that stopped or lost Redis (stale), and after fleet.GoneAfter it
+// is left out and deleted. The hash expires an hour after its last write.
 const (
 	nodeStatusInterval = 10 * time.Second
 	nodeStatusKeep     = time.Hour
@@ -78,18 +80,35 @@ func gaugeSums(g prometheus.Gatherer) map[string]float64 {
 	return out
 }
 
-// consumerStatuses reads the status hash.
-func consumerStatuses(ctx context.Context, rdb redis.UniversalClient, prefix string) ([]admin.ConsumerStatus, error) {
-	h, err := rdb.HGetAll(ctx, nodeStatusKey(prefix)).Result()
+// consumerStatuses reads the status hash as fleet.Judge shows it at now:
+// stale fields flagged, gone ones left out (and deleted, best effort, so
+// the hash does not keep every killed process while others refresh it).
+// The overview flags the same fields stale (its own 30 s, fleet.StaleAfter)
+// and leaves them out of its totals.
+func consumerStatuses(ctx context.Context, rdb redis.UniversalClient, prefix string, now time.Time) ([]admin.ConsumerStatus, error) {
+	key := nodeStatusKey(prefix)
+	h, err := rdb.HGetAll(ctx, key).Result()
 	if err != nil {
 		return nil, err
 	}
 	out := make([]admin.ConsumerStatus, 0, len(h))
-	for _, v := range h {
+	var gone []string
+	for field, v := range h {
 		var st admin.ConsumerStatus
-		if json.Unmarshal([]byte(v), &st) == nil {
-			out = append(out, st)
+		if json.Unmarshal([]byte(v), &st) != nil {
+			continue
 		}
+		switch fleet.Judge(st.Reported, now) {
+		case fleet.Gone:
+			gone = append(gone, field)
+			continue
+		case fleet.Stale:
+			st.Stale = true
+		}
+		out = append(out, st)
+	}
+	if len(gone) > 0 {
+		_ = rdb.HDel(ctx, key, gone...).Err()
 	}
 	return out, nil
 }

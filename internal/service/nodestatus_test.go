@@ -29,13 +29,13 @@ func TestConsumerStatusPublished(t *testing.T) {
 		publishNodeStatus(ctx, rdb, prefix, reg, zaptest.NewLogger(t))
 	}()
 	waitFor(t, 5*time.Second, "the status published", func() bool {
-		st, err := consumerStatuses(context.Background(), rdb, prefix)
+		st, err := consumerStatuses(context.Background(), rdb, prefix, time.Now())
 		return err == nil && len(st) == 1 && st[0].Actors == 17 && st[0].OpenBreakers == 2 && st[0].Partitions == 6 &&
 			st[0].Node == nodeName() && time.Since(st[0].Reported) < 5*time.Second
 	})
 	cancel()
 	<-done
-	if st, err := consumerStatuses(context.Background(), rdb, prefix); err != nil || len(st) != 0 {
+	if st, err := consumerStatuses(context.Background(), rdb, prefix, time.Now()); err != nil || len(st) != 0 {
 		t.Fatalf("after the stop: %+v %v, want none", st, err)
 	}
 }

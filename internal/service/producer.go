@@ -49,6 +49,7 @@ func (g *generator) Next() (int64, error) { return g.p.Load().Next() }
 // callback endpoint.
 func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base) (*Producer, error) {
 	p := &Producer{log: base.Log}
+	logProducerSettings(base.Log, cfg)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p.cancel = cancel
 	fail := func(err error) (*Producer, error) {
