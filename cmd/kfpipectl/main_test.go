@@ -240,7 +240,22 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 		}
 	}
 	contains(t, op.must(0, "dlq", "retry", a, "--reason", "limiter fixed"), "retried "+a)
+
+	// invalid_message: not retried unless asked, the dry run saying what
+	// the real call does, for one letter and for a batch alike; nothing
+	// to retry is exit 5, not 0.
 	op.must(4, "dlq", "retry", c, "--reason", "invalid cannot be retried")
+	op.must(4, "dlq", "retry", c, "--reason", "would it?", "--dry-run")
+	contains(t, op.must(5, "dlq", "retry", "--user", "u2", "--reason", "how many", "--dry-run"),
+		"would retry 0 dead letter(s)", "1 never retried (invalid_message: add --include-invalid")
+	if r := op.must(5, "dlq", "retry", "--user", "u2", "--reason", "how many"); !strings.Contains(r.errOut, "nothing to retry") {
+		t.Errorf("batch of nothing: %q", r.errOut)
+	}
+	contains(t, op.must(0, "dlq", "retry", "--user", "u2", "--include-invalid", "--reason", "handler fixed", "--dry-run"),
+		"would retry 1 dead letter(s): 1 message(s) of 1 user(s)")
+	contains(t, op.must(0, "dlq", "retry", c, "--include-invalid", "--reason", "handler fixed", "--dry-run"), "dry run: would retry "+c)
+	contains(t, op.must(0, "dlq", "retry", c, "--include-invalid", "--reason", "handler fixed"), "retried "+c)
+	op.must(2, "dlq", "retry", "--unblock", "--failure-reason", "rate_limited", "--reason", "x")
 
 	// dlq purge: dry run counts and keeps, then the real one.
 	contains(t, op.must(0, "dlq", "purge", "--user", "u3", "--reason", "noise", "--dry-run"), "would purge 1 dead letter")
@@ -254,8 +269,8 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	op.must(2, "dlq", "purge", "--user", "u1", "--limit", "1", "--reason", "purge has no limit")
 
 	// A batch without waiting, followed, listed, cancelled once ended: u1's
-	// two letters, once the scheduler has re-injected the one retried above
-	// (a letter due now is not retried again).
+	// letter that was not retried (the one retried above is never
+	// selected again, neither while due now nor once re-injected).
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		var m admin.DLQMessage
 		jsonOf(t, viewer.must(0, "dlq", "show", a, "-o", "json"), &m)
@@ -268,11 +283,13 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	r0 := op.must(0, "dlq", "retry", "--user", "u1", "--reason", "the rest of u1", "--wait=false")
-	contains(t, r0, "batch ", "started: retry 2 dead letter(s)")
+	contains(t, r0, "batch ", "started: retry 1 dead letter(s)")
 	id := strings.Fields(strings.TrimPrefix(r0.out, "batch "))[0]
-	contains(t, viewer.must(0, "dlq", "batch", id, "--wait"), "retried 2 dead letter(s)", id, "done")
-	contains(t, viewer.must(0, "dlq", "batch", id), "retry done, 2/2 letters", "the rest of u1")
-	contains(t, viewer.must(0, "dlq", "batches"), id, "retry", "done", "2/2", "user=u1")
+	contains(t, viewer.must(0, "dlq", "batch", id, "--wait"), "retried 1 dead letter(s)", id, "done")
+	contains(t, viewer.must(0, "dlq", "batch", id), "retry done, 1/1 letters", "the rest of u1")
+	contains(t, viewer.must(0, "dlq", "batches"), id, "retry", "done", "1/1", "user=u1")
+	// A second batch over the same letters finds nothing to retry.
+	contains(t, op.must(5, "dlq", "retry", "--user", "u1", "--reason", "again", "--dry-run"), "would retry 0 dead letter(s)")
 	op.must(4, "dlq", "cancel", id, "--reason", "too late") // 409: it ended
 	viewer.must(4, "dlq", "cancel", id, "--reason", "viewer tries")
 	op.must(2, "dlq", "cancel", id) // no --reason
@@ -329,8 +346,13 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	}
 	want := []string{
 		"test-operator ratelimit.set_group ok", "test-operator ratelimit.unblock ok", "test-operator ratelimit.block ok",
-		"test-operator dlq.batch_cancel conflict", "test-operator dlq.batch_retry ok", "test-operator dlq.purge ok", "test-operator dlq.purge dry_run", "test-operator dlq.retry conflict",
+		"test-operator dlq.batch_cancel conflict", "test-operator dlq.batch_retry dry_run", "test-operator dlq.batch_retry ok",
+		"test-operator dlq.purge ok", "test-operator dlq.purge dry_run",
+		"test-operator dlq.retry ok", "test-operator dlq.retry dry_run", "test-operator dlq.batch_retry dry_run",
+		"test-operator dlq.batch_retry ok", "test-operator dlq.batch_retry dry_run", // u2: nothing, then with --include-invalid
+		"test-operator dlq.retry conflict", "test-operator dlq.retry conflict",
 		"test-operator dlq.retry ok", "test-operator dlq.batch_retry dry_run",
+		"test-operator dlq.retry not_found", "test-operator dlq.retry dry_run", // one letter's dry runs ask the API too
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
