@@ -420,3 +420,72 @@ func TestServerDown(t *testing.T) {
 		t.Errorf("stderr %q does not say what it tried", r.errOut)
 	}
 }
+
+// TestRetryInvalidMessageLetters is the field run's invalid_message case
+// against a real dlq-consumer: a user's 20 invalid_message letters, listed
+// by dlq ls. Without --include-invalid the batch's dry run and the real
+// run both find nothing to retry (exit 5, saying why) and one letter's dry
+// run and real call both answer 409 (exit 4); with it, the dry run counts
+// 20 messages of 1 user and the batch retries exactly those 20, audited
+// with include_invalid; a second retry then selects none of them.
+func TestRetryInvalidMessageLetters(t *testing.T) {
+	d, cfg, p := startDLQConsumer(t)
+	op := ctl{t: t, env: map[string]string{"KFPIPE_ADMIN_URL": d.AdminURL, "KFPIPE_TOKEN": cfg.Admin.Tokens[0].Token}}
+	var ids []string
+	for i := range 20 {
+		ids = append(ids, sendLetter(t, p, cfg.Kafka.Topics.Main.Name, "U", dlq.ReasonInvalidMessage, int64(i)))
+	}
+	var page struct {
+		Messages []admin.DLQMessage `json:"messages"`
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		jsonOf(t, op.must(0, "dlq", "ls", "--user", "U", "-o", "json"), &page)
+		if len(page.Messages) == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 20 letters listed", len(page.Messages))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// Not asked for: nothing retried, the same answer dry or not.
+	contains(t, op.must(5, "dlq", "retry", "--user", "U", "--reason", "how many", "--dry-run"),
+		"would retry 0 dead letter(s)", "20 never retried")
+	if r := op.must(5, "dlq", "retry", "--user", "U", "--reason", "try"); !strings.Contains(r.errOut, "nothing to retry: the filter selects 20 dead letter(s)") ||
+		!strings.Contains(r.errOut, "--include-invalid") {
+		t.Errorf("batch without --include-invalid: %q", r.errOut)
+	}
+	for _, dry := range []string{"--dry-run=true", "--dry-run=false"} {
+		if r := op.must(4, "dlq", "retry", ids[0], "--reason", "one", dry); !strings.Contains(r.errOut, "include_invalid") {
+			t.Errorf("one letter %s: %q", dry, r.errOut)
+		}
+	}
+	jsonOf(t, op.must(0, "dlq", "ls", "--user", "U", "-o", "json"), &page)
+	for _, m := range page.Messages {
+		if m.State != "review" {
+			t.Fatalf("letter %s is %s after retries that retried nothing", m.ID, m.State)
+		}
+	}
+
+	// Asked for: the dry run's count is what the batch retries.
+	var plan admin.BatchPlan
+	jsonOf(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "handler fixed", "--dry-run", "-o", "json"), &plan)
+	if plan.Count != 20 || plan.Messages != 20 || plan.Users != 1 || plan.NotRetryable != 0 {
+		t.Fatalf("dry run with --include-invalid: %+v, want 20 messages of 1 user", plan)
+	}
+	contains(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "handler fixed"),
+		"retried 20 dead letter(s)")
+	// Acted on: never selected again (due now, then retried).
+	contains(t, op.must(5, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "again", "--dry-run"),
+		"would retry 0 dead letter(s)")
+	op.must(4, "dlq", "retry", ids[0], "--include-invalid", "--reason", "again")
+
+	var audit struct {
+		Entries []admin.AuditEntry `json:"entries"`
+	}
+	jsonOf(t, op.must(0, "audit", "--target", "include_invalid", "-o", "json"), &audit)
+	if len(audit.Entries) != 4 {
+		t.Errorf("%d audit entries name include_invalid, want 4 (dry run, batch, dry run, one letter)", len(audit.Entries))
+	}
+}
