@@ -54,6 +54,8 @@ var ErrBadCursor = errors.New("dlq: bad cursor")
 //	due            sorted set of entries waiting for a retry, by due time
 //	review         sorted set of entries waiting for an operator, by failure time
 //	stats          hash of counters: total, retried, reason:<r>
+//	retried        sorted set of retried entries whose message is not known
+//	               done yet, by when last looked at (Unsettled, MarkDone)
 //	ttl            hash reason → the shortest TTL (ms) of its entries, so
 //	               PurgeExpired walks only the part of a reason's set that
 //	               may have expired
@@ -172,7 +174,7 @@ func (x *Index) msgKey(id string) string    { return x.key("msg", id) }
 // indexScript applies one DLQ record. Returns 1 new entry, 0 duplicate or
 // stale event, -1 already expired, 2 event applied, -2 index full, 3 an
 // existing letter updated by a later failure of its message.
-// KEYS: msg, user set, reason set, due, review, stats, ttl.
+// KEYS: msg, user set, reason set, due, review, stats, ttl, retried.
 var indexScript = redis.NewScript(`
 local id = ARGV[1]
 if ARGV[9] == 'retried' then
@@ -187,11 +189,13 @@ if ARGV[9] == 'retried' then
   redis.call('ZREM', KEYS[5], id)
   if st == 'done' then redis.call('HINCRBY', KEYS[6], 'done', -1) end
   if st ~= 'retried' then redis.call('HINCRBY', KEYS[6], 'retried', 1) end
+  redis.call('ZADD', KEYS[8], ARGV[8], id)
   return 2
 end
 if ARGV[9] == 'done' then
   local st = redis.call('HGET', KEYS[1], 's')
   if st ~= 'retried' then return 0 end
+  redis.call('ZREM', KEYS[8], id)
   redis.call('HSET', KEYS[1], 's', 'done')
   redis.call('HINCRBY', KEYS[6], 'retried', -1)
   redis.call('HINCRBY', KEYS[6], 'done', 1)
@@ -230,6 +234,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HSET', KEYS[1], 'r', ARGV[2], 's', ARGV[4], 'e', ARGV[7], 'k', ARGV[11], 'o', ARGV[12],
     'p', ARGV[13], 'c', ARGV[14], 'n', tonumber(h[4] or '1') + 1)
   redis.call('HDEL', KEYS[1], 'l', 'b')
+  redis.call('ZREM', KEYS[8], id)
   redis.call('ZADD', KEYS[3], ARGV[6], id)
   if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[6], id) end
   redis.call('ZREM', KEYS[4], id)
@@ -278,6 +283,7 @@ if h[2] and h[2] ~= '' then redis.call('ZREM', p .. 'dlq:user:' .. h[2], id) end
 redis.call('ZREM', p .. 'dlq:reason:' .. h[1], id)
 redis.call('ZREM', p .. 'dlq:due', id)
 redis.call('ZREM', p .. 'dlq:review', id)
+redis.call('ZREM', p .. 'dlq:retried', id)
 redis.call('HINCRBY', p .. 'dlq:stats', 'total', -1)
 redis.call('HINCRBY', p .. 'dlq:stats', 'reason:' .. h[1], -1)
 if h[3] == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
@@ -302,6 +308,7 @@ if seen >= 0 and a > seen then return -1 end
 if st == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
 if st == 'done' then redis.call('HINCRBY', p .. 'dlq:stats', 'done', -1) end
 redis.call('HDEL', mk, 'l')
+redis.call('ZREM', p .. 'dlq:retried', id)
 if ARGV[3] == 'due' then
   redis.call('ZREM', p .. 'dlq:review', id)
   redis.call('ZADD', p .. 'dlq:due', ARGV[4], id)
@@ -502,7 +509,7 @@ func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, at Coord, du
 		}
 	}
 	keys := []string{x.msgKey(dl.ID), x.key("user", dl.UserID), x.key("reason", string(dl.Reason)),
-		x.key("due"), x.key("review"), x.key("stats"), x.key("ttl")}
+		x.key("due"), x.key("review"), x.key("stats"), x.key("ttl"), x.key("retried")}
 	src := strconv.FormatInt(int64(dl.SourcePartition), 10) + ":" + strconv.FormatInt(dl.SourceOffset, 10)
 	n, err := indexScript.Run(ctx, x.rdb, keys, dl.ID, string(dl.Reason), dl.UserID, state,
 		next, ms(dl.FailureTime), ms(dl.ExpiresAt), x.clock.Now().UnixMilli(), dl.Event, dl.Attempts,

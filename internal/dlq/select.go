@@ -233,3 +233,47 @@ func (x *Index) MarkDone(ctx context.Context, es []*Entry) (int, error) {
 	}
 	return n, nil
 }
+
+// Unsettled returns up to limit retried letters not known done, last
+// looked at before `before` (oldest first), and marks them looked at now:
+// the dlq-consumer asks the dedup store about them and marks the done ones
+// (MarkDone), so a letter says when its message is done.
+func (x *Index) Unsettled(ctx context.Context, before time.Time, limit int) ([]*Entry, error) {
+	ids, err := x.rdb.ZRangeByScore(ctx, x.key("retried"), &redis.ZRangeBy{Min: "-inf",
+		Max: strconv.FormatInt(before.UnixMilli(), 10), Count: int64(limit)}).Result()
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	es, err := x.load(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	now := float64(x.clock.Now().UnixMilli())
+	pipe := x.rdb.Pipeline()
+	out := es[:0]
+	for i, e := range es {
+		if e == nil || e.State != StateRetried {
+			pipe.ZRem(ctx, x.key("retried"), ids[i])
+			continue
+		}
+		pipe.ZAddXX(ctx, x.key("retried"), redis.Z{Score: now, Member: ids[i]})
+		out = append(out, e)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("dlq unsettled: %w", err)
+	}
+	return out, nil
+}
+
+// Unwatch stops asking about these retried letters (their message was not
+// done for long: they stay retried).
+func (x *Index) Unwatch(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	members := make([]any, len(ids))
+	for i, id := range ids {
+		members[i] = id
+	}
+	return x.rdb.ZRem(ctx, x.key("retried"), members...).Err()
+}
