@@ -166,7 +166,7 @@ func (a *app) showMessage(m admin.DLQMessage) error {
 	rows := [][2]string{
 		{"id", m.ID}, {"user", m.User}, {"open_kfid", orDash(m.OpenKfID)}, {"reason", m.Reason},
 		{"details", orDash(oneLine(m.Details))}, {"state", m.State}, {"failure_time", fmtTime(&m.FailureTime)},
-		{"retry_count", strconv.Itoa(m.RetryCount)}, {"next_retry_time", fmtTime(m.NextRetryTime)},
+		{"retry_count", strconv.Itoa(m.RetryCount)}, {"failures", failures(m)}, {"next_retry_time", fmtTime(m.NextRetryTime)},
 		{"source", fmt.Sprintf("%s/%d@%d", m.SourceTopic, m.SourcePartition, m.SourceOffset)},
 		{"dlq", fmt.Sprintf("partition %d offset %d", m.DLQPartition, m.DLQOffset)},
 	}
@@ -181,6 +181,16 @@ func (a *app) showMessage(m admin.DLQMessage) error {
 		return a.printJSON(m.Message)
 	}
 	return nil
+}
+
+// failures says how often the letter's message failed and since when (a
+// message has one letter: its retries that failed again are its history).
+func failures(m admin.DLQMessage) string {
+	n := max(m.Failures, 1)
+	if n == 1 || m.FirstFailure == nil {
+		return strconv.Itoa(n)
+	}
+	return fmt.Sprintf("%d since %s", n, fmtTime(m.FirstFailure))
 }
 
 func (a *app) dlqRetry() *cobra.Command {
