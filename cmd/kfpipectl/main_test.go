@@ -468,14 +468,24 @@ func TestRetryInvalidMessageLetters(t *testing.T) {
 		}
 	}
 
-	// Asked for: the dry run's count is what the batch retries.
+	// Asked for: the dry run's count is what the batch retries; it warns
+	// that U is blocked, and unblock-and-retry is one step.
+	op.must(0, "ratelimit", "block", "U", "--for", "1h", "--reason", "looked like a bot")
 	var plan admin.BatchPlan
 	jsonOf(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "handler fixed", "--dry-run", "-o", "json"), &plan)
-	if plan.Count != 20 || plan.Messages != 20 || plan.Users != 1 || plan.NotRetryable != 0 {
-		t.Fatalf("dry run with --include-invalid: %+v, want 20 messages of 1 user", plan)
+	if plan.Count != 20 || plan.Messages != 20 || plan.Users != 1 || plan.NotRetryable != 0 || len(plan.Blocked) != 1 {
+		t.Fatalf("dry run with --include-invalid: %+v, want 20 messages of 1 user, blocked", plan)
 	}
-	contains(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "handler fixed"),
-		"retried 20 dead letter(s)")
+	contains(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "handler fixed", "--dry-run"),
+		"warning: 1 of these users are blocked", "--unblock")
+	contains(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--unblock", "--reason", "handler fixed"),
+		"unblocked U", "retried 20 dead letter(s)")
+	var st struct {
+		Blocked bool `json:"blocked"`
+	}
+	if jsonOf(t, op.must(0, "ratelimit", "status", "U", "-o", "json"), &st); st.Blocked {
+		t.Errorf("U still blocked after --unblock")
+	}
 	// Acted on: never selected again (due now, then retried).
 	contains(t, op.must(5, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "again", "--dry-run"),
 		"would retry 0 dead letter(s)")
@@ -485,7 +495,12 @@ func TestRetryInvalidMessageLetters(t *testing.T) {
 		Entries []admin.AuditEntry `json:"entries"`
 	}
 	jsonOf(t, op.must(0, "audit", "--target", "include_invalid", "-o", "json"), &audit)
-	if len(audit.Entries) != 4 {
-		t.Errorf("%d audit entries name include_invalid, want 4 (dry run, batch, dry run, one letter)", len(audit.Entries))
+	if len(audit.Entries) != 5 {
+		t.Errorf("%d audit entries name include_invalid, want 5 (two dry runs, the batch, a dry run, one letter)", len(audit.Entries))
+	}
+	for _, e := range audit.Entries {
+		if e.Action == "dlq.batch_retry" && e.Result == "ok" && !strings.Contains(e.Target, "include_invalid unblock batch=") {
+			t.Errorf("the unblock-and-retry's audit target %q", e.Target)
+		}
 	}
 }
