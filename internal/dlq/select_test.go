@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand"
 	"slices"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
+
+// selectSeed replays a failed run of the selection property.
+var selectSeed = flag.Int64("dlq.select-seed", 0, "seed of TestRetrySelectionDryRunEqualsAction (0: a new one)")
 
 // letterState is a state a property round puts a letter in.
 type letterState int
@@ -36,9 +40,12 @@ const (
 func TestRetrySelectionDryRunEqualsAction(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
-	seed := time.Now().UnixNano()
+	seed := *selectSeed
+	if seed == 0 {
+		seed = time.Now().UnixNano()
+	}
 	rng := rand.New(rand.NewSource(seed))
-	t.Logf("seed %d", seed)
+	t.Logf("seed %d (replay: go test -run TestRetrySelectionDryRunEqualsAction -args -dlq.select-seed %d)", seed, seed)
 	reasons := []Reason{ReasonDownstreamError, ReasonRateLimited, ReasonUserBlocked, ReasonInvalidMessage, ReasonProcessTimeout}
 	const rounds = 60
 	for round := range rounds {
