@@ -21,7 +21,16 @@ const (
 	exitUsage    = 2
 	exitNotFound = 3
 	exitRefused  = 4
+	// exitNothing: the command ran, but nothing matched what it was asked
+	// to act on (a retry whose filter selects no letter a retry may act
+	// on); not an error, and not "done" either.
+	exitNothing = 5
 )
+
+// nothingf ends a command that found nothing to act on (exit 5).
+func nothingf(format string, a ...any) error {
+	return &exitErr{code: exitNothing, msg: fmt.Sprintf(format, a...)}
+}
 
 // exitError is an error with the exit code it ends the command with.
 type exitErr struct {

@@ -58,7 +58,8 @@ audited) and accepts --dry-run.
 
 Exit codes: 0 done, 1 error (server unreachable or failing), 2 usage (bad command
 line or input the API rejected), 3 not found, 4 refused (401, 403: the token may
-not; 409: the target's state forbids the write).`,
+not; 409: the target's state forbids the write), 5 nothing to do (a batch retry or
+purge that selects no letter it may act on).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {

@@ -68,9 +68,11 @@ func (f *filterFlags) query() (url.Values, error) {
 
 // batchBody is the API's body for batch-retry and purge.
 type batchBody struct {
-	Filter batchFilter `json:"filter"`
-	Reason string      `json:"reason"`
-	DryRun bool        `json:"dry_run,omitempty"`
+	Filter         batchFilter `json:"filter"`
+	Reason         string      `json:"reason"`
+	DryRun         bool        `json:"dry_run,omitempty"`
+	IncludeInvalid bool        `json:"include_invalid,omitempty"`
+	Unblock        bool        `json:"unblock,omitempty"`
 }
 
 type batchFilter struct {
@@ -164,7 +166,7 @@ func (a *app) showMessage(m admin.DLQMessage) error {
 	rows := [][2]string{
 		{"id", m.ID}, {"user", m.User}, {"open_kfid", orDash(m.OpenKfID)}, {"reason", m.Reason},
 		{"details", orDash(oneLine(m.Details))}, {"state", m.State}, {"failure_time", fmtTime(&m.FailureTime)},
-		{"retry_count", strconv.Itoa(m.RetryCount)}, {"next_retry_time", fmtTime(m.NextRetryTime)},
+		{"retry_count", strconv.Itoa(m.RetryCount)}, {"failures", failures(m)}, {"next_retry_time", fmtTime(m.NextRetryTime)},
 		{"source", fmt.Sprintf("%s/%d@%d", m.SourceTopic, m.SourcePartition, m.SourceOffset)},
 		{"dlq", fmt.Sprintf("partition %d offset %d", m.DLQPartition, m.DLQOffset)},
 	}
@@ -181,10 +183,20 @@ func (a *app) showMessage(m admin.DLQMessage) error {
 	return nil
 }
 
+// failures says how often the letter's message failed and since when (a
+// message has one letter: its retries that failed again are its history).
+func failures(m admin.DLQMessage) string {
+	n := max(m.Failures, 1)
+	if n == 1 || m.FirstFailure == nil {
+		return strconv.Itoa(n)
+	}
+	return fmt.Sprintf("%d since %s", n, fmtTime(m.FirstFailure))
+}
+
 func (a *app) dlqRetry() *cobra.Command {
 	var f filterFlags
 	var reason string
-	var dry, wait bool
+	var dry, wait, includeInvalid, unblock bool
 	cmd := &cobra.Command{
 		Use:   "retry [ID]",
 		Short: "Retry one dead letter now, or every one a filter selects",
@@ -194,9 +206,16 @@ A batch runs on the dlq-consumer at admin.batch_rate letters a second, each
 user's letters in order, skipping those whose message is done already; this
 command follows it to its end (--wait=false: print its ID and return; then
 kfpipectl dlq batch ID, kfpipectl dlq cancel ID).
-With --dry-run nothing is retried: for one ID the letter is read and shown, for a
-batch the server counts what it would retry, for which users, and how many are
-done already.`,
+A message has one letter. A retry skips letters retried already (until their
+message fails again), letters due now (they go anyway) and, unless
+--include-invalid, letters whose reason is never retried (invalid_message);
+one letter and a batch decide alike.
+--unblock (with --user) unblocks the user in the rate limiter, then retries
+the user's letters: one audited action.
+With --dry-run nothing is retried: the server decides exactly as the real
+call would and says what it would retry (for a batch: how many messages, of
+which users, what it would skip and which users are blocked now).
+Exit 5 when nothing selected is retried (a dry run too).`,
 		Args: func(cmd *cobra.Command, argv []string) error {
 			if len(argv) > 1 {
 				return usagef("%s takes at most one dead-letter ID", cmd.CommandPath())
@@ -215,47 +234,47 @@ done already.`,
 				if f.user != "" || f.failure != "" || f.review != "" || f.all || f.limit != 0 {
 					return usagef("give either a dead-letter ID or filter flags, not both")
 				}
-				return a.retryOne(cmd, c, argv[0], reason, dry)
+				if unblock {
+					return usagef("--unblock takes --user, not a dead-letter ID")
+				}
+				return a.retryOne(cmd, c, argv[0], reason, dry, includeInvalid)
+			}
+			if unblock && f.user == "" {
+				return usagef("--unblock needs --user: it unblocks that user, then retries the user's letters")
 			}
 			body, err := f.body(reason, dry)
 			if err != nil {
 				return err
 			}
+			body.IncludeInvalid, body.Unblock = includeInvalid, unblock
 			return a.batch(cmd, c, "/admin/dlq/batch-retry", body, wait)
 		},
 	}
 	f.add(cmd, true, true)
 	writeFlags(cmd, &reason, &dry)
 	cmd.Flags().BoolVar(&wait, "wait", true, "follow a batch until it ends")
+	cmd.Flags().BoolVar(&includeInvalid, "include-invalid", false,
+		"retry letters whose reason is never retried (invalid_message) too, e.g. after fixing the handler that rejected them (audited)")
+	cmd.Flags().BoolVar(&unblock, "unblock", false, "with --user: unblock the user in the rate limiter, then retry the user's letters (one audited action)")
 	return cmd
 }
 
-func (a *app) retryOne(cmd *cobra.Command, c *client, id, reason string, dry bool) error {
+// retryOne retries one letter; a dry run asks the server the same
+// question (dry_run), so it answers what the real call would: 200, or 409
+// with why the letter is not retried (exit 4), or 404 (exit 3).
+func (a *app) retryOne(cmd *cobra.Command, c *client, id, reason string, dry, includeInvalid bool) error {
 	path := "/admin/dlq/retry/" + url.PathEscape(id)
-	if dry {
-		// The API has no dry run for one letter: read it, say what would
-		// be sent.
-		data, err := c.do(cmd.Context(), "GET", "/admin/dlq/messages/"+url.PathEscape(id), nil, nil)
-		if err != nil {
-			return err
-		}
-		var m admin.DLQMessage
-		if err := decode(data, &m); err != nil {
-			return err
-		}
-		if a.json() {
-			return a.printValue(map[string]any{"dry_run": true, "would": "POST " + path, "message": m})
-		}
-		fmt.Fprintf(a.out, "dry run: would retry %s (user %s, reason %s, state %s, retries %d)\n",
-			m.ID, m.User, m.Reason, m.State, m.RetryCount)
-		return nil
-	}
-	data, err := c.do(cmd.Context(), "POST", path, nil, map[string]string{"reason": reason})
+	data, err := c.do(cmd.Context(), "POST", path, nil,
+		map[string]any{"reason": reason, "dry_run": dry, "include_invalid": includeInvalid})
 	if err != nil {
 		return err
 	}
 	if a.json() {
 		return a.printJSON(data)
+	}
+	if dry {
+		fmt.Fprintf(a.out, "dry run: would retry %s\n", id)
+		return nil
 	}
 	fmt.Fprintf(a.out, "retried %s\n", id)
 	return nil
@@ -274,29 +293,81 @@ func (a *app) batch(cmd *cobra.Command, c *client, path string, body batchBody, 
 		return err
 	}
 	verb := map[string]string{admin.ActionRetry: "retry", admin.ActionPurge: "purge"}[p.Action]
+	if p.Unblocked != "" && !a.json() {
+		fmt.Fprintf(a.out, "unblocked %s\n", p.Unblocked)
+	}
 	if body.DryRun || p.Batch == nil || !wait {
 		if a.json() {
-			return a.printJSON(data)
+			if err := a.printJSON(data); err != nil {
+				return err
+			}
+		} else {
+			switch {
+			case body.DryRun:
+				fmt.Fprintf(a.out, "dry run: would %s %d dead letter(s): %d message(s) of %d user(s)", verb, p.Count, p.Messages, p.Users)
+				if s := skipped(p); s != "" {
+					fmt.Fprintf(a.out, "; would skip %s", s)
+				}
+				fmt.Fprintf(a.out, ", %.0f s at %d a second\n", p.Seconds, p.Rate)
+				for _, u := range p.TopUsers {
+					fmt.Fprintf(a.out, "  %s\t%d\n", u.User, u.Count)
+				}
+			case p.Batch == nil:
+			default:
+				fmt.Fprintf(a.out, "batch %s started: %s %d dead letter(s) at %d a second; follow it with: kfpipectl dlq batch %s\n",
+					p.Batch.ID, verb, p.Batch.Total, p.Rate, p.Batch.ID)
+			}
+			warnBlocked(a.out, p.Blocked, body.Unblock && body.DryRun)
 		}
-		switch {
-		case body.DryRun:
-			fmt.Fprintf(a.out, "dry run: would %s %d dead letter(s) of %d user(s)", verb, p.Count, p.Users)
-			if p.AlreadyDone > 0 {
-				fmt.Fprintf(a.out, " (%d more selected are done already and would be skipped)", p.AlreadyDone)
-			}
-			fmt.Fprintf(a.out, ", %.0f s at %d a second\n", p.Seconds, p.Rate)
-			for _, u := range p.TopUsers {
-				fmt.Fprintf(a.out, "  %s\t%d\n", u.User, u.Count)
-			}
-		case p.Batch == nil:
-			fmt.Fprintf(a.out, "nothing to %s: the filter selects no dead letter\n", verb)
-		default:
-			fmt.Fprintf(a.out, "batch %s started: %s %d dead letter(s) at %d a second; follow it with: kfpipectl dlq batch %s\n",
-				p.Batch.ID, verb, p.Batch.Total, p.Rate, p.Batch.ID)
+		if p.Count == 0 {
+			return nothingf("nothing to %s: the filter selects %d dead letter(s)%s", verb, p.Selected, orSkipped(p))
 		}
 		return nil
 	}
+	warnBlocked(a.out, p.Blocked, false)
 	return a.follow(cmd, c, p.Batch.ID)
+}
+
+// skipped says what a retry's plan skips, "" for nothing.
+func skipped(p admin.BatchPlan) string {
+	var parts []string
+	add := func(n int, what string) {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add(p.AlreadyDone, "done already")
+	add(p.NotRetryable, "never retried (invalid_message: add --include-invalid to retry them)")
+	add(p.Settled, "retried already")
+	add(p.Busy, "due now or being re-injected")
+	return strings.Join(parts, ", ")
+}
+
+func orSkipped(p admin.BatchPlan) string {
+	if s := skipped(p); s != "" {
+		return ", none a retry may act on: " + s
+	}
+	return ""
+}
+
+// warnBlocked warns of blocked users whose letters a retry would send.
+func warnBlocked(w io.Writer, bs []admin.BlockedUser, unblocking bool) {
+	if len(bs) == 0 {
+		return
+	}
+	if unblocking {
+		fmt.Fprintf(w, "would unblock %s first\n", bs[0].User)
+		return
+	}
+	fmt.Fprintf(w, "warning: %d of these users are blocked by the rate limiter; their letters would be refused again (user_blocked):\n", len(bs))
+	for _, b := range bs {
+		until := "permanently"
+		if !b.Permanent {
+			until = "until " + fmtTime(b.BlockedUntil)
+		}
+		fmt.Fprintf(w, "  %s\tblocked %s\n", b.User, until)
+	}
+	fmt.Fprintln(w, "  unblock and retry a user's letters in one step: kfpipectl dlq retry --user USER --unblock --reason WHY")
 }
 
 // follow polls a batch until it ends and prints its result; a cancelled

@@ -17,6 +17,8 @@
 //	3  not found (404)
 //	4  refused: the token is missing a role or is unknown (401, 403), or the
 //	   target's state forbids the write (409)
+//	5  nothing to do: a batch retry or purge (or its dry run) selected no
+//	   letter it may act on
 //
 // Every write takes --reason (the audit reason) and --dry-run, which acts
 // on nothing and says what the write would do. See docs/kfpipectl.md.

@@ -244,7 +244,22 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 		}
 	}
 	contains(t, op.must(0, "dlq", "retry", a, "--reason", "limiter fixed"), "retried "+a)
+
+	// invalid_message: not retried unless asked, the dry run saying what
+	// the real call does, for one letter and for a batch alike; nothing
+	// to retry is exit 5, not 0.
 	op.must(4, "dlq", "retry", c, "--reason", "invalid cannot be retried")
+	op.must(4, "dlq", "retry", c, "--reason", "would it?", "--dry-run")
+	contains(t, op.must(5, "dlq", "retry", "--user", "u2", "--reason", "how many", "--dry-run"),
+		"would retry 0 dead letter(s)", "1 never retried (invalid_message: add --include-invalid")
+	if r := op.must(5, "dlq", "retry", "--user", "u2", "--reason", "how many"); !strings.Contains(r.errOut, "nothing to retry") {
+		t.Errorf("batch of nothing: %q", r.errOut)
+	}
+	contains(t, op.must(0, "dlq", "retry", "--user", "u2", "--include-invalid", "--reason", "handler fixed", "--dry-run"),
+		"would retry 1 dead letter(s): 1 message(s) of 1 user(s)")
+	contains(t, op.must(0, "dlq", "retry", c, "--include-invalid", "--reason", "handler fixed", "--dry-run"), "dry run: would retry "+c)
+	contains(t, op.must(0, "dlq", "retry", c, "--include-invalid", "--reason", "handler fixed"), "retried "+c)
+	op.must(2, "dlq", "retry", "--unblock", "--failure-reason", "rate_limited", "--reason", "x")
 
 	// dlq purge: dry run counts and keeps, then the real one.
 	contains(t, op.must(0, "dlq", "purge", "--user", "u3", "--reason", "noise", "--dry-run"), "would purge 1 dead letter")
@@ -258,8 +273,8 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	op.must(2, "dlq", "purge", "--user", "u1", "--limit", "1", "--reason", "purge has no limit")
 
 	// A batch without waiting, followed, listed, cancelled once ended: u1's
-	// two letters, once the scheduler has re-injected the one retried above
-	// (a letter due now is not retried again).
+	// letter that was not retried (the one retried above is never
+	// selected again, neither while due now nor once re-injected).
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		var m admin.DLQMessage
 		jsonOf(t, viewer.must(0, "dlq", "show", a, "-o", "json"), &m)
@@ -272,11 +287,13 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	r0 := op.must(0, "dlq", "retry", "--user", "u1", "--reason", "the rest of u1", "--wait=false")
-	contains(t, r0, "batch ", "started: retry 2 dead letter(s)")
+	contains(t, r0, "batch ", "started: retry 1 dead letter(s)")
 	id := strings.Fields(strings.TrimPrefix(r0.out, "batch "))[0]
-	contains(t, viewer.must(0, "dlq", "batch", id, "--wait"), "retried 2 dead letter(s)", id, "done")
-	contains(t, viewer.must(0, "dlq", "batch", id), "retry done, 2/2 letters", "the rest of u1")
-	contains(t, viewer.must(0, "dlq", "batches"), id, "retry", "done", "2/2", "user=u1")
+	contains(t, viewer.must(0, "dlq", "batch", id, "--wait"), "retried 1 dead letter(s)", id, "done")
+	contains(t, viewer.must(0, "dlq", "batch", id), "retry done, 1/1 letters", "the rest of u1")
+	contains(t, viewer.must(0, "dlq", "batches"), id, "retry", "done", "1/1", "user=u1")
+	// A second batch over the same letters finds nothing to retry.
+	contains(t, op.must(5, "dlq", "retry", "--user", "u1", "--reason", "again", "--dry-run"), "would retry 0 dead letter(s)")
 	op.must(4, "dlq", "cancel", id, "--reason", "too late") // 409: it ended
 	viewer.must(4, "dlq", "cancel", id, "--reason", "viewer tries")
 	op.must(2, "dlq", "cancel", id) // no --reason
@@ -333,8 +350,13 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	}
 	want := []string{
 		"test-operator ratelimit.set_group ok", "test-operator ratelimit.unblock ok", "test-operator ratelimit.block ok",
-		"test-operator dlq.batch_cancel conflict", "test-operator dlq.batch_retry ok", "test-operator dlq.purge ok", "test-operator dlq.purge dry_run", "test-operator dlq.retry conflict",
+		"test-operator dlq.batch_cancel conflict", "test-operator dlq.batch_retry dry_run", "test-operator dlq.batch_retry ok",
+		"test-operator dlq.purge ok", "test-operator dlq.purge dry_run",
+		"test-operator dlq.retry ok", "test-operator dlq.retry dry_run", "test-operator dlq.batch_retry dry_run",
+		"test-operator dlq.batch_retry ok", "test-operator dlq.batch_retry dry_run", // u2: nothing, then with --include-invalid
+		"test-operator dlq.retry conflict", "test-operator dlq.retry conflict",
 		"test-operator dlq.retry ok", "test-operator dlq.batch_retry dry_run",
+		"test-operator dlq.retry not_found", "test-operator dlq.retry dry_run", // one letter's dry runs ask the API too
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -400,5 +422,89 @@ func TestServerDown(t *testing.T) {
 	r := c.must(1, "health")
 	if !strings.Contains(r.errOut, "admin API") {
 		t.Errorf("stderr %q does not say what it tried", r.errOut)
+	}
+}
+
+// TestRetryInvalidMessageLetters is the field run's invalid_message case
+// against a real dlq-consumer: a user's 20 invalid_message letters, listed
+// by dlq ls. Without --include-invalid the batch's dry run and the real
+// run both find nothing to retry (exit 5, saying why) and one letter's dry
+// run and real call both answer 409 (exit 4); with it, the dry run counts
+// 20 messages of 1 user and the batch retries exactly those 20, audited
+// with include_invalid; a second retry then selects none of them.
+func TestRetryInvalidMessageLetters(t *testing.T) {
+	d, cfg, p := startDLQConsumer(t)
+	op := ctl{t: t, env: map[string]string{"KFPIPE_ADMIN_URL": d.AdminURL, "KFPIPE_TOKEN": cfg.Admin.Tokens[0].Token}}
+	var ids []string
+	for i := range 20 {
+		ids = append(ids, sendLetter(t, p, cfg.Kafka.Topics.Main.Name, "U", dlq.ReasonInvalidMessage, int64(i)))
+	}
+	var page struct {
+		Messages []admin.DLQMessage `json:"messages"`
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		jsonOf(t, op.must(0, "dlq", "ls", "--user", "U", "-o", "json"), &page)
+		if len(page.Messages) == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 20 letters listed", len(page.Messages))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// Not asked for: nothing retried, the same answer dry or not.
+	contains(t, op.must(5, "dlq", "retry", "--user", "U", "--reason", "how many", "--dry-run"),
+		"would retry 0 dead letter(s)", "20 never retried")
+	if r := op.must(5, "dlq", "retry", "--user", "U", "--reason", "try"); !strings.Contains(r.errOut, "nothing to retry: the filter selects 20 dead letter(s)") ||
+		!strings.Contains(r.errOut, "--include-invalid") {
+		t.Errorf("batch without --include-invalid: %q", r.errOut)
+	}
+	for _, dry := range []string{"--dry-run=true", "--dry-run=false"} {
+		if r := op.must(4, "dlq", "retry", ids[0], "--reason", "one", dry); !strings.Contains(r.errOut, "include_invalid") {
+			t.Errorf("one letter %s: %q", dry, r.errOut)
+		}
+	}
+	jsonOf(t, op.must(0, "dlq", "ls", "--user", "U", "-o", "json"), &page)
+	for _, m := range page.Messages {
+		if m.State != "review" {
+			t.Fatalf("letter %s is %s after retries that retried nothing", m.ID, m.State)
+		}
+	}
+
+	// Asked for: the dry run's count is what the batch retries; it warns
+	// that U is blocked, and unblock-and-retry is one step.
+	op.must(0, "ratelimit", "block", "U", "--for", "1h", "--reason", "looked like a bot")
+	var plan admin.BatchPlan
+	jsonOf(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "handler fixed", "--dry-run", "-o", "json"), &plan)
+	if plan.Count != 20 || plan.Messages != 20 || plan.Users != 1 || plan.NotRetryable != 0 || len(plan.Blocked) != 1 {
+		t.Fatalf("dry run with --include-invalid: %+v, want 20 messages of 1 user, blocked", plan)
+	}
+	contains(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "handler fixed", "--dry-run"),
+		"warning: 1 of these users are blocked", "--unblock")
+	contains(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--unblock", "--reason", "handler fixed"),
+		"unblocked U", "retried 20 dead letter(s)")
+	var st struct {
+		Blocked bool `json:"blocked"`
+	}
+	if jsonOf(t, op.must(0, "ratelimit", "status", "U", "-o", "json"), &st); st.Blocked {
+		t.Errorf("U still blocked after --unblock")
+	}
+	// Acted on: never selected again (due now, then retried).
+	contains(t, op.must(5, "dlq", "retry", "--user", "U", "--include-invalid", "--reason", "again", "--dry-run"),
+		"would retry 0 dead letter(s)")
+	op.must(4, "dlq", "retry", ids[0], "--include-invalid", "--reason", "again")
+
+	var audit struct {
+		Entries []admin.AuditEntry `json:"entries"`
+	}
+	jsonOf(t, op.must(0, "audit", "--target", "include_invalid", "-o", "json"), &audit)
+	if len(audit.Entries) != 5 {
+		t.Errorf("%d audit entries name include_invalid, want 5 (two dry runs, the batch, a dry run, one letter)", len(audit.Entries))
+	}
+	for _, e := range audit.Entries {
+		if e.Action == "dlq.batch_retry" && e.Result == "ok" && !strings.Contains(e.Target, "include_invalid unblock batch=") {
+			t.Errorf("the unblock-and-retry's audit target %q", e.Target)
+		}
 	}
 }

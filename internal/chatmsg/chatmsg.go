@@ -26,6 +26,9 @@ const (
 	HeaderRetryFromDLQ    = "retry_from_dlq"
 	HeaderRetryCount      = "retry_count"
 	HeaderOriginalFailure = "original_failure"
+	// HeaderDLQID is the ID of the dead letter a retried message came
+	// from: when it fails again, its new DLQ record updates that letter.
+	HeaderDLQID = "dlq_id"
 )
 
 // ChatMessage is one customer-service message as produced to Kafka.

@@ -267,7 +267,7 @@ func (c *Consumer) apply(ctx context.Context, m *kafka.Message, park bool) (Inde
 	if err != nil {
 		return res, err
 	}
-	if res == IndexNew && dl.ManualReview {
+	if (res == IndexNew || res == IndexUpdated) && dl.ManualReview {
 		c.m.unrecoverable.Inc()
 	}
 	return res, nil

@@ -21,6 +21,10 @@ const (
 	StateDue     = "due"     // in dlq:due, the scheduler re-injects it at its score
 	StateReview  = "review"  // in dlq:review, waits for an operator
 	StateRetried = "retried" // re-injected into the main topic; kept for history until it expires
+	// StateDone: the message of a retried letter is done (its retry was
+	// processed: the dedup store holds it); kept for history until it
+	// expires, never selected again.
+	StateDone = "done"
 )
 
 // ErrNotFound is returned by Get, Requeue and MoveToReview for an ID the
@@ -50,6 +54,8 @@ var ErrBadCursor = errors.New("dlq: bad cursor")
 //	due            sorted set of entries waiting for a retry, by due time
 //	review         sorted set of entries waiting for an operator, by failure time
 //	stats          hash of counters: total, retried, reason:<r>
+//	retried        sorted set of retried entries whose message is not known
+//	               done yet, by when last looked at (Unsettled, MarkDone)
 //	ttl            hash reason → the shortest TTL (ms) of its entries, so
 //	               PurgeExpired walks only the part of a reason's set that
 //	               may have expired
@@ -82,6 +88,7 @@ type Stats struct {
 	DueNow   int64            `json:"due_now"`   // of which due by now
 	Review   int64            `json:"review"`    // waiting for manual review
 	Retried  int64            `json:"retried"`   // re-injected into the main topic
+	Done     int64            `json:"done"`      // retried, and the message is done
 }
 
 // Entry is an indexed dead letter with its index state. From List it
@@ -99,6 +106,16 @@ type Entry struct {
 	At Coord `json:"dlq_at"`
 	// Whole says DeadLetterMessage was read whole from the DLQ topic.
 	Whole bool `json:"-"`
+	// Failures is how many times the letter's message failed (its first
+	// dead-lettering and each failed retry); FirstFailure is when it
+	// first did (nil for entries indexed before it was kept).
+	Failures     int        `json:"failures"`
+	FirstFailure *time.Time `json:"first_failure,omitempty"`
+	// Batch is the operator batch that last requeued the letter.
+	Batch string `json:"batch,omitempty"`
+	// claimedUntil: a scheduler holds the letter until then (it is being
+	// re-injected).
+	claimedUntil time.Time
 }
 
 // Filter selects entries. Empty fields match everything.
@@ -132,6 +149,14 @@ func NewIndex(rdb redis.UniversalClient, prefix string, opts ...Option) *Index {
 func (x *Index) key(parts ...string) string { return x.prefix + "dlq:" + strings.Join(parts, ":") }
 func (x *Index) msgKey(id string) string    { return x.key("msg", id) }
 
+// A message has one letter: a retried message that fails again carries its
+// letter's ID (chatmsg.HeaderDLQID, set by PrepareRetry), so its new DLQ
+// record updates the entry instead of adding one. The entry then points at
+// the newest record (k), with the newest reason, state and due time; n
+// counts the failures the letter holds and f keeps the first one's time.
+// The older records stay in the topic (history; a rebuild reads them in
+// order and collapses them the same way).
+
 // hashFields are the summary's fields in msg:<id>. One letter each: with
 // names spelled out a letter's hash took 30 bytes more, and the whole
 // entry's budget is 600 bytes (BENCHMARKS.md, "DLQ index bytes").
@@ -139,13 +164,17 @@ func (x *Index) msgKey(id string) string    { return x.key("msg", id) }
 //	r reason   u user       s state     e expires_at (ms, 0 never)
 //	a attempts k DLQ coord  o source partition:offset
 //	p preview  c retry_count t retried_at (ms)
+//	n failures the letter holds (absent: 1)
+//	f first failure (ms; absent: the failure time, the letter failed once)
+//	l claimed by a scheduler until (ms)        b the batch that requeued it
 //
 // The failure time is the entry's score in reason:<r>, the due time its
 // score in due.
 
 // indexScript applies one DLQ record. Returns 1 new entry, 0 duplicate or
-// stale event, -1 already expired, 2 event applied, -2 index full.
-// KEYS: msg, user set, reason set, due, review, stats, ttl.
+// stale event, -1 already expired, 2 event applied, -2 index full, 3 an
+// existing letter updated by a later failure of its message.
+// KEYS: msg, user set, reason set, due, review, stats, ttl, retried.
 var indexScript = redis.NewScript(`
 local id = ARGV[1]
 if ARGV[9] == 'retried' then
@@ -155,14 +184,73 @@ if ARGV[9] == 'retried' then
   if n <= a then return 0 end
   local st = redis.call('HGET', KEYS[1], 's')
   redis.call('HSET', KEYS[1], 'a', n, 's', 'retried', 't', ARGV[8])
+  redis.call('HDEL', KEYS[1], 'l')
   redis.call('ZREM', KEYS[4], id)
   redis.call('ZREM', KEYS[5], id)
+  if st == 'done' then redis.call('HINCRBY', KEYS[6], 'done', -1) end
   if st ~= 'retried' then redis.call('HINCRBY', KEYS[6], 'retried', 1) end
+  redis.call('ZADD', KEYS[8], ARGV[8], id)
+  return 2
+end
+if ARGV[9] == 'done' then
+  local st = redis.call('HGET', KEYS[1], 's')
+  if st ~= 'retried' then return 0 end
+  redis.call('ZREM', KEYS[8], id)
+  redis.call('HSET', KEYS[1], 's', 'done')
+  redis.call('HINCRBY', KEYS[6], 'retried', -1)
+  redis.call('HINCRBY', KEYS[6], 'done', 1)
   return 2
 end
 local exp = tonumber(ARGV[7])
 if exp > 0 and exp <= tonumber(ARGV[8]) then return -1 end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  -- A later failure of the letter's message (a retry: another source
+  -- record) updates it; the same record read again, the same source
+  -- record dead-lettered again (a consumer crash before its commit), or
+  -- an older one changes nothing.
+  local h = redis.call('HMGET', KEYS[1], 'k', 'r', 's', 'n', 'o', 'f')
+  if h[5] == ARGV[12] then return 0 end
+  local op, oo = string.match(h[1] or '', '^(-?%d+):(-?%d+)$')
+  local np, no = string.match(ARGV[11], '^(-?%d+):(-?%d+)$')
+  if not op or not np then return 0 end
+  local rbase = string.sub(KEYS[3], 1, #KEYS[3] - #ARGV[2])
+  local r0, s0 = h[2], h[3]
+  local f0 = redis.call('ZSCORE', rbase .. r0, id)
+  if op == np then
+    if tonumber(no) <= tonumber(oo) then return 0 end
+  elseif f0 and tonumber(ARGV[6]) <= tonumber(f0) then
+    return 0
+  end
+  -- The first failure's time, kept from the first update on (a new
+  -- entry's is its failure time: no field, for the index's byte budget).
+  if not h[6] and f0 then redis.call('HSET', KEYS[1], 'f', f0) end
+  if r0 ~= ARGV[2] then
+    redis.call('ZREM', rbase .. r0, id)
+    redis.call('HINCRBY', KEYS[6], 'reason:' .. r0, -1)
+    redis.call('HINCRBY', KEYS[6], 'reason:' .. ARGV[2], 1)
+  end
+  if s0 == 'retried' then redis.call('HINCRBY', KEYS[6], 'retried', -1) end
+  if s0 == 'done' then redis.call('HINCRBY', KEYS[6], 'done', -1) end
+  redis.call('HSET', KEYS[1], 'r', ARGV[2], 's', ARGV[4], 'e', ARGV[7], 'k', ARGV[11], 'o', ARGV[12],
+    'p', ARGV[13], 'c', ARGV[14], 'n', tonumber(h[4] or '1') + 1)
+  redis.call('HDEL', KEYS[1], 'l', 'b')
+  redis.call('ZREM', KEYS[8], id)
+  redis.call('ZADD', KEYS[3], ARGV[6], id)
+  if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[6], id) end
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('ZREM', KEYS[5], id)
+  if ARGV[4] == 'due' then
+    redis.call('ZADD', KEYS[4], ARGV[5], id)
+  else
+    redis.call('ZADD', KEYS[5], ARGV[6], id)
+  end
+  if exp > 0 then
+    local ttl = exp - tonumber(ARGV[6])
+    local cur = tonumber(redis.call('HGET', KEYS[7], ARGV[2]) or '-1')
+    if cur < 0 or ttl < cur then redis.call('HSET', KEYS[7], ARGV[2], ttl) end
+  end
+  return 3
+end
 local max = tonumber(ARGV[15])
 if max > 0 and tonumber(redis.call('HGET', KEYS[6], 'total') or '0') >= max then return -2 end
 redis.call('HSET', KEYS[1], 'r', ARGV[2], 'u', ARGV[3], 's', ARGV[4], 'e', ARGV[7], 'a', 0,
@@ -195,9 +283,11 @@ if h[2] and h[2] ~= '' then redis.call('ZREM', p .. 'dlq:user:' .. h[2], id) end
 redis.call('ZREM', p .. 'dlq:reason:' .. h[1], id)
 redis.call('ZREM', p .. 'dlq:due', id)
 redis.call('ZREM', p .. 'dlq:review', id)
+redis.call('ZREM', p .. 'dlq:retried', id)
 redis.call('HINCRBY', p .. 'dlq:stats', 'total', -1)
 redis.call('HINCRBY', p .. 'dlq:stats', 'reason:' .. h[1], -1)
 if h[3] == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
+if h[3] == 'done' then redis.call('HINCRBY', p .. 'dlq:stats', 'done', -1) end
 return 1
 `)
 
@@ -216,6 +306,9 @@ local seen = tonumber(ARGV[5])
 local a = tonumber(h[3] or '0')
 if seen >= 0 and a > seen then return -1 end
 if st == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
+if st == 'done' then redis.call('HINCRBY', p .. 'dlq:stats', 'done', -1) end
+redis.call('HDEL', mk, 'l')
+redis.call('ZREM', p .. 'dlq:retried', id)
 if ARGV[3] == 'due' then
   redis.call('ZREM', p .. 'dlq:review', id)
   redis.call('ZADD', p .. 'dlq:due', ARGV[4], id)
@@ -243,6 +336,7 @@ for _, id in ipairs(ids) do
   local h = redis.call('HMGET', p .. 'dlq:msg:' .. id, 'k', 'a')
   if h[1] then
     redis.call('ZADD', due, 'XX', until_ms, id)
+    redis.call('HSET', p .. 'dlq:msg:' .. id, 'l', until_ms)
     table.insert(out, id)
     table.insert(out, h[1])
     table.insert(out, h[2] or '0')
@@ -254,26 +348,27 @@ return out
 `)
 
 // rescheduleScript moves a due entry to a later score, only if it is
-// still due. ARGV: prefix, id, score_ms.
+// still due, and ends its claim. ARGV: prefix, id, score_ms.
 var rescheduleScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
 redis.call('ZADD', p .. 'dlq:due', 'XX', ARGV[3], id)
+redis.call('HDEL', p .. 'dlq:msg:' .. id, 'l')
 return 1
 `)
 
 // loadScript reads summaries: per ID false, or {r, u, s, e, a, k, o, p, c,
-// t, failure time, due time}. ARGV: prefix, ids.
+// t, n, f, l, b, failure time, due time}. ARGV: prefix, ids.
 var loadScript = redis.NewScript(`
 local p = ARGV[1]
 local out = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
-  local h = redis.call('HMGET', p .. 'dlq:msg:' .. id, 'r', 'u', 's', 'e', 'a', 'k', 'o', 'p', 'c', 't')
+  local h = redis.call('HMGET', p .. 'dlq:msg:' .. id, 'r', 'u', 's', 'e', 'a', 'k', 'o', 'p', 'c', 't', 'n', 'f', 'l', 'b')
   if h[1] then
-    h[11] = redis.call('ZSCORE', p .. 'dlq:reason:' .. h[1], id) or '0'
-    h[12] = '0'
-    if h[3] == 'due' then h[12] = redis.call('ZSCORE', p .. 'dlq:due', id) or '0' end
-    for j = 1, 12 do if not h[j] then h[j] = '' end end
+    h[15] = redis.call('ZSCORE', p .. 'dlq:reason:' .. h[1], id) or '0'
+    h[16] = '0'
+    if h[3] == 'due' then h[16] = redis.call('ZSCORE', p .. 'dlq:due', id) or '0' end
+    for j = 1, 16 do if not h[j] then h[j] = '' end end
     out[#out + 1] = h
   else
     out[#out + 1] = false
@@ -299,6 +394,7 @@ const (
 	IndexDuplicate IndexResult = 0  // ID already indexed (or stale event): nothing changed
 	IndexNew       IndexResult = 1  // a new entry
 	IndexEvent     IndexResult = 2  // an event record changed an entry
+	IndexUpdated   IndexResult = 3  // a later failure of a letter's message updated the letter
 )
 
 // Index adds dl, the DLQ record at `at`, to the index, placed in review
@@ -413,7 +509,7 @@ func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, at Coord, du
 		}
 	}
 	keys := []string{x.msgKey(dl.ID), x.key("user", dl.UserID), x.key("reason", string(dl.Reason)),
-		x.key("due"), x.key("review"), x.key("stats"), x.key("ttl")}
+		x.key("due"), x.key("review"), x.key("stats"), x.key("ttl"), x.key("retried")}
 	src := strconv.FormatInt(int64(dl.SourcePartition), 10) + ":" + strconv.FormatInt(dl.SourceOffset, 10)
 	n, err := indexScript.Run(ctx, x.rdb, keys, dl.ID, string(dl.Reason), dl.UserID, state,
 		next, ms(dl.FailureTime), ms(dl.ExpiresAt), x.clock.Now().UnixMilli(), dl.Event, dl.Attempts,
@@ -434,6 +530,8 @@ func (r IndexResult) String() string {
 		return "event"
 	case IndexFull:
 		return "full"
+	case IndexUpdated:
+		return "updated"
 	default:
 		return "duplicate"
 	}
@@ -647,7 +745,7 @@ func (x *Index) load(ctx context.Context, ids []string) ([]*Entry, error) {
 	}
 	for i, v := range vals {
 		h, ok := v.([]any)
-		if !ok || len(h) < 12 || i >= len(out) {
+		if !ok || len(h) < 16 || i >= len(out) {
 			continue
 		}
 		f := func(j int) string { s, _ := h[j].(string); return s }
@@ -667,10 +765,23 @@ func (x *Index) load(ctx context.Context, ids []string) ([]*Entry, error) {
 			t := time.UnixMilli(n).UTC()
 			e.RetriedAt = &t
 		}
-		if n, err := strconv.ParseFloat(f(10), 64); err == nil && n > 0 {
-			dl.FailureTime = time.UnixMilli(int64(n)).UTC()
+		e.Failures = max(int(num(10)), 1)
+		if n := num(11); n > 0 {
+			t := time.UnixMilli(n).UTC()
+			e.FirstFailure = &t
 		}
-		if n, err := strconv.ParseFloat(f(11), 64); err == nil && n > 0 && e.State == StateDue {
+		if n := num(12); n > 0 {
+			e.claimedUntil = time.UnixMilli(n).UTC()
+		}
+		e.Batch = f(13)
+		if n, err := strconv.ParseFloat(f(14), 64); err == nil && n > 0 {
+			dl.FailureTime = time.UnixMilli(int64(n)).UTC()
+			if e.FirstFailure == nil {
+				t := dl.FailureTime
+				e.FirstFailure = &t
+			}
+		}
+		if n, err := strconv.ParseFloat(f(15), 64); err == nil && n > 0 && e.State == StateDue {
 			t := time.UnixMilli(int64(n)).UTC()
 			dl.NextRetryTime = &t
 		}
@@ -699,6 +810,8 @@ func (x *Index) Stats(ctx context.Context) (Stats, error) {
 			s.Total = n
 		case k == "retried":
 			s.Retried = n
+		case k == "done":
+			s.Done = n
 		case strings.HasPrefix(k, "reason:") && n != 0:
 			s.ByReason[strings.TrimPrefix(k, "reason:")] = n
 		}

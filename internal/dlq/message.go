@@ -72,6 +72,9 @@ const (
 	// for a retry at NextRetryTime (an operator's retry), so that a rebuilt
 	// index has it where it was.
 	EventMoved = "moved"
+	// EventDone records that the message of a retried letter is done (its
+	// retry was processed), so that a rebuilt index shows it done.
+	EventDone = "done"
 )
 
 // Header names on DLQ records.
@@ -94,7 +97,9 @@ type Header struct {
 // kept whole, why it failed, where it came from and how to recover it.
 type DeadLetterMessage struct {
 	// ID is stable for a source record (see ID): re-sending or re-reading
-	// the same dead letter never creates a second index entry.
+	// the same dead letter never creates a second index entry. A retried
+	// message carries it (chatmsg.HeaderDLQID), so when it fails again its
+	// new record keeps the ID and updates the same entry.
 	ID string `json:"id"`
 	// Event is empty for a dead letter; see EventRetried.
 	Event string `json:"event,omitempty"`
@@ -194,6 +199,12 @@ func New(src Source, reason Reason, details string, now time.Time) *DeadLetterMe
 	}
 	for _, h := range src.Headers {
 		switch h.Key {
+		case chatmsg.HeaderDLQID:
+			// A retried message that failed again: its letter's ID, so
+			// the new record updates that letter (one letter a message).
+			if len(h.Value) > 0 && len(h.Value) <= 64 {
+				dl.ID = string(h.Value)
+			}
 		case chatmsg.HeaderRetryCount:
 			if n, err := strconv.Atoi(string(h.Value)); err == nil && n >= 0 {
 				dl.RetryCount = n
@@ -212,7 +223,9 @@ func New(src Source, reason Reason, details string, now time.Time) *DeadLetterMe
 	dl.Priority = CalculatePriority(dl.UserGroup, reason)
 	dl.SuggestedAction = SuggestAction(reason)
 	dl.ManualReview = !dl.Recoverable
-	dl.ID = dl.stableID()
+	if dl.ID == "" {
+		dl.ID = dl.stableID()
+	}
 	return dl
 }
 

@@ -247,3 +247,74 @@ func chatmsgUpstream(t *testing.T, v []byte) string {
 	}
 	return m.UpstreamMsgID
 }
+
+// TestRebuildCollapsesAMessagesLetters: a message dead-lettered, retried,
+// failed again, retried and failed a third time has three records in the
+// DLQ topic (and two retried events); a rebuild makes them one letter —
+// the newest failure, due at its real time, its history counted — and a
+// message whose retry was done stays done.
+func TestRebuildCollapsesAMessagesLetters(t *testing.T) {
+	e := newRebuildEnv(t)
+	ctx := context.Background()
+	p, err := NewProducer(ProducerConfig{Kafka: e.cfg.Kafka, DLQ: e.cfg.DLQ})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeProducer(t, p)
+	pol := NewPolicy(testRecovery())
+	first := e.clk.Now().Add(-10 * time.Minute)
+	ev := func(dl *DeadLetterMessage, event string, attempts int) *DeadLetterMessage {
+		return &DeadLetterMessage{ID: dl.ID, Event: event, Reason: dl.Reason, UserID: dl.UserID, Attempts: attempts,
+			OriginalKey: dl.OriginalKey, FailureTime: e.clk.Now()}
+	}
+	// failAgain is the retried message refused again at the main topic's offset off.
+	failAgain := func(dl *DeadLetterMessage, reason Reason, off int64, at time.Time) *DeadLetterMessage {
+		rec, err := pol.Strategy(dl.Reason).PrepareRetry(dl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return New(Source{Topic: "src-main", Partition: 1, Offset: off, Timestamp: at, Key: rec.Key, Value: rec.Value,
+			Headers: rec.Headers}, reason, "refused again", at)
+	}
+	msg := deadLetter("u-many", ReasonDownstreamError, 1, first)
+	second := failAgain(msg, ReasonRateLimited, 700, first.Add(time.Minute))
+	third := failAgain(second, ReasonDownstreamError, 800, first.Add(2*time.Minute))
+	done := deadLetter("u-done", ReasonDownstreamError, 2, first)
+	done.EnsureID()
+	for _, r := range []*DeadLetterMessage{msg, ev(msg, EventRetried, 1), second, ev(msg, EventRetried, 2), third,
+		done, ev(done, EventRetried, 1), ev(done, EventDone, 0)} {
+		sendSync(t, p, r)
+	}
+	if third.ID != msg.ID || second.ID != msg.ID {
+		t.Fatalf("the message's records have IDs %s, %s, %s: want one", msg.ID, second.ID, third.ID)
+	}
+	idx := NewIndex(e.rdb, e.prefix, WithClock(e.clk), WithLetters(topicLetters(t, e.cfg)))
+	c, err := NewConsumer(ConsumerConfig{Kafka: e.cfg.Kafka}, idx, pol, WithClock(e.clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // a second rebuild ends the same
+		if _, err := c.Rebuild(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st, err := idx.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Total != 2 || st.Due != 1 || st.Done != 1 || st.Retried != 0 || st.ByReason["downstream_error"] != 2 {
+			t.Fatalf("after rebuild: %+v, want 2 letters: one due, one done", st)
+		}
+		en, err := idx.Get(ctx, msg.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if en.State != StateDue || en.NextRetryTime == nil || en.NextRetryTime.Year() > 3000 || en.Failures != 3 ||
+			en.Attempts != 2 || en.RetryCount != 2 || en.SourceOffset != 800 || en.FirstFailure == nil || !en.FirstFailure.Equal(first) {
+			t.Fatalf("the message's letter after rebuild: state %s due %v failures %d attempts %d retry %d source %d first %v",
+				en.State, en.NextRetryTime, en.Failures, en.Attempts, en.RetryCount, en.SourceOffset, en.FirstFailure)
+		}
+		if en, err := idx.Get(ctx, done.ID); err != nil || en.State != StateDone {
+			t.Fatalf("done letter after rebuild: %+v %v", en, err)
+		}
+	}
+}

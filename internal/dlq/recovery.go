@@ -87,7 +87,7 @@ func (b *backoff) PrepareRetry(dl *DeadLetterMessage) (*RetryRecord, error) {
 	hs := make([]Header, 0, len(dl.OriginalHeaders)+3)
 	for _, h := range dl.OriginalHeaders {
 		switch h.Key {
-		case chatmsg.HeaderRetryFromDLQ, chatmsg.HeaderRetryCount, chatmsg.HeaderOriginalFailure:
+		case chatmsg.HeaderRetryFromDLQ, chatmsg.HeaderRetryCount, chatmsg.HeaderOriginalFailure, chatmsg.HeaderDLQID:
 			continue // replaced below
 		}
 		hs = append(hs, h)
@@ -96,6 +96,7 @@ func (b *backoff) PrepareRetry(dl *DeadLetterMessage) (*RetryRecord, error) {
 		Header{Key: chatmsg.HeaderRetryFromDLQ, Value: []byte("true")},
 		Header{Key: chatmsg.HeaderRetryCount, Value: []byte(strconv.Itoa(dl.RetryCount + 1))},
 		Header{Key: chatmsg.HeaderOriginalFailure, Value: []byte(dl.Reason)},
+		Header{Key: chatmsg.HeaderDLQID, Value: []byte(dl.ID)},
 	)
 	return &RetryRecord{Key: key, Value: value, Headers: hs}, nil
 }

@@ -57,7 +57,8 @@ type dlqStore struct {
 
 func toAdminMessage(e *dlq.Entry) admin.DLQMessage {
 	m := admin.DLQMessage{ID: e.ID, User: e.UserID, OpenKfID: e.OpenKfID, Reason: string(e.Reason), Details: e.Details,
-		State: e.State, FailureTime: e.FailureTime, RetryCount: e.RetryCount + e.Attempts, NextRetryTime: e.NextRetryTime,
+		State: e.State, FailureTime: e.FailureTime, RetryCount: max(e.RetryCount, e.Attempts), NextRetryTime: e.NextRetryTime,
+		Failures: e.Failures, FirstFailure: e.FirstFailure,
 		SourceTopic: e.SourceTopic, SourcePartition: e.SourcePartition, SourceOffset: e.SourceOffset,
 		Preview: e.Preview, DLQPartition: e.At.Partition, DLQOffset: e.At.Offset}
 	switch {
@@ -78,7 +79,8 @@ func toFilter(f admin.DLQFilter) dlq.Filter {
 
 func (s dlqStore) Stats(ctx context.Context) (admin.DLQStats, error) {
 	st, err := s.x.Stats(ctx)
-	return admin.DLQStats{Total: st.Total, ByReason: st.ByReason, Due: st.Due, DueNow: st.DueNow, Review: st.Review, Retried: st.Retried}, err
+	return admin.DLQStats{Total: st.Total, ByReason: st.ByReason, Due: st.Due, DueNow: st.DueNow, Review: st.Review, Retried: st.Retried,
+		Done: st.Done}, err
 }
 
 func (s dlqStore) List(ctx context.Context, f admin.DLQFilter) ([]admin.DLQMessage, string, error) {
@@ -107,18 +109,7 @@ func (s dlqStore) Get(ctx context.Context, id string) (admin.DLQMessage, error) 
 	return toAdminMessage(e), nil
 }
 
-// retryable reports why e cannot be retried now, or nil.
-func retryable(e *dlq.Entry, now time.Time) error {
-	if e.Reason == dlq.ReasonInvalidMessage {
-		return fmt.Errorf("%w: invalid_message would fail again", admin.ErrConflict)
-	}
-	if e.State == "due" && e.NextRetryTime != nil && !e.NextRetryTime.After(now) {
-		return fmt.Errorf("%w: already due now", admin.ErrConflict)
-	}
-	return nil
-}
-
-func (s dlqStore) Retry(ctx context.Context, id string) error {
+func (s dlqStore) Retry(ctx context.Context, id string, o admin.RetryOptions) error {
 	e, err := s.x.Get(ctx, id)
 	if errors.Is(err, dlq.ErrNotFound) {
 		return admin.ErrNotFound
@@ -126,19 +117,101 @@ func (s dlqStore) Retry(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
-	if err := retryable(e, now); err != nil {
+	q := userDone(e.DeadLetterMessage)
+	l := admin.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason), Key: q.Key, SendTime: q.SendTime}
+	o.Batch = ""
+	skips, err := s.decide(ctx, []admin.Letter{l}, time.Now(), o)
+	if err != nil {
 		return err
 	}
-	return s.x.Requeue(ctx, id, now)
+	switch skips[0] {
+	case "":
+		return nil
+	case admin.SkipGone:
+		return admin.ErrNotFound
+	default:
+		return fmt.Errorf("%w: letter %s (%s, %s) is not retried: %s", admin.ErrConflict, id, e.Reason, e.State, explainSkip(skips[0]))
+	}
+}
+
+// explainSkip says in words why a retry skips a letter.
+func explainSkip(skip string) string {
+	switch skip {
+	case admin.SkipDone:
+		return "its message is done already (the dedup store holds it as processed)"
+	case admin.SkipNotRetryable:
+		return "its reason is never retried, no retry can fix it: retry it anyway with include_invalid (kfpipectl dlq retry --include-invalid)"
+	case admin.SkipSettled:
+		return "it was retried already (or its message is done); a letter comes back only when its message fails again"
+	case admin.SkipBusy:
+		return "it is due now or being re-injected by the scheduler: it goes anyway"
+	}
+	return skip
+}
+
+// decide is the one selection of an operator's retry, for one letter and
+// for a batch, dry run or not: per letter "" (the retry acts on it) or
+// why it does not (admin.Skip…). A letter whose message is done in the
+// dedup store is skipped (and, unless o.DryRun, a retried one is marked
+// done in the index); the rest are decided, and unless o.DryRun requeued
+// due from `from` on, by the index's RetrySelected in one script.
+func (s dlqStore) decide(ctx context.Context, ls []admin.Letter, from time.Time, o admin.RetryOptions) ([]string, error) {
+	out := make([]string, len(ls))
+	qs := make([]once.UserDone, len(ls))
+	for i, l := range ls {
+		qs[i] = once.UserDone{User: l.User, UserItem: once.UserItem{Key: l.Key, SendTime: l.SendTime}}
+	}
+	done, err := s.doneKeys(ctx, qs)
+	if err != nil {
+		return nil, err
+	}
+	var ids, doneIDs []string
+	var at []int
+	for i, l := range ls {
+		if done[i] {
+			out[i] = admin.SkipDone
+			doneIDs = append(doneIDs, l.ID)
+			continue
+		}
+		ids, at = append(ids, l.ID), append(at, i)
+	}
+	if len(doneIDs) > 0 && !o.DryRun {
+		es, err := s.x.Summaries(ctx, doneIDs)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.x.MarkDone(ctx, es); err != nil {
+			return nil, err
+		}
+	}
+	vs, err := s.x.RetrySelected(ctx, ids, dlq.RetryRequest{DryRun: o.DryRun, IncludeNotRetryable: o.IncludeInvalid,
+		Batch: o.Batch, At: from})
+	if err != nil {
+		return nil, err
+	}
+	for j, v := range vs {
+		switch v {
+		case dlq.VerdictRetry, dlq.VerdictActed:
+			out[at[j]] = ""
+		case dlq.VerdictGone:
+			out[at[j]] = admin.SkipGone
+		case dlq.VerdictNotRetryable:
+			out[at[j]] = admin.SkipNotRetryable
+		case dlq.VerdictSettled:
+			out[at[j]] = admin.SkipSettled
+		default:
+			out[at[j]] = admin.SkipBusy
+		}
+	}
+	return out, nil
 }
 
 // Select walks the index's entries f selects (newest first, as List
 // pages them), then sorts them into their messages' order. For a retry it
 // reads the whole letters back from the DLQ topic (a thousand at a time)
-// for their messages' dedup keys, and asks the dedup store which are done.
-func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, forRetry bool) ([]admin.Letter, error) {
-	now := time.Now()
+// for their messages' dedup keys, and decides each as the retry would
+// (decide, dry run).
+func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, retry *admin.RetryOptions) ([]admin.Letter, error) {
 	var es []*dlq.Entry
 	df := toFilter(f)
 	df.Limit, df.Cursor = 500, ""
@@ -151,9 +224,7 @@ func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, forRetry bool) 
 			if f.Limit > 0 && len(es) >= f.Limit {
 				break
 			}
-			if !forRetry || retryable(e, now) == nil {
-				es = append(es, e)
-			}
+			es = append(es, e)
 		}
 		if next == "" || (f.Limit > 0 && len(es) >= f.Limit) {
 			break
@@ -165,7 +236,7 @@ func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, forRetry bool) 
 	for i, e := range es {
 		ls[i] = admin.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason)}
 	}
-	if !forRetry {
+	if retry == nil {
 		return ls, nil
 	}
 	const chunk = 1000
@@ -174,19 +245,20 @@ func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, forRetry bool) 
 		if err := s.x.Whole(ctx, part); err != nil {
 			return nil, fmt.Errorf("reading letters for their dedup keys: %w", err)
 		}
-		qs := make([]once.UserDone, len(part))
 		for i, e := range part {
-			qs[i] = userDone(e.DeadLetterMessage)
-			ls[lo+i].Key, ls[lo+i].SendTime = qs[i].Key, qs[i].SendTime
+			q := userDone(e.DeadLetterMessage)
+			ls[lo+i].Key, ls[lo+i].SendTime = q.Key, q.SendTime
 			part[i] = nil // the whole letter is not kept
 		}
-		done, err := s.doneKeys(ctx, qs)
-		if err != nil {
-			return nil, err
-		}
-		for i, d := range done {
-			ls[lo+i].Done = d
-		}
+	}
+	o := *retry
+	o.DryRun = true // selecting acts on nothing; the batch acts later
+	skips, err := s.decide(ctx, ls, time.Now(), o)
+	if err != nil {
+		return nil, err
+	}
+	for i, sk := range skips {
+		ls[i].Skip, ls[i].Done = sk, sk == admin.SkipDone
 	}
 	return ls, nil
 }
@@ -234,46 +306,25 @@ func (s dlqStore) doneKeys(ctx context.Context, qs []once.UserDone) ([]bool, err
 	return done, nil
 }
 
-// RetryLetters requeues ls in order, skipping those acted on since `since`
-// (by this batch before a crash, or due now anyway) and those whose
-// message is done.
-func (s dlqStore) RetryLetters(ctx context.Context, ls []admin.Letter, from, since time.Time) ([]admin.Outcome, error) {
-	ids := make([]string, len(ls))
-	qs := make([]once.UserDone, len(ls))
-	for i, l := range ls {
-		ids[i] = l.ID
-		qs[i] = once.UserDone{User: l.User, UserItem: once.UserItem{Key: l.Key, SendTime: l.SendTime}}
-	}
-	es, err := s.x.Summaries(ctx, ids)
-	if err != nil {
-		return nil, err
-	}
-	done, err := s.doneKeys(ctx, qs)
+// RetryLetters requeues ls in order, due from `from` on, deciding each
+// as its dry run did (decide): a letter this batch requeued already (a
+// resumed batch) counts as acted, one whose message is done is skipped,
+// one no longer retryable (gone, retried or due meanwhile) is gone.
+func (s dlqStore) RetryLetters(ctx context.Context, ls []admin.Letter, from time.Time, o admin.RetryOptions) ([]admin.Outcome, error) {
+	o.DryRun = false
+	skips, err := s.decide(ctx, ls, from, o)
 	if err != nil {
 		return nil, err
 	}
 	outs := make([]admin.Outcome, len(ls))
-	at := from
-	for i, e := range es {
-		switch {
-		case e == nil || e.Reason == dlq.ReasonInvalidMessage:
-			outs[i] = admin.OutcomeGone
-		case e.State == dlq.StateRetried && e.RetriedAt != nil && !e.RetriedAt.Before(since):
-			outs[i] = admin.OutcomeActed // re-injected since the batch began
-		case e.State == dlq.StateDue && e.NextRetryTime != nil && !e.NextRetryTime.After(at):
-			outs[i] = admin.OutcomeActed // due by now: it goes anyway
-		case done[i]:
+	for i, sk := range skips {
+		switch sk {
+		case "":
+			outs[i] = admin.OutcomeActed
+		case admin.SkipDone:
 			outs[i] = admin.OutcomeDone
 		default:
-			err := s.x.Requeue(ctx, e.ID, at)
-			if errors.Is(err, dlq.ErrNotFound) {
-				outs[i] = admin.OutcomeGone
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
-			at = at.Add(time.Millisecond)
+			outs[i] = admin.OutcomeGone
 		}
 	}
 	return outs, nil

@@ -21,6 +21,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 )
 
@@ -102,7 +103,11 @@ func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d := &DLQ{Index: idx, Admin: rlAdmin, log: base.Log, producer: producer, letters: letters, scheduler: sched, cancel: cancel}
 	sched.Start()
-	d.wg.Add(2)
+	d.wg.Add(3)
+	go func() {
+		defer d.wg.Done()
+		d.settleLoop(rctx, dlqStore{x: idx, rdb: base.Redis, prefix: prefix})
+	}()
 	go func() {
 		defer d.wg.Done()
 		if err := cons.Run(rctx); err != nil {
@@ -119,6 +124,72 @@ func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (
 		return nil, err
 	}
 	return d, nil
+}
+
+// Settling: how often the dlq-consumer asks the dedup store about retried
+// letters, how many per round, how long after a retry it asks first, and
+// how long it keeps asking.
+const (
+	settleEvery = 10 * time.Second
+	settleBatch = 500
+	settleAfter = 5 * time.Second
+	settleWatch = time.Hour
+)
+
+// settleLoop marks retried letters done once the dedup store holds their
+// message as processed (the letter says when its message is done); a
+// letter whose message is still not done settleWatch after its retry is
+// no longer asked about and stays retried. Each round reads the letters
+// from the DLQ topic for their dedup keys.
+func (d *DLQ) settleLoop(ctx context.Context, s dlqStore) {
+	t := time.NewTicker(settleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if n, err := settle(ctx, s, now); err != nil && ctx.Err() == nil {
+				d.log.Warn("settling retried dead letters", zap.Error(err))
+			} else if n > 0 {
+				d.log.Debug("retried dead letters done", zap.Int("count", n))
+			}
+		}
+	}
+}
+
+// settle is one round of settleLoop; it returns how many letters it
+// marked done.
+func settle(ctx context.Context, s dlqStore, now time.Time) (int, error) {
+	es, err := s.x.Unsettled(ctx, now.Add(-settleAfter), settleBatch)
+	if err != nil || len(es) == 0 {
+		return 0, err
+	}
+	if err := s.x.Whole(ctx, es); err != nil {
+		return 0, fmt.Errorf("reading letters for their dedup keys: %w", err)
+	}
+	qs := make([]once.UserDone, len(es))
+	for i, e := range es {
+		qs[i] = userDone(e.DeadLetterMessage)
+	}
+	done, err := s.doneKeys(ctx, qs)
+	if err != nil {
+		return 0, err
+	}
+	var marked []*dlq.Entry
+	var stale []string
+	for i, e := range es {
+		switch {
+		case done[i]:
+			marked = append(marked, e)
+		case e.RetriedAt != nil && now.Sub(*e.RetriedAt) > settleWatch:
+			stale = append(stale, e.ID)
+		}
+	}
+	if err := s.x.Unwatch(ctx, stale); err != nil {
+		return 0, err
+	}
+	return s.x.MarkDone(ctx, marked)
 }
 
 // purgeLoop removes expired entries from every index once a minute.

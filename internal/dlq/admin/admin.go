@@ -267,6 +267,9 @@ type writeOp struct {
 	// "dry_run" when it succeeds.
 	dryRun bool
 	do     func(r *http.Request) (any, error)
+	// audited, when set, gives the audit entry's target after do ran
+	// (a batch write names its batch only when one started).
+	audited func() string
 }
 
 // write registers an operator-only route. parse validates the request and
@@ -297,7 +300,11 @@ func (s *Server) write(pattern, action string, parse func(r *http.Request) (writ
 		if aerr != nil {
 			result = resultOf(err)
 		}
-		s.audit(r.Context(), auditEntry{Who: p.name, Action: action, Target: op.target, Reason: op.reason, Result: result})
+		target := op.target
+		if op.audited != nil {
+			target = op.audited()
+		}
+		s.audit(r.Context(), auditEntry{Who: p.name, Action: action, Target: target, Reason: op.reason, Result: result})
 		if aerr != nil {
 			writeError(w, aerr)
 			return

@@ -102,15 +102,40 @@ func TestEndpoints(t *testing.T) {
 		{name: "get control char id", auth: vw, method: "GET", path: "/admin/dlq/messages/a%00b", status: 400, field: "id"},
 
 		// DLQ writes.
-		{name: "retry", auth: op, method: "POST", path: "/admin/dlq/retry/m4", body: `{"reason":"downstream fixed"}`,
+		{name: "retry", auth: op, method: "POST", path: "/admin/dlq/retry/m2", body: `{"reason":"downstream fixed"}`,
 			status: 200, audit: "dlq.retry ok", check: func(t *testing.T, f *fixture, _ response) {
-				if got := f.dlq.retriedIDs(); !slices.Equal(got, []string{"m4"}) {
+				if got := f.dlq.retriedIDs(); !slices.Equal(got, []string{"m2"}) {
 					t.Errorf("retried = %v", got)
 				}
 			}},
+		{name: "retry dry run", auth: op, method: "POST", path: "/admin/dlq/retry/m2", body: `{"reason":"would it?","dry_run":true}`,
+			status: 200, audit: "dlq.retry dry_run", check: func(t *testing.T, f *fixture, r response) {
+				if got := f.dlq.retriedIDs(); len(got) != 0 {
+					t.Errorf("dry run retried %v", got)
+				}
+				if m := r.json(t); m["dry_run"] != true {
+					t.Errorf("answer %v, want dry_run true", m)
+				}
+			}},
+		{name: "retry a retried letter", auth: op, method: "POST", path: "/admin/dlq/retry/m4", body: `{"reason":"again"}`,
+			status: 409, audit: "dlq.retry conflict"},
+		{name: "retry dry run of a retried letter", auth: op, method: "POST", path: "/admin/dlq/retry/m4",
+			body: `{"reason":"again?","dry_run":true}`, status: 409, audit: "dlq.retry conflict"},
+		{name: "retry invalid with include_invalid", auth: op, method: "POST", path: "/admin/dlq/retry/m3",
+			body: `{"reason":"producer fixed","include_invalid":true}`, status: 200, audit: "dlq.retry ok",
+			check: func(t *testing.T, f *fixture, _ response) {
+				if got := f.dlq.retriedIDs(); !slices.Equal(got, []string{"m3"}) {
+					t.Errorf("retried = %v", got)
+				}
+				if e := f.auditEntries(t)[0]; e["target"] != "dlq:m3 include_invalid" {
+					t.Errorf("audit target %v, want it to name include_invalid", e["target"])
+				}
+			}},
+		{name: "retry dry run of invalid", auth: op, method: "POST", path: "/admin/dlq/retry/m3",
+			body: `{"reason":"try","dry_run":true}`, status: 409, audit: "dlq.retry conflict"},
 		{name: "retry pulls a later retry forward", auth: op, method: "POST", path: "/admin/dlq/retry/m1", body: `{"reason":"now"}`,
 			status: 200, audit: "dlq.retry ok"},
-		{name: "retry reason from query", auth: op, method: "POST", path: "/admin/dlq/retry/m4?reason=ticket-42", status: 200, audit: "dlq.retry ok"},
+		{name: "retry reason from query", auth: op, method: "POST", path: "/admin/dlq/retry/m2?reason=ticket-42", status: 200, audit: "dlq.retry ok"},
 		{name: "retry not retryable", auth: op, method: "POST", path: "/admin/dlq/retry/m3", body: `{"reason":"try"}`,
 			status: 409, audit: "dlq.retry conflict"},
 		{name: "retry unknown", auth: op, method: "POST", path: "/admin/dlq/retry/nope", body: `{"reason":"try"}`,
@@ -129,14 +154,46 @@ func TestEndpoints(t *testing.T) {
 		{name: "batch retry by user", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
 			body: `{"filter":{"user":"u1"},"reason":"handler fixed"}`, status: 200, audit: "dlq.batch_retry ok", check: wantCount(1)},
 		{name: "batch retry all", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
-			body: `{"filter":{"all":true},"reason":"outage over"}`, status: 200, audit: "dlq.batch_retry ok", check: wantCount(3)},
+			body: `{"filter":{"all":true},"reason":"outage over"}`, status: 200, audit: "dlq.batch_retry ok", check: wantCount(2)},
+		{name: "batch retry all with invalid", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
+			body: `{"filter":{"all":true},"reason":"producer fixed","include_invalid":true}`, status: 200, audit: "dlq.batch_retry ok", check: wantCount(3)},
+		{name: "batch retry unblock", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
+			body: `{"filter":{"user":"u1"},"reason":"was a human","unblock":true}`, status: 200, audit: "dlq.batch_retry ok",
+			setup: func(f *fixture) { f.rl.block["u1"] = time.Hour },
+			check: func(t *testing.T, f *fixture, r response) {
+				if m := r.json(t); m["count"] != 1.0 || m["unblocked"] != "u1" {
+					t.Errorf("answer %v, want count 1, unblocked u1", m)
+				}
+				if _, blocked := f.rl.block["u1"]; blocked {
+					t.Errorf("u1 still blocked after unblock-and-retry")
+				}
+				if e := f.auditEntries(t)[0]; !strings.Contains(fmt.Sprint(e["target"]), "user=u1 unblock batch=") {
+					t.Errorf("audit target %v", e["target"])
+				}
+			}},
+		{name: "batch retry dry run warns of blocked users", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
+			body: `{"filter":{"user":"u1"},"reason":"how many?","dry_run":true}`, status: 200, audit: "dlq.batch_retry dry_run",
+			setup: func(f *fixture) { f.rl.block["u1"] = time.Hour },
+			check: func(t *testing.T, f *fixture, r response) {
+				p := plan(t, r)
+				if p.Count != 1 || len(p.Blocked) != 1 || p.Blocked[0].User != "u1" || p.NotRetryable != 1 || p.Users != 1 || p.Messages != 1 {
+					t.Errorf("plan %+v, want 1 to retry of blocked u1, 1 not retryable", p)
+				}
+				if _, blocked := f.rl.block["u1"]; !blocked {
+					t.Errorf("a dry run unblocked u1")
+				}
+			}},
+		{name: "batch unblock without user", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
+			body: `{"filter":{"reason":"rate_limited"},"reason":"x","unblock":true}`, status: 422, field: "unblock"},
+		{name: "purge with include_invalid", auth: op, method: "POST", path: "/admin/dlq/purge",
+			body: `{"filter":{"user":"u1"},"reason":"x","include_invalid":true}`, status: 422, field: "include_invalid"},
 		{name: "batch retry limit", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
 			body: `{"filter":{"reason":"rate_limited","limit":1},"reason":"one"}`, status: 200, audit: "dlq.batch_retry ok", check: wantCount(1)},
 		{name: "batch retry dry run", auth: op, method: "POST", path: "/admin/dlq/batch-retry",
 			body: `{"filter":{"all":true},"reason":"how many?","dry_run":true}`, status: 200, audit: "dlq.batch_retry dry_run",
 			check: func(t *testing.T, f *fixture, r response) {
-				if m := r.json(t); m["count"] != 3.0 || m["dry_run"] != true {
-					t.Errorf("answer %v, want count 3 dry_run true", m)
+				if m := r.json(t); m["count"] != 2.0 || m["dry_run"] != true || m["not_retryable"] != 1.0 || m["settled"] != 1.0 {
+					t.Errorf("answer %v, want count 2 (1 not retryable, 1 retried already) dry_run true", m)
 				}
 				if ids := f.dlq.retriedIDs(); len(ids) != 0 {
 					t.Errorf("dry run retried %v", ids)

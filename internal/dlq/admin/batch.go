@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,7 +28,7 @@ import (
 // Keys, under prefix + "batch:":
 //
 //	<id>         string, the Batch as JSON (progress included)
-//	<id>:ids     list, the letters in order ("id\x1fuser\x1fkey")
+//	<id>:ids     list, the letters in order ("id\x1fuser\x1fkey\x1fsend_time")
 //	<id>:lease   string, the runner's owner ID (PX batchLease)
 //	<id>:cancel  string, who asked to cancel
 //	index        sorted set of batch IDs by creation time
@@ -75,9 +76,13 @@ type Batch struct {
 	Acted int `json:"acted"`
 	// SkippedDone: not retried, their message is done in the dedup store.
 	SkippedDone int `json:"skipped_done"`
-	// Gone: purged, expired or no longer retryable meanwhile.
-	Gone  int    `json:"gone"`
-	State string `json:"state"`
+	// Gone: purged, expired or no longer retryable meanwhile (retried
+	// by the scheduler or another batch, or due now).
+	Gone int `json:"gone"`
+	// IncludeInvalid: the batch retries letters whose reason is never
+	// retried (invalid_message) too.
+	IncludeInvalid bool   `json:"include_invalid,omitempty"`
+	State          string `json:"state"`
 	// Error is the last store failure while running (it retries).
 	Error       string     `json:"error,omitempty"`
 	CancelledBy string     `json:"cancelled_by,omitempty"`
@@ -131,7 +136,7 @@ func (bs *batches) start(ctx context.Context, b *Batch, ls []Letter) error {
 	for lo := 0; lo < len(ls); lo += 1000 {
 		vals := make([]any, 0, 1000)
 		for _, l := range ls[lo:min(lo+1000, len(ls))] {
-			vals = append(vals, l.ID+"\x1f"+l.User+"\x1f"+l.Key)
+			vals = append(vals, l.ID+"\x1f"+l.User+"\x1f"+l.Key+"\x1f"+strconv.FormatInt(l.SendTime, 10))
 		}
 		if err := rdb.RPush(ctx, idsKey, vals...).Err(); err != nil {
 			return fmt.Errorf("storing the batch's letters: %w", err)
@@ -291,11 +296,14 @@ func (bs *batches) step(ctx context.Context, b *Batch, n int) error {
 	}
 	ls := make([]Letter, len(raw))
 	for i, r := range raw {
-		parts := strings.SplitN(r, "\x1f", 3)
-		for len(parts) < 3 {
+		parts := strings.SplitN(r, "\x1f", 4)
+		for len(parts) < 4 {
 			parts = append(parts, "")
 		}
-		ls[i] = Letter{ID: parts[0], User: parts[1], Key: parts[2]}
+		// The send time finds the message in a per-user dedup store
+		// (dedup.store leases), as the dry run's Select did.
+		st, _ := strconv.ParseInt(parts[3], 10, 64)
+		ls[i] = Letter{ID: parts[0], User: parts[1], Key: parts[2], SendTime: st}
 	}
 	var outs []Outcome
 	switch b.Action {
@@ -311,7 +319,7 @@ func (bs *batches) step(ctx context.Context, b *Batch, n int) error {
 		if err := bs.save(ctx, b); err != nil {
 			return err
 		}
-		outs, err = s.dlq.RetryLetters(ctx, ls, from, b.Created)
+		outs, err = s.dlq.RetryLetters(ctx, ls, from, RetryOptions{IncludeInvalid: b.IncludeInvalid, Batch: b.ID})
 	default:
 		outs, err = s.dlq.PurgeLetters(ctx, ls)
 	}

@@ -2,6 +2,8 @@ package admin
 
 import (
 	"cmp"
+	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -79,13 +81,42 @@ func pathAndReason(r *http.Request, name string, maxLen int) (value, reason stri
 	return value, reason, e
 }
 
+// retryBody is the body of POST /admin/dlq/retry/{id}: the operator's
+// reason, dry_run (decide only: the answer, 200 or 409, is the one the
+// real call would give) and include_invalid (retry a letter whose reason
+// is never retried, e.g. invalid_message; audited).
+type retryBody struct {
+	Reason         string `json:"reason"`
+	DryRun         bool   `json:"dry_run"`
+	IncludeInvalid bool   `json:"include_invalid"`
+}
+
+// retryAnswer answers a single retry.
+type retryAnswer struct {
+	OK     bool `json:"ok"`
+	DryRun bool `json:"dry_run,omitempty"`
+}
+
 func (s *Server) dlqRetry(r *http.Request) (writeOp, *apiError) {
-	id, reason, e := pathAndReason(r, "id", maxIDLen)
+	id := r.PathValue("id")
+	if e := identifier("id", id, maxIDLen); e != nil {
+		return writeOp{}, e
+	}
+	var b retryBody
+	reason, e := decodeWithReason(r, &b, &b.Reason)
 	if e != nil {
 		return writeOp{}, e
 	}
-	return writeOp{target: "dlq:" + id, reason: reason, do: func(r *http.Request) (any, error) {
-		return okResponse{OK: true}, s.dlq.Retry(r.Context(), id)
+	target := "dlq:" + id
+	if b.IncludeInvalid {
+		target += " include_invalid"
+	}
+	o := RetryOptions{DryRun: b.DryRun, IncludeInvalid: b.IncludeInvalid}
+	return writeOp{target: target, reason: reason, dryRun: b.DryRun, do: func(r *http.Request) (any, error) {
+		if err := s.dlq.Retry(r.Context(), id, o); err != nil {
+			return nil, err
+		}
+		return retryAnswer{OK: true, DryRun: b.DryRun}, nil
 	}}, nil
 }
 
@@ -96,6 +127,12 @@ type batchBody struct {
 	Filter *batchFilter `json:"filter"`
 	Reason string       `json:"reason"`
 	DryRun bool         `json:"dry_run"`
+	// IncludeInvalid (retry only) retries letters whose reason is never
+	// retried (invalid_message) as well.
+	IncludeInvalid bool `json:"include_invalid"`
+	// Unblock (retry only, with filter.user) unblocks the user in the
+	// rate limiter, then retries the user's letters: one audited action.
+	Unblock bool `json:"unblock"`
 }
 
 type batchFilter struct {
@@ -110,19 +147,42 @@ type batchFilter struct {
 
 // BatchPlan answers a batch write (kfpipectl reads it): what it selected and, unless it was a
 // dry run, the batch that now acts on it (GET /admin/dlq/batches/{id}).
+// A dry run and the real call decide with the same function (the
+// DLQStore's Select): the real call acts on exactly the letters its dry
+// run counted in Count, unless they changed in between.
 type BatchPlan struct {
 	DryRun bool   `json:"dry_run,omitempty"`
 	Action string `json:"action"`
 	// Count is how many letters the batch acts on: for a retry the
-	// selected ones but those already done.
-	Count    int `json:"count"`
+	// selected ones but those it skips (below). A message has one
+	// letter, so it is also the number of messages.
+	Count int `json:"count"`
+	// Messages is how many messages Count's letters are.
+	Messages int `json:"messages"`
+	// Selected is how many letters the filter matched.
 	Selected int `json:"selected"`
 	// AlreadyDone letters' messages are done in the dedup store: a retry
 	// skips them.
-	AlreadyDone int         `json:"already_done"`
-	Users       int         `json:"users"`
-	TopUsers    []UserCount `json:"top_users"`
-	Rate        int         `json:"rate"`
+	AlreadyDone int `json:"already_done"`
+	// NotRetryable letters have a reason that is never retried
+	// (invalid_message): skipped unless include_invalid.
+	NotRetryable int `json:"not_retryable"`
+	// Settled letters were retried already (or are done): never again
+	// until their message fails again.
+	Settled int `json:"settled"`
+	// Busy letters are due now or being re-injected: they go anyway.
+	Busy int `json:"busy"`
+	// Users is how many users Count's letters belong to.
+	Users    int         `json:"users"`
+	TopUsers []UserCount `json:"top_users"`
+	// Blocked are the users of Count's letters the rate limiter blocks
+	// now: their letters would be refused again (user_blocked) unless
+	// they are unblocked first (unblock).
+	Blocked []BlockedUser `json:"blocked,omitempty"`
+	// Unblocked is the user unblocked before the retry (unblock).
+	Unblocked      string `json:"unblocked,omitempty"`
+	IncludeInvalid bool   `json:"include_invalid,omitempty"`
+	Rate           int    `json:"rate"`
 	// Seconds is how long the batch takes at Rate.
 	Seconds float64 `json:"seconds"`
 	Batch   *Batch  `json:"batch,omitempty"`
@@ -153,42 +213,147 @@ func (s *Server) batchOp(r *http.Request, action string) (writeOp, *apiError) {
 	if !empty && bf.All {
 		return writeOp{}, unprocessable("filter.all", "filter.all cannot be combined with user, reason or review")
 	}
+	if action != ActionRetry && (b.IncludeInvalid || b.Unblock) {
+		return writeOp{}, unprocessable("include_invalid", "include_invalid and unblock apply to a retry only")
+	}
+	if b.Unblock && f.User == "" {
+		return writeOp{}, unprocessable("unblock", "unblock needs filter.user: it unblocks that user, then retries the user's letters")
+	}
 	target := filterTarget(f)
+	if b.IncludeInvalid {
+		target += " include_invalid"
+	}
+	if b.Unblock {
+		target += " unblock"
+	}
 	if f.Limit == 0 {
 		f.Limit = maxBatchLimit
 	}
 	id := ""
 	if !b.DryRun {
 		id = s.batches.newID()
-		target += " batch=" + id
 	}
-	return writeOp{target: target, reason: reason, dryRun: b.DryRun, do: func(r *http.Request) (any, error) {
-		ls, err := s.dlq.Select(r.Context(), f, action == ActionRetry)
+	started := false
+	audited := func() string {
+		if started {
+			return target + " batch=" + id
+		}
+		return target
+	}
+	var retry *RetryOptions
+	if action == ActionRetry {
+		retry = &RetryOptions{DryRun: true, IncludeInvalid: b.IncludeInvalid, Batch: id}
+	}
+	return writeOp{target: target, reason: reason, dryRun: b.DryRun, audited: audited, do: func(r *http.Request) (any, error) {
+		ctx := r.Context()
+		plan := BatchPlan{DryRun: b.DryRun, Action: action, Rate: s.cfg.BatchRate, IncludeInvalid: b.IncludeInvalid}
+		if b.Unblock && !b.DryRun {
+			// Before the selection: the letters are then retried into a
+			// user the limiter no longer blocks.
+			if err := s.rl.Unblock(ctx, f.User); err != nil {
+				return nil, err
+			}
+			plan.Unblocked = f.User
+		}
+		sel, err := s.dlq.Select(ctx, f, retry)
 		if err != nil {
 			return nil, err
 		}
-		plan := BatchPlan{DryRun: b.DryRun, Action: action, Selected: len(ls), Rate: s.cfg.BatchRate}
-		for _, l := range ls {
-			if l.Done && action == ActionRetry {
+		plan.Selected = len(sel)
+		ls := sel[:0:0]
+		for _, l := range sel {
+			switch l.Skip {
+			case "":
+				ls = append(ls, l)
+			case SkipDone:
 				plan.AlreadyDone++
+			case SkipNotRetryable:
+				plan.NotRetryable++
+			case SkipSettled:
+				plan.Settled++
+			default:
+				plan.Busy++
 			}
 		}
-		plan.Count = plan.Selected - plan.AlreadyDone
+		plan.Count = len(ls)
+		plan.Messages = countMessages(ls)
 		plan.TopUsers, plan.Users = topUsers(ls, 20)
 		plan.Seconds = float64(len(ls)) / float64(s.cfg.BatchRate)
+		if action == ActionRetry {
+			if plan.Blocked, err = s.blockedAmong(ctx, ls); err != nil {
+				return nil, err
+			}
+		}
 		if b.DryRun || len(ls) == 0 {
 			return plan, nil
 		}
 		now := s.clock.Now()
-		bt := &Batch{ID: id, Action: action, Filter: strings.TrimSuffix(target, " batch="+id), Who: principalFrom(r.Context()).name, Reason: reason,
-			Rate: s.cfg.BatchRate, Total: len(ls), Users: plan.Users, State: BatchRunning, Created: now}
-		if err := s.batches.start(r.Context(), bt, ls); err != nil {
+		bt := &Batch{ID: id, Action: action, Filter: target, Who: principalFrom(ctx).name, Reason: reason,
+			Rate: s.cfg.BatchRate, Total: len(ls), Users: plan.Users, State: BatchRunning, Created: now, IncludeInvalid: b.IncludeInvalid}
+		started = true // named in the audit entry even if storing it fails
+		if err := s.batches.start(ctx, bt, ls); err != nil {
 			return nil, err
 		}
 		bt.Runner = s.batches.owner
 		plan.Batch = bt
 		return plan, nil
 	}}, nil
+}
+
+// countMessages counts the messages of ls: letters with the same dedup
+// key (Key) are one message; a letter without one is its own.
+func countMessages(ls []Letter) int {
+	seen := map[string]bool{}
+	n := 0
+	for _, l := range ls {
+		if l.Key == "" {
+			n++
+			continue
+		}
+		if !seen[l.Key] {
+			seen[l.Key] = true
+			n++
+		}
+	}
+	return n
+}
+
+// blockedRead is how many blocked users one read of the limiter's list
+// takes; blockedPages bounds the reads of one plan.
+const (
+	blockedRead  = 500
+	blockedPages = 200
+)
+
+// blockedAmong returns the users of ls the rate limiter blocks now (the
+// limiter's list of blocked users, read page by page).
+func (s *Server) blockedAmong(ctx context.Context, ls []Letter) ([]BlockedUser, error) {
+	if len(ls) == 0 {
+		return nil, nil
+	}
+	users := map[string]bool{}
+	for _, l := range ls {
+		users[l.User] = true
+	}
+	var out []BlockedUser
+	cursor := 0
+	for range blockedPages {
+		page, next, err := s.rl.ListBlocked(ctx, cursor, blockedRead)
+		if err != nil {
+			return nil, fmt.Errorf("reading the blocked users: %w", err)
+		}
+		for _, u := range page {
+			if users[u.User] {
+				out = append(out, u)
+			}
+		}
+		if next == 0 {
+			break
+		}
+		cursor = next
+	}
+	slices.SortFunc(out, func(a, b BlockedUser) int { return strings.Compare(a.User, b.User) })
+	return out, nil
 }
 
 // filterTarget describes a batch's selection for the audit entry.
@@ -298,7 +463,7 @@ func (s *Server) dlqGroups(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.Limit = maxBatchLimit + 1
-	ls, err := s.dlq.Select(r.Context(), f, false)
+	ls, err := s.dlq.Select(r.Context(), f, nil)
 	if e := s.storeError(err, "dlq.groups"); e != nil {
 		writeError(w, e)
 		return

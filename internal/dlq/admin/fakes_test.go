@@ -17,10 +17,11 @@ import (
 type memDLQ struct {
 	mu      sync.Mutex
 	now     time.Time
-	msgs    []*DLQMessage   // newest first
-	retried []string        // IDs passed to Retry successfully, in order
-	fail    error           // returned by every call when set
-	done    map[string]bool // IDs whose message is done in the dedup store
+	msgs    []*DLQMessage     // newest first
+	retried []string          // IDs passed to Retry successfully, in order
+	fail    error             // returned by every call when set
+	done    map[string]bool   // IDs whose message is done in the dedup store
+	batchOf map[string]string // ID → the batch that requeued it
 }
 
 func newMemDLQ(now time.Time, msgs ...DLQMessage) *memDLQ {
@@ -108,19 +109,42 @@ func (d *memDLQ) Get(_ context.Context, id string) (DLQMessage, error) {
 	return DLQMessage{}, ErrNotFound
 }
 
-func (d *memDLQ) checkRetry(m *DLQMessage) error {
-	if m.Reason == "invalid_message" {
-		return fmt.Errorf("%w: reason invalid_message is not retryable", ErrConflict)
+// skip is the fake's one retry decision ("" : retry), as the real
+// store's: done, gone, settled (retried/done), not retryable, busy.
+func (d *memDLQ) skip(m *DLQMessage, key string, o RetryOptions) string {
+	switch {
+	case m == nil:
+		return SkipGone
+	case d.done[key]:
+		return SkipDone
+	case o.Batch != "" && d.batchOf[m.ID] == o.Batch:
+		return ""
+	case m.State == "retried" || m.State == "done":
+		return SkipSettled
+	case m.Reason == "invalid_message" && !o.IncludeInvalid:
+		return SkipNotRetryable
+	case m.State == "due" && m.NextRetryTime != nil && !m.NextRetryTime.After(d.now):
+		return SkipBusy
 	}
-	if m.State == "due" && !m.NextRetryTime.After(d.now) {
-		return fmt.Errorf("%w: already due for a retry", ErrConflict)
-	}
-	return nil
+	return ""
 }
 
-func (d *memDLQ) retryLocked(m *DLQMessage) error {
-	if err := d.checkRetry(m); err != nil {
-		return err
+func (d *memDLQ) Retry(_ context.Context, id string, o RetryOptions) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return d.fail
+	}
+	m := d.find(id)
+	switch sk := d.skip(m, id, o); sk {
+	case "":
+	case SkipGone:
+		return fmt.Errorf("retry %s: %w", id, ErrNotFound)
+	default:
+		return fmt.Errorf("%w: letter %s is not retried: %s", ErrConflict, id, sk)
+	}
+	if o.DryRun {
+		return nil
 	}
 	now := d.now
 	m.State, m.NextRetryTime = "due", &now
@@ -128,22 +152,9 @@ func (d *memDLQ) retryLocked(m *DLQMessage) error {
 	return nil
 }
 
-func (d *memDLQ) Retry(_ context.Context, id string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.fail != nil {
-		return d.fail
-	}
-	m := d.find(id)
-	if m == nil {
-		return fmt.Errorf("retry %s: %w", id, ErrNotFound)
-	}
-	return d.retryLocked(m)
-}
-
 // Select returns the matching letters in source order; a letter's Key is
-// its ID, and Done says whether the test marked it done.
-func (d *memDLQ) Select(_ context.Context, f DLQFilter, forRetry bool) ([]Letter, error) {
+// its ID, and for a retry Skip says what the retry would skip.
+func (d *memDLQ) Select(_ context.Context, f DLQFilter, retry *RetryOptions) ([]Letter, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fail != nil {
@@ -154,7 +165,7 @@ func (d *memDLQ) Select(_ context.Context, f DLQFilter, forRetry bool) ([]Letter
 		if f.Limit > 0 && len(sel) >= f.Limit {
 			break
 		}
-		if d.match(f, m) && (!forRetry || d.checkRetry(m) == nil) {
+		if d.match(f, m) {
 			sel = append(sel, m)
 		}
 	}
@@ -166,30 +177,38 @@ func (d *memDLQ) Select(_ context.Context, f DLQFilter, forRetry bool) ([]Letter
 	})
 	out := make([]Letter, len(sel))
 	for i, m := range sel {
-		out[i] = Letter{ID: m.ID, User: m.User, Reason: m.Reason, Key: m.ID, Done: forRetry && d.done[m.ID]}
+		out[i] = Letter{ID: m.ID, User: m.User, Reason: m.Reason, Key: m.ID}
+		if retry != nil {
+			out[i].Skip = d.skip(m, m.ID, RetryOptions{IncludeInvalid: retry.IncludeInvalid})
+			out[i].Done = out[i].Skip == SkipDone
+		}
 	}
 	return out, nil
 }
 
-func (d *memDLQ) RetryLetters(_ context.Context, ls []Letter, from, since time.Time) ([]Outcome, error) {
+func (d *memDLQ) RetryLetters(_ context.Context, ls []Letter, from time.Time, o RetryOptions) ([]Outcome, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fail != nil {
 		return nil, d.fail
 	}
+	if d.batchOf == nil {
+		d.batchOf = map[string]string{}
+	}
 	outs := make([]Outcome, len(ls))
 	for i, l := range ls {
 		m := d.find(l.ID)
-		switch {
-		case m == nil || m.Reason == "invalid_message":
-			outs[i] = OutcomeGone
-		case m.State == "due" && !m.NextRetryTime.After(from):
-			outs[i] = OutcomeActed // due by now (retried by a run that was cut short)
-		case d.done[l.Key]:
+		switch sk := d.skip(m, l.Key, o); {
+		case sk == SkipDone:
 			outs[i] = OutcomeDone
+		case sk != "":
+			outs[i] = OutcomeGone
+		case d.batchOf[m.ID] == o.Batch && o.Batch != "":
+			outs[i] = OutcomeActed // requeued by this batch before it was resumed
 		default:
 			at := from.Add(time.Duration(i) * time.Millisecond)
 			m.State, m.NextRetryTime = "due", &at
+			d.batchOf[m.ID] = o.Batch
 			d.retried = append(d.retried, m.ID)
 		}
 	}

@@ -23,19 +23,22 @@ type DLQStore interface {
 	// ("" after the last).
 	List(ctx context.Context, f DLQFilter) ([]DLQMessage, string, error)
 	Get(ctx context.Context, id string) (DLQMessage, error)
-	// Retry schedules the message for a retry now.
-	Retry(ctx context.Context, id string) error
+	// Retry schedules the message for a retry now (o.DryRun: decides
+	// only), deciding as RetryLetters does: ErrConflict, with the reason
+	// in words, when the retry would not act on it.
+	Retry(ctx context.Context, id string, o RetryOptions) error
 	// Select returns every letter f selects (Cursor ignored), up to
 	// f.Limit (0: all), in their messages' order (source partition and
-	// offset: each user's order). With forRetry only letters a retry may
-	// act on (not invalid_message, not already due now), each with Done
-	// set when the dedup store holds its message as processed.
-	Select(ctx context.Context, f DLQFilter, forRetry bool) ([]Letter, error)
-	// RetryLetters schedules ls for a retry, ls[i] due at from + i ms,
-	// and says what became of each. A letter retried or scheduled since
-	// `since` counts as OutcomeActed (a batch resumed after a crash acts
-	// on no letter twice); one whose message is now done is skipped.
-	RetryLetters(ctx context.Context, ls []Letter, from, since time.Time) ([]Outcome, error)
+	// offset: each user's order). With retry set (a batch retry or its
+	// dry run) each letter's Skip says whether and why the retry would
+	// not act on it, decided by the same function as RetryLetters.
+	Select(ctx context.Context, f DLQFilter, retry *RetryOptions) ([]Letter, error)
+	// RetryLetters schedules ls for a retry, ls[i] due at from + i ms
+	// (those it acts on), and says what became of each. A letter this
+	// batch (o.Batch) requeued already counts as OutcomeActed (a batch
+	// resumed after a crash acts on no letter twice); one whose message is
+	// now done is skipped.
+	RetryLetters(ctx context.Context, ls []Letter, from time.Time, o RetryOptions) ([]Outcome, error)
 	// PurgeLetters deletes ls from the index.
 	PurgeLetters(ctx context.Context, ls []Letter) ([]Outcome, error)
 	// Export calls fn for every message matching f (Cursor and Limit
@@ -59,6 +62,36 @@ type Letter struct {
 	SendTime int64 `json:"send_time,omitempty"`
 	// Done: the dedup store holds the letter's message as processed.
 	Done bool `json:"done,omitempty"`
+	// Skip is why a retry would not act on the letter ("" : it would):
+	// one of the Skip… values. Set by Select for a retry.
+	Skip string `json:"skip,omitempty"`
+}
+
+// Why a retry skips a letter (Letter.Skip).
+const (
+	// SkipDone: its message is done in the dedup store.
+	SkipDone = "done"
+	// SkipNotRetryable: its reason is never retried (invalid_message)
+	// and the retry did not include those (include_invalid).
+	SkipNotRetryable = "not_retryable"
+	// SkipSettled: retried already, or done: never selected again until
+	// its message fails again.
+	SkipSettled = "settled"
+	// SkipBusy: due now, or being re-injected by the scheduler.
+	SkipBusy = "busy"
+	// SkipGone: no longer in the index.
+	SkipGone = "gone"
+)
+
+// RetryOptions are an operator's choices for a retry, the same for one
+// letter and a batch.
+type RetryOptions struct {
+	DryRun bool
+	// IncludeInvalid retries letters whose reason no retry can fix
+	// (the reason table's non-recoverable rows: invalid_message).
+	IncludeInvalid bool
+	// Batch is the batch acting ("" for one letter).
+	Batch string
 }
 
 // Outcome is what a batch did with one letter.
@@ -199,6 +232,7 @@ type DLQStats struct {
 	DueNow   int64            `json:"due_now"`
 	Review   int64            `json:"review"`
 	Retried  int64            `json:"retried"`
+	Done     int64            `json:"done"`
 }
 
 // DLQFilter selects DLQ messages; empty fields match everything.
@@ -212,14 +246,19 @@ type DLQFilter struct {
 
 // DLQMessage is one dead letter as the API shows it.
 type DLQMessage struct {
-	ID              string     `json:"id"`
-	User            string     `json:"user"`
-	OpenKfID        string     `json:"open_kfid,omitempty"`
-	Reason          string     `json:"reason"`
-	Details         string     `json:"details,omitempty"`
-	State           string     `json:"state"`
-	FailureTime     time.Time  `json:"failure_time"`
-	RetryCount      int        `json:"retry_count"`
+	ID          string    `json:"id"`
+	User        string    `json:"user"`
+	OpenKfID    string    `json:"open_kfid,omitempty"`
+	Reason      string    `json:"reason"`
+	Details     string    `json:"details,omitempty"`
+	State       string    `json:"state"`
+	FailureTime time.Time `json:"failure_time"`
+	RetryCount  int       `json:"retry_count"`
+	// Failures is how many times the message failed: its letter holds
+	// its first dead-lettering and every failed retry (one letter a
+	// message); FirstFailure is when it first failed.
+	Failures        int        `json:"failures,omitempty"`
+	FirstFailure    *time.Time `json:"first_failure,omitempty"`
 	NextRetryTime   *time.Time `json:"next_retry_time,omitempty"`
 	SourceTopic     string     `json:"source_topic,omitempty"`
 	SourcePartition int32      `json:"source_partition"`

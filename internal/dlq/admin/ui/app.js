@@ -401,17 +401,27 @@ async function batch(kind) {
   const what = kind === "purge" ? "Purge" : "Retry";
   const path = kind === "purge" ? "/admin/dlq/purge" : "/admin/dlq/batch-retry";
   const dry = await api("POST", path, { filter: f, reason: "console: dry run before " + kind, dry_run: true });
+  const skipped = [
+    dry.already_done ? `${dry.already_done} already done` : "",
+    dry.not_retryable ? `${dry.not_retryable} never retried (invalid_message)` : "",
+    dry.settled ? `${dry.settled} retried already` : "",
+    dry.busy ? `${dry.busy} due now` : "",
+  ].filter(Boolean).join(", ");
   if (dry.count === 0) {
-    say(`${what}: nothing to do — ${dry.selected} letter(s) selected, ${dry.already_done} already done`);
+    say(`${what}: nothing to do — ${dry.selected} letter(s) selected${skipped ? ": " + skipped : ""}`);
     return;
   }
   const plan = document.createElement("div");
   plan.id = "dry-run";
   const p = document.createElement("p");
   p.dataset.count = dry.count;
-  p.textContent = `${what} ${dry.count} letter(s) of ${dry.users} user(s)` +
+  // A message has one letter: the count is of messages.
+  p.textContent = `${what} ${kind === "purge" ? dry.count : dry.messages} message(s) of ${dry.users} user(s)` +
     (dry.already_done ? `; ${dry.already_done} more selected are done already and will be skipped` : "") +
-    ` — about ${duration(dry.seconds)} at ${dry.rate} a second, each user's letters in order.`;
+    (skipped && skipped !== `${dry.already_done} already done` ? ` (skipped: ${skipped})` : "") +
+    ` — about ${duration(dry.seconds)} at ${dry.rate} a second, each user's letters in order.` +
+    ((dry.blocked || []).length ? ` Warning: ${dry.blocked.length} of these users are blocked by the rate limiter ` +
+      `(${dry.blocked.map((b) => b.user).join(", ")}); their letters would be refused again: unblock them first.` : "");
   plan.appendChild(p);
   const t = document.createElement("table");
   t.className = "compact";

@@ -1,0 +1,105 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/once"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestSettleMarksRetriedLettersDone: two letters on a real dlq-consumer,
+// both retried; the dedup store then holds one message as processed. A
+// settle round marks that letter done (the other stays retried, asked
+// about again later), and a second round changes nothing.
+func TestSettleMarksRetriedLettersDone(t *testing.T) {
+	testenv.KafkaBrokers(t)
+	rdb, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := config.LoadDLQConsumer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
+	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	cfg.Admin.Addr = testenv.FreeAddr(t)
+	cfg.Recovery.BaseDelay, cfg.Recovery.MaxDelay = time.Hour, 2*time.Hour
+	base, err := daemon.Start(ctx, "dlq-consumer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = base.Close(context.Background()) })
+	d, err := StartDLQ(ctx, cfg, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	pdlq := cfg.DLQ
+	pdlq.EmergencyFile = t.TempDir() + "/feeder.jsonl"
+	p, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: cfg.Kafka, DLQ: pdlq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 2 {
+		m := &chatmsg.ChatMessage{MessageID: int64(i), UpstreamMsgID: fmt.Sprintf("up-settle-%d", i), OpenKfID: "wk-s",
+			ExternalUserID: "su", MsgType: "text", SendTime: time.Now().Unix(), Content: []byte(`{}`)}
+		b, _ := chatmsg.Encode(m)
+		dl := dlq.New(dlq.Source{Topic: mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte("su"), Value: b},
+			dlq.ReasonDownstreamError, "test failure", time.Now())
+		ch := make(chan error, 1)
+		p.Send(dl, func(err error) { ch <- err })
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, dl.ID)
+	}
+	sctx, c := context.WithTimeout(ctx, 20*time.Second)
+	_ = p.Close(sctx)
+	c()
+	waitFor(t, time.Minute, "both letters indexed", func() bool {
+		st, err := d.Index.Stats(ctx)
+		return err == nil && st.Total == 2
+	})
+	for _, id := range ids {
+		if _, err := d.Index.MarkRetried(ctx, id, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oc, err := once.New(ctx, "test", once.Config{Client: rdb, KeyPrefix: dedupPrefix(prefix)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = oc.Close() })
+	m := chatmsg.ChatMessage{OpenKfID: "wk-s", UpstreamMsgID: "up-settle-0"}
+	if err := oc.Do(ctx, m.DedupKey(), time.Hour, func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	s := dlqStore{x: d.Index, rdb: rdb, prefix: prefix}
+	later := time.Now().Add(time.Minute)
+	if n, err := settle(ctx, s, later); err != nil || n != 1 {
+		t.Fatalf("settle marked %d (%v), want 1", n, err)
+	}
+	for i, want := range []string{dlq.StateDone, dlq.StateRetried} {
+		if e, err := d.Index.Get(ctx, ids[i]); err != nil || e.State != want {
+			t.Fatalf("letter %d: %+v %v, want %s", i, e, err, want)
+		}
+	}
+	if n, err := settle(ctx, s, later.Add(time.Minute)); err != nil || n != 0 {
+		t.Fatalf("second round marked %d (%v), want 0", n, err)
+	}
+	if st, err := d.Index.Stats(ctx); err != nil || st.Done != 1 || st.Retried != 1 {
+		t.Fatalf("stats %+v %v, want 1 done, 1 retried", st, err)
+	}
+}
