@@ -416,7 +416,9 @@ func getBatch(cmd *cobra.Command, c *client, id string) (admin.Batch, []byte, er
 func printBatchResult(w io.Writer, b admin.Batch) {
 	done := map[string]string{admin.ActionRetry: "retried", admin.ActionPurge: "purged"}[b.Action]
 	fmt.Fprintf(w, "%s %d dead letter(s)", done, b.Acted)
-	if b.SkippedDone > 0 {
+	// A retry always says how many it skipped as done, 0 included: the
+	// runbook (docs/operations.md) tells the operator to read that figure.
+	if b.Action == admin.ActionRetry || b.SkippedDone > 0 {
 		fmt.Fprintf(w, ", skipped %d already done", b.SkippedDone)
 	}
 	if b.Gone > 0 {
