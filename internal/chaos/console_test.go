@@ -139,8 +139,12 @@ func TestConsoleFleetSeesAKilledDaemonLeave(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	gone := time.Since(killed)
-	poll("the killed consumer's row is still listed", `document.querySelectorAll('#fleet tbody tr').length === 3
-		&& document.querySelector('#fleet tr[data-role="schedule-consumer"]') !== null`, 10*time.Second)
+	poll("the killed consumer's row is listed stale, not running", `document.querySelectorAll('#fleet tbody tr').length === 3
+		&& document.querySelector('#fleet tr[data-role="schedule-consumer"]')?.dataset.stale === "true"
+		&& /^silent since /.test(`+row("schedule-consumer")+`)`, 10*time.Second)
+	if stale.ByRole["schedule-consumer"] != 0 {
+		t.Fatalf("the stale consumer is counted as running: by_role %v", stale.ByRole)
+	}
 	t.Logf("scenario=console-fleet daemons=3 killed=schedule-consumer lease=%s stale_after=%s", lease, gone.Round(100*time.Millisecond))
 	if gone < time.Second {
 		t.Fatalf("the killed consumer turned stale after %s: before its lease could expire, so not by its lease", gone)

@@ -7,9 +7,10 @@ import (
 	"github.com/kfpipe/kfpipe/internal/fleet"
 )
 
-// FleetList is GET /admin/fleet's answer: the running daemons (each
-// registered in etcd on a lease, so a killed one leaves within
-// coord.keep_alive), counted by role.
+// FleetList is GET /admin/fleet's answer: the daemons registered in etcd,
+// live ones counted by role; one whose lease expired is listed stale (with
+// when it was last heard from) until fleet.Judge says it is gone, and not
+// counted, as in kfpipectl health and the overview's consumers table.
 type FleetList struct {
 	Members []fleet.Member `json:"members"`
 	ByRole  map[string]int `json:"by_role"`
@@ -26,7 +27,9 @@ func (s *Server) fleetList(w http.ResponseWriter, _ *http.Request) {
 	ms, changed := s.cfg.Fleet.Members()
 	out := FleetList{Members: ms, ByRole: map[string]int{}}
 	for _, m := range ms {
-		out.ByRole[m.Role]++
+		if !m.Stale {
+			out.ByRole[m.Role]++
+		}
 	}
 	if !changed.IsZero() {
 		out.Changed = &changed

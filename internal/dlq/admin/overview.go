@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/fleet"
 )
 
 // WeChat keeps a customer-service message for 72 hours: one not synced by
@@ -21,8 +23,6 @@ const (
 	// The DLQ inflow chart: the last hour in 5-minute buckets.
 	inflowStep    = 5 * time.Minute
 	inflowBuckets = 12
-	// consumerStale: schedule-consumers publish every 10 s.
-	consumerStale = 30 * time.Second
 	// commitSample is how often the server reads the group's offsets to
 	// know how long each partition's commit has not moved.
 	commitSample = 15 * time.Second
@@ -170,7 +170,10 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		} else {
 			slices.SortFunc(cs, func(a, b ConsumerStatus) int { return strings.Compare(a.Node, b.Node) })
 			for i := range cs {
-				if now.Sub(cs[i].Reported) > consumerStale {
+				// One rule for a silent daemon (fleet.Judge): the status
+				// reader leaves out those gone; stale ones are shown, not
+				// counted.
+				if fleet.Judge(cs[i].Reported, now) != fleet.Live {
 					cs[i].Stale = true
 					continue
 				}

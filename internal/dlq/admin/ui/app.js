@@ -461,7 +461,8 @@ async function loadFleet() {
       const tr = document.createElement("tr");
       tr.dataset.id = m.id;
       tr.dataset.role = m.role;
-      cell(tr, m.role);
+      if (m.stale) tr.dataset.stale = "true";
+      cell(tr, m.role + (m.stale ? " (stale)" : ""));
       cell(tr, m.id);
       cell(tr, m.node);
       cell(tr, m.version);
@@ -471,6 +472,8 @@ async function loadFleet() {
       if (m.role === "kf-producer") work = m.worker_id >= 0 ? "worker ID " + m.worker_id : "no worker ID";
       if (m.role === "schedule-consumer") work = `partitions ${m.partitions.length ? m.partitions.join(", ") : "none"}; ${m.actors} actors`;
       if (m.role === "dlq-consumer" && m.admin_addr) work = "admin " + m.admin_addr;
+      // The same rule as kfpipectl fleet and health: silent, shown until gone.
+      if (m.stale) work = `silent since ${m.last_heard ? ago(m.last_heard, now) : "?"}; was: ` + work;
       cell(tr, work);
       tb.appendChild(tr);
     });
