@@ -27,6 +27,7 @@ import (
 
 	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/wecom"
@@ -105,9 +106,9 @@ const (
 
 // Dead-letter reasons (Result.Reason), as the consumer records them.
 const (
-	ReasonInvalidMessage  = "invalid_message"  // the handler returned Permanent
-	ReasonDownstreamError = "downstream_error" // every attempt failed
-	ReasonProcessTimeout  = "process_timeout"  // the last attempt timed out
+	ReasonInvalidMessage  = string(deadletter.InvalidMessage)  // the handler returned Permanent
+	ReasonDownstreamError = string(deadletter.DownstreamError) // every attempt failed
+	ReasonProcessTimeout  = string(deadletter.ProcessTimeout)  // the last attempt timed out
 )
 
 // Result is what one Run did with a message.
