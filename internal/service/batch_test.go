@@ -21,14 +21,18 @@ import (
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
-// TestBatchRetryOf10000Letters: 10,000 dead letters of 500 users (20
-// each) on a real dlq-consumer, 1,000 of them already processed according
-// to the dedup store. The console's dry run counts 9,000 to retry, 1,000
-// done, 500 users; the batch then runs at admin.batch_rate, and the main
-// topic (read back whole) holds each of the 9,000 exactly once, none of
-// the 1,000, and every user's letters in the order of their messages.
+// TestBatchRetryOf10000Letters: 10,500 dead letters of 700 users (15
+// each) on a real dlq-consumer, every tenth already processed according
+// to the dedup store. The console's dry run counts 9,450 to retry, 1,050
+// done, 700 users; the batch then runs at admin.batch_rate, and the main
+// topic (read back whole) holds each of the 9,450 exactly once, none of
+// the done ones, and every user's letters in the order of their messages.
 func TestBatchRetryOf10000Letters(t *testing.T) {
-	const users, perUser, rate = 500, 20, 1000
+	// 15 letters a user: the scheduler paces a user's retries at half the
+	// default group's rule per window (15 a minute under normal), so each
+	// user's letters all go back in the first window and the test reads
+	// the batch's rate, not the per-user pacing (TestSchedulerPacesAUsersRetries).
+	const users, perUser, rate = 700, 15, 1000
 	const total = users * perUser
 	testenv.KafkaBrokers(t)
 	rdb, prefix := testenv.Redis(t)
@@ -66,7 +70,7 @@ func TestBatchRetryOf10000Letters(t *testing.T) {
 	})
 
 	// The letters, as a schedule-consumer would write them: user u's
-	// messages are source offsets u, u+500, …
+	// messages are source offsets u, u+700, …
 	pdlq := cfg.DLQ
 	pdlq.EmergencyFile = t.TempDir() + "/feeder-emergency.jsonl"
 	p, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: cfg.Kafka, DLQ: pdlq})
