@@ -76,6 +76,7 @@ not; 409: the target's state forbids the write).`,
 	pf.DurationVar(&a.timeout, "timeout", 30*time.Second, "timeout of each API call")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 	root.AddCommand(a.dlqCmd(), a.rateLimitCmd(), a.healthCmd(), a.auditCmd(), a.fleetCmd())
+	root.AddCommand(a.customerCmd())
 	return root
 }
 

@@ -155,6 +155,7 @@ type TimelineMessage struct {
 	Story    string         `json:"story"`
 	effects  MessageEffects // as read
 	at       time.Time      // for ordering: newest first
+	off      int64
 }
 
 // TimelineEvent is something that happened to the user rather than to one
@@ -420,19 +421,21 @@ func (s *Server) joinMessages(ctx context.Context, scan *TopicScan, letters []DL
 	for _, m := range msgs {
 		slices.SortFunc(m.Received, func(a, b TopicRecord) int { return cmp.Compare(a.Offset, b.Offset) })
 		slices.SortFunc(m.Letters, func(a, b DLQMessage) int { return b.FailureTime.Compare(a.FailureTime) })
-		if m.SendTime != nil {
+		// Ordered by first receipt (ms), else send time (s), else the
+		// oldest letter; ties by offset.
+		switch {
+		case len(m.Received) > 0:
+			m.at, m.off = m.Received[0].Time, m.Received[0].Offset
+		case m.SendTime != nil:
 			m.at = *m.SendTime
-		}
-		for _, r := range m.Received {
-			if m.at.IsZero() || r.Time.Before(m.at) {
-				m.at = r.Time
-			}
-		}
-		if m.at.IsZero() && len(m.Letters) > 0 {
-			m.at = m.Letters[len(m.Letters)-1].FailureTime
+		case len(m.Letters) > 0:
+			l := m.Letters[len(m.Letters)-1]
+			m.at, m.off = l.FailureTime, l.SourceOffset
 		}
 	}
-	slices.SortStableFunc(msgs, func(a, b *TimelineMessage) int { return b.at.Compare(a.at) })
+	slices.SortStableFunc(msgs, func(a, b *TimelineMessage) int {
+		return cmp.Or(b.at.Compare(a.at), cmp.Compare(b.off, a.off))
+	})
 	return msgs
 }
 
