@@ -111,7 +111,11 @@ func (a *app) printTimeline(tl *admin.Timeline) {
 			fmt.Fprintf(w, "  %s %s partition %d offset %d\n", kind, r.Time.UTC().Format(time.RFC3339), r.Partition, r.Offset)
 		}
 		for _, l := range m.Letters {
-			fmt.Fprintf(w, "  dead letter %s %s: %s, state %s, %d retr(ies), failed %s\n", l.ID, l.Reason, l.Details, l.State,
+			details := ""
+			if l.Details != "" {
+				details = " (" + l.Details + ")"
+			}
+			fmt.Fprintf(w, "  dead letter %s %s%s, state %s, %d retr(ies), failed %s\n", l.ID, l.Reason, details, l.State,
 				l.RetryCount, l.FailureTime.UTC().Format(time.RFC3339))
 		}
 		for _, r := range m.Replies {
