@@ -105,8 +105,7 @@ const (
 	OutcomeAnswered   = "answered"    // processed, a reply recorded sent
 	OutcomeProcessed  = "processed"   // processed, no reply recorded
 	OutcomeInDLQ      = "dead_letter" // failed, its letter waits for a retry or review
-	OutcomeInProgress = "in_progress" // on the main topic, not processed yet
-	OutcomeDropped    = "dropped"     // failed, and no letter or retry is left
+	OutcomeInProgress = "in_progress" // on the main topic (or re-injected), not processed yet
 	OutcomeUnknownMsg = "unknown"     // what became of it is no longer kept
 )
 
@@ -492,8 +491,6 @@ func tell(m *TimelineMessage) {
 		m.Outcome = OutcomeProcessed
 	case waiting:
 		m.Outcome = OutcomeInDLQ
-	case fx.Done == DoneNo && len(m.Letters) > 0 && !retriedSince(m):
-		m.Outcome = OutcomeDropped
 	case fx.Done == DoneNo:
 		m.Outcome = OutcomeInProgress
 	default:
@@ -532,23 +529,10 @@ func tell(m *TimelineMessage) {
 		b.WriteString("; not processed yet: waiting in the DLQ")
 	case OutcomeInProgress:
 		b.WriteString("; not processed yet")
-	case OutcomeDropped:
-		b.WriteString("; not processed, and no retry is left: it was dropped")
 	case OutcomeUnknownMsg:
 		b.WriteString("; whether it was processed is no longer known (the dedup marks expire)")
 	}
 	m.Story = b.String()
-}
-
-// retriedSince: a record re-injected from the DLQ follows the newest
-// letter, so the message is on its way again.
-func retriedSince(m *TimelineMessage) bool {
-	if len(m.Letters) == 0 || len(m.Received) == 0 {
-		return false
-	}
-	newest := m.Letters[0]
-	last := m.Received[len(m.Received)-1]
-	return last.RetryFromDLQ && last.Offset > newest.SourceOffset
 }
 
 func letterFate(l DLQMessage) string {
@@ -630,7 +614,7 @@ func summarize(tl *Timeline) string {
 		counts[m.Outcome]++
 	}
 	var parts []string
-	for _, o := range []string{OutcomeAnswered, OutcomeProcessed, OutcomeInDLQ, OutcomeInProgress, OutcomeDropped, OutcomeUnknownMsg} {
+	for _, o := range []string{OutcomeAnswered, OutcomeProcessed, OutcomeInDLQ, OutcomeInProgress, OutcomeUnknownMsg} {
 		if counts[o] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[o], strings.ReplaceAll(o, "_", " ")))
 		}

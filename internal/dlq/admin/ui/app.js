@@ -716,7 +716,7 @@ document.addEventListener("DOMContentLoaded", () => {
 
 const outcomeText = {
   answered: "answered", processed: "processed, no reply", dead_letter: "in the DLQ",
-  in_progress: "not processed yet", dropped: "dropped", unknown: "unknown (expired)",
+  in_progress: "not processed yet", unknown: "unknown (expired)",
 };
 
 async function loadTimeline() {
@@ -766,7 +766,7 @@ async function loadTimeline() {
       }));
     });
     const oc = cell(tr, outcomeText[m.outcome] || m.outcome);
-    oc.className = "outcome " + ({ answered: "", processed: "", dropped: "state-critical" }[m.outcome] ?? "state-warning");
+    oc.className = "outcome " + ({ answered: "", processed: "" }[m.outcome] ?? "state-warning");
     cell(tr, m.story).className = "story small";
     tb.appendChild(tr);
   });
