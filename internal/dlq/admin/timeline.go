@@ -253,6 +253,7 @@ func (s *Server) timeline(ctx context.Context, user, msgid string, window time.D
 	}
 
 	msgs := s.joinMessages(ctx, scan, letters)
+	userMsgs := len(msgs) // the user is known even when msgid is not
 	if msgid != "" {
 		msgs = slices.DeleteFunc(msgs, func(m *TimelineMessage) bool {
 			if m.UpstreamMsgID == msgid {
@@ -326,7 +327,7 @@ func (s *Server) timeline(ctx context.Context, user, msgid string, window time.D
 	}
 	slices.SortStableFunc(tl.Events, func(a, b TimelineEvent) int { return b.Time.Compare(a.Time) })
 
-	tl.Known = len(tl.Messages) > 0 || len(letters) > 0 || len(tl.Events) > 0 ||
+	tl.Known = userMsgs > 0 || len(letters) > 0 || len(tl.Events) > 0 ||
 		(tl.Limiter != nil && (tl.Limiter.Blocked || len(tl.Limiter.BlockHistory) > 0))
 	tl.Summary = summarize(tl)
 	return tl, nil
@@ -457,16 +458,21 @@ func tell(m *TimelineMessage) {
 	fx := m.effects
 	m.Processed = fx.Done
 	m.Replies = append(m.Replies[:0], fx.Replies...)
-	refused := false
+	refused, past := false, false
 	for _, l := range m.Letters {
-		if l.Reason == "rate_limited" || l.Reason == "user_blocked" {
+		switch l.Reason {
+		case "rate_limited", "user_blocked":
 			refused = true
+		case "invalid_message":
+			// Refused before the limiter looked at it.
+		default:
+			past = true
 		}
 	}
 	switch {
 	case refused:
 		m.Limiter = "refused"
-	case fx.Done == DoneYes, len(m.Letters) > 0:
+	case fx.Done == DoneYes, past:
 		// Processed, or failed past the limiter for another reason.
 		m.Limiter = "admitted"
 	default:
@@ -604,6 +610,9 @@ func summarize(tl *Timeline) string {
 		subject = "message " + tl.MsgID + " of user " + tl.User
 	}
 	if len(tl.Messages) == 0 {
+		if tl.MsgID != "" && tl.Known {
+			return fmt.Sprintf("message %s of user %s is not kept in %s; only the user's events are shown", tl.MsgID, tl.User, where)
+		}
 		if tl.Known {
 			return fmt.Sprintf("no message of %s is kept in %s; only the events below are known", subject, where)
 		}

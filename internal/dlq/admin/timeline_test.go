@@ -174,6 +174,10 @@ func TestTimelineMsgIDAndWindow(t *testing.T) {
 	if len(tl.Messages) != 1 || tl.Messages[0].UpstreamMsgID != "ok-old" || !strings.Contains(tl.Summary, "message ok-old") {
 		t.Fatalf("msgid filter: %+v", tl.Messages)
 	}
+	if tl := f.timeline(t, "/admin/customers/cust-ok/timeline?msgid=nope"); len(tl.Messages) != 0 || !tl.Known ||
+		!strings.HasPrefix(tl.Summary, "message nope of user cust-ok is not kept") {
+		t.Fatalf("unknown msgid: %+v", tl)
+	}
 	// Our own message id finds it too.
 	if tl := f.timeline(t, "/admin/customers/cust-ok/timeline?msgid=9ok-new"); len(tl.Messages) != 1 {
 		t.Fatalf("message_id filter: %d", len(tl.Messages))
