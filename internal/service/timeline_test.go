@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
@@ -224,4 +226,43 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	if code != 200 || !strings.Contains(string(b), flaky) {
 		t.Errorf("by msgid: %d %s", code, b)
 	}
+	if t.Failed() || testing.Short() {
+		return
+	}
+
+	// The same journey in the console, as on-call walks it.
+	bctx := testenv.Browser(t, time.Minute)
+	poll := func(what, expr string) { t.Helper(); testenv.PollJS(t, bctx, what, expr, 15*time.Second) }
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(bctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	do("log in", chromedp.Navigate(d.AdminURL+"/admin/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), viewer), chromedp.Click(chromedp.CSS("#login-btn")),
+		chromedp.WaitVisible(chromedp.CSS("#app")))
+	search := func(user string) {
+		t.Helper()
+		// Submitted from the page: the overview above refreshes and moves
+		// the form while a click would be on its way.
+		do("search "+user, chromedp.Evaluate[chromedp.Void](`document.querySelector('#cu-user').value = ''`),
+			chromedp.SendKeys(chromedp.CSS("#cu-user"), user),
+			chromedp.Evaluate[chromedp.Void](`document.querySelector('#cu-form').requestSubmit()`))
+	}
+	rows := `document.querySelectorAll('#cu-messages tbody tr')`
+	search("tl-answered")
+	poll("answered customer in the console", fmt.Sprintf(`(() => { const r = %s; return r.length === 1 && r[0].dataset.msgid === %q
+		&& r[0].dataset.outcome === "answered" && r[0].querySelector('td:nth-child(7)').textContent === "1 sent"; })()`, rows, answered))
+	search("tl-flaky")
+	poll("recovered customer in the console", fmt.Sprintf(`(() => { const r = %s; return r.length === 1 && r[0].dataset.msgid === %q
+		&& r[0].dataset.outcome === "answered" && r[0].querySelector('.letter-btn')?.textContent === "downstream_error: retried"
+		&& r[0].querySelector('.story').textContent.includes("re-delivered 1 time(s) from the DLQ"); })()`, rows, flaky))
+	search("tl-flooder")
+	poll("blocked customer in the console", fmt.Sprintf(`(() => { const r = [...%s];
+		return r.length === 12 && r.filter((x) => x.querySelector('td:nth-child(4)')?.textContent === "refused").length === 7
+			&& document.querySelector('#cu-limiter').textContent.includes("BLOCKED until"); })()`, rows))
+	search("tl-nobody")
+	poll("made-up user in the console", `document.querySelector('#cu-summary').dataset.known === "false"
+		&& document.querySelector('#cu-summary').textContent.startsWith("nothing known about user tl-nobody")`)
 }
