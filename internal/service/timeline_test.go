@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -258,6 +260,26 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	poll("recovered customer in the console", fmt.Sprintf(`(() => { const r = %s; return r.length === 1 && r[0].dataset.msgid === %q
 		&& r[0].dataset.outcome === "answered" && r[0].querySelector('.letter-btn')?.textContent === "downstream_error: retried"
 		&& r[0].querySelector('.story').textContent.includes("re-delivered 1 time(s) from the DLQ"); })()`, rows, flaky))
+	shot, err := chromedp.Run(bctx, chromedp.Screenshot(chromedp.CSS("#customer-card")))
+	if err != nil || !strings.HasPrefix(string(shot), "\x89PNG") {
+		t.Fatalf("screenshot of the customer page: %v", err)
+	}
+	// docs/customer.png with KFPIPE_UPDATE_SCREENSHOT=1.
+	dir := os.Getenv("KFPIPE_ARTIFACTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	png := filepath.Join(dir, "customer.png")
+	if os.Getenv("KFPIPE_UPDATE_SCREENSHOT") == "1" {
+		png = filepath.Join(testenv.RepoRoot(t), "docs", "customer.png")
+	}
+	if err := os.MkdirAll(filepath.Dir(png), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(png, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("customer page screenshot: %s", png)
 	search("tl-flooder")
 	poll("blocked customer in the console", fmt.Sprintf(`(() => { const r = [...%s];
 		return r.length === 12 && r.filter((x) => x.querySelector('td:nth-child(4)')?.textContent === "refused").length === 7
