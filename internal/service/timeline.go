@@ -22,8 +22,12 @@ import (
 // on the main topic, and the marks the schedule-consumers left of each
 // message. Nothing here writes.
 
-// timelineReadTimeout bounds one timeline's read of the main topic.
-const timelineReadTimeout = 15 * time.Second
+// timelineReadTimeout bounds one timeline's read of the main topic;
+// after timelineReadStop it answers with what it read.
+const (
+	timelineReadTimeout = 15 * time.Second
+	timelineReadStop    = 10 * time.Second
+)
 
 // dedupKept is how long a message's dedup mark is kept at least
 // (dedup.ttl may not be set below it): a message older than this without
@@ -82,14 +86,26 @@ func (p pipelineView) UserRecords(ctx context.Context, user string, since time.T
 	if err := c.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: scan.Partition, Offset: kafka.Offset(from)}}); err != nil {
 		return scan, err
 	}
+	// The read stops short of the end after timelineReadStop: a
+	// transaction left open (the DLQ scheduler re-injects in transactions)
+	// holds read_committed readers back until it ends.
+	stop := time.Now().Add(timelineReadStop)
+	next := from
 	for {
 		if err := ctx.Err(); err != nil {
 			return scan, fmt.Errorf("reading %s/%d offsets %d-%d: %w", topic, scan.Partition, from, high, err)
+		}
+		if time.Now().After(stop) {
+			scan.Incomplete = fmt.Sprintf("the read stopped at offset %d of %d after %s (a transaction still open, or a slow broker): newer records were not read",
+				next, high, timelineReadStop)
+			scan.To = next
+			return scan, nil
 		}
 		m, err := c.ReadMessage(200 * time.Millisecond)
 		var kerr kafka.Error
 		switch {
 		case err == nil:
+			next = int64(m.TopicPartition.Offset) + 1
 			if string(m.Key) == user {
 				scan.Records = append(scan.Records, timelineRecord(m))
 			}

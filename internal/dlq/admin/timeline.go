@@ -46,8 +46,10 @@ type TopicScan struct {
 	Low  int64 `json:"low_offset"`
 	// Truncated: the window held more records than max; older ones were
 	// not read.
-	Truncated bool          `json:"truncated"`
-	Records   []TopicRecord `json:"-"`
+	Truncated bool `json:"truncated"`
+	// Incomplete says why the read stopped before To ("" when it did not).
+	Incomplete string        `json:"incomplete,omitempty"`
+	Records    []TopicRecord `json:"-"`
 }
 
 // TopicRecord is one of the user's records on the main topic.
@@ -250,6 +252,12 @@ func (s *Server) timeline(ctx context.Context, user, msgid string, window time.D
 		scan = &sc
 		tl.Topic = scan
 		tl.Sources["main_topic"] = "ok"
+		if sc.Incomplete != "" {
+			tl.Notes = append(tl.Notes, "main topic: "+sc.Incomplete)
+		}
+		if sc.Truncated {
+			tl.Notes = append(tl.Notes, fmt.Sprintf("main topic: only the partition's newest %d records were read (max_records)", max))
+		}
 	}
 
 	msgs := s.joinMessages(ctx, scan, letters)

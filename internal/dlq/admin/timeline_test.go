@@ -17,13 +17,16 @@ type memCustomers struct {
 	records map[string][]TopicRecord
 	effects map[string]MessageEffects
 	err     error
+	// truncated and incomplete are copied into every scan.
+	truncated  bool
+	incomplete string
 }
 
 func (c *memCustomers) UserRecords(_ context.Context, user string, since time.Time, max int) (TopicScan, error) {
 	if c.err != nil {
 		return TopicScan{}, c.err
 	}
-	sc := TopicScan{Topic: "main", Partition: 2, From: 0, To: 100}
+	sc := TopicScan{Topic: "main", Partition: 2, From: 0, To: 100, Truncated: c.truncated, Incomplete: c.incomplete}
 	for _, r := range c.records[user] {
 		if !r.Time.Before(since) {
 			sc.Records = append(sc.Records, r)
@@ -219,5 +222,18 @@ func TestTimelineWithoutMainTopic(t *testing.T) {
 	tl = g.timeline(t, "/admin/customers/cust-blk/timeline")
 	if tl.Sources["main_topic"] != "unavailable" || len(tl.Messages) != 1 || tl.Messages[0].Letters[0].ID != "L-blk" {
 		t.Fatalf("sources %v messages %+v", tl.Sources, tl.Messages)
+	}
+}
+
+// A read that stopped short or was capped says so in the notes.
+func TestTimelinePartialRead(t *testing.T) {
+	f := timelineFixture(t)
+	src := f.srv.cfg.Pipeline.(*memCustomers)
+	src.truncated, src.incomplete = true, "the read stopped at offset 7 of 9"
+	tl := f.timeline(t, "/admin/customers/cust-ok/timeline?max_records=50")
+	notes := strings.Join(tl.Notes, "; ")
+	if !strings.Contains(notes, "main topic: the read stopped at offset 7 of 9") ||
+		!strings.Contains(notes, "only the partition's newest 50 records were read") || !tl.Topic.Truncated {
+		t.Fatalf("notes %q topic %+v", notes, tl.Topic)
 	}
 }
