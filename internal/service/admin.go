@@ -31,7 +31,8 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag *kafka
 		ac.Reasons = append(ac.Reasons, string(r))
 	}
 	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
-		group: lag, topic: cfg.Kafka.Topics.Main.Name, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}
+		group: lag, topic: cfg.Kafka.Topics.Main.Name, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix,
+		kcfg: cfg.Kafka}
 	if base.Coord != nil {
 		// Provider.Close (at the daemon's end) ends the watch.
 		view, err := fleet.Watch(context.Background(), base.Coord, cfg.Coord.KeepAlive)
@@ -488,6 +489,7 @@ type pipelineView struct {
 	topic  string
 	rdb    redis.UniversalClient
 	prefix string
+	kcfg   config.Kafka // the customer timeline reads the main topic
 }
 
 func (p pipelineView) Consumers(ctx context.Context) ([]admin.ConsumerStatus, error) {

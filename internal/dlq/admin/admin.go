@@ -184,6 +184,7 @@ func (s *Server) register() {
 	s.read("GET /admin/dlq/groups", s.dlqGroups)
 	s.read("GET /admin/fleet", s.fleetList)
 	s.read("GET /admin/ratelimit/rules", s.rlRules)
+	s.read("GET /admin/customers/{user}/timeline", s.customerTimeline)
 	// Writes: each is audited under its action name.
 	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.dlqRetry)
 	s.write("POST /admin/dlq/batch-retry", "dlq.batch_retry", s.dlqBatchRetry)

@@ -721,3 +721,107 @@ document.addEventListener("DOMContentLoaded", () => {
   $("audit-more").addEventListener("click", () => loadAudit(true).catch(fail));
   if (token()) start().catch((err) => { if (err.status !== 401) fail(err); });
 });
+
+// ---- Customer timeline -------------------------------------------------
+// GET /admin/customers/{user}/timeline: "customer X says the bot never
+// answered". Letters link to the dead-letter detail, operator actions to
+// the audit log.
+
+const outcomeText = {
+  answered: "answered", processed: "processed, no reply", dead_letter: "in the DLQ",
+  in_progress: "not processed yet", unknown: "unknown (expired)",
+};
+
+async function loadTimeline() {
+  const user = $("cu-user").value.trim();
+  if (!user) return;
+  const q = new URLSearchParams();
+  const msgid = $("cu-msgid").value.trim();
+  const win = $("cu-window").value.trim();
+  if (msgid) q.set("msgid", msgid);
+  if (win) q.set("window", win);
+  const tl = await api("GET", "/admin/customers/" + encodeURIComponent(user) + "/timeline?" + q.toString());
+  const sum = $("cu-summary");
+  sum.textContent = tl.summary;
+  sum.dataset.known = String(tl.known);
+  sum.className = tl.known ? "" : "state-warning";
+  const read = [];
+  if (tl.topic) {
+    read.push(`main topic ${tl.topic.topic} partition ${tl.topic.partition}, offsets ${tl.topic.from_offset}–${tl.topic.to_offset}` +
+      ` since ${new Date(tl.since).toLocaleString()}` + (tl.topic.truncated ? " (truncated: older records not read)" : ""));
+  }
+  const missing = Object.entries(tl.sources).filter(([, v]) => v !== "ok").map(([k, v]) => `${k} ${v}`);
+  if (missing.length) read.push("not read: " + missing.join(", "));
+  $("cu-read").textContent = read.join(" · ");
+  const l = tl.limiter;
+  $("cu-limiter").textContent = l ? `rate limiter: group ${l.group}, ` + (l.blocked ?
+    (l.permanent ? "BLOCKED permanently" : "BLOCKED until " + new Date(l.blocked_until).toLocaleString()) : "not blocked") : "";
+  $("cu-notes").textContent = tl.notes.join("; ");
+
+  const tb = $("cu-messages").querySelector("tbody");
+  tb.replaceChildren();
+  tl.messages.forEach((m) => {
+    const tr = document.createElement("tr");
+    tr.dataset.msgid = m.upstream_msgid;
+    tr.dataset.outcome = m.outcome;
+    const first = m.received[0];
+    cell(tr, first ? new Date(first.time).toLocaleString() : (m.send_time ? new Date(m.send_time).toLocaleString() : ""));
+    cell(tr, (m.preview ? `“${m.preview}” ` : "") + m.upstream_msgid);
+    cell(tr, m.received.map((r) => `p${r.partition}@${r.offset}` + (r.retry_from_dlq ? ` (retry ${r.retry_count})` : "")).join(", ") || "not kept");
+    cell(tr, m.limiter);
+    cell(tr, m.processed.replace("_", " "));
+    cell(tr, m.attempts);
+    cell(tr, m.replies.length ? m.replies.length + " sent" : "none");
+    const lt = cell(tr, "");
+    m.letters.forEach((d) => {
+      lt.appendChild(button(`${d.reason}: ${d.state}`, "link letter-btn", () => {
+        showDetail(d.id, null).then(() => $("detail").scrollIntoView()).catch(fail);
+      }));
+    });
+    const oc = cell(tr, outcomeText[m.outcome] || m.outcome);
+    oc.className = "outcome " + ({ answered: "", processed: "" }[m.outcome] ?? "state-warning");
+    cell(tr, m.story).className = "story small";
+    tb.appendChild(tr);
+  });
+  if (!tl.messages.length) {
+    const tr = document.createElement("tr");
+    cell(tr, tl.known ? "no message kept" : "nothing known about this user").colSpan = 10;
+    tb.appendChild(tr);
+  }
+
+  const eb = $("cu-events").querySelector("tbody");
+  eb.replaceChildren();
+  tl.events.forEach((e) => {
+    const tr = document.createElement("tr");
+    tr.dataset.kind = e.kind;
+    cell(tr, new Date(e.time).toLocaleString());
+    cell(tr, e.kind.replace("_", " "));
+    const w = cell(tr, "");
+    if (e.audit_id) {
+      w.appendChild(button(e.what, "link audit-btn", () => {
+        $("a-target").value = e.what.split(" ").slice(1).join(" ");
+        loadAudit(false).then(() => $("audit-card").scrollIntoView()).catch(fail);
+      }));
+    } else {
+      w.textContent = e.what;
+    }
+    cell(tr, e.who);
+    cell(tr, e.reason);
+    cell(tr, e.result);
+    eb.appendChild(tr);
+  });
+  if (!tl.events.length) {
+    const tr = document.createElement("tr");
+    cell(tr, "none").colSpan = 6;
+    eb.appendChild(tr);
+  }
+  $("cu-result").hidden = false;
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("cu-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    $("cu-error").textContent = "";
+    loadTimeline().catch((err) => { $("cu-error").textContent = err.message + (err.field ? " (" + err.field + ")" : ""); });
+  });
+});

@@ -1,0 +1,203 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/internal/once"
+	"github.com/kfpipe/kfpipe/internal/reply"
+	"github.com/kfpipe/kfpipe/kf"
+)
+
+// The customer timeline's reads (admin.CustomerSource): the user's records
+// on the main topic, and the marks the schedule-consumers left of each
+// message. Nothing here writes.
+
+// timelineReadTimeout bounds one timeline's read of the main topic;
+// after timelineReadStop it answers with what it read.
+const (
+	timelineReadTimeout = 15 * time.Second
+	timelineReadStop    = 10 * time.Second
+)
+
+// dedupKept is how long a message's dedup mark is kept at least
+// (dedup.ttl may not be set below it): a message older than this without
+// a mark may have been processed, the mark having expired.
+const dedupKept = 72 * time.Hour
+
+// timelineReplies is how many replies per message the timeline looks for.
+const timelineReplies = 4
+
+// UserRecords reads the user's partition of the main topic from since on
+// (the newest max records at most) with a consumer that joins no group
+// and commits nothing, and keeps the records keyed by user.
+func (p pipelineView) UserRecords(ctx context.Context, user string, since time.Time, max int) (admin.TopicScan, error) {
+	ctx, cancel := context.WithTimeout(ctx, timelineReadTimeout)
+	defer cancel()
+	scan := admin.TopicScan{Topic: p.topic}
+	topic := p.topic
+	md, err := p.kafka.GetMetadata(&topic, false, 5000)
+	if err != nil {
+		return scan, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	tm, ok := md.Topics[topic]
+	if !ok || tm.Error.Code() != kafka.ErrNoError || len(tm.Partitions) == 0 {
+		return scan, fmt.Errorf("metadata of %s: %v", topic, tm.Error)
+	}
+	scan.Partition = kafkaclient.KeyPartition(user, len(tm.Partitions))
+	cm := kafkaclient.Consumer(p.kcfg, p.kcfg.ClientID+"-timeline")
+	_ = cm.SetKey("client.id", p.kcfg.ClientID+"-timeline")
+	c, err := kafka.NewConsumer(cm)
+	if err != nil {
+		return scan, err
+	}
+	defer func() { _ = c.Close() }()
+	low, high, err := c.QueryWatermarkOffsets(topic, scan.Partition, 5000)
+	if err != nil {
+		return scan, fmt.Errorf("offsets of %s/%d: %w", topic, scan.Partition, err)
+	}
+	scan.Low, scan.To = low, high
+	from := high
+	ts, err := c.OffsetsForTimes([]kafka.TopicPartition{{Topic: &topic, Partition: scan.Partition,
+		Offset: kafka.Offset(since.UnixMilli())}}, 5000)
+	if err != nil {
+		return scan, fmt.Errorf("offset at %s of %s/%d: %w", since.Format(time.RFC3339), topic, scan.Partition, err)
+	}
+	if len(ts) == 1 && ts[0].Offset >= 0 {
+		from = int64(ts[0].Offset)
+	}
+	from = min(max64(from, low), high)
+	if high-from > int64(max) {
+		from, scan.Truncated = high-int64(max), true
+	}
+	scan.From = from
+	if from >= high {
+		return scan, nil
+	}
+	if err := c.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: scan.Partition, Offset: kafka.Offset(from)}}); err != nil {
+		return scan, err
+	}
+	// The read stops short of the end after timelineReadStop: a
+	// transaction left open (the DLQ scheduler re-injects in transactions)
+	// holds read_committed readers back until it ends.
+	stop := time.Now().Add(timelineReadStop)
+	next := from
+	for {
+		if err := ctx.Err(); err != nil {
+			return scan, fmt.Errorf("reading %s/%d offsets %d-%d: %w", topic, scan.Partition, from, high, err)
+		}
+		if time.Now().After(stop) {
+			scan.Incomplete = fmt.Sprintf("the read stopped at offset %d of %d after %s (a transaction still open, or a slow broker): newer records were not read",
+				next, high, timelineReadStop)
+			scan.To = next
+			return scan, nil
+		}
+		m, err := c.ReadMessage(200 * time.Millisecond)
+		var kerr kafka.Error
+		switch {
+		case err == nil:
+			next = int64(m.TopicPartition.Offset) + 1
+			if string(m.Key) == user {
+				scan.Records = append(scan.Records, timelineRecord(m))
+			}
+			if int64(m.TopicPartition.Offset) >= high-1 {
+				return scan, nil
+			}
+		case errors.As(err, &kerr) && kerr.IsTimeout():
+			// Transaction markers take offsets but are never delivered:
+			// the position says whether the end was reached.
+			pos, err := c.Position([]kafka.TopicPartition{{Topic: &topic, Partition: scan.Partition}})
+			if err == nil && len(pos) == 1 && int64(pos[0].Offset) >= high {
+				return scan, nil
+			}
+		default:
+			return scan, fmt.Errorf("reading %s/%d: %w", topic, scan.Partition, err)
+		}
+	}
+}
+
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// timelineRecord decodes one of the user's main-topic records.
+func timelineRecord(m *kafka.Message) admin.TopicRecord {
+	r := admin.TopicRecord{Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset), Time: m.Timestamp.UTC()}
+	for _, h := range m.Headers {
+		switch h.Key {
+		case chatmsg.HeaderRetryFromDLQ:
+			r.RetryFromDLQ = string(h.Value) == "true"
+		case chatmsg.HeaderRetryCount:
+			r.RetryCount, _ = strconv.Atoi(string(h.Value))
+		}
+	}
+	cm, err := chatmsg.Decode(m.Value)
+	if err != nil {
+		r.Invalid = err.Error()
+		return r
+	}
+	r.UpstreamMsgID, r.OpenKfID, r.MsgType, r.SendTime = cm.UpstreamMsgID, cm.OpenKfID, cm.MsgType, cm.SendTime
+	r.MessageID = strconv.FormatInt(cm.MessageID, 10)
+	r.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: cm})
+	return r
+}
+
+// Effects reads, for each message, its dedup mark (either dedup store) and
+// its reply marks: MGETs and SMISMEMBERs, nothing claimed.
+func (p pipelineView) Effects(ctx context.Context, user string, msgs []admin.MessageRef) ([]admin.MessageEffects, error) {
+	keys := make([]string, len(msgs))
+	qs := make([]once.UserDone, len(msgs))
+	var replyKeys []string
+	for i, m := range msgs {
+		if m.OpenKfID != "" && m.UpstreamMsgID != "" {
+			keys[i] = (&chatmsg.ChatMessage{OpenKfID: m.OpenKfID, UpstreamMsgID: m.UpstreamMsgID}).DedupKey()
+		}
+		qs[i] = once.UserDone{User: user, UserItem: once.UserItem{Key: keys[i], SendTime: m.SendTime}}
+		for n := range timelineReplies {
+			replyKeys = append(replyKeys, m.OpenKfID+":"+m.UpstreamMsgID+":"+strconv.Itoa(n))
+		}
+	}
+	done, err := dlqStore{rdb: p.rdb, prefix: p.prefix}.doneKeys(ctx, qs)
+	if err != nil {
+		return nil, err
+	}
+	sent, err := once.Done(ctx, p.rdb, p.prefix+"reply:", replyKeys)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	out := make([]admin.MessageEffects, len(msgs))
+	for i, m := range msgs {
+		fx := admin.MessageEffects{Done: admin.DoneNo, Replies: []admin.ReplyMark{}}
+		old := m.SendTime == 0 || now.Sub(time.Unix(m.SendTime, 0)) > dedupKept
+		switch {
+		case keys[i] == "":
+			fx.Done = admin.DoneUnknown
+		case done[i]:
+			fx.Done = admin.DoneYes
+		case old:
+			fx.Done = admin.DoneUnknown
+		}
+		for n := range timelineReplies {
+			if sent[i*timelineReplies+n] {
+				fx.Replies = append(fx.Replies, admin.ReplyMark{Key: replyKeys[i*timelineReplies+n],
+					MsgID: kf.MsgID(m.OpenKfID, m.UpstreamMsgID, n)})
+			}
+		}
+		fx.RepliesUnknown = len(fx.Replies) == 0 && (m.SendTime == 0 || now.Sub(time.Unix(m.SendTime, 0)) > reply.TTL)
+		out[i] = fx
+	}
+	return out, nil
+}

@@ -1,0 +1,290 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/reply"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+	"github.com/kfpipe/kfpipe/kf"
+)
+
+// answerer answers every message with one text reply (exactly once, as
+// kfpipe.Reply does); tl-flaky's message fails its first 3 attempts so it
+// goes through the DLQ and comes back.
+type answerer struct {
+	mu       sync.Mutex
+	attempts map[string]int
+	done     map[string]bool
+}
+
+func (a *answerer) Handle(ctx context.Context, m *chatmsg.ChatMessage) error {
+	a.mu.Lock()
+	a.attempts[m.UpstreamMsgID]++
+	n := a.attempts[m.UpstreamMsgID]
+	a.mu.Unlock()
+	if m.ExternalUserID == "tl-flaky" && n <= 3 {
+		return errors.New("downstream hiccup")
+	}
+	err := reply.Do(ctx, "reply", func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
+		_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, kf.Text{Content: "thanks"})
+		return err
+	})
+	if err == nil {
+		a.mu.Lock()
+		a.done[m.UpstreamMsgID] = true
+		a.mu.Unlock()
+	}
+	return err
+}
+
+// TestCustomerTimelineOnRunningPipeline runs the three daemons in one
+// process on the real broker and Redis with replies to the fake WeChat,
+// and reads the timeline of three customers — one answered, one
+// dead-lettered then recovered, one the rate limiter blocked — and of a
+// made-up user, who must not look like a quiet customer.
+func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
+	testenv.KafkaBrokers(t)
+	_, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const wk = "wk-tl"
+	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{wk}})
+	defer fake.Close()
+
+	pcfg, err := config.LoadProducer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &pcfg.Common, mainTopic, dlqTopic, prefix, "unused")
+	pcfg.WeCom.BaseURL = fake.URL()
+	pcfg.WeCom.OpenKfIDs = []string{wk}
+	pcfg.Callback.Addr = testenv.FreeAddr(t)
+
+	ccfg, err := config.LoadConsumer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &ccfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
+	ccfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	ccfg.RateLimit.DefaultGroup = "seed" // 5 in 10 s, blocked after 3 refusals
+	ccfg.WeCom.BaseURL, ccfg.WeCom.CorpID, ccfg.WeCom.Secret = fake.URL(), "ww-test-corp", "test-secret"
+
+	dcfg, err := config.LoadDLQConsumer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &dcfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
+	dcfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	dcfg.Admin.Addr = testenv.FreeAddr(t)
+	dcfg.RateLimit.DefaultGroup = "seed"
+
+	start := func(name string, c config.Common) *daemon.Base {
+		b, err := daemon.Start(ctx, name, c)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		t.Cleanup(func() { _ = b.Close(context.Background()) })
+		return b
+	}
+	cbase := start("schedule-consumer", ccfg.Common)
+	fx, closeFx, err := reply.FromConfig(ctx, ccfg, cbase)
+	if err != nil || fx == nil {
+		t.Fatalf("replies: %v", err)
+	}
+	defer closeFx()
+	ans := &answerer{attempts: map[string]int{}, done: map[string]bool{}}
+	cons, err := StartConsumer(ctx, ccfg, cbase, reply.Wrap(ans, fx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := StartDLQ(ctx, dcfg, start("dlq-consumer", dcfg.Common))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := StartProducer(ctx, pcfg, start("kf-producer", pcfg.Common))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
+		defer c()
+		for _, err := range []error{prod.Close(sctx), cons.Close(sctx), d.Close(sctx)} {
+			if err != nil {
+				t.Errorf("close: %v", err)
+			}
+		}
+	}()
+
+	answered := fake.AddText(wk, "tl-answered", "where is my order?")
+	flaky := fake.AddText(wk, "tl-flaky", "first try fails")
+	for i := range 12 {
+		fake.AddText(wk, "tl-flooder", fmt.Sprintf("spam %d", i))
+	}
+	sender := &wecomtest.CallbackSender{URL: prod.CallbackURL, Token: pcfg.Callback.Token,
+		AESKey: pcfg.Callback.EncodingAESKey, CorpID: pcfg.WeCom.CorpID}
+	resp, err := sender.SendEvent(ctx, wk, fake.IssueToken(wk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	viewer := dcfg.Admin.Tokens[1].Token
+	timeline := func(user string) admin.Timeline {
+		t.Helper()
+		code, b := adminGet(t, d.AdminURL+"/admin/customers/"+user+"/timeline", viewer)
+		var tl admin.Timeline
+		if code != 200 || json.Unmarshal(b, &tl) != nil {
+			t.Fatalf("timeline of %s: %d %s", user, code, b)
+		}
+		return tl
+	}
+	var last admin.Timeline
+	defer func() {
+		if t.Failed() {
+			b, _ := json.MarshalIndent(last, "", "  ")
+			t.Logf("last timeline read: %s", b)
+		}
+	}()
+	// wait reads user's timeline until ok holds of it.
+	wait := func(user, what string, ok func(tl admin.Timeline) bool) admin.Timeline {
+		t.Helper()
+		waitFor(t, 90*time.Second, user+": "+what, func() bool {
+			last = timeline(user)
+			return ok(last)
+		})
+		return last
+	}
+
+	tl := wait("tl-answered", "answered", func(tl admin.Timeline) bool {
+		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == admin.OutcomeAnswered
+	})
+	m := tl.Messages[0]
+	if m.UpstreamMsgID != answered || len(m.Received) != 1 || m.Received[0].Partition != tl.Topic.Partition ||
+		len(m.Replies) != 1 || m.Replies[0].MsgID == "" || m.Processed != admin.DoneYes || m.Limiter != "admitted" ||
+		len(m.Letters) != 0 || !tl.Known || !strings.Contains(tl.Summary, "1 answered") {
+		t.Errorf("answered customer's timeline: %+v", tl)
+	}
+
+	tl = wait("tl-flaky", "dead-lettered then answered", func(tl admin.Timeline) bool {
+		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == admin.OutcomeAnswered && len(tl.Messages[0].Letters) > 0
+	})
+	m = tl.Messages[0]
+	if m.UpstreamMsgID != flaky || len(m.Received) != 2 || !m.Received[1].RetryFromDLQ || m.Attempts != 2 ||
+		m.Letters[0].Reason != "downstream_error" || m.Letters[0].State != "retried" ||
+		!strings.Contains(m.Story, "dead letter") || !strings.Contains(m.Story, "re-delivered 1 time(s)") {
+		t.Errorf("recovered customer's timeline: %+v", m)
+	}
+
+	tl = wait("tl-flooder", "blocked, refusals in the DLQ", func(tl admin.Timeline) bool {
+		refused := 0
+		for _, m := range tl.Messages {
+			if m.Limiter == "refused" {
+				refused++
+			}
+		}
+		return len(tl.Messages) == 12 && refused == 7 && tl.Limiter != nil && tl.Limiter.Blocked
+	})
+	answeredN := 0
+	for _, m := range tl.Messages {
+		if m.Outcome == admin.OutcomeAnswered {
+			answeredN++
+		}
+		if m.Limiter == "refused" && (m.Outcome == admin.OutcomeAnswered || len(m.Letters) == 0) {
+			t.Errorf("a refused message: %+v", m)
+		}
+	}
+	if answeredN != 5 || !strings.Contains(tl.Summary, "blocked by the rate limiter now") ||
+		!strings.Contains(tl.Messages[0].Story, "refused by the rate limiter") {
+		t.Errorf("blocked customer's timeline: %d answered, summary %q, newest %q", answeredN, tl.Summary, tl.Messages[0].Story)
+	}
+
+	tl = timeline("tl-nobody")
+	if tl.Known || len(tl.Messages) != 0 || !strings.HasPrefix(tl.Summary, "nothing known about user tl-nobody") ||
+		tl.Sources["main_topic"] != "ok" || tl.Sources["dedup"] != "" {
+		t.Errorf("made-up user's timeline: %+v", tl)
+	}
+	// One message by its msgid.
+	code, b := adminGet(t, d.AdminURL+"/admin/customers/tl-flaky/timeline?msgid="+flaky, viewer)
+	if code != 200 || !strings.Contains(string(b), flaky) {
+		t.Errorf("by msgid: %d %s", code, b)
+	}
+	if t.Failed() || testing.Short() {
+		return
+	}
+
+	// The same journey in the console, as on-call walks it.
+	bctx := testenv.Browser(t, time.Minute)
+	poll := func(what, expr string) { t.Helper(); testenv.PollJS(t, bctx, what, expr, 15*time.Second) }
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(bctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	do("log in", chromedp.Navigate(d.AdminURL+"/admin/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), viewer), chromedp.Click(chromedp.CSS("#login-btn")),
+		chromedp.WaitVisible(chromedp.CSS("#app")))
+	search := func(user string) {
+		t.Helper()
+		// Submitted from the page: the overview above refreshes and moves
+		// the form while a click would be on its way.
+		do("search "+user, chromedp.Evaluate[chromedp.Void](`document.querySelector('#cu-user').value = ''`),
+			chromedp.SendKeys(chromedp.CSS("#cu-user"), user),
+			chromedp.Evaluate[chromedp.Void](`document.querySelector('#cu-form').requestSubmit()`))
+	}
+	rows := `document.querySelectorAll('#cu-messages tbody tr')`
+	search("tl-answered")
+	poll("answered customer in the console", fmt.Sprintf(`(() => { const r = %s; return r.length === 1 && r[0].dataset.msgid === %q
+		&& r[0].dataset.outcome === "answered" && r[0].querySelector('td:nth-child(7)').textContent === "1 sent"; })()`, rows, answered))
+	search("tl-flaky")
+	poll("recovered customer in the console", fmt.Sprintf(`(() => { const r = %s; return r.length === 1 && r[0].dataset.msgid === %q
+		&& r[0].dataset.outcome === "answered" && r[0].querySelector('.letter-btn')?.textContent === "downstream_error: retried"
+		&& r[0].querySelector('.story').textContent.includes("re-delivered 1 time(s) from the DLQ"); })()`, rows, flaky))
+	shot, err := chromedp.Run(bctx, chromedp.Screenshot(chromedp.CSS("#customer-card")))
+	if err != nil || !strings.HasPrefix(string(shot), "\x89PNG") {
+		t.Fatalf("screenshot of the customer page: %v", err)
+	}
+	// docs/customer.png with KFPIPE_UPDATE_SCREENSHOT=1.
+	dir := os.Getenv("KFPIPE_ARTIFACTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	png := filepath.Join(dir, "customer.png")
+	if os.Getenv("KFPIPE_UPDATE_SCREENSHOT") == "1" {
+		png = filepath.Join(testenv.RepoRoot(t), "docs", "customer.png")
+	}
+	if err := os.MkdirAll(filepath.Dir(png), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(png, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("customer page screenshot: %s", png)
+	search("tl-flooder")
+	poll("blocked customer in the console", fmt.Sprintf(`(() => { const r = [...%s];
+		return r.length === 12 && r.filter((x) => x.querySelector('td:nth-child(4)')?.textContent === "refused").length === 7
+			&& document.querySelector('#cu-limiter').textContent.includes("BLOCKED until"); })()`, rows))
+	search("tl-nobody")
+	poll("made-up user in the console", `document.querySelector('#cu-summary').dataset.known === "false"
+		&& document.querySelector('#cu-summary').textContent.startsWith("nothing known about user tl-nobody")`)
+}
