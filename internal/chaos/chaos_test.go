@@ -31,7 +31,9 @@ func TestMain(m *testing.M) {
 // after a kill (max_user_stall), with the shipped timings.
 func TestChaosConsumerKill9(t *testing.T) {
 	svc := NeedServices(t)
-	load := Size(Load{Total: 5000, Users: 200, Rate: 500}, Load{Total: 50000, Users: 1000, Rate: 1000})
+	// 20 s of feeding in make test: a kill late in a shorter feed found
+	// every partition drained and nobody waiting on the victim.
+	load := Size(Load{Total: 5000, Users: 200, Rate: 250}, Load{Total: 50000, Users: 1000, Rate: 1000})
 	kills := Size(2, 3)
 	// The shipped timings (dedup lease, session timeout, commit interval,
 	// actor idle timeout): a crashed consumer's users must be processing
@@ -87,33 +89,58 @@ func TestChaosConsumerKill9(t *testing.T) {
 	})
 }
 
-// busyConsumer picks, at random, a schedule-consumer that made an effect
-// within the last second — one that owns partitions and is working on
-// them, so its kill leaves users waiting on it (a consumer just restarted
-// may own nothing yet, and killing it tests no stall). After wait without
-// one it picks any consumer; the report then shows the kill found no user.
+// busyConsumer picks a schedule-consumer with users waiting on it: users
+// with a message sent and not yet handled whose last effect it made (the
+// evidence's "users waiting on the victim", so the kill tests a stall),
+// the one with most of them. A consumer just restarted may own nothing
+// yet, and one whose partitions are drained leaves nobody waiting. After
+// wait without one it picks any consumer; the report then shows the kill
+// found no user.
 func busyConsumer(ctx context.Context, p *Pipeline, wait time.Duration) *Daemon {
 	deadline := time.Now().Add(wait)
 	for {
-		recent := map[string]bool{}
-		ds := p.Sink.Deliveries()
-		for i := len(ds) - 1; i >= 0 && time.Since(ds[i].At) < time.Second; i-- {
-			recent[ds[i].Tag] = true
-		}
-		var busy []*Daemon
+		waiting := usersWaitingOn(p)
+		var best *Daemon
 		for _, c := range p.Consumers {
-			if c.Running() && recent[c.Tag()] {
-				busy = append(busy, c)
+			if c.Running() && waiting[c.Tag()] > 0 && (best == nil || waiting[c.Tag()] > waiting[best.Tag()]) {
+				best = c
 			}
 		}
-		if len(busy) > 0 {
-			return busy[rand.IntN(len(busy))]
+		if best != nil {
+			return best
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return p.Consumers[rand.IntN(len(p.Consumers))]
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// usersWaitingOn counts, by consumer incarnation tag, the users with a
+// message sent and not yet handled whose last effect that incarnation made.
+func usersWaitingOn(p *Pipeline) map[string]int {
+	if p.feeder == nil {
+		return nil
+	}
+	last := map[string]string{} // user → tag of its last effect
+	handled := map[string]bool{}
+	for _, d := range p.Sink.Deliveries() {
+		last[d.User] = d.Tag
+		handled[d.MsgID] = true
+	}
+	waiting := map[string]bool{}
+	for _, s := range p.feeder.Sent() {
+		if !handled[s.MsgID] {
+			waiting[s.User] = true
+		}
+	}
+	out := map[string]int{}
+	for u := range waiting {
+		if tag, ok := last[u]; ok {
+			out[tag]++
+		}
+	}
+	return out
 }
 
 // TestChaosProducerKill9: kf-producer is killed with SIGKILL at random
