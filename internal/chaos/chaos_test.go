@@ -492,7 +492,9 @@ func logLen(p *Pipeline) int {
 // would be cut by WeChat's rule, not by kfpipe.
 func TestChaosReplyKill9(t *testing.T) {
 	svc := NeedServices(t)
-	load := Size(Load{Total: 2000, Users: 500, Rate: 200, MaxPerUser: 5},
+	// 20 s of feeding in make test, so each of the three kills lands while
+	// the victim's users have messages waiting.
+	load := Size(Load{Total: 2000, Users: 500, Rate: 100, MaxPerUser: 5},
 		Load{Total: 12000, Users: 3000, Rate: 400, MaxPerUser: 5})
 	kills := Size(3, 5)
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2, Replies: true,
