@@ -328,15 +328,16 @@ type deadLetter struct {
 
 // state is what GET /api/state answers.
 type state struct {
-	User         string       `json:"user"`
-	Account      string       `json:"account"`
-	Session      int          `json:"session"`
-	SessionName  string       `json:"session_name"`
-	Messages     []entry      `json:"messages"`
-	DeadLetters  []deadLetter `json:"dead_letters"`
-	DLQError     string       `json:"dlq_error,omitempty"`
-	Kafka, Redis string
-	AdminURL     string `json:"admin_url"`
+	User        string       `json:"user"`
+	Account     string       `json:"account"`
+	Session     int          `json:"session"`
+	SessionName string       `json:"session_name"`
+	Messages    []entry      `json:"messages"`
+	DeadLetters []deadLetter `json:"dead_letters"`
+	DLQError    string       `json:"dlq_error,omitempty"`
+	Kafka       string       `json:"kafka"` // "embedded" or the brokers
+	Redis       string       `json:"redis"`
+	AdminURL    string       `json:"admin_url"`
 }
 
 // sessionNames are WeChat's service states (service_state/get).

@@ -8,6 +8,8 @@ package demo
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -332,6 +335,21 @@ func findConfig() string {
 	}
 }
 
+// writeSecrets writes, in dir, a configuration file with only what the
+// built-in defaults leave empty: the callback's token and AES key and
+// WeChat's corp ID and secret, random, for the fake WeChat.
+func writeSecrets(dir string) (string, error) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	yaml := fmt.Sprintf("callback:\n  token: demo-%s\n  encoding_aes_key: %s\nwecom:\n  corp_id: ww-demo\n  secret: demo-%s\n",
+		randHex(8), strings.TrimRight(base64.StdEncoding.EncodeToString(key), "="), randHex(12))
+	path := filepath.Join(dir, "demo.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		return "", fmt.Errorf("demo configuration: %w", err)
+	}
+	return path, nil
+}
+
 // configs are the three daemons' configurations for one run.
 type configs struct {
 	common        config.Common
@@ -352,6 +370,14 @@ func configure(o Options, be *backends, tmp, fakeURL string) (*configs, error) {
 	path := o.ConfigPath
 	if path == "" {
 		path = findConfig()
+	}
+	if path == "" {
+		// Outside the repository (a bot's own module under kfpipesim):
+		// the built-in defaults, with the secrets they lack.
+		var err error
+		if path, err = writeSecrets(tmp); err != nil {
+			return nil, err
+		}
 	}
 	prod, err := config.LoadProducer(path)
 	if err != nil {

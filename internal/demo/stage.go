@@ -24,8 +24,8 @@ type stage struct {
 
 // stageUp starts the backends and the fake WeChat and configures the
 // daemons for them; close undoes it.
-func stageUp(o Options) (st *stage, err error) {
-	st = &stage{}
+func stageUp(o Options) (_ *stage, err error) {
+	st := &stage{}
 	defer func() {
 		if err != nil {
 			st.close(io.Discard)
