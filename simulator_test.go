@@ -17,8 +17,9 @@ import (
 // TestSimulatorInBrowser chats with examples/faqbot through the chat
 // simulator as a developer would: the bot's own binary with --simulate
 // (embedded Kafka and Redis), its page in headless chromium. Typed as the
-// customer, "hours" gets the bot's answer; typed as a servicer, a message
-// is handled and gets no reply.
+// customer, "hours" gets the bot's answer, "menu" its menu, whose
+// "Shipping" item, tapped, gets that answer; typed as a servicer, a
+// message is handled and gets no reply.
 func TestSimulatorInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a module with cgo")
@@ -46,6 +47,17 @@ func TestSimulatorInBrowser(t *testing.T) {
 	testenv.PollJS(t, bctx, "the customer's question", bots+`.length === 1 && `+bots+`[0].innerText.includes("`+hours+`")`, 60*time.Second)
 	testenv.PollJS(t, bctx, "the session state", `/^[0-4] /.test(document.querySelector('#session').innerText)`, 5*time.Second)
 
+	if err := chromedp.Do(bctx, chromedp.SendKeys(chromedp.CSS("#text"), "menu"), chromedp.Click(chromedp.CSS("#send"))); err != nil {
+		t.Fatal(err)
+	}
+	tap := `document.querySelector('#log button.tap[data-id=shipping]')`
+	testenv.PollJS(t, bctx, "the menu", tap+` !== null`, 30*time.Second)
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[bool](tap+`.click(), true`)); err != nil {
+		t.Fatal(err)
+	}
+	const shipping = "Orders ship within 24 hours; delivery takes 2-3 days."
+	testenv.PollJS(t, bctx, "the tapped item's answer", bots+`.length === 3 && `+bots+`[2].innerText.includes("`+shipping+`")`, 30*time.Second)
+
 	if err := chromedp.Do(bctx,
 		chromedp.Click(chromedp.CSS("#as-servicer")),
 		chromedp.SendKeys(chromedp.CSS("#text"), "Hi, I am Alice from support"),
@@ -57,8 +69,8 @@ func TestSimulatorInBrowser(t *testing.T) {
 	servicer := `document.querySelector('#log .msg[data-from=servicer]')`
 	testenv.PollJS(t, bctx, "the servicer's message handled", servicer+` && `+servicer+`.innerText.includes("handled")`, 60*time.Second)
 	n, err := chromedp.Run(bctx, chromedp.Evaluate[int](bots+`.length`))
-	if err != nil || n != 1 {
-		t.Fatalf("bot messages after the servicer's: %d (%v), want still 1", n, err)
+	if err != nil || n != 3 {
+		t.Fatalf("bot messages after the servicer's: %d (%v), want still 3", n, err)
 	}
 }
 

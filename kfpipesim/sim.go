@@ -248,6 +248,9 @@ type sendRequest struct {
 	User string `json:"user"`
 	As   string `json:"as"`
 	Text string `json:"text"`
+	// MenuID: the customer tapped this item of a menu (Text is its
+	// content).
+	MenuID string `json:"menu_id,omitempty"`
 }
 
 // send appends a message to the fake WeChat's log and notifies
@@ -260,11 +263,19 @@ func (s *sim) send(ctx context.Context, r sendRequest) (string, error) {
 	if r.As != asEnter && strings.TrimSpace(r.Text) == "" {
 		return "", errors.New("text: empty")
 	}
+	if r.MenuID != "" && r.As != asCustomer && r.As != "" {
+		return "", errors.New("menu_id: only the customer taps a menu")
+	}
 	acc := s.sb.Account
 	var id string
 	switch r.As {
 	case asCustomer, "":
 		r.As = asCustomer
+		if r.MenuID != "" {
+			id = s.sb.Fake.AddMenuClick(acc, r.User, r.MenuID, r.Text)
+			r.Text = "[tap] " + r.Text
+			break
+		}
 		id = s.sb.Fake.AddText(acc, r.User, r.Text)
 	case asServicer:
 		id = s.sb.Fake.AddServicerText(acc, r.User, servicerID, r.Text)
@@ -312,6 +323,14 @@ func (s *sim) handleSend(w http.ResponseWriter, r *http.Request) {
 type entry struct {
 	line
 	Reply bool `json:"reply,omitempty"` // the bot's
+	// Menu are the items a customer can tap in the bot's menu.
+	Menu []menuItem `json:"menu,omitempty"`
+}
+
+// menuItem is a tappable item (a click) of a menu the bot sent.
+type menuItem struct {
+	ID      string `json:"id"`
+	Content string `json:"content"`
 }
 
 // deadLetter is one of the user's dead letters.
@@ -361,7 +380,8 @@ func (s *sim) snapshot(ctx context.Context, user string) state {
 		if r.OnEvent {
 			kind = "welcome"
 		}
-		st.Messages = append(st.Messages, entry{Reply: true, line: line{From: "bot", Text: replyText(r.MsgType, r.Body),
+		text, menu := render(r.MsgType, r.Body)
+		st.Messages = append(st.Messages, entry{Reply: true, Menu: menu, line: line{From: "bot", Text: text,
 			At: r.At, MsgID: r.MsgID, Status: kind}})
 	}
 	for _, t := range s.sb.Fake.Transfers() {
@@ -397,32 +417,36 @@ func (s *sim) handleState(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.snapshot(r.Context(), user))
 }
 
-// replyText renders a message the bot sent: a text's content, a menu's
-// lines, or its type.
-func replyText(msgType string, body json.RawMessage) string {
+// render shows a message the bot sent: a text's content, a menu's lines
+// (and its tappable items), or its type.
+func render(msgType string, body json.RawMessage) (string, []menuItem) {
 	switch msgType {
 	case "text":
 		var t struct{ Content string }
 		_ = json.Unmarshal(body, &t)
-		return t.Content
+		return t.Content, nil
 	case "msgmenu":
 		var mm struct {
-			HeadContent string `json:"head_content"`
-			TailContent string `json:"tail_content"`
-			List        []map[string]struct{ Content string }
+			HeadContent string                       `json:"head_content"`
+			TailContent string                       `json:"tail_content"`
+			List        []map[string]json.RawMessage `json:"list"`
 		}
 		_ = json.Unmarshal(body, &mm)
 		parts := []string{mm.HeadContent}
+		var taps []menuItem
 		for _, it := range mm.List {
-			for _, v := range it { // click, view or miniprogram
-				if v.Content != "" {
-					parts = append(parts, "["+v.Content+"]")
-				}
+			var typ string
+			_ = json.Unmarshal(it["type"], &typ)
+			var item struct{ ID, Content string }
+			_ = json.Unmarshal(it[typ], &item) // click, view or miniprogram
+			parts = append(parts, "["+item.Content+"]")
+			if typ == "click" {
+				taps = append(taps, menuItem{ID: item.ID, Content: item.Content})
 			}
 		}
-		return strings.TrimSpace(strings.Join(append(parts, mm.TailContent), "\n"))
+		return strings.TrimSpace(strings.Join(append(parts, mm.TailContent), "\n")), taps
 	}
-	return "(" + msgType + ")"
+	return "(" + msgType + ")", nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
