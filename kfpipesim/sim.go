@@ -10,9 +10,9 @@
 // A main that calls Main instead of kfpipe.RunConsumer runs the simulator
 // with --simulate and the real consumer otherwise:
 //
-//	go run . --simulate            # then open http://127.0.0.1:8095/
-//	go run . --simulate=:9000      # another address
-//	go run . --config config.yaml  # production: kfpipe.RunConsumer
+//	go run . --simulate                 # then open http://127.0.0.1:8095/
+//	go run . --simulate=127.0.0.1:9000  # another address
+//	go run . --config config.yaml       # production: kfpipe.RunConsumer
 package kfpipesim
 
 import (

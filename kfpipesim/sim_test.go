@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
@@ -80,6 +81,31 @@ func TestSimulatorAPI(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "as:") {
 		t.Fatalf("as robot: %s %s", resp.Status, body)
+	}
+}
+
+// TestSimulatorOnServices runs the simulator on the real test services
+// (WithServices) instead of embedded ones: a message gets its reply.
+func TestSimulatorOnServices(t *testing.T) {
+	brokers, redisAddr := testenv.KafkaBrokers(t), testenv.RedisAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s, err := start(ctx, echo, options{addr: "127.0.0.1:0", out: io.Discard, kafka: brokers, redis: redisAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := s.close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}()
+	if st := get[state](t, s.url+"api/state?user=u1"); st.Kafka != brokers || st.Redis != redisAddr {
+		t.Fatalf("backends %q %q, want %q %q", st.Kafka, st.Redis, brokers, redisAddr)
+	}
+	post(t, s.url+"api/send", sendRequest{User: "u1", As: "customer", Text: "hello"})
+	st := waitState(t, s.url, "u1", "the bot's reply", func(st state) bool { return len(st.Messages) == 2 })
+	if m := st.Messages[1]; !m.Reply || m.Text != "You said: hello" {
+		t.Fatalf("conversation %+v", st.Messages)
 	}
 }
 
