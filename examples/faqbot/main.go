@@ -5,6 +5,8 @@
 // consumer crashes and the message is handled again.
 //
 //	faqbot --config config.yaml   (FAQBOT_SERVICER: the servicer's userid)
+//	faqbot --simulate             chat with it on http://127.0.0.1:8095/
+//	                              (kfpipesim: the whole pipeline in-process)
 package main
 
 import (
@@ -20,6 +22,7 @@ import (
 
 	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/kf"
+	"github.com/kfpipe/kfpipe/kfpipesim"
 )
 
 // faq maps a keyword to its answer.
@@ -91,7 +94,8 @@ func main() {
 			log.Printf("message %s of %s: %v (%s)", m.UpstreamMsgID, m.ExternalUserID, err, took)
 		}
 	}))
-	err := kfpipe.RunConsumer(ctx, os.Args[1:], h)
+	// --simulate runs the chat simulator, anything else the consumer.
+	err := kfpipesim.Main(ctx, os.Args[1:], h)
 	if err != nil && (ctx.Err() == nil || !errors.Is(err, context.Canceled)) {
 		fmt.Fprintln(os.Stderr, "faqbot:", err)
 		os.Exit(1)

@@ -8,14 +8,16 @@ package demo
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -71,47 +73,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = 60 * time.Second
 	}
-	be, err := startBackends(o.Kafka, o.Redis)
+	st, err := stageUp(o)
 	if err != nil {
 		return nil, err
 	}
-	defer be.close()
-	tmp, err := os.MkdirTemp("", "kfpipe-demo-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-
-	// The fake WeChat listens first: its URL goes into the producer's
-	// configuration.
-	fakeLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("fake wechat listen: %w", err)
-	}
-	cfgs, err := configure(o, be, tmp, "http://"+fakeLn.Addr().String())
-	if err != nil {
-		fakeLn.Close()
-		return nil, err
-	}
-	fake := wecomtest.NewHandler(wecomtest.Options{CorpID: cfgs.producer.WeCom.CorpID, Secret: cfgs.producer.WeCom.Secret,
-		Accounts: cfgs.producer.WeCom.OpenKfIDs})
-	fakeSrv := &http.Server{Handler: fake, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = fakeSrv.Serve(fakeLn) }()
-	defer fakeSrv.Close()
-
-	if err := be.createMockTopics(cfgs.common.Kafka.Topics.Main, cfgs.common.Kafka.Topics.DLQ); err != nil {
-		return nil, err
-	}
-	if be.suffix != "" {
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			if err := be.cleanup(cctx, []string{cfgs.common.Kafka.Topics.Main.Name, cfgs.common.Kafka.Topics.DLQ.Name},
-				cfgs.common.Redis.KeyPrefix); err != nil {
-				fmt.Fprintf(o.Notice, "demo: cleanup of real services incomplete: %v\n", err)
-			}
-		}()
-	}
+	defer st.close(o.Notice)
+	be, cfgs, fake := st.be, st.cfgs, st.fake
 
 	rec := newRecorder()
 	pl, err := startPipeline(ctx, cfgs, rec)
@@ -368,6 +335,21 @@ func findConfig() string {
 	}
 }
 
+// writeSecrets writes, in dir, a configuration file with only what the
+// built-in defaults leave empty: the callback's token and AES key and
+// WeChat's corp ID and secret, random, for the fake WeChat.
+func writeSecrets(dir string) (string, error) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	yaml := fmt.Sprintf("callback:\n  token: demo-%s\n  encoding_aes_key: %s\nwecom:\n  corp_id: ww-demo\n  secret: demo-%s\n",
+		randHex(8), strings.TrimRight(base64.StdEncoding.EncodeToString(key), "="), randHex(12))
+	path := filepath.Join(dir, "demo.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		return "", fmt.Errorf("demo configuration: %w", err)
+	}
+	return path, nil
+}
+
 // configs are the three daemons' configurations for one run.
 type configs struct {
 	common        config.Common
@@ -388,6 +370,14 @@ func configure(o Options, be *backends, tmp, fakeURL string) (*configs, error) {
 	path := o.ConfigPath
 	if path == "" {
 		path = findConfig()
+	}
+	if path == "" {
+		// Outside the repository (a bot's own module under kfpipesim):
+		// the built-in defaults, with the secrets they lack.
+		var err error
+		if path, err = writeSecrets(tmp); err != nil {
+			return nil, err
+		}
 	}
 	prod, err := config.LoadProducer(path)
 	if err != nil {
@@ -502,14 +492,16 @@ func startPipeline(ctx context.Context, c *configs, h *recorder) (*pipeline, err
 	if pl.dlq, err = service.StartDLQ(ctx, c.dlq, pl.dlqBase); err != nil {
 		return fail(fmt.Errorf("dlq-consumer: %w", err))
 	}
-	if pl.consumerBase, err = daemon.Start(ctx, "schedule-consumer", c.consumer.Common); err != nil {
-		return fail(fmt.Errorf("schedule-consumer: %w", err))
-	}
-	if pl.replies, pl.closeReplies, err = reply.FromConfig(ctx, c.consumer, pl.consumerBase); err != nil {
-		return fail(fmt.Errorf("schedule-consumer: %w", err))
-	}
-	if pl.consumer, err = service.StartConsumer(ctx, c.consumer, pl.consumerBase, reply.Wrap(h, pl.replies)); err != nil {
-		return fail(fmt.Errorf("schedule-consumer: %w", err))
+	if h != nil { // nil: the caller runs the consumer (Sandbox)
+		if pl.consumerBase, err = daemon.Start(ctx, "schedule-consumer", c.consumer.Common); err != nil {
+			return fail(fmt.Errorf("schedule-consumer: %w", err))
+		}
+		if pl.replies, pl.closeReplies, err = reply.FromConfig(ctx, c.consumer, pl.consumerBase); err != nil {
+			return fail(fmt.Errorf("schedule-consumer: %w", err))
+		}
+		if pl.consumer, err = service.StartConsumer(ctx, c.consumer, pl.consumerBase, reply.Wrap(h, pl.replies)); err != nil {
+			return fail(fmt.Errorf("schedule-consumer: %w", err))
+		}
 	}
 	if pl.producerBase, err = daemon.Start(ctx, "kf-producer", c.producer.Common); err != nil {
 		return fail(fmt.Errorf("kf-producer: %w", err))

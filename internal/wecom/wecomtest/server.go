@@ -322,6 +322,28 @@ func (s *Server) AddText(openKfID, externalUserID, content string) string {
 	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
 }
 
+// AddMenuClick appends the customer's tap on the item menuID of a menu
+// the bot sent: a text message whose text carries the item's content and
+// its menu_id, as WeChat delivers it. It returns the msgid.
+func (s *Server) AddMenuClick(openKfID, externalUserID, menuID, content string) string {
+	raw, _ := json.Marshal(map[string]any{
+		"open_kfid": openKfID, "external_userid": externalUserID, "origin": wecom.OriginCustomer,
+		"msgtype": "text", "text": map[string]any{"content": content, "menu_id": menuID},
+	})
+	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
+}
+
+// AddServicerText appends a text message a servicer (servicerUserID)
+// sent to externalUserID from the WeCom client (origin 5), which reaches
+// the pipeline like a customer's; it returns its msgid.
+func (s *Server) AddServicerText(openKfID, externalUserID, servicerUserID, content string) string {
+	raw, _ := json.Marshal(map[string]any{
+		"open_kfid": openKfID, "external_userid": externalUserID, "origin": wecom.OriginServicer,
+		"servicer_userid": servicerUserID, "msgtype": "text", "text": map[string]any{"content": content},
+	})
+	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
+}
+
 // AddEvent appends an event item (enter_session …); as in WeChat,
 // open_kfid and external_userid sit inside "event". It returns the msgid.
 func (s *Server) AddEvent(openKfID, externalUserID, eventType string) string {

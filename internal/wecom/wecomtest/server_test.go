@@ -176,3 +176,27 @@ func TestAppendFillsFields(t *testing.T) {
 		t.Fatal("Len/LastCursor disagree")
 	}
 }
+
+// TestAddServicerText: a servicer's message is in the log with origin 5
+// and its servicer.
+func TestAddServicerText(t *testing.T) {
+	s := wecomtest.NewHandler(wecomtest.Options{})
+	id := s.AddServicerText("wk-1", "u1", "alice", "Hi, I am Alice")
+	msgs := s.Messages("wk-1")
+	if len(msgs) != 1 || msgs[0].MsgID != id || msgs[0].Origin != wecom.OriginServicer || msgs[0].ServicerUserID != "alice" ||
+		msgs[0].ExternalUserID != "u1" || msgs[0].MsgType != "text" || !strings.Contains(string(msgs[0].Raw), "Hi, I am Alice") {
+		t.Fatalf("messages = %+v", msgs)
+	}
+}
+
+// TestAddMenuClick: a tap on a menu item is the customer's text carrying
+// the item's menu_id.
+func TestAddMenuClick(t *testing.T) {
+	s := wecomtest.NewHandler(wecomtest.Options{})
+	id := s.AddMenuClick("wk-1", "u1", "shipping", "Shipping")
+	msgs := s.Messages("wk-1")
+	if len(msgs) != 1 || msgs[0].MsgID != id || msgs[0].Origin != wecom.OriginCustomer || msgs[0].MsgType != "text" ||
+		!strings.Contains(string(msgs[0].Raw), `"menu_id":"shipping"`) {
+		t.Fatalf("messages = %+v", msgs)
+	}
+}
