@@ -192,22 +192,30 @@ func TestJudgeReplies(t *testing.T) {
 		name          string
 		replies, dups []wecomtest.Reply
 		kills         []Kill
-		problem       string // "" when the run is clean
+		deliveries    []Delivery // when set, instead of the shared ones
+		problem       string     // "" when the run is clean
 		extra         string
 	}{
 		{name: "clean", replies: clean, extra: "replies_missing=0 replies_dup=0 replies_resent_after_kill=0 replies_reordered=0"},
 		{name: "missing", replies: clean[:2], problem: "1 missing"},
 		{name: "repeat long after any kill", replies: clean, dups: []wecomtest.Reply{reply("a1", 30000)},
 			kills: []Kill{{Tag: "consumer-1.1", At: at(20000)}}, problem: "1 sent twice"},
+		// The kill leaves user a waiting on the victim (a2 handled after it,
+		// by the next owner): a kill that tests a stall.
 		{name: "repeat right after a kill", replies: clean, dups: []wecomtest.Reply{reply("a1", 13000)},
-			kills: []Kill{{Tag: "consumer-1.1", At: at(500)}}, extra: "replies_resent_after_kill=1"},
+			kills: []Kill{{Tag: "consumer-1.1", At: at(500)}}, extra: "replies_resent_after_kill=1",
+			deliveries: []Delivery{deliveries[0], deliveries[1], {MsgID: "a2", User: "a", Tag: "consumer-2.1", At: at(900)}}},
 		{name: "out of order", replies: []wecomtest.Reply{reply("a2", 10), reply("b1", 11), reply("a1", 12)},
 			problem: "1 out of order"},
 		{name: "not kfpipe's msgid", replies: []wecomtest.Reply{clean[0], wrongID, clean[2]}, problem: "1 not asked for"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &Evidence{Sent: sent, Deliveries: deliveries, Lease: 10 * time.Second, Kills: tc.kills, RepliesOn: true,
+			ds := deliveries
+			if tc.deliveries != nil {
+				ds = tc.deliveries
+			}
+			e := &Evidence{Sent: sent, Deliveries: ds, Lease: 10 * time.Second, Kills: tc.kills, RepliesOn: true,
 				Replies: tc.replies, ReplyDups: tc.dups}
 			r := e.Report("t", time.Second)
 			line := r.Line()
