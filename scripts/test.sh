@@ -38,7 +38,8 @@ if [[ $* == ./... ]]; then
   log "go test ${flags[*]} ./... (internal/chaos last, alone)"
   go test "${flags[@]}" "${pkgs[@]}" 2>&1 | tee "$RUN_DIR/test.log"
   status=${PIPESTATUS[0]}
-  go test "${flags[@]}" ./internal/chaos/ 2>&1 | tee -a "$RUN_DIR/test.log"
+  # The scenarios run one after another in one process: their own bound.
+  go test "${flags[@]}" -timeout "${KFPIPE_CHAOS_TIMEOUT:-30m}" ./internal/chaos/ 2>&1 | tee -a "$RUN_DIR/test.log"
   chaos=${PIPESTATUS[0]}
   ((status != 0)) || status=$chaos
 else
