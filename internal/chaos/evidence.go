@@ -56,6 +56,8 @@ type Evidence struct {
 	// StallLimit, when set, is the longest a user may wait for its next
 	// effect after a consumer kill (max_user_stall); more is a problem.
 	StallLimit time.Duration
+	// KillsNotForStalls: Options.KillsNotForStalls.
+	KillsNotForStalls bool
 	// Replies (with Options.Replies) are the messages the fake WeChat
 	// delivered, and ReplyDups the repeats of a delivered msgid it refused.
 	Replies, ReplyDups []wecomtest.Reply
@@ -190,7 +192,7 @@ func (p *Pipeline) Settle(ctx context.Context, f *Feeder, timeout time.Duration)
 // kcat dump of the main topic and the kills.
 func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
 	ev := &Evidence{Sent: f.Sent(), Deliveries: p.Sink.Deliveries(), Kills: p.Kills(), Lease: p.Opts.DedupLease,
-		Crashes: p.Crashes(), Failovers: p.Failovers(), Cuts: p.Cuts(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit,
+		Crashes: p.Crashes(), Failovers: p.Failovers(), Cuts: p.Cuts(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit, KillsNotForStalls: p.Opts.KillsNotForStalls,
 		RepliesOn: p.Opts.Replies}
 	if ev.RepliesOn {
 		ev.Replies, ev.ReplyDups = p.Fake.Replies("", ""), p.Fake.Duplicates()
@@ -340,7 +342,7 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 	if e.RepliesOn {
 		e.judgeReplies(r, byMsg)
 	}
-	if stall, victims, ok := e.maxUserStall(); ok {
+	if stall, victims, ok := e.maxUserStall(); ok && !e.KillsNotForStalls {
 		r.Extra("max_user_stall", stall.Round(100*time.Millisecond))
 		if e.StallLimit > 0 && stall > e.StallLimit {
 			r.Problem("max_user_stall %s after a consumer kill exceeds %s", stall.Round(100*time.Millisecond), e.StallLimit)

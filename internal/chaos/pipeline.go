@@ -42,6 +42,12 @@ type Options struct {
 	// StallLimit, when set, fails the run when a user waits longer than
 	// this for its next effect after a consumer kill (max_user_stall).
 	StallLimit time.Duration
+	// KillsNotForStalls: the scenario's consumer kills test something
+	// other than a user's stall (scale-storm kills a member while it gives
+	// its partitions up, so nobody waits on it by design): the report
+	// neither gives max_user_stall nor fails a kill that found no user
+	// waiting.
+	KillsNotForStalls bool
 	PageLimit  int // wecom.page_limit; default 1000
 	// Judge, when set, adds a scenario's own checks on the evidence to the
 	// report (Problem fails the scenario) before the line is printed.

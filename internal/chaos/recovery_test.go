@@ -122,6 +122,9 @@ func TestChaosRecoveryAfterFix(t *testing.T) {
 				total := 0
 				for _, u := range users {
 					n, err := batchRetry(ctx, p, map[string]any{"user": u})
+					if n != perUser {
+						t.Logf("%s: the operator's batch for %s acts on %d letters, not %d", name, u, n, perUser)
+					}
 					if err != nil {
 						return fmt.Errorf("%s: operator's batch for %s: %w", name, u, err)
 					}
@@ -235,7 +238,12 @@ func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt
 			if at.Before(prev) {
 				reordered++
 				if reordered <= 5 {
-					rep.note("recovered out of order: %s of %s (index %d)", s.MsgID, u, s.Index)
+					var letters []string
+					for _, l := range ev.DLQ[s.MsgID] {
+						letters = append(letters, l.Reason+"/"+l.State)
+					}
+					rep.note("recovered out of order: %s of %s (index %d, first effect %s, previous %s, letters %v)",
+						s.MsgID, u, s.Index, at.Format("15:04:05.000"), prev.Format("15:04:05.000"), letters)
 				}
 			}
 			prev = at
@@ -384,15 +392,16 @@ func batchRetry(ctx context.Context, p *Pipeline, filter map[string]any) (int, e
 		return 0, err
 	}
 	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("batch retry: %s: %s", resp.Status, strings.TrimSpace(b.String()))
+	}
 	var out struct {
 		Count int `json:"count"`
 	}
-	if resp.StatusCode != http.StatusOK {
-		var b bytes.Buffer
-		_, _ = b.ReadFrom(resp.Body)
-		return 0, fmt.Errorf("batch retry: %s: %s", resp.Status, strings.TrimSpace(b.String()))
-	}
-	err = json.NewDecoder(resp.Body).Decode(&out)
+	err = json.Unmarshal(b.Bytes(), &out)
+	p.T.Logf("batch retry %v: %s", filter, strings.TrimSpace(b.String()))
 	return out.Count, err
 }
 

@@ -95,8 +95,10 @@ func TestRunbookDLQGrowing(t *testing.T) {
 			}
 			for _, s := range steps {
 				args := s.fill(map[string]string{"R": "downstream_error", "U": cli[0]})
+				// Step 3 of the downstream path is the retry by reason.
+				step3 := s.is("dlq", "retry") && s.has("--failure-reason", "downstream_error")
 				switch {
-				case !s.is("health") && !s.is("dlq", "ls") && !s.is("dlq", "retry"):
+				case !s.is("health") && !s.is("dlq", "ls") && !step3:
 					// Off the downstream path (a bot, junk, a cancel): the
 					// command must at least be one kfpipectl knows, flags
 					// and all.
@@ -117,7 +119,7 @@ func TestRunbookDLQGrowing(t *testing.T) {
 							rec.Problem("runbook step 2 %q: exit %d, user %s not listed", s.text, code, u)
 						}
 					}
-				case s.is("dlq", "retry"):
+				case step3:
 					// Step 3, after the fix: retried N … skipped M already done.
 					fix(cli)
 					out, code := run(args...)
@@ -205,6 +207,16 @@ func (c runbookCommand) is(words ...string) bool {
 	return true
 }
 
+// has reports whether flag is followed by value among the arguments.
+func (c runbookCommand) has(flag, value string) bool {
+	for i := 0; i+1 < len(c.args); i++ {
+		if c.args[i] == flag && c.args[i+1] == value {
+			return true
+		}
+	}
+	return false
+}
+
 // fill replaces the runbook's placeholders (R, U: a word of their own).
 func (c runbookCommand) fill(values map[string]string) []string {
 	out := make([]string, len(c.args))
@@ -244,7 +256,7 @@ func runbookCommands(t *testing.T) []runbookCommand {
 		}
 		cmds = append(cmds, runbookCommand{text: m[0], args: args})
 	}
-	for _, want := range [][]string{{"health"}, {"dlq", "ls"}, {"dlq", "retry"}} {
+	for _, want := range [][]string{{"health"}, {"dlq", "ls"}, {"dlq", "retry", "--failure-reason", "downstream_error"}} {
 		found := false
 		for _, c := range cmds {
 			found = found || c.is(want...)

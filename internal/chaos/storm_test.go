@@ -24,7 +24,7 @@ func TestChaosScaleStorm(t *testing.T) {
 	svc := NeedServices(t)
 	load := Size(Load{Total: 6000, Users: 300, Rate: 200}, Load{Total: 30000, Users: 1000, Rate: 250})
 	gap := Size(3*time.Second, 8*time.Second)
-	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 4, Partitions: 8,
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 4, Partitions: 8, KillsNotForStalls: true,
 		SinkSleep: 2 * time.Millisecond, StallLimit: 2 * config.DefaultSessionTimeout,
 		// The shipped timings otherwise, as in consumer-kill9.
 		ConsumerEnv: map[string]string{"KFPIPE_KAFKA_CONSUMER_COMMIT_INTERVAL": "1s", "KFPIPE_PROCESSOR_IDLE_TIMEOUT": "2m"},
