@@ -48,7 +48,7 @@ type Options struct {
 	// neither gives max_user_stall nor fails a kill that found no user
 	// waiting.
 	KillsNotForStalls bool
-	PageLimit  int // wecom.page_limit; default 1000
+	PageLimit         int // wecom.page_limit; default 1000
 	// Judge, when set, adds a scenario's own checks on the evidence to the
 	// report (Problem fails the scenario) before the line is printed.
 	Judge func(ev *Evidence, rep *Report)
