@@ -173,6 +173,9 @@ func TestChaosProducerKill9ShippedTimings(t *testing.T) {
 // worker IDs are coord instance IDs, freed when a killed producer's lease
 // expires.
 func TestChaosProducerKill9EtcdLock(t *testing.T) {
+	// make chaos only: make test keeps to the scenarios of the pipeline's
+	// invariants under crashes and outages (scripts/test.sh).
+	SkipUnlessFull(t)
 	raw, ns := testenv.Etcd(t)
 	producerKill9(t, "producer-kill9-etcd-lock", map[string]string{
 		"KFPIPE_COORD_ENABLED": "true", "KFPIPE_COORD_ENDPOINTS": strings.Join(testenv.EtcdEndpoints(t), ","),

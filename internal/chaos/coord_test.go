@@ -45,6 +45,9 @@ import (
 // whose hold had ended must have been rejected; and Discover must list
 // every registration again once the cluster is whole.
 func TestChaosEtcdLeaderLoss(t *testing.T) {
+	// make chaos only: make test keeps to the scenarios of the pipeline's
+	// invariants under crashes and outages (scripts/test.sh).
+	SkipUnlessFull(t)
 	began := time.Now()
 	warm, down, after := Size(3*time.Second, 8*time.Second), Size(5*time.Second, 10*time.Second), Size(4*time.Second, 8*time.Second)
 	ctx := t.Context()

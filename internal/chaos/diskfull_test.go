@@ -24,6 +24,9 @@ import (
 // KfpipeDeadLettersNotRecorded). When the topic and the disk are back,
 // every letter is recorded and indexed.
 func TestChaosDiskFull(t *testing.T) {
+	// make chaos only: make test keeps to the scenarios of the pipeline's
+	// invariants under crashes and outages (scripts/test.sh).
+	SkipUnlessFull(t)
 	svc := NeedServices(t)
 	dir := testenv.Tmpfs(t, "1m")
 	load := Size(Load{Total: 3000, Users: 300, Rate: 100, BotPerMin: 600}, Load{Total: 12000, Users: 1000, Rate: 100, BotPerMin: 600})

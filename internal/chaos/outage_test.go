@@ -15,6 +15,9 @@ import (
 // once, in order. The Redis memory of the run's keys is sampled before,
 // at the end of and after the outage (it must not grow with the stream).
 func TestChaosDownstreamOutage(t *testing.T) {
+	// make chaos only: make test keeps to the scenarios of the pipeline's
+	// invariants under crashes and outages (scripts/test.sh).
+	SkipUnlessFull(t)
 	downstreamOutage(t, "downstream-outage", false)
 }
 

@@ -33,6 +33,9 @@ import (
 // the link heals; after the heal it joins again. Reported: how long
 // messages waited (wait_p99, max_wait).
 func TestChaosRedisSlowAndPartition(t *testing.T) {
+	// make chaos only: make test keeps to the scenarios of the pipeline's
+	// invariants under crashes and outages (scripts/test.sh).
+	SkipUnlessFull(t)
 	svc := NeedServices(t)
 	fp := StartFaultProxy(t)
 	links := map[string]*toxiclient.Proxy{}

@@ -21,6 +21,9 @@ import (
 // OOM refusals Redis counted (errorstat_OOM), the memory limit and the
 // time Redis was full.
 func TestChaosRedisFull(t *testing.T) {
+	// make chaos only: make test keeps to the scenarios of the pipeline's
+	// invariants under crashes and outages (scripts/test.sh).
+	SkipUnlessFull(t)
 	svc := NeedServices(t)
 	rd := PrivateRedis(t, false)
 	rdb := redis.NewClient(&redis.Options{Addr: rd.Addr})

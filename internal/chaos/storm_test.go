@@ -21,6 +21,9 @@ import (
 // revoke, and how long messages waited from being sent to their effect
 // (p99 and max: the longest per-user stall the storm caused).
 func TestChaosScaleStorm(t *testing.T) {
+	// make chaos only: make test keeps to the scenarios of the pipeline's
+	// invariants under crashes and outages (scripts/test.sh).
+	SkipUnlessFull(t)
 	svc := NeedServices(t)
 	load := Size(Load{Total: 6000, Users: 300, Rate: 200}, Load{Total: 30000, Users: 1000, Rate: 250})
 	gap := Size(3*time.Second, 8*time.Second)
