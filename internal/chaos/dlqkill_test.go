@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -156,26 +155,7 @@ func waitStats(ctx context.Context, p *Pipeline, timeout time.Duration, ok func(
 
 // batchRetryReview is the operator's "retry every letter in review".
 func batchRetryReview(ctx context.Context, p *Pipeline) (int, error) {
-	body := []byte(`{"reason":"chaos: downstream fixed","filter":{"review":true}}`)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.AdminURL+"/admin/dlq/batch-retry", bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Authorization", "Bearer "+OperatorToken)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Count int `json:"count"`
-	}
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("batch retry: %s", resp.Status)
-	}
-	err = json.NewDecoder(resp.Body).Decode(&out)
-	return out.Count, err
+	return batchRetry(ctx, p, map[string]any{"review": true})
 }
 
 // judgeReinjections counts the records the scheduler put back on the main

@@ -416,21 +416,9 @@ func isBlocked(ctx context.Context, p *Pipeline, user string) bool {
 	return false
 }
 
-func adminGet(ctx context.Context, p *Pipeline, path string, into any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.AdminURL+path, nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+OperatorToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", path, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(into)
+// adminGet GETs path of the admin API with the operator token into into.
+func adminGet(_ context.Context, p *Pipeline, path string, into any) error {
+	return getJSON(p.AdminURL+path, into)
 }
 
 // deliveredTo counts the Sink's deliveries of user's messages.
