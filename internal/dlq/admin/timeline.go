@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
 // CustomerSource is what the timeline reads beyond the DLQ index, the
@@ -469,9 +471,9 @@ func tell(m *TimelineMessage) {
 	refused, past := false, false
 	for _, l := range m.Letters {
 		switch l.Reason {
-		case "rate_limited", "user_blocked":
+		case string(deadletter.RateLimited), string(deadletter.UserBlocked):
 			refused = true
-		case "invalid_message":
+		case string(deadletter.InvalidMessage):
 			// Refused before the limiter looked at it.
 		default:
 			past = true
