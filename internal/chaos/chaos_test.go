@@ -495,11 +495,13 @@ func logLen(p *Pipeline) int {
 // would be cut by WeChat's rule, not by kfpipe.
 func TestChaosReplyKill9(t *testing.T) {
 	svc := NeedServices(t)
-	// 20 s of feeding in make test, so each of the three kills lands while
-	// the victim's users have messages waiting.
+	// 20 s of feeding and two kills in make test, so each kill lands while
+	// the victim's users have messages waiting (a kill takes ~10 s with its
+	// restart: a third one in a fresh-clone run came after the feed and
+	// found nobody waiting).
 	load := Size(Load{Total: 2000, Users: 500, Rate: 100, MaxPerUser: 5},
 		Load{Total: 12000, Users: 3000, Rate: 400, MaxPerUser: 5})
-	kills := Size(3, 5)
+	kills := Size(2, 5)
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2, Replies: true,
 		SinkSleep: 2 * time.Millisecond})
 	feedFor := time.Duration(float64(load.Total)/load.Rate) * time.Second
