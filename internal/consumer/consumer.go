@@ -477,10 +477,7 @@ const maxSendTimeSkew = 30 * time.Second
 // record was produced (a message cannot be sent after it was produced: that
 // is a wrong clock); the consumer's clock when the record has neither.
 func (c *Consumer) sentAt(km *kafka.Message) time.Time {
-	produced := km.Timestamp
-	if km.TimestampType == kafka.TimestampNotAvailable || produced.IsZero() {
-		produced = c.clock.Now()
-	}
+	produced := c.producedAt(km)
 	for _, h := range km.Headers {
 		if h.Key != chatmsg.HeaderSendTime {
 			continue
@@ -495,6 +492,15 @@ func (c *Consumer) sentAt(km *kafka.Message) time.Time {
 		break
 	}
 	return produced
+}
+
+// producedAt is the record's produce timestamp, or the consumer's clock
+// when the record has none.
+func (c *Consumer) producedAt(km *kafka.Message) time.Time {
+	if km.TimestampType == kafka.TimestampNotAvailable || km.Timestamp.IsZero() {
+		return c.clock.Now()
+	}
+	return km.Timestamp
 }
 
 // admittedBefore reports whether a message that failed for reason had
@@ -541,10 +547,7 @@ func (c *Consumer) limitAt(km *kafka.Message) (at time.Time, judge bool) {
 	if admittedBefore(failure) {
 		return time.Time{}, false
 	}
-	if km.TimestampType == kafka.TimestampNotAvailable || km.Timestamp.IsZero() {
-		return c.clock.Now(), true
-	}
-	return km.Timestamp, true
+	return c.producedAt(km), true
 }
 
 // route applies breaker → limiter → mailbox to one admitted record.
