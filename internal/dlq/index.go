@@ -203,6 +203,22 @@ if ARGV[9] == 'done' then
 end
 local exp = tonumber(ARGV[7])
 if exp > 0 and exp <= tonumber(ARGV[8]) then return -1 end
+-- place files the letter under its reason and user and in the due or the
+-- review set, and keeps the reason's shortest time to live.
+local function place()
+  redis.call('ZADD', KEYS[3], ARGV[6], id)
+  if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[6], id) end
+  if ARGV[4] == 'due' then
+    redis.call('ZADD', KEYS[4], ARGV[5], id)
+  else
+    redis.call('ZADD', KEYS[5], ARGV[6], id)
+  end
+  if exp > 0 then
+    local ttl = exp - tonumber(ARGV[6])
+    local cur = tonumber(redis.call('HGET', KEYS[7], ARGV[2]) or '-1')
+    if cur < 0 or ttl < cur then redis.call('HSET', KEYS[7], ARGV[2], ttl) end
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- A later failure of the letter's message (a retry: another source
   -- record) updates it; the same record read again, the same source
@@ -235,38 +251,16 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     'p', ARGV[13], 'c', ARGV[14], 'n', tonumber(h[4] or '1') + 1)
   redis.call('HDEL', KEYS[1], 'l', 'b')
   redis.call('ZREM', KEYS[8], id)
-  redis.call('ZADD', KEYS[3], ARGV[6], id)
-  if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[6], id) end
   redis.call('ZREM', KEYS[4], id)
   redis.call('ZREM', KEYS[5], id)
-  if ARGV[4] == 'due' then
-    redis.call('ZADD', KEYS[4], ARGV[5], id)
-  else
-    redis.call('ZADD', KEYS[5], ARGV[6], id)
-  end
-  if exp > 0 then
-    local ttl = exp - tonumber(ARGV[6])
-    local cur = tonumber(redis.call('HGET', KEYS[7], ARGV[2]) or '-1')
-    if cur < 0 or ttl < cur then redis.call('HSET', KEYS[7], ARGV[2], ttl) end
-  end
+  place()
   return 3
 end
 local max = tonumber(ARGV[15])
 if max > 0 and tonumber(redis.call('HGET', KEYS[6], 'total') or '0') >= max then return -2 end
 redis.call('HSET', KEYS[1], 'r', ARGV[2], 'u', ARGV[3], 's', ARGV[4], 'e', ARGV[7], 'a', 0,
   'k', ARGV[11], 'o', ARGV[12], 'p', ARGV[13], 'c', ARGV[14])
-redis.call('ZADD', KEYS[3], ARGV[6], id)
-if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], ARGV[6], id) end
-if ARGV[4] == 'due' then
-  redis.call('ZADD', KEYS[4], ARGV[5], id)
-else
-  redis.call('ZADD', KEYS[5], ARGV[6], id)
-end
-if exp > 0 then
-  local ttl = exp - tonumber(ARGV[6])
-  local cur = tonumber(redis.call('HGET', KEYS[7], ARGV[2]) or '-1')
-  if cur < 0 or ttl < cur then redis.call('HSET', KEYS[7], ARGV[2], ttl) end
-end
+place()
 redis.call('HINCRBY', KEYS[6], 'total', 1)
 redis.call('HINCRBY', KEYS[6], 'reason:' .. ARGV[2], 1)
 return 1
