@@ -6,15 +6,21 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // TestREADMEHandler follows the README's "Write a handler in Go" alone: its
 // Go snippet as main.go of a scratch module outside the repository, its
 // "Test it" snippet as main_test.go, its require and replace lines
-// (pointing at this checkout) in go.mod, go mod tidy, go vet, go test.
-// The snippet must answer customers only. One more test file, the test's
-// own, runs the bot in the chat simulator (kfpipesim, as --simulate does)
-// and sends it one message through the page's API: the reply must come.
+// (pointing at this checkout) in go.mod, go mod tidy, go vet, go test. The
+// snippet must answer customers only. Then the bot's own binary runs with
+// --simulate, as "Chat with it" says, and its page is used in headless
+// chromium: typed as the customer, "hello" gets the bot's answer; typed as
+// a servicer, a message is handled and gets none.
 func TestREADMEHandler(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a module with cgo")
@@ -36,6 +42,9 @@ func TestREADMEHandler(t *testing.T) {
 	if !strings.Contains(modLines, "=> ../kfpipe") {
 		t.Fatalf("the README's go.mod lines do not replace kfpipe with ../kfpipe:\n%s", modLines)
 	}
+	if !strings.Contains(section, "go run . --simulate") {
+		t.Fatalf("the README does not say how to chat with the bot (go run . --simulate):\n%s", section)
+	}
 	root, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)
@@ -45,12 +54,13 @@ func TestREADMEHandler(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for name, src := range map[string]string{"main.go": code, "main_test.go": unitTest, "sim_test.go": simSmokeTest} {
+	for name, src := range map[string]string{"main.go": code, "main_test.go": unitTest} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, args := range [][]string{{"mod", "tidy"}, {"vet", "."}, {"test", "-count=1", "."}} {
+	bin := filepath.Join(dir, "bot")
+	for _, args := range [][]string{{"mod", "tidy"}, {"vet", "."}, {"test", "-count=1", "."}, {"build", "-o", bin, "."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
@@ -58,81 +68,34 @@ func TestREADMEHandler(t *testing.T) {
 			t.Fatalf("go %s in a module made from the README: %v\n%s\ngo.mod:\n%s", strings.Join(args, " "), err, out, gomod)
 		}
 	}
-}
 
-// simSmokeTest is the scratch module's own test of the README's bot in
-// the chat simulator: "hello" as the customer, the reply within a minute.
-const simSmokeTest = `package main
-
-import (
-	"bufio"
-	"context"
-	"encoding/json"
-	"io"
-	"net/http"
-	"regexp"
-	"strings"
-	"testing"
-	"time"
-
-	"github.com/kfpipe/kfpipe/kfpipesim"
-)
-
-func TestInSimulator(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() { done <- kfpipesim.Run(ctx, bot, kfpipesim.WithAddr("127.0.0.1:0"), kfpipesim.WithOutput(pw)); pw.Close() }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("kfpipesim.Run: %v", err)
-		}
-	}()
-	sc := bufio.NewScanner(pr)
-	if !sc.Scan() {
-		t.Fatal("the simulator printed nothing")
-	}
-	go io.Copy(io.Discard, pr)
-	url := regexp.MustCompile("http://\\S+/").FindString(sc.Text())
-	if url == "" {
-		t.Fatalf("no URL in %q", sc.Text())
-	}
-	resp, err := http.Post(url+"api/send", "application/json", strings.NewReader(` + "`" + `{"user":"u1","as":"customer","text":"hello"}` + "`" + `))
-	if err != nil {
+	// "Chat with it": the same binary, --simulate, in a browser.
+	bctx := testenv.Browser(t, 2*time.Minute)
+	url := startSimulator(t, bin, "--simulate=127.0.0.1:0")
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(url),
+		chromedp.WaitVisible(chromedp.CSS("#text")),
+		chromedp.SetValue(chromedp.CSS("#user"), "readme-user"),
+		chromedp.SendKeys(chromedp.CSS("#text"), "hello"),
+		chromedp.Click(chromedp.CSS("#send")),
+	); err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("send: %s", resp.Status)
+	bots := `document.querySelectorAll('#log .msg[data-from=bot]')`
+	testenv.PollJS(t, bctx, "the bot's answer to the customer", bots+`.length === 1 && `+bots+`[0].innerText.includes("You said: hello")`, 60*time.Second)
+	if err := chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS("#as-servicer")),
+		chromedp.SendKeys(chromedp.CSS("#text"), "Hi, I am Alice"),
+		chromedp.Click(chromedp.CSS("#send")),
+	); err != nil {
+		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		resp, err := http.Get(url + "api/state?user=u1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var st struct {
-			Messages []struct {
-				From, Text string
-			}
-		}
-		err = json.NewDecoder(resp.Body).Decode(&st)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range st.Messages {
-			if m.From == "bot" {
-				if m.Text != "You said: hello" {
-					t.Fatalf("the bot answered %q", m.Text)
-				}
-				return
-			}
-		}
+	servicer := `document.querySelector('#log .msg[data-from=servicer]')`
+	testenv.PollJS(t, bctx, "the servicer's message handled", servicer+` && `+servicer+`.innerText.includes("handled")`, 60*time.Second)
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](bots+`.length`)); err != nil || n != 1 {
+		t.Fatalf("bot messages after the servicer's: %d (%v), want still 1: the README's bot answered a servicer", n, err)
 	}
-	t.Fatal("no reply within a minute")
 }
-`
 
 // sectionOf returns the README's text from heading to the next "## ".
 func sectionOf(t *testing.T, doc, heading string) string {
