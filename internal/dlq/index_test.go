@@ -380,7 +380,7 @@ func TestIndexInflow(t *testing.T) {
 // records after the live index changed. An operator's retry (a move to
 // due) whose record arrives after the scheduler re-injected the letter
 // must not put it back in due — that re-injected it a second time (found
-// by TestBatchRetryOf10000Letters under load). A move recorded after the
+// by the batch test of 10,500 letters under load). A move recorded after the
 // re-injection still applies, and a record without attempts_seen (written
 // before the field) applies as before.
 func TestMovedEventAfterRetryIsStale(t *testing.T) {

@@ -21,18 +21,18 @@ import (
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
-// TestBatchRetryOf10000Letters: 10,500 dead letters of 700 users (15
-// each) on a real dlq-consumer, every tenth already processed according
-// to the dedup store. The console's dry run counts 9,450 to retry, 1,050
-// done, 700 users; the batch then runs at admin.batch_rate, and the main
+// TestBatchRetryOf3000Letters: 3,000 dead letters of 200 users (15 each)
+// on a real dlq-consumer, every tenth already processed according to the
+// dedup store. The console's dry run counts 2,700 to retry, 300 done, 200
+// users; the batch then runs at admin.batch_rate, and the main
 // topic (read back whole) holds each of the 9,450 exactly once, none of
 // the done ones, and every user's letters in the order of their messages.
-func TestBatchRetryOf10000Letters(t *testing.T) {
+func TestBatchRetryOf3000Letters(t *testing.T) {
 	// 15 letters a user: the scheduler paces a user's retries at half the
 	// default group's rule per window (15 a minute under normal), so each
 	// user's letters all go back in the first window and the test reads
 	// the batch's rate, not the per-user pacing (TestSchedulerPacesAUsersRetries).
-	const users, perUser, rate = 700, 15, 1000
+	const users, perUser, rate = 200, 15, 1000
 	const total = users * perUser
 	testenv.KafkaBrokers(t)
 	rdb, prefix := testenv.Redis(t)
