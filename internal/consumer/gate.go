@@ -30,7 +30,8 @@ import (
 //
 // It opens when, among the handler's last calls (2×outage.min_users, at
 // least 20, none older than outage.window), failures are at least
-// outage.failure_ratio and come from at least outage.min_users users:
+// outage.failure_ratio and come from at least outage.min_users users
+// not judged (see judged: users failing while others are served):
 // a count of calls, not of seconds, so it sees an outage after a few
 // dozen calls at any traffic. Permanent failures (the message is
 // bad) do not count. The decision is per node: each consumer sees its own
@@ -50,12 +51,15 @@ type gate struct {
 	nextProbe time.Time
 	closedCh  chan struct{} // closed when the gate closes; a new one when it opens
 	held      int
-	// judged are failing users a suspicion already waited a whole
-	// outage.window for without the gate opening (heldInVain): their
-	// failures are their own, and no longer make the gate suspect. A user
-	// leaves it with its first success or once it has no failure among
-	// the recent calls; at most the ring's length of users.
-	judged map[string]bool
+	// judged are failing users whose failures are their own, not an
+	// outage's: a suspicion already waited a whole outage.window for them
+	// without the gate opening (heldInVain), or the downstream served
+	// other users while they failed (a success that was not a probe while
+	// the gate was open). They no longer make the gate suspect or open it.
+	// A user leaves it with its first success or once it has not failed
+	// for outage.window; the value is its last failure. At most the users
+	// failing within one window.
+	judged map[string]time.Time
 }
 
 type gateCall struct {
@@ -77,7 +81,7 @@ func newGate(cfg config.Outage, clock Clock, log *zap.Logger, reg prometheus.Reg
 		return nil
 	}
 	g := &gate{cfg: cfg, clock: clock, log: log, calls: make([]gateCall, max(2*cfg.MinUsers, 20)),
-		closedCh: make(chan struct{}), judged: map[string]bool{}}
+		closedCh: make(chan struct{}), judged: map[string]time.Time{}}
 	close(g.closedCh)
 	g.m = gateMetrics{
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kfpipe_outage_gate_open",
@@ -182,17 +186,52 @@ func (g *gate) result(user string, ok, probe bool) {
 	if ok {
 		delete(g.judged, user)
 		if g.open {
-			g.setOpen(false, now, fmt.Sprintf("a handler call succeeded (probe=%t)", probe))
+			why := "a probe succeeded"
+			if !probe {
+				// Not a probe: a call the gate let through before it
+				// opened, answered while the others failed. The
+				// downstream serves some users and fails these: their
+				// failures are their own, and dead-lettering them (each
+				// after its attempts) is right; holding everyone's
+				// messages for them is not (chaos recovery-after-fix:
+				// 200 failing users among 1,300 served kept the gate
+				// opening and closing a hundred times a minute).
+				n := g.judgeFailing(now)
+				why = fmt.Sprintf("a handler call succeeded while it was open; the failures of %d users are taken as theirs, not an outage", n)
+			}
+			g.setOpen(false, now, why)
 		}
 		return
+	}
+	if last, ok := g.judged[user]; ok {
+		if now.Sub(last) > g.cfg.Window {
+			delete(g.judged, user) // quiet for a window: judged anew
+		} else {
+			g.judged[user] = now
+		}
 	}
 	if g.open {
 		return
 	}
-	users, calls, failed, _ := g.recent(now)
-	if users >= g.cfg.MinUsers && float64(failed) >= g.cfg.FailureRatio*float64(calls) {
+	users, calls, failed, fresh := g.recent(now)
+	if fresh >= g.cfg.MinUsers && float64(failed) >= g.cfg.FailureRatio*float64(calls) {
 		g.setOpen(true, now, fmt.Sprintf("%d of the last %d calls failed, for %d users", failed, calls, users))
 	}
+}
+
+// judgeFailing marks the users with a failure among the recent calls as
+// judged and returns how many there are. Called with g.mu held.
+func (g *gate) judgeFailing(now time.Time) int {
+	from, n := now.Add(-g.cfg.Window), 0
+	for _, c := range g.calls {
+		if !c.at.IsZero() && !c.ok && !c.at.Before(from) {
+			if _, ok := g.judged[c.user]; !ok {
+				n++
+			}
+			g.judged[c.user] = c.at
+		}
+	}
+	return n
 }
 
 // suspect reports whether the gate may be about to open: recent calls of
@@ -222,17 +261,13 @@ func (g *gate) heldInVain() {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, c := range g.calls {
-		if !c.at.IsZero() && !c.ok && !c.at.Before(g.clock.Now().Add(-g.cfg.Window)) {
-			g.judged[c.user] = true
-		}
-	}
+	g.judgeFailing(g.clock.Now())
 }
 
 // recent counts, among the last calls (at most outage.window old), the
 // calls, the failed ones, the distinct users that failed and how many of
-// those are not judged; judged users without a recent failure are
-// forgotten.
+// those are not judged; judged users that have not failed for a window
+// are forgotten.
 func (g *gate) recent(now time.Time) (users, calls, failed, fresh int) {
 	from := now.Add(-g.cfg.Window)
 	seen := make(map[string]bool, len(g.calls))
@@ -246,14 +281,14 @@ func (g *gate) recent(now time.Time) (users, calls, failed, fresh int) {
 			if !seen[c.user] {
 				seen[c.user] = true
 				users++
-				if !g.judged[c.user] {
+				if _, ok := g.judged[c.user]; !ok {
 					fresh++
 				}
 			}
 		}
 	}
-	for u := range g.judged {
-		if !seen[u] {
+	for u, last := range g.judged {
+		if last.Before(from) {
 			delete(g.judged, u)
 		}
 	}

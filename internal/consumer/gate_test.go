@@ -199,3 +199,57 @@ func TestSuspicionSpentAfterAWindow(t *testing.T) {
 		t.Fatal("the gate opened with fewer users than min_users")
 	}
 }
+
+// TestGateJudgesUsersFailingWhileOthersAreServed: many users' downstream
+// fails while it serves the others (chaos recovery-after-fix, phase 2:
+// 200 failing users among 1,300 served). Their retries fill the recent
+// calls and open the gate; a success that is not a probe — the
+// downstream answering someone else meanwhile — closes it and judges the
+// failing users: their failures no longer open it, so their messages go
+// on to the DLQ instead of everyone waiting on them. Users failing anew
+// still open it, and a judged user quiet for a window counts again.
+func TestGateJudgesUsersFailingWhileOthersAreServed(t *testing.T) {
+	clock := stepClock{testenv.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
+	cfg := testOutage()
+	g := newGate(cfg, clock, zap.NewNop(), nil)
+	fail := func(users ...string) {
+		for _, u := range users {
+			for range 3 { // a message's attempts
+				g.result(u, false, false)
+			}
+		}
+	}
+	fail("u1", "u2", "u3")
+	if !g.isOpen() {
+		t.Fatal("three users failing and nothing else did not open the gate")
+	}
+	g.result("served", true, false) // answered while the others failed
+	if g.isOpen() {
+		t.Fatal("a success while open did not close the gate")
+	}
+	clock.Advance(100 * time.Millisecond)
+	fail("u1", "u2", "u3", "u1", "u2", "u3")
+	if g.isOpen() {
+		t.Fatal("the failures of users judged as their own opened the gate again")
+	}
+	fail("u4", "u5", "u6")
+	if !g.isOpen() {
+		t.Fatal("three other users failing did not open the gate")
+	}
+	g.result("u9", true, true) // a probe: the downstream is back, nobody judged for it
+	if g.isOpen() {
+		t.Fatal("a successful probe did not close the gate")
+	}
+	g.mu.Lock()
+	_, u4 := g.judged["u4"]
+	g.mu.Unlock()
+	if u4 {
+		t.Fatal("a probe's success judged the users failing before it: a true outage would stop being held")
+	}
+	// u1..u3 quiet for longer than a window: their next failures count.
+	clock.Advance(cfg.Window + time.Second)
+	fail("u1", "u2", "u3")
+	if !g.isOpen() {
+		t.Fatal("users judged more than a window ago, failing again, did not open the gate")
+	}
+}
