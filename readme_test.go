@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/chromedp/chromedp"
-
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -72,29 +70,11 @@ func TestREADMEHandler(t *testing.T) {
 	// "Chat with it": the same binary, --simulate, in a browser.
 	bctx := testenv.Browser(t, 2*time.Minute)
 	url := startSimulator(t, bin, "--simulate=127.0.0.1:0")
-	if err := chromedp.Do(bctx,
-		chromedp.Navigate(url),
-		chromedp.WaitVisible(chromedp.CSS("#text")),
-		chromedp.SetValue(chromedp.CSS("#user"), "readme-user"),
-		chromedp.SendKeys(chromedp.CSS("#text"), "hello"),
-		chromedp.Click(chromedp.CSS("#send")),
-	); err != nil {
-		t.Fatal(err)
-	}
-	bots := `document.querySelectorAll('#log .msg[data-from=bot]')`
-	testenv.PollJS(t, bctx, "the bot's answer to the customer", bots+`.length === 1 && `+bots+`[0].innerText.includes("You said: hello")`, 60*time.Second)
-	if err := chromedp.Do(bctx,
-		chromedp.Click(chromedp.CSS("#as-servicer")),
-		chromedp.SendKeys(chromedp.CSS("#text"), "Hi, I am Alice"),
-		chromedp.Click(chromedp.CSS("#send")),
-	); err != nil {
-		t.Fatal(err)
-	}
-	servicer := `document.querySelector('#log .msg[data-from=servicer]')`
-	testenv.PollJS(t, bctx, "the servicer's message handled", servicer+` && `+servicer+`.innerText.includes("handled")`, 60*time.Second)
-	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](bots+`.length`)); err != nil || n != 1 {
-		t.Fatalf("bot messages after the servicer's: %d (%v), want still 1: the README's bot answered a servicer", n, err)
-	}
+	openSimulator(t, bctx, url, "readme-user")
+	sendInSimulator(t, bctx, false, "hello")
+	testenv.PollJS(t, bctx, "the bot's answer to the customer", botMsgs+`.length === 1 && `+botMsgs+`[0].innerText.includes("You said: hello")`, 60*time.Second)
+	sendInSimulator(t, bctx, true, "Hi, I am Alice")
+	expectServicerHandledUnanswered(t, bctx, 1)
 }
 
 // sectionOf returns the README's text from heading to the next "## ".

@@ -2,6 +2,7 @@ package kfpipe_test
 
 import (
 	"bufio"
+	"context"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -34,43 +35,59 @@ func TestSimulatorInBrowser(t *testing.T) {
 	url := startSimulator(t, bin, "--simulate=127.0.0.1:0")
 
 	const hours = "We are open 9:00-18:00, Monday to Saturday."
-	if err := chromedp.Do(bctx,
-		chromedp.Navigate(url),
-		chromedp.WaitVisible(chromedp.CSS("#text")),
-		chromedp.SetValue(chromedp.CSS("#user"), "browser-user"),
-		chromedp.SendKeys(chromedp.CSS("#text"), "hours"),
-		chromedp.Click(chromedp.CSS("#send")),
-	); err != nil {
-		t.Fatal(err)
-	}
-	bots := `document.querySelectorAll('#log .msg[data-from=bot]')`
-	testenv.PollJS(t, bctx, "the customer's question", bots+`.length === 1 && `+bots+`[0].innerText.includes("`+hours+`")`, 60*time.Second)
+	openSimulator(t, bctx, url, "browser-user")
+	sendInSimulator(t, bctx, false, "hours")
+	testenv.PollJS(t, bctx, "the customer's question", botMsgs+`.length === 1 && `+botMsgs+`[0].innerText.includes("`+hours+`")`, 60*time.Second)
 	testenv.PollJS(t, bctx, "the session state", `/^[0-4] /.test(document.querySelector('#session').innerText)`, 5*time.Second)
 
-	if err := chromedp.Do(bctx, chromedp.SendKeys(chromedp.CSS("#text"), "menu"), chromedp.Click(chromedp.CSS("#send"))); err != nil {
-		t.Fatal(err)
-	}
+	sendInSimulator(t, bctx, false, "menu")
 	tap := `document.querySelector('#log button.tap[data-id=shipping]')`
 	testenv.PollJS(t, bctx, "the menu", tap+` !== null`, 30*time.Second)
 	if _, err := chromedp.Run(bctx, chromedp.Evaluate[bool](tap+`.click(), true`)); err != nil {
 		t.Fatal(err)
 	}
 	const shipping = "Orders ship within 24 hours; delivery takes 2-3 days."
-	testenv.PollJS(t, bctx, "the tapped item's answer", bots+`.length === 3 && `+bots+`[2].innerText.includes("`+shipping+`")`, 30*time.Second)
+	testenv.PollJS(t, bctx, "the tapped item's answer", botMsgs+`.length === 3 && `+botMsgs+`[2].innerText.includes("`+shipping+`")`, 30*time.Second)
 
-	if err := chromedp.Do(bctx,
-		chromedp.Click(chromedp.CSS("#as-servicer")),
-		chromedp.SendKeys(chromedp.CSS("#text"), "Hi, I am Alice from support"),
-		chromedp.Click(chromedp.CSS("#send")),
-	); err != nil {
+	sendInSimulator(t, bctx, true, "Hi, I am Alice from support")
+	expectServicerHandledUnanswered(t, bctx, 3)
+}
+
+// botMsgs is the simulator page's bot messages (JavaScript).
+const botMsgs = `document.querySelectorAll('#log .msg[data-from=bot]')`
+
+// openSimulator opens the simulator's page at url and chats as user.
+func openSimulator(t *testing.T, bctx context.Context, url, user string) {
+	t.Helper()
+	if err := chromedp.Do(bctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS("#text")),
+		chromedp.SetValue(chromedp.CSS("#user"), user)); err != nil {
 		t.Fatal(err)
 	}
-	// Handled: the handler has run for it; a reply would be in by then.
+}
+
+// sendInSimulator types text on the page and sends it, as the servicer
+// (servicer true) or as the customer.
+func sendInSimulator(t *testing.T, bctx context.Context, servicer bool, text string) {
+	t.Helper()
+	var acts []chromedp.Action[chromedp.Void]
+	if servicer {
+		acts = append(acts, chromedp.Click(chromedp.CSS("#as-servicer")))
+	}
+	acts = append(acts, chromedp.SendKeys(chromedp.CSS("#text"), text), chromedp.Click(chromedp.CSS("#send")))
+	if err := chromedp.Do(bctx, acts...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// expectServicerHandledUnanswered waits until the servicer's message is
+// handled (the handler has run for it: a reply would be in by then) and
+// checks that the bot has still sent bots messages only.
+func expectServicerHandledUnanswered(t *testing.T, bctx context.Context, bots int) {
+	t.Helper()
 	servicer := `document.querySelector('#log .msg[data-from=servicer]')`
 	testenv.PollJS(t, bctx, "the servicer's message handled", servicer+` && `+servicer+`.innerText.includes("handled")`, 60*time.Second)
-	n, err := chromedp.Run(bctx, chromedp.Evaluate[int](bots+`.length`))
-	if err != nil || n != 3 {
-		t.Fatalf("bot messages after the servicer's: %d (%v), want still 3", n, err)
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](botMsgs+`.length`)); err != nil || n != bots {
+		t.Fatalf("bot messages after the servicer's: %d (%v), want still %d: the bot answered a servicer", n, err, bots)
 	}
 }
 
