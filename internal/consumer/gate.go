@@ -186,19 +186,18 @@ func (g *gate) result(user string, ok, probe bool) {
 	if ok {
 		delete(g.judged, user)
 		if g.open {
-			why := "a probe succeeded"
-			if !probe {
-				// Not a probe: a call the gate let through before it
-				// opened, answered while the others failed. The
-				// downstream serves some users and fails these: their
-				// failures are their own, and dead-lettering them (each
-				// after its attempts) is right; holding everyone's
-				// messages for them is not (chaos recovery-after-fix:
-				// 200 failing users among 1,300 served kept the gate
-				// opening and closing a hundred times a minute).
-				n := g.judgeFailing(now)
-				why = fmt.Sprintf("a handler call succeeded while it was open; the failures of %d users are taken as theirs, not an outage", n)
-			}
+			// The downstream answered while these users failed: whether
+			// it is back (a probe, after an outage) or never was down
+			// (a served user's call; many users' accounts broken
+			// downstream among many that work), their failures from now
+			// on are their own. They no longer count toward the gate, so
+			// their messages go on to the DLQ after their attempts
+			// instead of everyone waiting on them (chaos
+			// recovery-after-fix: 200 failing users among 1,300 served
+			// kept the gate opening and closing, a hundred times a
+			// minute). After an outage they succeed now and leave judged.
+			n := g.judgeFailing(now)
+			why := fmt.Sprintf("a handler call succeeded (probe=%t); the recent failures of %d users are taken as theirs", probe, n)
 			g.setOpen(false, now, why)
 		}
 		return

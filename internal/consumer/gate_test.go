@@ -203,11 +203,11 @@ func TestSuspicionSpentAfterAWindow(t *testing.T) {
 // TestGateJudgesUsersFailingWhileOthersAreServed: many users' downstream
 // fails while it serves the others (chaos recovery-after-fix, phase 2:
 // 200 failing users among 1,300 served). Their retries fill the recent
-// calls and open the gate; a success that is not a probe — the
-// downstream answering someone else meanwhile — closes it and judges the
-// failing users: their failures no longer open it, so their messages go
-// on to the DLQ instead of everyone waiting on them. Users failing anew
-// still open it, and a judged user quiet for a window counts again.
+// calls and open the gate; a success — the downstream answering someone
+// else meanwhile, or a probe — closes it and judges the failing users:
+// their failures no longer open it, so their messages go on to the DLQ
+// instead of everyone waiting on them. Users failing anew still open it,
+// and a judged user quiet for a window counts again.
 func TestGateJudgesUsersFailingWhileOthersAreServed(t *testing.T) {
 	clock := stepClock{testenv.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
 	cfg := testOutage()
@@ -218,6 +218,14 @@ func TestGateJudgesUsersFailingWhileOthersAreServed(t *testing.T) {
 				g.result(u, false, false)
 			}
 		}
+	}
+	probeOK := func(user string) {
+		t.Helper()
+		clock.Advance(cfg.ProbeInterval)
+		if probe, ok := g.hold(context.Background()); !probe || !ok {
+			t.Fatalf("no probe from the open gate after its interval (probe %t, ok %t)", probe, ok)
+		}
+		g.result(user, true, true)
 	}
 	fail("u1", "u2", "u3")
 	if !g.isOpen() {
@@ -236,16 +244,20 @@ func TestGateJudgesUsersFailingWhileOthersAreServed(t *testing.T) {
 	if !g.isOpen() {
 		t.Fatal("three other users failing did not open the gate")
 	}
-	g.result("u9", true, true) // a probe: the downstream is back, nobody judged for it
+	probeOK("u9") // a probe of a served user
 	if g.isOpen() {
 		t.Fatal("a successful probe did not close the gate")
 	}
-	g.mu.Lock()
-	_, u4 := g.judged["u4"]
-	g.mu.Unlock()
-	if u4 {
-		t.Fatal("a probe's success judged the users failing before it: a true outage would stop being held")
+	fail("u4", "u5", "u6")
+	if g.isOpen() {
+		t.Fatal("users failing while a probe succeeded opened the gate again: it opens and closes at every probe")
 	}
+	g.result("u4", true, false) // u4's downstream is back: u4 leaves the judged
+	fail("u4", "u7", "u8")
+	if !g.isOpen() {
+		t.Fatal("u4 failing after its success, with two new users, did not open the gate")
+	}
+	probeOK("u9")
 	// u1..u3 quiet for longer than a window: their next failures count.
 	clock.Advance(cfg.Window + time.Second)
 	fail("u1", "u2", "u3")
