@@ -5,7 +5,11 @@ import (
 	"errors"
 	"io"
 
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/media"
+	"github.com/kfpipe/kfpipe/internal/wecom"
 )
 
 // MediaRef is the media an inbound message carries: a customer's image,
@@ -86,4 +90,16 @@ func OpenMedia(ctx context.Context, m *Message) (*MediaObject, error) {
 		return nil, err
 	}
 	return &MediaObject{ReadCloser: rc, Size: info.Size, ContentType: info.ContentType, FileName: info.FileName}, nil
+}
+
+// keepMedia wraps h so that a message's media is in the media store
+// before h runs, and OpenMedia finds the store (media.Wrap); with
+// media.store: off or no WeChat credentials, h is returned as it is.
+func keepMedia(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h consumer.Handler) (consumer.Handler, error) {
+	k, err := media.FromConfig(ctx, cfg.Media, cfg.WeCom, wecom.NewRedisTokenCache(base.Redis, cfg.Redis.KeyPrefix),
+		base.Log, base.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return media.Wrap(h, k), nil
 }

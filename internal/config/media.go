@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -40,8 +42,11 @@ type MediaS3 struct {
 
 func defaultMedia(env string) Media {
 	dir := ".run/media"
-	if env == EnvProduction {
+	switch env {
+	case EnvProduction:
 		dir = "/var/lib/kfpipe/media"
+	case EnvTest: // tests run in their package's directory: not there
+		dir = filepath.Join(os.TempDir(), "kfpipe-media")
 	}
 	return Media{Store: "dir", Dir: dir, MaxBytes: 20 << 20, Retries: 3, RetryBase: 200 * time.Millisecond,
 		Workers: 4, QueueSize: 1000}

@@ -17,6 +17,9 @@ import (
 
 // Start starts the stage's workers; Stop stops them.
 func (k *Keeper) Start() {
+	if k == nil {
+		return
+	}
 	k.startMu.Lock()
 	defer k.startMu.Unlock()
 	if k.queue != nil {
@@ -28,23 +31,26 @@ func (k *Keeper) Start() {
 	k.stop = make(chan struct{})
 	for range k.cfg.Workers {
 		k.wg.Add(1)
-		go k.work()
+		go k.work(k.queue, k.stop)
 	}
 }
 
-func (k *Keeper) work() {
+func (k *Keeper) work(queue <-chan Ref, stop <-chan struct{}) {
 	defer k.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		<-k.stop
-		cancel()
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
 	}()
 	for {
 		select {
-		case <-k.stop:
+		case <-stop:
 			return
-		case ref := <-k.queue:
+		case ref := <-queue:
 			k.m.queued.Dec()
 			_, _ = k.Keep(ctx, "producer", ref) // logged and counted by Keep
 		}
@@ -75,6 +81,9 @@ func (k *Keeper) Enqueue(ref Ref) bool {
 // Stop stops the workers, cancelling the downloads under way, and waits
 // for them until ctx ends. Jobs still queued are left to the consumer.
 func (k *Keeper) Stop(ctx context.Context) error {
+	if k == nil {
+		return nil
+	}
 	k.startMu.Lock()
 	stop := k.stop
 	k.stop = nil
@@ -100,8 +109,11 @@ type Publisher interface {
 }
 
 // KeepingPublisher is p that, once a batch is in Kafka, queues the media
-// of its messages for k's workers.
+// of its messages for k's workers; k nil (keeping off) returns p.
 func KeepingPublisher(p Publisher, k *Keeper) Publisher {
+	if k == nil {
+		return p
+	}
 	return keepingPublisher{p: p, k: k}
 }
 

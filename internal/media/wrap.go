@@ -17,8 +17,12 @@ import (
 // in its details and retried from the DLQ — never a handler that runs
 // without media it could have had. Media WeChat no longer has (ErrExpired)
 // or refused as too large is the handler's to answer: it runs, and
-// kfpipe.OpenMedia says why there is no media.
+// kfpipe.OpenMedia says why there is no media. k nil (keeping off)
+// returns h.
 func Wrap(h consumer.Handler, k *Keeper) consumer.Handler {
+	if k == nil {
+		return h
+	}
 	return consumer.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
 		ctx = WithKeeper(ctx, k)
 		if ref, ok := k.RefOf(m); ok {
