@@ -43,10 +43,6 @@ cmd_build() {
     export GOFLAGS=-mod=mod GOWORK=off
     go mod init kfpipe-weed-build >/dev/null 2>&1
     go get "$SEAWEEDFS_MODULE@$SEAWEEDFS_VERSION" >&2
-    # The module's own replace directives do not apply to a dependency:
-    # copy them, so the build is the one SeaweedFS releases.
-    sed -n 's/^replace \(.*\)$/replace \1/p' "$(go env GOMODCACHE)/$SEAWEEDFS_MODULE@$SEAWEEDFS_VERSION/go.mod" >>go.mod
-    go mod tidy >&2 || true
     mkdir -p "$(dirname "$WEED")"
     go build -trimpath -o "$WEED.tmp" "$SEAWEEDFS_MODULE/weed" >&2
     mv "$WEED.tmp" "$WEED"
