@@ -27,16 +27,19 @@ func RunConsumer(ctx context.Context, args []string, h Handler) error {
 		if err != nil {
 			return nil, nil, err
 		}
+		var ch consumer.Handler
 		if h != nil {
-			return reply.Wrap(adapt(h), fx), closeFx, nil
-		}
-		// The built-in handler; an http receiver's answer may carry replies.
-		ih, err := consumer.NewHandler(cfg.Handler, base.Log, webhookReplies)
-		if err != nil {
+			ch = adapt(h)
+		} else if ch, err = consumer.NewHandler(cfg.Handler, base.Log, webhookReplies); err != nil {
+			// The built-in handler; an http receiver's answer may carry replies.
 			closeFx()
 			return nil, nil, err
 		}
-		return reply.Wrap(ih, fx), closeFx, nil
+		if ch, err = keepMedia(ctx, cfg, base, reply.Wrap(ch, fx)); err != nil {
+			closeFx()
+			return nil, nil, err
+		}
+		return ch, closeFx, nil
 	})
 }
 
@@ -110,7 +113,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		_ = base.Close(context.Background())
 		return err
 	}
-	s, err := service.StartConsumer(ctx, &cfg, base, reply.Wrap(adapt(c.h), fx))
+	ch, err := keepMedia(ctx, &cfg, base, reply.Wrap(adapt(c.h), fx))
+	var s *service.Consumer
+	if err == nil {
+		s, err = service.StartConsumer(ctx, &cfg, base, ch)
+	}
 	if err != nil {
 		closeFx()
 		_ = base.Close(context.Background())

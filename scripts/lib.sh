@@ -78,7 +78,7 @@ http_get() {
 }
 
 # use_services: for a script that needs the test services (make test, bench,
-# chaos). Starts Kafka, Redis and etcd where they are not running, exports
+# chaos). Starts Kafka, Redis, etcd and the S3 server where they are not running, exports
 # KFPIPE_TEST_* and KFPIPE_REPO_ROOT, and on exit stops only the ones it
 # started (KFPIPE_KEEP_SERVICES=1 leaves them up).
 _started_services=()
@@ -99,5 +99,12 @@ use_services() {
   done
   eval "$("$SCRIPTS_DIR/services.sh" up)"
   export KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS KFPIPE_TEST_ETCD
+  # The media store's S3-compatible server (SeaweedFS, built once into the
+  # cache). Not started: its tests skip, and fail under CI.
+  if ! "$SCRIPTS_DIR/s3.sh" status 2>/dev/null; then
+    if "$SCRIPTS_DIR/s3.sh" start; then _started_services+=(s3); else log "S3 server not started"; fi
+  fi
+  eval "$("$SCRIPTS_DIR/s3.sh" env)"
+  export KFPIPE_TEST_S3
   export KFPIPE_REPO_ROOT="$REPO_ROOT"
 }

@@ -23,6 +23,8 @@ type Consumer struct {
 	// optional: without corp_id and secret, replies fail with an error
 	// that says so.
 	WeCom WeCom `mapstructure:"wecom"`
+	// Media is where handlers read inbound media (kfpipe.OpenMedia).
+	Media Media `mapstructure:"media"`
 }
 
 // Processor configures per-user actors and per-partition flow control.
@@ -227,6 +229,7 @@ func defaultConsumer(env string) Consumer {
 		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
 		DLQ:       defaultDLQ(),
 		WeCom:     WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
+		Media:     defaultMedia(env),
 	}
 }
 
@@ -292,6 +295,7 @@ func (c *Consumer) Validate() error {
 	// Replies (kfpipe.Reply) go through this client; its keys are checked
 	// whether or not credentials are set.
 	c.WeCom.validateClient(v)
+	c.Media.validate(v)
 	return v.err()
 }
 

@@ -17,7 +17,7 @@ func TestDocumentedKeysExist(t *testing.T) {
 	files = append(files, "../../README.md", "../../deploy/systemd/README.md")
 	sections := map[string]bool{}
 	for _, s := range []string{"env", "log", "ops", "kafka", "redis", "callback", "wecom", "sync", "idgen", "processor", "outage",
-		"dedup", "rate_limit", "breaker", "handler", "dlq", "recovery", "admin", "dlq_index", "coord"} {
+		"dedup", "rate_limit", "breaker", "handler", "dlq", "recovery", "admin", "dlq_index", "coord", "media"} {
 		if !KnownKey(s) {
 			t.Fatalf("section %s unknown to the schema", s)
 		}

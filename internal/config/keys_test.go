@@ -189,6 +189,21 @@ var outOfRange = map[string]struct {
 	"admin.consumer_group": {bad: " ", readBy: rD},
 	"admin.batch_rate":     {bad: 0, readBy: rD},
 	"admin.tokens":         {bad: []map[string]string{{"name": "x", "token": "short", "role": "viewer"}}, readBy: rD, wantKey: "admin.tokens[0].token"},
+
+	"media.store":         {bad: "ftp", readBy: rP | rC},
+	"media.dir":           {bad: " ", readBy: rP | rC},
+	"media.max_bytes":     {bad: 10, readBy: rP | rC},
+	"media.retries":       {bad: 50, readBy: rP | rC},
+	"media.retry_base":    {bad: "1ms", readBy: rP | rC},
+	"media.workers":       {bad: 0, readBy: rP | rC},
+	"media.queue_size":    {bad: 0, readBy: rP | rC},
+	"media.s3.endpoint":   {bad: "http://127.0.0.1:1", readBy: rP | rC},
+	"media.s3.bucket":     {bad: "Bad_Bucket", readBy: rP | rC},
+	"media.s3.region":     {anyOK: "any region name (S3-compatible servers use their own)"},
+	"media.s3.access_key": {bad: "key-without-secret", readBy: rP | rC, wantKey: "media.s3.secret_key"},
+	"media.s3.secret_key": {bad: "secret-without-key", readBy: rP | rC},
+	"media.s3.prefix":     {bad: "/abs", readBy: rP | rC},
+	"media.s3.tls":        {anyOK: "a flag"},
 }
 
 // TestEveryKeyRejectsOutOfRange: for every key of the schema (every key a
@@ -235,6 +250,11 @@ func TestEveryKeyRejectsOutOfRange(t *testing.T) {
 		var doc map[string]any
 		if err := yaml.Unmarshal(base, &doc); err != nil {
 			t.Fatal(err)
+		}
+		if strings.HasPrefix(k, "media.s3.") { // checked with media.store: s3
+			setKey(doc, "media.store", "s3")
+			setKey(doc, "media.s3.endpoint", "127.0.0.1:18333")
+			setKey(doc, "media.s3.bucket", "kfpipe-media")
 		}
 		setKey(doc, k, e.bad)
 		if k == "redis.master_name" || k == "redis.sentinel_addrs" {

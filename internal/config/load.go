@@ -135,6 +135,7 @@ type union struct {
 	Recovery  Recovery  `mapstructure:"recovery"`
 	Admin     Admin     `mapstructure:"admin"`
 	DLQIndex  DLQIndex  `mapstructure:"dlq_index"`
+	Media     Media     `mapstructure:"media"`
 }
 
 func describe(path string) string {

@@ -13,6 +13,7 @@ type Producer struct {
 	WeCom    WeCom    `mapstructure:"wecom"`
 	Sync     Sync     `mapstructure:"sync"`
 	IDGen    IDGen    `mapstructure:"idgen"`
+	Media    Media    `mapstructure:"media"`
 }
 
 // Callback configures the WeChat callback endpoint (I7, I8).
@@ -92,6 +93,7 @@ func defaultProducer(env string) Producer {
 		IDGen: IDGen{Epoch: "2024-01-01T00:00:00Z",
 			Allocator: Allocator{Backend: "redis", MaxID: 1024, TTL: 30 * time.Second},
 			Sequencer: Sequencer{Driver: "redis", Step: 1, MaxValue: 0, TTL: 24 * time.Hour}},
+		Media: defaultMedia(env),
 	}
 }
 
@@ -127,6 +129,7 @@ func (c *Producer) Validate() error {
 	}
 	v.between("sync.workers", s.Workers, 1, 1024)
 	c.IDGen.validate(v, c.Coord.Enabled)
+	c.Media.validate(v)
 	return v.err()
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/idgen"
 	"github.com/kfpipe/kfpipe/internal/lock"
+	"github.com/kfpipe/kfpipe/internal/media"
 	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 )
@@ -33,6 +34,7 @@ type Producer struct {
 	wg     sync.WaitGroup
 	ids    generator
 	keeper *idgen.Keeper
+	media  *media.Keeper // nil: media keeping off
 }
 
 // generator is the Snowflake generator behind an atomic pointer: when the
@@ -135,6 +137,11 @@ func (p *Producer) startSync(ctx context.Context, cfg *config.Producer, base *da
 	if err != nil {
 		return err
 	}
+	// The media of each page Kafka took is kept right away (docs/media.md).
+	if p.media, err = media.FromConfig(ctx, cfg.Media, cfg.WeCom, wecom.NewRedisTokenCache(base.Redis, prefix), log, reg); err != nil {
+		return err
+	}
+	p.media.Start()
 	state := producer.NewRedisState(base.Redis, prefix)
 	var locker producer.Locker = producer.LockAdapter{Locker: lock.New(base.Redis, "", lock.WithLogger(log), lock.WithRegisterer(reg))}
 	var cursors producer.State = state
@@ -148,7 +155,7 @@ func (p *Producer) startSync(ctx context.Context, cfg *config.Producer, base *da
 		Source:    producer.WeComSource{Client: wc},
 		Locker:    locker,
 		State:     cursors,
-		Publisher: p.kp,
+		Publisher: media.KeepingPublisher(p.kp, p.media),
 		IDs:       &p.ids,
 	}, producer.WithLogger(log), producer.WithRegisterer(reg), producer.WithStatus(state, producer.StatusInterval))
 	if err != nil {
@@ -225,6 +232,7 @@ func (p *Producer) Close(ctx context.Context) error {
 	if p.kp != nil {
 		errs = append(errs, p.kp.Close(ctx))
 	}
+	errs = append(errs, p.media.Stop(ctx))
 	p.cancel()
 	p.wg.Wait()
 	if p.keeper != nil {

@@ -100,6 +100,7 @@ type Server struct {
 	seq          int
 	kfs          *kfState // the reply side (kf.go)
 	failSend     []int
+	media        *mediaState // inbound media (media.go)
 }
 
 // New starts a fake server on a loopback port; Close stops it.
@@ -181,6 +182,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/cgi-bin/gettoken":
 		s.getToken(w, r)
+	case "/cgi-bin/media/get":
+		s.getMedia(w, r)
 	case "/cgi-bin/kf/sync_msg", "/cgi-bin/kf/send_msg", "/cgi-bin/kf/send_msg_on_event",
 		"/cgi-bin/kf/service_state/get", "/cgi-bin/kf/service_state/trans", "/cgi-bin/kf/customer/batchget",
 		"/cgi-bin/media/upload":
