@@ -73,7 +73,8 @@ func webhookReplies(ctx context.Context, body []byte) error {
 		}
 	}
 	if t := a.Transfer; t != nil {
-		return Transfer(ctx, kf.State(*t.State), t.Servicer)
+		_, err := Transfer(ctx, kf.State(*t.State), t.Servicer)
+		return err
 	}
 	return nil
 }
