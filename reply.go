@@ -41,7 +41,34 @@ var (
 // message's ids (kfpipetest's RunTwice finds this in a unit test). A
 // refusal of WeChat that retrying cannot fix is returned as Permanent; the
 // routine ones (ErrReplyWindow, ErrSessionEnded) also match their error.
+//
+// A kf.Text longer than WeChat's 2,048 bytes is split on UTF-8 character
+// boundaries into numbered parts ("(1/3) …"), each a reply of its own
+// (exactly once each, in order). WeChat takes at most 5 messages after a
+// customer's message: a text that would need more parts than the replies
+// this call has left of those 5 is refused as Permanent before any part is
+// sent (a text cut short would read as a complete answer).
 func Reply(ctx context.Context, msg kf.Message) error {
+	if t, ok := msg.(kf.Text); ok && len(t.Content) > kf.MaxTextBytes {
+		made, ok := reply.Made(ctx)
+		if !ok {
+			return ErrNoReplier
+		}
+		parts, err := kf.SplitText(t.Content, kf.MaxRepliesPerMessage-made)
+		if err != nil {
+			return Permanent(err)
+		}
+		for _, p := range parts {
+			if err := reply1(ctx, kf.Text{Content: p}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return reply1(ctx, msg)
+}
+
+func reply1(ctx context.Context, msg kf.Message) error {
 	return reply.DoContent(ctx, "reply", msg, func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
 		_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, msg)
 		return err

@@ -169,6 +169,9 @@ func (c *Client) Send(ctx context.Context, openKfID, toUser, msgID string, m Mes
 	if err := checkMsgID(msgID); err != nil {
 		return "", err
 	}
+	if err := checkText(m); err != nil {
+		return "", err
+	}
 	body := m.body()
 	body["touser"], body["open_kfid"] = toUser, openKfID
 	if msgID != "" {

@@ -211,7 +211,7 @@ func TestParseMessage(t *testing.T) {
 	if rs := fake.Replies("wk1", "u5"); len(rs) != 1 || rs[0].MsgType != "msgmenu" || !regexp.MustCompile(`"head_content":"pick"`).Match(rs[0].Body) {
 		t.Fatalf("replies %+v", rs)
 	}
-	for _, bad := range []string{`[]`, `{"text":{"content":"x"}}`, `{"msgtype":"voice","voice":{"media_id":"m"}}`,
+	for _, bad := range []string{`[]`, `{"text":{"content":"x"}}`, `{"msgtype":"event","event":{"event_type":"x"}}`,
 		`{"msgtype":"text"}`, `{"msgtype":"text","text":"x"}`} {
 		if _, err := kf.ParseMessage([]byte(bad)); err == nil {
 			t.Errorf("ParseMessage(%s) accepted", bad)

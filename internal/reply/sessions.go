@@ -177,3 +177,15 @@ func ForgetSession(ctx context.Context) {
 		s.fx.sessions.Forget(ctx, s.to.OpenKfID, s.to.User)
 	}
 }
+
+// Made returns how many replies the handler call ctx belongs to has made
+// so far (ok false outside one).
+func Made(ctx context.Context) (n int, ok bool) {
+	s, _ := ctx.Value(stateKey{}).(*state)
+	if s == nil || s.fx == nil {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n, true
+}

@@ -16,6 +16,8 @@ import (
 //     (95002), and at most 5 messages may be sent after each message of the
 //     customer (95001); a session that ended refuses messages (95013); an
 //     unknown account is 95000, an unknown customer 40096.
+//   - send_msg: a text's content is at most 2048 bytes (45002); a
+//     ca_link needs an https link_url.
 //   - send_msg_on_event: the welcome_code of an enter_session event, valid
 //     20 seconds and once (95017); text or msgmenu only.
 //   - service_state/get and /trans: states 0 untreated, 1 bot, 2 queue,
@@ -227,7 +229,11 @@ type sendBody struct {
 }
 
 var sendTypes = map[string]bool{"text": true, "image": true, "voice": true, "video": true, "file": true, "link": true,
-	"miniprogram": true, "msgmenu": true, "location": true}
+	"miniprogram": true, "msgmenu": true, "location": true, "ca_link": true}
+
+// maxText is WeChat's limit on a text message's content, in bytes (45002
+// beyond it).
+const maxText = 2048
 
 func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 	var raw map[string]json.RawMessage
@@ -244,6 +250,19 @@ func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 	}
 	if decErr != nil || !sendTypes[b.MsgType] || len(raw[b.MsgType]) == 0 || len(b.MsgID) > 32 {
 		writeErr(w, 40058, "invalid parameter")
+		return
+	}
+	var content struct {
+		Content string `json:"content"`
+		LinkURL string `json:"link_url"`
+	}
+	_ = json.Unmarshal(raw[b.MsgType], &content)
+	switch {
+	case b.MsgType == "text" && len(content.Content) > maxText:
+		writeErr(w, 45002, "content size out of limit")
+		return
+	case b.MsgType == "ca_link" && !strings.HasPrefix(content.LinkURL, "https://"):
+		writeErr(w, 40058, "invalid ca_link link_url")
 		return
 	}
 	now := s.opts.Clock()
