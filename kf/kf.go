@@ -127,6 +127,8 @@ func (c *Client) call(ctx context.Context, api, path string, in, out any) error 
 		var err error
 		if u, ok := in.(uploadReq); ok {
 			err = c.c.Upload(ctx, api, "/cgi-bin/media/upload", url.Values{"type": {u.mediaType}}, u.filename, u.data, out)
+		} else if q, ok := in.(getReq); ok {
+			err = c.c.Get(ctx, api, path, url.Values(q), out)
 		} else {
 			err = c.c.Call(ctx, api, path, in, out)
 		}

@@ -57,6 +57,7 @@ type Transfer struct {
 	OpenKfID, User string
 	From, To       int
 	Servicer       string
+	At             time.Time
 }
 
 const (
@@ -367,7 +368,7 @@ func (s *Server) serviceState(w http.ResponseWriter, r *http.Request, trans bool
 		return
 	}
 	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: b.OpenKfID, User: b.User, From: se.state, To: b.State,
-		Servicer: b.Servicer})
+		Servicer: b.Servicer, At: s.opts.Clock()})
 	se.state, se.servicer = b.State, b.Servicer
 	code := ""
 	if b.State == 2 || b.State == 3 || b.State == 4 {
@@ -492,7 +493,8 @@ func (s *Server) ServicerTakes(openKfID, user, servicer string) string {
 	if se.state == 3 {
 		change = ChangeTransfer
 	}
-	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 3, Servicer: servicer})
+	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 3, Servicer: servicer,
+		At: s.opts.Clock()})
 	se.state, se.servicer = 3, servicer
 	s.mu.Unlock()
 	return s.sessionEvent(openKfID, user, change, old, servicer)
@@ -505,7 +507,7 @@ func (s *Server) ServicerEnds(openKfID, user string) string {
 	s.mu.Lock()
 	se := s.sessionOf(openKfID, user)
 	old := se.servicer
-	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 4})
+	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 4, At: s.opts.Clock()})
 	se.state, se.servicer = 4, ""
 	s.mu.Unlock()
 	return s.sessionEvent(openKfID, user, ChangeEnded, old, "")
