@@ -137,9 +137,10 @@ func Client(ctx context.Context) (*kf.Client, error) {
 // human serves. The consumer caches it in Redis per customer (WeChat's
 // service_state/get is asked once); the customer's session_status_change
 // event, a Transfer and a reply refused with 95018 drop the entry, and it
-// expires after 5 minutes otherwise. It is read at the time of the call:
-// a handler that replies from it may reply differently when it runs again
-// (see Reply).
+// expires after 5 minutes otherwise. The state a message's handler first
+// read is kept with the message (as long as its reply marks), so a handler
+// that runs again for it — after its own Transfer, say — reads the same
+// state and replies the same way (see Reply).
 func SessionState(ctx context.Context) (state kf.State, servicer string, err error) {
 	return reply.SessionState(ctx)
 }

@@ -161,13 +161,42 @@ func (fx *Effects) Observe(ctx context.Context, c *chatmsg.ChatMessage) {
 }
 
 // SessionState returns the session state of the customer of the handler
-// call ctx belongs to, from the cache when there is one.
+// call ctx belongs to, from the cache when there is one. The first state a
+// message's handler read is kept with the message (as long as its reply
+// marks), and a handler that runs again for the message reads that one:
+// a bot that hands the customer over and then runs again (a retry, a
+// crash) must not see its own hand-off and answer differently.
 func SessionState(ctx context.Context) (kf.State, string, error) {
 	s, _ := ctx.Value(stateKey{}).(*state)
 	if s == nil || s.fx == nil {
 		return 0, "", ErrNoReplier
 	}
-	return s.fx.sessions.State(ctx, s.fx.kf, s.to.OpenKfID, s.to.User)
+	ss := s.fx.sessions
+	if ss == nil || s.to.UpstreamMsgID == "" {
+		return ss.State(ctx, s.fx.kf, s.to.OpenKfID, s.to.User)
+	}
+	key := ss.prefix + "sessionat:" + s.to.OpenKfID + ":" + s.to.UpstreamMsgID
+	if v, err := ss.rdb.Get(ctx, key).Result(); err == nil {
+		st, servicer, _ := strings.Cut(v, "|")
+		if n, err := strconv.Atoi(st); err == nil {
+			return kf.State(n), servicer, nil
+		}
+	}
+	st, servicer, err := ss.State(ctx, s.fx.kf, s.to.OpenKfID, s.to.User)
+	if err != nil {
+		return st, servicer, err
+	}
+	v := strconv.Itoa(int(st)) + "|" + servicer
+	if ok, err := ss.rdb.SetNX(ctx, key, v, TTL).Result(); err == nil && !ok {
+		// A concurrent run kept its read first: use it.
+		if v2, err := ss.rdb.Get(ctx, key).Result(); err == nil {
+			a, b, _ := strings.Cut(v2, "|")
+			if n, err := strconv.Atoi(a); err == nil {
+				return kf.State(n), b, nil
+			}
+		}
+	}
+	return st, servicer, nil
 }
 
 // ForgetSession drops the cached session state of the customer of the
