@@ -211,7 +211,8 @@ func TestParseMessage(t *testing.T) {
 	if rs := fake.Replies("wk1", "u5"); len(rs) != 1 || rs[0].MsgType != "msgmenu" || !regexp.MustCompile(`"head_content":"pick"`).Match(rs[0].Body) {
 		t.Fatalf("replies %+v", rs)
 	}
-	for _, bad := range []string{`[]`, `{"text":{"content":"x"}}`, `{"msgtype":"event","event":{"event_type":"x"}}`,
+	for _, bad := range []string{`[]`, `{"text":{"content":"x"}}`, `{"msgtype":"event","event":{"event_type":"x"}}`, `{"msgtype":"voice","voice":{}}`,
+		`{"msgtype":"ca_link","ca_link":{}}`,
 		`{"msgtype":"text"}`, `{"msgtype":"text","text":"x"}`} {
 		if _, err := kf.ParseMessage([]byte(bad)); err == nil {
 			t.Errorf("ParseMessage(%s) accepted", bad)

@@ -125,6 +125,16 @@ func ParseMessage(data []byte) (Message, error) {
 	if err := json.Unmarshal(m[typ], &obj); err != nil || obj == nil {
 		return nil, fmt.Errorf("kf: a %s message needs a %q object: %s", typ, typ, data)
 	}
+	switch typ {
+	case "image", "voice", "video", "file":
+		if id, _ := obj["media_id"].(string); id == "" {
+			return nil, fmt.Errorf("kf: a %s message needs a media_id (UploadMedia): %s", typ, data)
+		}
+	case "ca_link":
+		if u, _ := obj["link_url"].(string); u == "" {
+			return nil, fmt.Errorf("kf: a ca_link message needs a link_url: %s", data)
+		}
+	}
 	if c, ok := obj["content"].(string); typ == "text" && ok && len(obj) == 1 {
 		// A Text, so kfpipe.Reply splits one over WeChat's limit.
 		return Text{Content: c}, nil
