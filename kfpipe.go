@@ -130,6 +130,9 @@ type Event struct {
 	// 2 it was transferred, 3 a servicer ended it, 4 it was reopened.
 	ChangeType                           int
 	OldServicerUserID, NewServicerUserID string
+	// MsgCode is a session_status_change's code for the message about
+	// the change (SendEventMessage), valid 20 seconds, once.
+	MsgCode string
 	// FailMsgID and FailType describe a msg_send_fail: the msgid of the
 	// message that was not delivered and WeChat's reason code.
 	FailMsgID string
@@ -150,6 +153,7 @@ func (m *Message) Event() (Event, bool) {
 			ChangeType  int    `json:"change_type"`
 			OldServicer string `json:"old_servicer_userid"`
 			NewServicer string `json:"new_servicer_userid"`
+			MsgCode     string `json:"msg_code"`
 			FailMsgID   string `json:"fail_msgid"`
 			FailType    int    `json:"fail_type"`
 		} `json:"event"`
@@ -157,7 +161,7 @@ func (m *Message) Event() (Event, bool) {
 	_ = json.Unmarshal(m.Raw, &item)
 	e := item.Event
 	return Event{Type: e.Type, WelcomeCode: e.WelcomeCode, Scene: e.Scene, SceneParam: e.SceneParam,
-		ChangeType: e.ChangeType, OldServicerUserID: e.OldServicer, NewServicerUserID: e.NewServicer,
+		ChangeType: e.ChangeType, OldServicerUserID: e.OldServicer, NewServicerUserID: e.NewServicer, MsgCode: e.MsgCode,
 		FailMsgID: e.FailMsgID, FailType: e.FailType}, true
 }
 

@@ -282,6 +282,26 @@ func TestWebhookAnswerRepliesOnce(t *testing.T) {
 	}
 }
 
+// TestWebhookTransferMessage: a receiver's transfer with a message sends
+// it with the transfer's msg_code (send_msg_on_event), once however often
+// the answer comes back.
+func TestWebhookTransferMessage(t *testing.T) {
+	rig := newReplyRig(t)
+	c := rig.message(t, rig.fake.AddText("wk", "u4", "human please"))
+	ctx := reply.With(context.Background(), rig.fx, reply.TargetOf(c))
+	answer := []byte(`{"transfer":{"service_state":3,"servicer_userid":"alice","message":{"msgtype":"text","text":{"content":"alice is here"}}}}`)
+	if err := webhookReplies(ctx, answer); err != nil {
+		t.Fatal(err)
+	}
+	if err := webhookReplies(reply.With(context.Background(), rig.fx, reply.TargetOf(c)), answer); err != nil {
+		t.Fatal(err)
+	}
+	rs := rig.fake.Replies("wk", "u4")
+	if len(rs) != 1 || !rs[0].OnEvent || !strings.Contains(string(rs[0].Body), "alice is here") {
+		t.Fatalf("replies %+v, want the transfer's message once, with its msg_code", rs)
+	}
+}
+
 // TestWebhookAnswerChecked: an answer without replies is fine; one with a
 // reply that cannot be sent is Permanent before anything is sent.
 func TestWebhookAnswerChecked(t *testing.T) {

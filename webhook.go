@@ -21,6 +21,9 @@ type webhookAnswer struct {
 	Transfer *struct {
 		State    *int   `json:"service_state"`
 		Servicer string `json:"servicer_userid"`
+		// Message, when set, is sent with the transfer's msg_code
+		// (SendEventMessage): text or msgmenu.
+		Message json.RawMessage `json:"message"`
 	} `json:"transfer"`
 }
 
@@ -62,6 +65,14 @@ func webhookReplies(ctx context.Context, body []byte) error {
 	if t := a.Transfer; t != nil && (t.State == nil || *t.State < int(kf.StateUntreated) || *t.State > int(kf.StateEnded)) {
 		return Permanent(errors.New("webhook answer: transfer.service_state must be 0 to 4"))
 	}
+	var eventMsg kf.Message
+	if t := a.Transfer; t != nil && len(t.Message) > 0 {
+		m, err := kf.ParseMessage(t.Message)
+		if err != nil {
+			return Permanent(fmt.Errorf("webhook answer: transfer.message: %w", err))
+		}
+		eventMsg = m
+	}
 	if welcome != nil {
 		if err := Welcome(ctx, welcome); err != nil {
 			return err
@@ -73,7 +84,11 @@ func webhookReplies(ctx context.Context, body []byte) error {
 		}
 	}
 	if t := a.Transfer; t != nil {
-		return Transfer(ctx, kf.State(*t.State), t.Servicer)
+		code, err := Transfer(ctx, kf.State(*t.State), t.Servicer)
+		if err != nil || eventMsg == nil || code == "" {
+			return err
+		}
+		return SendEventMessage(ctx, code, eventMsg)
 	}
 	return nil
 }

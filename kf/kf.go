@@ -86,7 +86,8 @@ const (
 	CodeReplyWindowClosed = 95002 // more than 48 hours since the customer's last message
 	CodeSessionEnded      = 95013 // the session has ended
 	CodeInvalidTransition = 95016 // service_state/trans: this change of state is not allowed
-	CodeWelcomeCodeUsed   = 95017 // send_msg_on_event: welcome_code expired or already used
+	CodeWelcomeCodeUsed   = 95017 // send_msg_on_event: welcome_code (or msg_code) expired or already used
+	CodeSessionInvalid    = 95018 // send_msg: the session's state does not allow it (a human servicer holds it)
 	CodeInvalidMediaID    = 40007 // the media_id was not uploaded or has expired (3 days)
 )
 
@@ -126,6 +127,8 @@ func (c *Client) call(ctx context.Context, api, path string, in, out any) error 
 		var err error
 		if u, ok := in.(uploadReq); ok {
 			err = c.c.Upload(ctx, api, "/cgi-bin/media/upload", url.Values{"type": {u.mediaType}}, u.filename, u.data, out)
+		} else if q, ok := in.(getReq); ok {
+			err = c.c.Get(ctx, api, path, url.Values(q), out)
 		} else {
 			err = c.c.Call(ctx, api, path, in, out)
 		}
@@ -168,6 +171,9 @@ func (c *Client) Send(ctx context.Context, openKfID, toUser, msgID string, m Mes
 	if err := checkMsgID(msgID); err != nil {
 		return "", err
 	}
+	if err := checkText(m); err != nil {
+		return "", err
+	}
 	body := m.body()
 	body["touser"], body["open_kfid"] = toUser, openKfID
 	if msgID != "" {
@@ -180,9 +186,10 @@ func (c *Client) Send(ctx context.Context, openKfID, toUser, msgID string, m Mes
 	return r.MsgID, nil
 }
 
-// SendOnEvent sends the welcome message of a session, with the
-// welcome_code of its enter_session event (valid 20 seconds, once). Only
-// Text and Menu messages are allowed there.
+// SendOnEvent sends the message of a session event: the welcome message,
+// with the welcome_code of its enter_session event, or the message of a
+// change of state, with the msg_code TransServiceState returned (both
+// valid 20 seconds, once). Only Text and Menu messages are allowed there.
 func (c *Client) SendOnEvent(ctx context.Context, welcomeCode, msgID string, m Message) (string, error) {
 	if err := checkMsgID(msgID); err != nil {
 		return "", err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,11 +82,23 @@ func TestSessionStatesAndWelcome(t *testing.T) {
 		t.Fatalf("second use of a welcome_code: %v", err)
 	}
 	fake.AddText("wk1", "u2", "human please")
-	if _, err := c.TransServiceState(ctx, "wk1", "u2", kf.StateServicer, "alice"); err != nil {
-		t.Fatal(err)
+	msgCode, err := c.TransServiceState(ctx, "wk1", "u2", kf.StateServicer, "alice")
+	if err != nil || msgCode == "" {
+		t.Fatalf("transfer: msg_code %q, %v", msgCode, err)
 	}
 	if st, who, err := c.ServiceState(ctx, "wk1", "u2"); err != nil || st != kf.StateServicer || who != "alice" {
 		t.Fatalf("state %v %q %v", st, who, err)
+	}
+	// While alice holds the session the API may not talk over her (95018);
+	// the message of the hand-off goes with its msg_code, once.
+	if _, err := c.Send(ctx, "wk1", "u2", "", kf.Text{Content: "bot here"}); code(err) != kf.CodeSessionInvalid || !kf.IsPermanent(err) {
+		t.Fatalf("send while a servicer holds the session: %v, want 95018", err)
+	}
+	if _, err := c.SendOnEvent(ctx, msgCode, "", kf.Text{Content: "alice will help"}); err != nil {
+		t.Fatalf("event message with the msg_code: %v", err)
+	}
+	if _, err := c.SendOnEvent(ctx, msgCode, "", kf.Text{Content: "again"}); code(err) != kf.CodeWelcomeCodeUsed {
+		t.Fatalf("second use of a msg_code: %v, want 95017", err)
 	}
 	if _, err := c.TransServiceState(ctx, "wk1", "u2", kf.StateBot, ""); code(err) != kf.CodeInvalidTransition {
 		t.Fatalf("servicer → bot: %v, want 95016", err)
@@ -198,10 +211,41 @@ func TestParseMessage(t *testing.T) {
 	if rs := fake.Replies("wk1", "u5"); len(rs) != 1 || rs[0].MsgType != "msgmenu" || !regexp.MustCompile(`"head_content":"pick"`).Match(rs[0].Body) {
 		t.Fatalf("replies %+v", rs)
 	}
-	for _, bad := range []string{`[]`, `{"text":{"content":"x"}}`, `{"msgtype":"voice","voice":{"media_id":"m"}}`,
+	for _, bad := range []string{`[]`, `{"text":{"content":"x"}}`, `{"msgtype":"event","event":{"event_type":"x"}}`, `{"msgtype":"voice","voice":{}}`,
+		`{"msgtype":"ca_link","ca_link":{}}`,
 		`{"msgtype":"text"}`, `{"msgtype":"text","text":"x"}`} {
 		if _, err := kf.ParseMessage([]byte(bad)); err == nil {
 			t.Errorf("ParseMessage(%s) accepted", bad)
 		}
+	}
+}
+
+// TestServicerTakesAndEnds: a servicer taking and ending a session from
+// the WeCom client changes its state and appends the session_status_change
+// events WeChat sends, with a msg_code for the event message.
+func TestServicerTakesAndEnds(t *testing.T) {
+	fake, c, _ := setup(t)
+	ctx := context.Background()
+	fake.AddText("wk1", "u3", "hi")
+	fake.ServicerTakes("wk1", "u3", "bob")
+	msgs := fake.Messages("wk1")
+	raw := string(msgs[len(msgs)-1].Raw)
+	m := regexp.MustCompile(`"msg_code":"([0-9a-f]+)"`).FindStringSubmatch(raw)
+	if !strings.Contains(raw, `"event_type":"session_status_change"`) || !strings.Contains(raw, `"change_type":1`) || m == nil {
+		t.Fatalf("event %s", raw)
+	}
+	if st, who, err := c.ServiceState(ctx, "wk1", "u3"); err != nil || st != kf.StateServicer || who != "bob" {
+		t.Fatalf("state %v %q %v", st, who, err)
+	}
+	if _, err := c.SendOnEvent(ctx, m[1], "", kf.Text{Content: "bob is here"}); err != nil {
+		t.Fatal(err)
+	}
+	fake.ServicerEnds("wk1", "u3")
+	msgs = fake.Messages("wk1")
+	if raw := string(msgs[len(msgs)-1].Raw); !strings.Contains(raw, `"change_type":3`) {
+		t.Fatalf("end event %s", raw)
+	}
+	if st, _, _ := c.ServiceState(ctx, "wk1", "u3"); st != kf.StateEnded {
+		t.Fatalf("state %v after the end", st)
 	}
 }

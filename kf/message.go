@@ -5,8 +5,8 @@ import (
 	"fmt"
 )
 
-// Message is a message to send: Text, Image, Link, MiniProgram, Menu or
-// Location.
+// Message is a message to send: Text, Image, Voice, Video, File, Link,
+// MiniProgram, Menu, Location or CALink.
 type Message interface {
 	msgType() string
 	body() map[string]any
@@ -117,13 +117,27 @@ func ParseMessage(data []byte) (Message, error) {
 		return nil, fmt.Errorf("kf: message without a msgtype: %s", data)
 	}
 	switch typ {
-	case "text", "image", "link", "miniprogram", "msgmenu", "location":
+	case "text", "image", "voice", "video", "file", "link", "miniprogram", "msgmenu", "location", "ca_link":
 	default:
-		return nil, fmt.Errorf("kf: msgtype %q cannot be sent (text, image, link, miniprogram, msgmenu, location)", typ)
+		return nil, fmt.Errorf("kf: msgtype %q cannot be sent (text, image, voice, video, file, link, miniprogram, msgmenu, location, ca_link)", typ)
 	}
 	var obj map[string]any
 	if err := json.Unmarshal(m[typ], &obj); err != nil || obj == nil {
 		return nil, fmt.Errorf("kf: a %s message needs a %q object: %s", typ, typ, data)
+	}
+	switch typ {
+	case "image", "voice", "video", "file":
+		if id, _ := obj["media_id"].(string); id == "" {
+			return nil, fmt.Errorf("kf: a %s message needs a media_id (UploadMedia): %s", typ, data)
+		}
+	case "ca_link":
+		if u, _ := obj["link_url"].(string); u == "" {
+			return nil, fmt.Errorf("kf: a ca_link message needs a link_url: %s", data)
+		}
+	}
+	if c, ok := obj["content"].(string); typ == "text" && ok && len(obj) == 1 {
+		// A Text, so kfpipe.Reply splits one over WeChat's limit.
+		return Text{Content: c}, nil
 	}
 	return raw{typ: typ, obj: obj}, nil
 }

@@ -120,7 +120,8 @@ func ExampleEnterSession() {
 			return kfpipe.Welcome(ctx, kf.Text{Content: "Welcome! (" + ev.Scene + ")"})
 		}
 		if id := m.MenuID(); id == "human" && m.FromCustomer() {
-			return kfpipe.Transfer(ctx, kf.StateServicer, "alice")
+			_, err := kfpipe.Transfer(ctx, kf.StateServicer, "alice")
+			return err
 		}
 		return nil
 	})

@@ -40,6 +40,9 @@ const (
 	KindReply    = "reply"    // kfpipe.Reply
 	KindWelcome  = "welcome"  // kfpipe.Welcome
 	KindTransfer = "transfer" // kfpipe.Transfer
+	// KindEventMessage is kfpipe.SendEventMessage (the message of a
+	// Transfer's msg_code).
+	KindEventMessage = "event_message"
 )
 
 // Reply outcomes (Reply.Outcome), as kfpipe_replies_total counts them.
@@ -48,6 +51,10 @@ const (
 	Skipped = "skipped" // an earlier run already sent this reply of the message
 	Refused = "refused" // WeChat refused it for good (returned as Permanent)
 	Failed  = "failed"  // it failed and is retried with the message
+	// ServicerSession: WeChat refused it with 95018 because a human
+	// servicer holds the session; a handler that returns the refusal
+	// (kfpipe.ErrServicerSession) finishes the message.
+	ServicerSession = "servicer_session"
 )
 
 // Reply is one Reply, Welcome or Transfer the handler made.
@@ -283,7 +290,8 @@ func New(t TB, h kfpipe.Handler, opts ...Option) *Harness {
 		t.Fatalf("kfpipetest: %v", err)
 	}
 	t.Cleanup(func() { _ = oc.Close() })
-	hs.fx = reply.New(oc, kc, nil, reply.WithObserver(hs.observe))
+	hs.fx = reply.New(oc, kc, nil, reply.WithObserver(hs.observe),
+		reply.WithSessions(reply.NewSessions(rdb, "kfpipetest:", 0)))
 	return hs
 }
 
@@ -338,6 +346,13 @@ func (hs *Harness) SessionState(user string) kf.State {
 	return kf.State(hs.fake.SessionState(OpenKfID, user))
 }
 
+// SetSessionState sets user's session state at the fake WeChat without an
+// event (Run a SessionStatusChange to change it the way WeChat announces
+// it): kf.StateServicer with servicer makes replies answer 95018.
+func (hs *Harness) SetSessionState(user string, state kf.State, servicer string) {
+	hs.fake.SetSessionState(OpenKfID, user, int(state), servicer)
+}
+
 // Run handles m as the consumer does: the handler is called, an error is
 // retried in place up to Attempts times, a Permanent error dead-letters
 // the message at once. Each call gets a reply context of its own, as after
@@ -357,6 +372,15 @@ func (hs *Harness) Run(m *kfpipe.Message) *Result {
 	hs.mu.Unlock()
 	if first {
 		hs.fake.Append(m.OpenKfID, wecom.Message{Raw: m.Raw})
+		if ev, ok := m.Event(); ok && ev.Type == kfpipe.EventSessionStatusChange {
+			// The change the event announces has happened at WeChat.
+			switch ev.ChangeType {
+			case wecomtest.ChangeEnded:
+				hs.fake.SetSessionState(m.OpenKfID, m.ExternalUserID, int(kf.StateEnded), "")
+			default:
+				hs.fake.SetSessionState(m.OpenKfID, m.ExternalUserID, int(kf.StateServicer), ev.NewServicerUserID)
+			}
+		}
 	}
 	c := &chatmsg.ChatMessage{MessageID: m.ID, UpstreamMsgID: m.UpstreamMsgID, OpenKfID: m.OpenKfID,
 		ExternalUserID: m.ExternalUserID, MsgType: m.MsgType, Origin: m.Origin, ServicerUserID: m.ServicerUserID,
@@ -368,6 +392,7 @@ func (hs *Harness) Run(m *kfpipe.Message) *Result {
 		hs.attempt = res.Attempts
 		hs.mu.Unlock()
 		to := reply.TargetOf(c)
+		hs.fx.Observe(context.Background(), c) // a session_status_change drops the cached state
 		err, timedOut := hs.call(reply.With(context.Background(), hs.fx, to), m)
 		// A routine refusal of a reply (kfpipe.ErrReplyWindow, …) the
 		// handler returns finishes the message, as in the consumer.

@@ -150,7 +150,8 @@ func TestSessionStateAndClient(t *testing.T) {
 			return err
 		}
 		if text, _ := m.Text(); text == "human" {
-			return kfpipe.Transfer(ctx, kf.StateServicer, "alice")
+			_, err := kfpipe.Transfer(ctx, kf.StateServicer, "alice")
+			return err
 		}
 		state, servicer, err := kfpipe.SessionState(ctx)
 		if err != nil {

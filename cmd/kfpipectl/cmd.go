@@ -77,7 +77,7 @@ purge that selects no letter it may act on).`,
 	pf.DurationVar(&a.timeout, "timeout", 30*time.Second, "timeout of each API call")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 	root.AddCommand(a.dlqCmd(), a.rateLimitCmd(), a.healthCmd(), a.auditCmd(), a.fleetCmd())
-	root.AddCommand(a.customerCmd())
+	root.AddCommand(a.customerCmd(), a.accountsCmd(), a.statsCmd())
 	return root
 }
 

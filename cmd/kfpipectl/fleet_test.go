@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +95,16 @@ func TestFleetViewsAgree(t *testing.T) {
 		if strings.Contains(line, "sc-live") && strings.Contains(line, "stale") {
 			t.Errorf("fleet table: sc-live marked stale: %q", line)
 		}
+	}
+
+	// accounts lists the accounts kf-producer reported, with their state.
+	st, _ := json.Marshal(map[string]any{"open_kfid": "wk-ctl-acct", "last_success": now, "reported": now})
+	if err := rdb.HSet(ctx, cfg.Redis.KeyPrefix+"sync:status", "wk-ctl-acct", st).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if out := viewer.must(0, "accounts").out; !strings.Contains(out, "ACCOUNT") ||
+		!regexp.MustCompile(`(?m)^wk-ctl-acct\s+ok\s`).MatchString(out) {
+		t.Fatalf("accounts:\n%s", out)
 	}
 
 	// health prints the overview's consumers table and actor total.

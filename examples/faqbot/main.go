@@ -73,7 +73,8 @@ func bot(servicer string) kfpipe.Handler {
 			if err := kfpipe.Reply(ctx, kf.Text{Content: "Connecting you to a person..."}); err != nil {
 				return err
 			}
-			return kfpipe.Transfer(ctx, kf.StateServicer, servicer)
+			_, err := kfpipe.Transfer(ctx, kf.StateServicer, servicer)
+			return err
 		case faq[key] != "":
 			return kfpipe.Reply(ctx, kf.Text{Content: faq[key]})
 		default:

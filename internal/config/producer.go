@@ -35,6 +35,12 @@ type WeCom struct {
 	OpenKfIDs      []string      `mapstructure:"open_kfids"` // synced periodically even without callbacks
 	RequestTimeout time.Duration `mapstructure:"request_timeout"`
 	PageLimit      int           `mapstructure:"page_limit"`
+	// DenyOpenKfIDs are accounts never synced, listed or not.
+	DenyOpenKfIDs []string `mapstructure:"deny_open_kfids"`
+	// AccountsRefresh is how often kf-producer lists the corp's accounts
+	// (account/list) besides at start and on kf_account_auth_change, when
+	// open_kfids is empty; 0 lists them only at start and on the event.
+	AccountsRefresh time.Duration `mapstructure:"accounts_refresh"`
 }
 
 // Sync configures the per-open_kfid sync loop.
@@ -87,7 +93,8 @@ func defaultProducer(env string) Producer {
 		Common: defaultCommon(env, "producer"),
 		Callback: Callback{Addr: "127.0.0.1:8081", Path: "/wecom/callback", MaxBodyBytes: 1 << 20,
 			TimestampWindow: 5 * time.Minute, ReplayWindow: 10 * time.Minute},
-		WeCom: WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
+		WeCom: WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000,
+			AccountsRefresh: 10 * time.Minute},
 		Sync: Sync{Lock: SyncLock{Backend: "redis"}, LockTTL: 10 * time.Second, SafetyInterval: time.Minute, RetryBase: 200 * time.Millisecond,
 			RetryMax: 30 * time.Second, Workers: 8, DeliveryWait: 45 * time.Second},
 		IDGen: IDGen{Epoch: "2024-01-01T00:00:00Z",
@@ -118,6 +125,12 @@ func (c *Producer) Validate() error {
 	v.nonEmpty("wecom.corp_id", w.CorpID)
 	v.nonEmpty("wecom.secret", w.Secret)
 	v.between("wecom.page_limit", w.PageLimit, 1, 1000)
+	for i, kf := range w.DenyOpenKfIDs {
+		v.nonEmpty("wecom.deny_open_kfids["+itoa(i)+"]", kf)
+	}
+	if w.AccountsRefresh < 0 {
+		v.addf("wecom.accounts_refresh", "must not be negative")
+	}
 	for i, kf := range w.OpenKfIDs {
 		v.nonEmpty("wecom.open_kfids["+itoa(i)+"]", kf)
 	}

@@ -14,6 +14,7 @@ type SyncerConfig struct {
 	Topic          string        // kafka.topics.main.name
 	KeyPrefix      string        // redis.key_prefix
 	OpenKfIDs      []string      // wecom.open_kfids: synced at start and every SafetyInterval
+	DenyOpenKfIDs  []string      // wecom.deny_open_kfids: never synced (accounts.go)
 	PageLimit      int           // wecom.page_limit
 	LockTTL        time.Duration // sync.lock_ttl
 	SafetyInterval time.Duration // sync.safety_interval; 0 = only the sync at start
@@ -35,6 +36,7 @@ func SyncerConfigFrom(c *config.Producer) SyncerConfig {
 		Topic:          c.Kafka.Topics.Main.Name,
 		KeyPrefix:      c.Redis.KeyPrefix,
 		OpenKfIDs:      c.WeCom.OpenKfIDs,
+		DenyOpenKfIDs:  c.WeCom.DenyOpenKfIDs,
 		PageLimit:      c.WeCom.PageLimit,
 		LockTTL:        c.Sync.LockTTL,
 		SafetyInterval: c.Sync.SafetyInterval,

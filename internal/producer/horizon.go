@@ -186,6 +186,7 @@ func (s *Syncer) statuses(now time.Time) []SyncStatus {
 		}
 		st.OldestWaiting = at
 	}
+	s.discoveredStatuses(byKf, now)
 	out := make([]SyncStatus, 0, len(byKf))
 	for _, st := range byKf {
 		out = append(out, *st)

@@ -108,6 +108,15 @@ func (r *RedisState) WriteSyncStatus(ctx context.Context, st []SyncStatus) error
 	return nil
 }
 
+// RemoveSyncStatus drops the status of accounts no longer synced, so the
+// console stops listing them.
+func (r *RedisState) RemoveSyncStatus(ctx context.Context, kfs []string) error {
+	if len(kfs) == 0 {
+		return nil
+	}
+	return r.c.HDel(ctx, r.statusKey(), kfs...).Err()
+}
+
 // SyncStatuses returns every account's last published SyncStatus, sorted
 // by open_kfid; a field that does not decode is skipped.
 func (r *RedisState) SyncStatuses(ctx context.Context) ([]SyncStatus, error) {

@@ -158,6 +158,8 @@ type Syncer struct {
 	failing map[string]*permanentFailure
 	// retrying holds the open_kfids with a retryWhenFree waiting (under mu).
 	retrying map[string]bool
+	// acct is the accounts synced (accounts.go).
+	acct accountSet
 	// hz is what the horizon metrics export (horizon.go).
 	hz horizon
 	// status, when set, receives the accounts' SyncStatus every
@@ -259,6 +261,7 @@ func NewSyncer(cfg SyncerConfig, d SyncerDeps, opts ...Option) (*Syncer, error) 
 	for _, o := range opts {
 		o(s)
 	}
+	s.initAccounts()
 	s.m = newSyncMetrics(s.reg)
 	if s.reg != nil {
 		s.reg.MustRegister(newHorizonCollector(s))
@@ -316,7 +319,7 @@ func (s *Syncer) Trigger(openKfID, callbackToken string) error {
 	if openKfID == "" {
 		return errors.New("sync trigger: empty open_kfid")
 	}
-	if len(s.cfg.OpenKfIDs) > 0 && !slices.Contains(s.cfg.OpenKfIDs, openKfID) {
+	if !s.admit(openKfID) {
 		s.m.triggers.WithLabelValues("unknown_open_kfid").Inc()
 		return fmt.Errorf("%w: %q", ErrUnknownOpenKfID, openKfID)
 	}
@@ -493,7 +496,7 @@ func (s *Syncer) setProduceErr(err error) {
 func (s *Syncer) safetyLoop() {
 	defer s.wg.Done()
 	for {
-		for _, kf := range s.cfg.OpenKfIDs {
+		for _, kf := range s.Accounts() {
 			if err := s.Trigger(kf, ""); err != nil && !errors.Is(err, ErrStopped) {
 				s.log.Warn("safety sync trigger", zap.String("open_kfid", kf), zap.Error(err))
 			}
@@ -532,7 +535,10 @@ func (s *Syncer) process(kf string) {
 	st.token = ""
 	s.mu.Unlock()
 
-	again := s.syncKf(kf, token)
+	again := false
+	if !s.removedAccount(kf) { // an account removed while queued is not synced
+		again = s.syncKf(kf, token)
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()

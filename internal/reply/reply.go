@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +45,7 @@ var (
 	ErrReplyWindow        = errors.New("kfpipe: WeChat refused the reply: 5 replies were sent since the customer's last message, or it is 48 hours old (95001, 95002)")
 	ErrSessionEnded       = errors.New("kfpipe: WeChat refused the reply: the session has ended (95013)")
 	ErrWelcomeCodeExpired = errors.New("kfpipe: WeChat refused the welcome message: its welcome_code expired (20 s) or was used (95017)")
+	ErrServicerSession    = errors.New("kfpipe: WeChat refused the reply: a human servicer holds the session (95018)")
 )
 
 // refusals are the routine refusals: WeChat's errcodes, the error a reply
@@ -56,7 +58,14 @@ var refusals = []struct {
 	{[]int{kf.CodeReplyLimit, kf.CodeReplyWindowClosed}, ErrReplyWindow, "reply_window"},
 	{[]int{kf.CodeSessionEnded}, ErrSessionEnded, "session_ended"},
 	{[]int{kf.CodeWelcomeCodeUsed}, ErrWelcomeCodeExpired, "welcome_code_expired"},
+	{[]int{kf.CodeSessionInvalid}, ErrServicerSession, ReasonServicerSession},
 }
+
+// ReasonServicerSession is the reason (kfpipe_reply_refusals_total) and
+// the reply outcome (kfpipe_replies_total) of a reply WeChat refused with
+// 95018 because a human servicer holds the session: the bot stays out of
+// the conversation, the message is finished, not dead-lettered.
+const ReasonServicerSession = "servicer_session"
 
 // routine returns the error of WeChat's routine refusal err (nil for any
 // other error).
@@ -89,6 +98,7 @@ type Effects struct {
 	settled    *prometheus.CounterVec
 	log        *zap.Logger
 	observe    func(Attempt)
+	sessions   *Sessions
 }
 
 // Option configures Effects.
@@ -109,8 +119,9 @@ type Attempt struct {
 	What    string
 	N       int
 	Content any
-	// Outcome is "sent", "skipped", "refused" or "failed"; Err the error
-	// Do returned.
+	// Outcome is "sent", "skipped", "refused", "failed" or
+	// "servicer_session" (95018: a human servicer holds the session); Err
+	// the error Do returned.
 	Outcome string
 	Err     error
 	// Earlier is the fingerprint of the reply an earlier run made at this
@@ -120,8 +131,9 @@ type Attempt struct {
 	Earlier, Fingerprint string
 }
 
-// outcomes label kfpipe_replies_total, in Counts' order.
-var outcomes = [...]string{"sent", "skipped", "refused", "failed"}
+// outcomes label kfpipe_replies_total, in Counts' order, then the
+// replies skipped because a human servicer holds the session.
+var outcomes = [...]string{"sent", "skipped", "refused", "failed", ReasonServicerSession}
 
 func (fx *Effects) count(i int) {
 	fx.counts[i].Add(1)
@@ -133,13 +145,13 @@ func (fx *Effects) count(i int) {
 func New(oc *once.Client, kc *kf.Client, reg prometheus.Registerer, opts ...Option) *Effects {
 	fx := &Effects{once: oc, kf: kc, outcome: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kfpipe_replies_total",
-		Help: "Replies (send_msg, welcome messages, session transfers) by outcome: sent, skipped (already sent for this message: a re-run handler), refused (a WeChat refusal that retrying cannot fix), failed (retried with the message).",
+		Help: "Replies (send_msg, welcome messages, session transfers) by outcome: sent, skipped (already sent for this message: a re-run handler), refused (a WeChat refusal that retrying cannot fix), failed (retried with the message), servicer_session (refused with 95018: a human servicer holds the session).",
 	}, []string{"outcome"}), mismatch: prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "kfpipe_reply_mismatch_total",
 		Help: "Replies skipped because an earlier run of the handler for the same message made a different reply at the same position: the handler does not reply the same way when it runs again, and the customer got the earlier reply.",
 	}), settled: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kfpipe_reply_refusals_total",
-		Help: "Messages finished although WeChat refused a reply for a routine reason (reply_window: 95001/95002, session_ended: 95013, welcome_code_expired: 95017) and the handler returned that refusal: recorded, not dead-lettered.",
+		Help: "Messages finished although WeChat refused a reply for a routine reason (reply_window: 95001/95002, session_ended: 95013, welcome_code_expired: 95017, servicer_session: 95018) and the handler returned that refusal: recorded, not dead-lettered.",
 	}, []string{"reason"}), log: zap.NewNop()}
 	for _, o := range outcomes {
 		fx.outcome.WithLabelValues(o)
@@ -173,13 +185,18 @@ func FromConfig(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (*
 	if err != nil {
 		return nil, nil, fmt.Errorf("replies: %w", err)
 	}
-	return New(oc, kc, base.Registry, WithLogger(base.Log)), func() { _ = oc.Close() }, nil
+	sessions := NewSessions(base.Redis, cfg.Redis.KeyPrefix, 0)
+	return New(oc, kc, base.Registry, WithLogger(base.Log), WithSessions(sessions)), func() { _ = oc.Close() }, nil
 }
 
 // Counts returns the replies counted so far by outcome.
 func (fx *Effects) Counts() (sent, skipped, refused, failed int) {
 	return int(fx.counts[0].Load()), int(fx.counts[1].Load()), int(fx.counts[2].Load()), int(fx.counts[3].Load())
 }
+
+// ServicerSkips returns how many replies WeChat refused with 95018 because
+// a human servicer held the session (kfpipe_replies_total{outcome="servicer_session"}).
+func (fx *Effects) ServicerSkips() int { return int(fx.counts[4].Load()) }
 
 // Mismatches returns how many replies were skipped because an earlier run
 // made a different reply at their position (kfpipe_reply_mismatch_total).
@@ -221,6 +238,7 @@ func With(ctx context.Context, fx *Effects, to Target) context.Context {
 func Wrap(h consumer.Handler, fx *Effects) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
 		to := TargetOf(c)
+		fx.Observe(ctx, c)
 		return fx.Settle(to, h.Handle(With(ctx, fx, to), c))
 	})
 }
@@ -236,9 +254,13 @@ func (fx *Effects) Settle(to Target, err error) error {
 	for _, r := range refusals {
 		if errors.Is(err, r.err) {
 			fx.settled.WithLabelValues(r.reason).Inc()
-			fx.log.Info("reply refused by WeChat for a routine reason; the message is finished, not dead-lettered",
-				zap.String("open_kfid", to.OpenKfID), zap.String("upstream_msgid", to.UpstreamMsgID),
+			msg := "reply refused by WeChat for a routine reason; the message is finished, not dead-lettered"
+			if r.reason == ReasonServicerSession {
+				msg = "reply skipped: a human servicer holds the session; the message is finished, not dead-lettered"
+			}
+			fx.log.Info(msg, zap.String("open_kfid", to.OpenKfID), zap.String("upstream_msgid", to.UpstreamMsgID),
 				zap.String("user_id", to.User), zap.String("reason", r.reason), zap.Error(err))
+			fx.sessions.recordSkip(to, r.reason, fx.log)
 			return nil
 		}
 	}
@@ -275,9 +297,23 @@ func Do(ctx context.Context, what string, send Send) error { return DoContent(ct
 // one) but counts it in kfpipe_reply_mismatch_total and logs a warning
 // with the message.
 func DoContent(ctx context.Context, what string, content any, send Send) error {
+	_, err := DoResult(ctx, what, content, func(ctx context.Context, kc *kf.Client, to Target, msgID string) (string, error) {
+		return "", send(ctx, kc, to, msgID)
+	})
+	return err
+}
+
+// SendResult is a reply's call to WeChat that returns a result to keep
+// with its done mark (a transfer's msg_code).
+type SendResult func(ctx context.Context, kc *kf.Client, to Target, msgID string) (string, error)
+
+// DoResult is DoContent for a call with a result: the result is stored in
+// the reply's done mark, so a run that finds the reply done gets the
+// result of the run that made it.
+func DoResult(ctx context.Context, what string, content any, send SendResult) (string, error) {
 	s, _ := ctx.Value(stateKey{}).(*state)
 	if s == nil || s.fx == nil {
-		return ErrNoReplier
+		return "", ErrNoReplier
 	}
 	s.mu.Lock()
 	n := s.n
@@ -287,15 +323,23 @@ func DoContent(ctx context.Context, what string, content any, send Send) error {
 	fx := s.fx
 	key := to.OpenKfID + ":" + to.UpstreamMsgID + ":" + strconv.Itoa(n)
 	fp := Fingerprint(what, content)
-	earlier, st, err := fx.once.ExecuteStatus(ctx, key, TTL, func(ctx context.Context) ([]byte, error) {
-		return []byte(fp), send(ctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
+	var result string
+	mark, st, err := fx.once.ExecuteStatus(ctx, key, TTL, func(ctx context.Context) ([]byte, error) {
+		r, err := send(ctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
+		result = r
+		if r != "" {
+			return []byte(fp + markSep + r), err
+		}
+		return []byte(fp), err
 	})
 	a := Attempt{Target: to, What: what, N: n, Content: content, Fingerprint: fp}
 	switch {
 	case err == nil && st == once.StatusDuplicate:
 		fx.count(1)
 		a.Outcome = "skipped"
-		if e := string(earlier); e != "" && fp != "" && e != fp {
+		earlier, r, _ := strings.Cut(string(mark), markSep)
+		result = r
+		if e := earlier; e != "" && fp != "" && e != fp {
 			a.Earlier = e
 			fx.mismatches.Add(1)
 			fx.mismatch.Inc()
@@ -306,6 +350,13 @@ func DoContent(ctx context.Context, what string, content any, send Send) error {
 	case err == nil:
 		fx.count(0)
 		a.Outcome = "sent"
+	case routine(err) == ErrServicerSession:
+		// Not a failure of the bot: a human serves the customer. The
+		// session's cached state is stale.
+		fx.count(4)
+		a.Outcome = ReasonServicerSession
+		fx.sessions.Forget(ctx, to.OpenKfID, to.User)
+		err = consumer.Permanent(fmt.Errorf("%s: %w: %w", what, ErrServicerSession, err))
 	case kf.IsPermanent(err):
 		// The 5-in-48h window, an ended session, an unknown user: retrying
 		// the message cannot change WeChat's answer.
@@ -325,8 +376,11 @@ func DoContent(ctx context.Context, what string, content any, send Send) error {
 	if fx.observe != nil {
 		fx.observe(a)
 	}
-	return err
+	return result, err
 }
+
+// markSep separates a done mark's fingerprint from the reply's result.
+const markSep = "\x00"
 
 // Transfer is a transfer's content: the state and servicer it asks for.
 type Transfer struct {

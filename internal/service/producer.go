@@ -68,7 +68,11 @@ func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base)
 	base.Ops.AddCheck("sync", func(context.Context) error { return p.Syncer.Healthy() })
 	base.Ops.AddCheck("worker_id", func(context.Context) error { return p.keeper.Err() })
 	base.Ops.AddCheck("kafka_producer", p.kp.Ready)
-	if err := p.startCallback(cfg, base); err != nil {
+	accounts, err := p.startDiscovery(rctx, cfg, base)
+	if err != nil {
+		return fail(err)
+	}
+	if err := p.startCallback(cfg, base, accounts); err != nil {
 		return fail(err)
 	}
 	return p, nil
@@ -177,7 +181,7 @@ func (p *Producer) startSync(ctx context.Context, cfg *config.Producer, base *da
 
 // startCallback serves WeChat's callback, which triggers a sync of the
 // account it names.
-func (p *Producer) startCallback(cfg *config.Producer, base *daemon.Base) error {
+func (p *Producer) startCallback(cfg *config.Producer, base *daemon.Base, opts ...wecom.HandlerOption) error {
 	log, prefix := base.Log, cfg.Redis.KeyPrefix
 	crypto, err := wecom.NewCrypto(cfg.Callback.Token, cfg.Callback.EncodingAESKey, cfg.WeCom.CorpID)
 	if err != nil {
@@ -198,7 +202,7 @@ func (p *Producer) startCallback(cfg *config.Producer, base *daemon.Base) error 
 		}
 	}
 	h := wecom.NewCallbackHandler(hcfg, crypto, wecom.NewRedisReplayCache(base.Redis, prefix), trigger,
-		wecom.WithHandlerLogger(log), wecom.WithHandlerRegisterer(base.Registry))
+		append(opts, wecom.WithHandlerLogger(log), wecom.WithHandlerRegisterer(base.Registry))...)
 	mux := http.NewServeMux()
 	mux.Handle(cfg.Callback.Path, h)
 	ln, err := net.Listen("tcp", cfg.Callback.Addr)

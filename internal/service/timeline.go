@@ -177,10 +177,18 @@ func (p pipelineView) Effects(ctx context.Context, user string, msgs []admin.Mes
 	if err != nil {
 		return nil, err
 	}
+	okfs, ups := make([]string, len(msgs)), make([]string, len(msgs))
+	for i, m := range msgs {
+		okfs[i], ups[i] = m.OpenKfID, m.UpstreamMsgID
+	}
+	skipped, err := reply.Skips(ctx, p.rdb, p.prefix, okfs, ups)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now()
 	out := make([]admin.MessageEffects, len(msgs))
 	for i, m := range msgs {
-		fx := admin.MessageEffects{Done: admin.DoneNo, Replies: []admin.ReplyMark{}}
+		fx := admin.MessageEffects{Done: admin.DoneNo, Replies: []admin.ReplyMark{}, ReplySkipped: skipped[i]}
 		old := m.SendTime == 0 || now.Sub(time.Unix(m.SendTime, 0)) > dedupKept
 		switch {
 		case keys[i] == "":

@@ -43,9 +43,20 @@ func (c *Client) Upload(ctx context.Context, api, path string, query url.Values,
 	return c.post(ctx, api, path, query, mw.FormDataContentType(), buf.Bytes(), out)
 }
 
+// Get GETs the API at path with query (the access token is added), as
+// WeChat's read-only calls such as kf/servicer/list ask, and decodes the
+// answer into out; errors and retries as for Call.
+func (c *Client) Get(ctx context.Context, api, path string, query url.Values, out any) error {
+	return c.send(ctx, http.MethodGet, api, path, query, "", nil, out)
+}
+
 // post sends body to path with query and the access token, and decodes the
 // answer into out.
 func (c *Client) post(ctx context.Context, api, path string, query url.Values, contentType string, body []byte, out any) error {
+	return c.send(ctx, http.MethodPost, api, path, query, contentType, body, out)
+}
+
+func (c *Client) send(ctx context.Context, method, api, path string, query url.Values, contentType string, body []byte, out any) error {
 	var raw json.RawMessage
 	err := c.callWithToken(ctx, api, func(ctx context.Context, tok string) (apiResult, error) {
 		q := url.Values{}
@@ -54,7 +65,7 @@ func (c *Client) post(ctx context.Context, api, path string, query url.Values, c
 		}
 		q.Set("access_token", tok)
 		raw = nil
-		if err := c.doContent(ctx, http.MethodPost, path+"?"+q.Encode(), contentType, body, &raw); err != nil {
+		if err := c.doContent(ctx, method, path+"?"+q.Encode(), contentType, body, &raw); err != nil {
 			return apiResult{}, err
 		}
 		var res apiResult

@@ -11,6 +11,11 @@ import (
 // messages or events to pull with sync_msg.
 const EventKFMsgOrEvent = "kf_msg_or_event"
 
+// EventKFAccountAuthChange is the callback event that tells us the corp's
+// customer-service accounts changed: AuthAddOpenKfId lists accounts the
+// app may now use, AuthDelOpenKfId accounts it no longer may.
+const EventKFAccountAuthChange = "kf_account_auth_change"
+
 // Envelope is the outer XML of a callback POST:
 // <xml><ToUserName/><Encrypt/><AgentID/></xml>.
 type Envelope struct {
@@ -50,6 +55,14 @@ type Event struct {
 	Event      string
 	Token      string
 	OpenKfID   string
+	// AuthAdd and AuthDel are a kf_account_auth_change's accounts added
+	// and removed.
+	AuthAdd, AuthDel []string
+}
+
+// IsAccountAuthChange reports whether the event says the accounts changed.
+func (e *Event) IsAccountAuthChange() bool {
+	return e.MsgType == "event" && e.Event == EventKFAccountAuthChange
 }
 
 type xmlEvent struct {
@@ -60,6 +73,8 @@ type xmlEvent struct {
 	Event      string   `xml:"Event"`
 	Token      string   `xml:"Token"`
 	OpenKfID   string   `xml:"OpenKfId"`
+	AuthAdd    []string `xml:"AuthAddOpenKfId"`
+	AuthDel    []string `xml:"AuthDelOpenKfId"`
 }
 
 // IsKFMsgOrEvent reports whether the event asks us to sync an open_kfid.
@@ -82,6 +97,16 @@ func ParseEvent(plain []byte) (*Event, error) {
 		Event:      strings.TrimSpace(x.Event),
 		Token:      strings.TrimSpace(x.Token),
 		OpenKfID:   strings.TrimSpace(x.OpenKfID),
+	}
+	for _, a := range x.AuthAdd {
+		if a = strings.TrimSpace(a); a != "" {
+			e.AuthAdd = append(e.AuthAdd, a)
+		}
+	}
+	for _, a := range x.AuthDel {
+		if a = strings.TrimSpace(a); a != "" {
+			e.AuthDel = append(e.AuthDel, a)
+		}
 	}
 	if e.MsgType == "" {
 		return nil, fmt.Errorf("%w: event has no MsgType", ErrMalformed)
@@ -115,7 +140,14 @@ func MarshalEventXML(e *Event) []byte {
 	b.WriteString(cdata(e.Token))
 	b.WriteString("]]></Token><OpenKfId><![CDATA[")
 	b.WriteString(cdata(e.OpenKfID))
-	b.WriteString("]]></OpenKfId></xml>")
+	b.WriteString("]]></OpenKfId>")
+	for _, a := range e.AuthAdd {
+		b.WriteString("<AuthAddOpenKfId><![CDATA[" + cdata(a) + "]]></AuthAddOpenKfId>")
+	}
+	for _, a := range e.AuthDel {
+		b.WriteString("<AuthDelOpenKfId><![CDATA[" + cdata(a) + "]]></AuthDelOpenKfId>")
+	}
+	b.WriteString("</xml>")
 	return []byte(b.String())
 }
 

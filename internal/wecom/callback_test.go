@@ -2,6 +2,7 @@ package wecom
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -35,7 +36,7 @@ func TestParseEnvelope(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if *got != tt.want {
+			if !reflect.DeepEqual(*got, tt.want) {
 				t.Fatalf("got %+v, want %+v", *got, tt.want)
 			}
 		})
@@ -62,6 +63,12 @@ func TestParseEvent(t *testing.T) {
 		{"round trip of MarshalEventXML", string(MarshalEventXML(&kf)), kf, false},
 		{"other event is parsed, not KF", "<xml><MsgType>event</MsgType><Event>change_contact</Event></xml>",
 			Event{MsgType: "event", Event: "change_contact"}, false},
+		{"kf_account_auth_change", `<xml><ToUserName><![CDATA[ww1]]></ToUserName><CreateTime>1</CreateTime>
+   <MsgType><![CDATA[event]]></MsgType><Event><![CDATA[kf_account_auth_change]]></Event>
+   <AuthAddOpenKfId><![CDATA[wkA]]></AuthAddOpenKfId><AuthAddOpenKfId><![CDATA[wkB]]></AuthAddOpenKfId>
+   <AuthDelOpenKfId><![CDATA[wkC]]></AuthDelOpenKfId></xml>`,
+			Event{ToUserName: "ww1", CreateTime: 1, MsgType: "event", Event: EventKFAccountAuthChange,
+				AuthAdd: []string{"wkA", "wkB"}, AuthDel: []string{"wkC"}}, false},
 		{"kf event without OpenKfId", "<xml><MsgType>event</MsgType><Event>kf_msg_or_event</Event><Token>t</Token></xml>", Event{}, true},
 		{"no MsgType", "<xml><Event>kf_msg_or_event</Event></xml>", Event{}, true},
 		{"bad CreateTime", "<xml><CreateTime>soon</CreateTime><MsgType>event</MsgType></xml>", Event{}, true},
@@ -79,7 +86,7 @@ func TestParseEvent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if *got != tt.want {
+			if !reflect.DeepEqual(*got, tt.want) {
 				t.Fatalf("got %+v, want %+v", *got, tt.want)
 			}
 		})

@@ -114,15 +114,23 @@ func WithHandlerRegisterer(r prometheus.Registerer) HandlerOption {
 	return func(h *CallbackHandler) { h.reg = r }
 }
 
+// WithAccountsChanged calls f (which must return quickly) for every
+// authentic kf_account_auth_change callback, with the accounts it added
+// and removed: kf-producer lists the accounts again.
+func WithAccountsChanged(f func(added, removed []string)) HandlerOption {
+	return func(h *CallbackHandler) { h.accounts = f }
+}
+
 // CallbackHandler is the http.Handler for WeChat's KF callback URL.
 type CallbackHandler struct {
-	cfg     CallbackConfig
-	crypto  *Crypto
-	replay  ReplayCache
-	trigger TriggerFunc
-	log     *zap.Logger
-	reg     prometheus.Registerer
-	results map[string]prometheus.Counter
+	cfg      CallbackConfig
+	crypto   *Crypto
+	replay   ReplayCache
+	accounts func(added, removed []string)
+	trigger  TriggerFunc
+	log      *zap.Logger
+	reg      prometheus.Registerer
+	results  map[string]prometheus.Counter
 }
 
 const defaultMaxBodyBytes = 1 << 20
@@ -300,6 +308,12 @@ func (h *CallbackHandler) event(w http.ResponseWriter, r *http.Request) {
 			h.success(w, ResultReplay)
 			return
 		}
+	}
+	if ev.IsAccountAuthChange() && h.accounts != nil {
+		h.log.Info("customer-service accounts changed", zap.Strings("added", ev.AuthAdd), zap.Strings("removed", ev.AuthDel))
+		h.accounts(ev.AuthAdd, ev.AuthDel)
+		h.success(w, ResultOK)
+		return
 	}
 	if !ev.IsKFMsgOrEvent() {
 		h.log.Debug("callback event ignored", zap.String("msg_type", ev.MsgType), zap.String("event", ev.Event))

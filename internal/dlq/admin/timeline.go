@@ -88,6 +88,10 @@ type MessageEffects struct {
 	// RepliesUnknown: the reply marks of a message this old may have
 	// expired.
 	RepliesUnknown bool `json:"replies_unknown,omitempty"`
+	// ReplySkipped is the routine refusal the handler finished the
+	// message with ("" none): servicer_session (a human servicer held the
+	// session, 95018), reply_window, session_ended, welcome_code_expired.
+	ReplySkipped string `json:"reply_skipped,omitempty"`
 }
 
 // ReplyMark is one reply recorded sent, under its exactly-once key.
@@ -110,7 +114,11 @@ const (
 	OutcomeProcessed  = "processed"   // processed, no reply recorded
 	OutcomeInDLQ      = "dead_letter" // failed, its letter waits for a retry or review
 	OutcomeInProgress = "in_progress" // on the main topic (or re-injected), not processed yet
-	OutcomeUnknownMsg = "unknown"     // what became of it is no longer kept
+	// OutcomeReplySkipped: processed, its reply refused by WeChat for a
+	// routine reason (a human servicer held the session, the reply
+	// window): finished, not dead-lettered.
+	OutcomeReplySkipped = "reply_skipped"
+	OutcomeUnknownMsg   = "unknown" // what became of it is no longer kept
 )
 
 // Timeline is the answer of GET /admin/customers/{user}/timeline.
@@ -151,14 +159,17 @@ type TimelineMessage struct {
 	Processed string `json:"processed"`
 	// Attempts counts the message's deliveries to the schedule-consumers
 	// seen (its records on the main topic, or the letters' retries).
-	Attempts int            `json:"attempts"`
-	Replies  []ReplyMark    `json:"replies"`
-	Letters  []DLQMessage   `json:"letters"`
-	Outcome  string         `json:"outcome"`
-	Story    string         `json:"story"`
-	effects  MessageEffects // as read
-	at       time.Time      // for ordering: newest first
-	off      int64
+	Attempts int          `json:"attempts"`
+	Replies  []ReplyMark  `json:"replies"`
+	Letters  []DLQMessage `json:"letters"`
+	// ReplySkipped is the routine refusal the message was finished with
+	// (MessageEffects.ReplySkipped).
+	ReplySkipped string         `json:"reply_skipped,omitempty"`
+	Outcome      string         `json:"outcome"`
+	Story        string         `json:"story"`
+	effects      MessageEffects // as read
+	at           time.Time      // for ordering: newest first
+	off          int64
 }
 
 // TimelineEvent is something that happened to the user rather than to one
@@ -468,6 +479,7 @@ func tell(m *TimelineMessage) {
 	fx := m.effects
 	m.Processed = fx.Done
 	m.Replies = append(m.Replies[:0], fx.Replies...)
+	m.ReplySkipped = fx.ReplySkipped
 	refused, past := false, false
 	for _, l := range m.Letters {
 		switch l.Reason {
@@ -501,6 +513,8 @@ func tell(m *TimelineMessage) {
 		}
 	}
 	switch {
+	case fx.Done == DoneYes && len(fx.Replies) == 0 && fx.ReplySkipped != "":
+		m.Outcome = OutcomeReplySkipped
 	case fx.Done == DoneYes && len(fx.Replies) > 0:
 		m.Outcome = OutcomeAnswered
 	case fx.Done == DoneYes:
@@ -541,6 +555,8 @@ func tell(m *TimelineMessage) {
 		} else {
 			b.WriteString("; processed, no reply recorded (the handler sent none)")
 		}
+	case OutcomeReplySkipped:
+		b.WriteString("; processed, the reply skipped: " + skipText(fx.ReplySkipped))
 	case OutcomeInDLQ:
 		b.WriteString("; not processed yet: waiting in the DLQ")
 	case OutcomeInProgress:
@@ -549,6 +565,21 @@ func tell(m *TimelineMessage) {
 		b.WriteString("; whether it was processed is no longer known (the dedup marks expire)")
 	}
 	m.Story = b.String()
+}
+
+// skipText says why a reply was skipped, from its reason.
+func skipText(reason string) string {
+	switch reason {
+	case "servicer_session":
+		return "a human servicer held the session (WeChat 95018)"
+	case "reply_window":
+		return "WeChat's reply window was used up (5 replies or 48 hours: 95001/95002)"
+	case "session_ended":
+		return "the session had ended (95013)"
+	case "welcome_code_expired":
+		return "the welcome or event code had expired or was used (95017)"
+	}
+	return reason
 }
 
 func letterFate(l DLQMessage) string {
@@ -633,7 +664,7 @@ func summarize(tl *Timeline) string {
 		counts[m.Outcome]++
 	}
 	var parts []string
-	for _, o := range []string{OutcomeAnswered, OutcomeProcessed, OutcomeInDLQ, OutcomeInProgress, OutcomeUnknownMsg} {
+	for _, o := range []string{OutcomeAnswered, OutcomeProcessed, OutcomeReplySkipped, OutcomeInDLQ, OutcomeInProgress, OutcomeUnknownMsg} {
 		if counts[o] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", counts[o], strings.ReplaceAll(o, "_", " ")))
 		}

@@ -65,11 +65,13 @@ func timelineFixture(t *testing.T) *fixture {
 			"cust-ok":  {rec(10, t0.Add(-2*time.Hour), "ok-old", false), rec(20, t0.Add(-time.Hour), "ok-new", false)},
 			"cust-rec": {rec(30, t0.Add(-3*time.Hour), "rec-1", false), rec(40, t0.Add(-2*time.Hour), "rec-1", true)},
 			"cust-blk": {rec(50, t0.Add(-30*time.Minute), "blk-1", false)},
+			"cust-hum": {rec(60, t0.Add(-20*time.Minute), "hum-1", false)},
 		},
 		effects: map[string]MessageEffects{
 			"ok-old": {Done: DoneYes, Replies: []ReplyMark{{Key: "wk1:ok-old:0"}}},
 			"ok-new": {Done: DoneYes, Replies: []ReplyMark{{Key: "wk1:ok-new:0"}, {Key: "wk1:ok-new:1"}}},
 			"rec-1":  {Done: DoneYes},
+			"hum-1":  {Done: DoneYes, ReplySkipped: "servicer_session"},
 		},
 	}
 	retryAt := t0.Add(time.Hour)
@@ -115,6 +117,24 @@ func TestTimelineAnswered(t *testing.T) {
 	}
 	if !strings.Contains(tl.Summary, "2 answered") || tl.Sources["main_topic"] != "ok" || tl.Sources["dedup"] != "ok" {
 		t.Fatalf("summary %q sources %v", tl.Summary, tl.Sources)
+	}
+}
+
+// TestTimelineReplySkipped: a message whose reply WeChat refused because
+// a human servicer held the session reads as a skipped reply, processed,
+// not a dead letter.
+func TestTimelineReplySkipped(t *testing.T) {
+	f := timelineFixture(t)
+	tl := f.timeline(t, "/admin/customers/cust-hum/timeline")
+	if len(tl.Messages) != 1 {
+		t.Fatalf("messages %d: %s", len(tl.Messages), tl.Summary)
+	}
+	m := tl.Messages[0]
+	if m.Outcome != OutcomeReplySkipped || m.ReplySkipped != "servicer_session" || m.Processed != DoneYes || len(m.Letters) != 0 {
+		t.Fatalf("message: %+v", m)
+	}
+	if !strings.Contains(m.Story, "a human servicer held the session") {
+		t.Fatalf("story: %s", m.Story)
 	}
 }
 

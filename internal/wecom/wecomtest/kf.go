@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/wecom"
 )
 
 // The reply side of the customer-service API, modelled on WeChat's rules:
@@ -14,10 +16,19 @@ import (
 //     (95002), and at most 5 messages may be sent after each message of the
 //     customer (95001); a session that ended refuses messages (95013); an
 //     unknown account is 95000, an unknown customer 40096.
+//   - send_msg: a text's content is at most 2048 bytes (45002); a
+//     ca_link needs an https link_url.
 //   - send_msg_on_event: the welcome_code of an enter_session event, valid
 //     20 seconds and once (95017); text or msgmenu only.
 //   - service_state/get and /trans: states 0 untreated, 1 bot, 2 queue,
 //     3 servicer, 4 ended; the transitions WeChat documents (95016 else).
+//     A change to 2, 3 or 4 returns a msg_code for send_msg_on_event
+//     (valid 20 seconds, once, like a welcome_code).
+//   - send_msg while a human servicer holds the session (state 3) is
+//     95018 (session status invalid): the API may not talk over the
+//     servicer. ServicerTakes and ServicerEnds change the state as a
+//     servicer does from the WeCom client and append the
+//     session_status_change event WeChat sends (with its msg_code).
 //   - customer/batchget: 1–100 external_userids; the ones the fake has seen
 //     write come back with a nickname, the others in invalid_external_userid.
 //   - media/upload: type image (≤ 10 MB), voice, video or file, as the
@@ -46,6 +57,7 @@ type Transfer struct {
 	OpenKfID, User string
 	From, To       int
 	Servicer       string
+	At             time.Time
 }
 
 const (
@@ -218,7 +230,11 @@ type sendBody struct {
 }
 
 var sendTypes = map[string]bool{"text": true, "image": true, "voice": true, "video": true, "file": true, "link": true,
-	"miniprogram": true, "msgmenu": true, "location": true}
+	"miniprogram": true, "msgmenu": true, "location": true, "ca_link": true}
+
+// maxText is WeChat's limit on a text message's content, in bytes (45002
+// beyond it).
+const maxText = 2048
 
 func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 	var raw map[string]json.RawMessage
@@ -235,6 +251,19 @@ func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 	}
 	if decErr != nil || !sendTypes[b.MsgType] || len(raw[b.MsgType]) == 0 || len(b.MsgID) > 32 {
 		writeErr(w, 40058, "invalid parameter")
+		return
+	}
+	var content struct {
+		Content string `json:"content"`
+		LinkURL string `json:"link_url"`
+	}
+	_ = json.Unmarshal(raw[b.MsgType], &content)
+	switch {
+	case b.MsgType == "text" && len(content.Content) > maxText:
+		writeErr(w, 45002, "content size out of limit")
+		return
+	case b.MsgType == "ca_link" && !strings.HasPrefix(content.LinkURL, "https://"):
+		writeErr(w, 40058, "invalid ca_link link_url")
 		return
 	}
 	now := s.opts.Clock()
@@ -261,6 +290,9 @@ func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 			return
 		case se.state == 4:
 			writeErr(w, 95013, "session ended")
+			return
+		case se.state == 3:
+			writeErr(w, 95018, "session status invalid: a servicer holds the session")
 			return
 		case !now.Before(se.windowEnd):
 			writeErr(w, 95002, "more than 48 hours since the customer's last message")
@@ -336,10 +368,10 @@ func (s *Server) serviceState(w http.ResponseWriter, r *http.Request, trans bool
 		return
 	}
 	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: b.OpenKfID, User: b.User, From: se.state, To: b.State,
-		Servicer: b.Servicer})
+		Servicer: b.Servicer, At: s.opts.Clock()})
 	se.state, se.servicer = b.State, b.Servicer
 	code := ""
-	if b.State == 3 || b.State == 4 {
+	if b.State == 2 || b.State == 3 || b.State == 4 {
 		code = randHex(16)
 		s.kf().welcomes[code] = &welcome{openKfID: b.OpenKfID, user: b.User, expires: s.opts.Clock().Add(welcomeCodeTTL)}
 	}
@@ -430,4 +462,66 @@ func (s *Server) uploadMedia(w http.ResponseWriter, r *http.Request) {
 	s.kf().media[id] = true
 	writeJSON(w, map[string]any{"errcode": 0, "errmsg": "ok", "type": typ, "media_id": id,
 		"created_at": strconv.FormatInt(s.opts.Clock().Unix(), 10)})
+}
+
+// Session status change types (the change_type of session_status_change).
+const (
+	ChangeFromQueue = 1 // a servicer took the session from the queue
+	ChangeTransfer  = 2 // the session was transferred to another servicer
+	ChangeEnded     = 3 // a servicer ended the session
+	ChangeReopened  = 4 // a servicer took an ended or transferred session again
+)
+
+// SetSessionState sets user's session state (and servicer) without an
+// event, as the state a test starts from.
+func (s *Server) SetSessionState(openKfID, user string, state int, servicer string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	se := s.sessionOf(openKfID, user)
+	se.state, se.servicer = state, servicer
+}
+
+// ServicerTakes makes servicer hold user's session (state 3), as a
+// servicer does from the WeCom client, and appends the
+// session_status_change event WeChat sends (change_type 1 from the queue
+// or a new session, 2 from another servicer), with a msg_code. It returns
+// the event's msgid.
+func (s *Server) ServicerTakes(openKfID, user, servicer string) string {
+	s.mu.Lock()
+	se := s.sessionOf(openKfID, user)
+	change, old := ChangeFromQueue, se.servicer
+	if se.state == 3 {
+		change = ChangeTransfer
+	}
+	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 3, Servicer: servicer,
+		At: s.opts.Clock()})
+	se.state, se.servicer = 3, servicer
+	s.mu.Unlock()
+	return s.sessionEvent(openKfID, user, change, old, servicer)
+}
+
+// ServicerEnds ends user's session as its servicer does (state 4) and
+// appends the session_status_change event (change_type 3). It returns the
+// event's msgid.
+func (s *Server) ServicerEnds(openKfID, user string) string {
+	s.mu.Lock()
+	se := s.sessionOf(openKfID, user)
+	old := se.servicer
+	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 4, At: s.opts.Clock()})
+	se.state, se.servicer = 4, ""
+	s.mu.Unlock()
+	return s.sessionEvent(openKfID, user, ChangeEnded, old, "")
+}
+
+func (s *Server) sessionEvent(openKfID, user string, change int, old, new string) string {
+	code := randHex(16)
+	s.mu.Lock()
+	s.kf().welcomes[code] = &welcome{openKfID: openKfID, user: user, expires: s.opts.Clock().Add(welcomeCodeTTL)}
+	s.mu.Unlock()
+	raw, _ := json.Marshal(map[string]any{
+		"origin": wecom.OriginEvent, "msgtype": "event",
+		"event": map[string]any{"event_type": "session_status_change", "open_kfid": openKfID, "external_userid": user,
+			"change_type": change, "old_servicer_userid": old, "new_servicer_userid": new, "msg_code": code},
+	})
+	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
 }

@@ -93,6 +93,32 @@ func (s *CallbackSender) SendEvent(ctx context.Context, openKfID, token string) 
 	return s.client().Do(req)
 }
 
+// SendAccountAuthChange posts a kf_account_auth_change callback: the
+// accounts added and removed. The caller closes the response body.
+func (s *CallbackSender) SendAccountAuthChange(ctx context.Context, added, removed []string) (*http.Response, error) {
+	c, err := s.crypto()
+	if err != nil {
+		return nil, err
+	}
+	plain := wecom.MarshalEventXML(&wecom.Event{ToUserName: s.CorpID, CreateTime: s.now().Unix(), MsgType: "event",
+		Event: wecom.EventKFAccountAuthChange, AuthAdd: added, AuthDel: removed})
+	enc, err := c.Encrypt(plain)
+	if err != nil {
+		return nil, err
+	}
+	q, err := s.SignedQuery(enc)
+	if err != nil {
+		return nil, err
+	}
+	body := wecom.MarshalEnvelopeXML(&wecom.Envelope{ToUserName: s.CorpID, Encrypt: enc})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"?"+q.Encode(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "text/xml")
+	return s.client().Do(req)
+}
+
 // VerifyURL makes WeChat's URL check: GET with echostr encrypted and
 // signed. A correct handler answers the plain echostr. The caller closes
 // the response body.

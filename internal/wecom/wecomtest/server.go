@@ -98,7 +98,8 @@ type Server struct {
 	counts       Counts
 	calls        []SyncCall
 	seq          int
-	kfs          *kfState // the reply side (kf.go)
+	kfs          *kfState       // the reply side (kf.go)
+	accs         *accountsState // the account side (accounts.go)
 	failSend     []int
 	media        *mediaState // inbound media (media.go)
 }
@@ -178,6 +179,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-t.C:
 		}
+	}
+	if s.serveAccounts(w, r) {
+		return
 	}
 	switch r.URL.Path {
 	case "/cgi-bin/gettoken":

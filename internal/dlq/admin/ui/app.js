@@ -730,6 +730,7 @@ document.addEventListener("DOMContentLoaded", () => {
 const outcomeText = {
   answered: "answered", processed: "processed, no reply", dead_letter: "in the DLQ",
   in_progress: "not processed yet", unknown: "unknown (expired)",
+  reply_skipped: "reply skipped (human serving, or WeChat's window)",
 };
 
 async function loadTimeline() {
@@ -779,7 +780,7 @@ async function loadTimeline() {
       }));
     });
     const oc = cell(tr, outcomeText[m.outcome] || m.outcome);
-    oc.className = "outcome " + ({ answered: "", processed: "" }[m.outcome] ?? "state-warning");
+    oc.className = "outcome " + ({ answered: "", processed: "", reply_skipped: "" }[m.outcome] ?? "state-warning");
     cell(tr, m.story).className = "story small";
     tb.appendChild(tr);
   });
