@@ -1,0 +1,396 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newStore returns a store on rdb; lease 600ms unless mutate changes it.
+func newStore(t *testing.T, rdb redis.UniversalClient, prefix, owner string, mutate func(*Config)) *Store {
+	t.Helper()
+	cfg := Config{Client: rdb, KeyPrefix: prefix, Owner: owner, Lease: 600 * time.Millisecond, TTL: 169 * time.Hour}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	s, err := New(ctxT(t, 5*time.Second), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return s
+}
+
+func acquire(t *testing.T, s *Store, topic string, p int32, within time.Duration) *Lease {
+	t.Helper()
+	l, err := s.Acquire(ctxT(t, within), topic, p)
+	if err != nil {
+		t.Fatalf("Acquire by %s: %v", s.Owner(), err)
+	}
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	return l
+}
+
+func msgs(sendTime int64, keys ...string) []Item {
+	out := make([]Item, len(keys))
+	for i, k := range keys {
+		out[i] = Item{Key: k, SendTime: sendTime}
+	}
+	return out
+}
+
+// expire makes the partition's lease look run out on Redis (what Redis
+// sees when its owner is cut off from it for longer than a lease).
+func expire(t *testing.T, rdb redis.UniversalClient, s *Store, topic string, p int32) {
+	t.Helper()
+	if err := rdb.HSet(context.Background(), s.ownKey(topic, p), "until", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "Client"},
+		{Config{Client: rdb, TTL: time.Hour, Lease: time.Millisecond}, "Lease"},
+		{Config{Client: rdb, TTL: time.Second}, "TTL"},
+		{Config{Client: rdb, TTL: time.Hour, Slot: 1500 * time.Millisecond}, "Slot"},
+		{Config{Client: rdb, TTL: time.Hour, Buckets: -1}, "Buckets"},
+	} {
+		tc.cfg.setDefaults()
+		err := tc.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func TestSuggestBuckets(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		parts int
+		want  int
+	}{{500, 64, 1}, {5000, 64, 2}, {50000, 64, 32}, {1e6, 8, 4096}} {
+		got := SuggestBuckets(tc.rate, tc.parts, 10*time.Second)
+		if got != tc.want {
+			t.Errorf("SuggestBuckets(%v, %d) = %d, want %d", tc.rate, tc.parts, got, tc.want)
+		}
+		if per := tc.rate / float64(tc.parts) * 10 / float64(got); per > 400 {
+			t.Errorf("SuggestBuckets(%v, %d): %.0f members a bucket", tc.rate, tc.parts, per)
+		}
+	}
+}
+
+func TestOwnershipHandOver(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 0, 2*time.Second)
+	if la.PrevHW() != -1 || la.MayRepeat(0) {
+		t.Fatalf("first owner: PrevHW %d MayRepeat(0) %v, want -1 false", la.PrevHW(), la.MayRepeat(0))
+	}
+	// Held: b waits, bounded by its context.
+	if _, err := b.Acquire(ctxT(t, 300*time.Millisecond), "t", 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire of a held partition = %v, want a deadline error", err)
+	}
+	// Renewal keeps it held past the lease.
+	time.Sleep(800 * time.Millisecond)
+	if !la.Valid() {
+		t.Fatalf("lease not renewed: %v", la.Err())
+	}
+	if err := la.Mark(ctxT(t, time.Second), 41, msgs(1000, "k1", "k2")); err != nil {
+		t.Fatal(err)
+	}
+	// Released: b takes it at once, with a larger token and a's high-water.
+	start := time.Now()
+	released := make(chan struct{})
+	go func() { time.Sleep(100 * time.Millisecond); _ = la.Release(context.Background()); close(released) }()
+	lb := acquire(t, b, "t", 0, 2*time.Second)
+	<-released
+	if took := time.Since(start); took > 400*time.Millisecond {
+		t.Errorf("take-over after release took %s", took)
+	}
+	if lb.Token() <= la.Token() {
+		t.Errorf("token %d after %d: not growing", lb.Token(), la.Token())
+	}
+	if lb.PrevHW() != 41 || !lb.MayRepeat(41) || lb.MayRepeat(42) {
+		t.Errorf("new owner: PrevHW %d, MayRepeat(41) %v, MayRepeat(42) %v; want 41 true false", lb.PrevHW(), lb.MayRepeat(41), lb.MayRepeat(42))
+	}
+	seen, err := lb.Seen(ctxT(t, time.Second), msgs(1000, "k1", "k3", "k2"))
+	if err != nil || !seen[0] || seen[1] || !seen[2] {
+		t.Errorf("Seen = %v %v, want [true false true]", seen, err)
+	}
+	// Not released: the next owner waits for expiry plus the grace.
+	c := newStore(t, rdb, prefix, "c", nil)
+	lb.mu.Lock()
+	lb.released = true // stop renewing without giving it back (a crash)
+	lb.mu.Unlock()
+	close(lb.stop)
+	<-lb.done
+	start = time.Now()
+	lc := acquire(t, c, "t", 0, 3*time.Second)
+	if took := time.Since(start); took < 500*time.Millisecond {
+		t.Errorf("take-over of a crashed owner's lease after %s, want its lease and grace (>= ~600ms)", took)
+	}
+	if lc.Token() <= lb.Token() {
+		t.Errorf("token %d after %d: not growing", lc.Token(), lb.Token())
+	}
+}
+
+// Hole 1: a mark refused because the lease moved still records the
+// effect; a later copy is found done.
+func TestHole1FencedMarkIsRecorded(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 3, 2*time.Second)
+	// a is cut off from Redis (not from Kafka): its lease runs out, b
+	// takes the partition; a's handler had succeeded meanwhile.
+	expire(t, rdb, a, "t", 3)
+	time.Sleep(a.grace() + 10*time.Millisecond)
+	lb := acquire(t, b, "t", 3, 2*time.Second)
+	err := la.Mark(ctxT(t, time.Second), 7, msgs(500, "eff"))
+	if !errors.Is(err, ErrFenced) {
+		t.Fatalf("Mark by the fenced owner = %v, want ErrFenced", err)
+	}
+	if !errors.Is(la.Err(), ErrFenced) || la.Valid() {
+		t.Errorf("fenced lease: Err %v Valid %v", la.Err(), la.Valid())
+	}
+	seen, err := lb.Seen(ctxT(t, time.Second), msgs(500, "eff"))
+	if err != nil || !seen[0] {
+		t.Fatalf("a re-pulled copy after a fenced mark: Seen = %v %v, want done", seen, err)
+	}
+	// And the high-water moved, so the offset is looked up by the next owner.
+	if hw, _ := rdb.HGet(context.Background(), a.ownKey("t", 3), "hw").Int64(); hw != 7 {
+		t.Errorf("hw after the fenced mark = %d, want 7", hw)
+	}
+}
+
+// Hole 2: a late plain mark of the old owner is visible to the new owner:
+// look-ups read Redis when the message runs, not a copy taken at takeover.
+func TestHole2LateMarkSeenByNewOwner(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 1, 2*time.Second)
+	expire(t, rdb, a, "t", 1)
+	time.Sleep(a.grace() + 10*time.Millisecond)
+	lb := acquire(t, b, "t", 1, 2*time.Second)
+	if seen, err := lb.Seen(ctxT(t, time.Second), msgs(900, "late")); err != nil || seen[0] {
+		t.Fatalf("before the late mark: %v %v", seen, err)
+	}
+	// a was paused after its own check; its mark lands now.
+	if err := la.Mark(ctxT(t, time.Second), 12, msgs(900, "late")); !errors.Is(err, ErrFenced) {
+		t.Fatalf("late mark = %v, want ErrFenced", err)
+	}
+	for i := 0; i < 3; i++ { // b asks again each time the message comes up
+		if seen, err := lb.Seen(ctxT(t, time.Second), msgs(900, "late")); err != nil || !seen[0] {
+			t.Fatalf("after the late mark (look-up %d): %v %v, want done", i, seen, err)
+		}
+	}
+}
+
+// Hole 3: a lease that was lost is never used again silently: it says so
+// (Lost, Err), its marks are fenced, renewal does not take it back, and
+// the owner must Acquire anew (a new token, renewed).
+func TestHole3LostLeaseStaysLost(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 2, 2*time.Second)
+	expire(t, rdb, a, "t", 2)
+	time.Sleep(a.grace() + 10*time.Millisecond)
+	lb := acquire(t, b, "t", 2, 2*time.Second)
+	select {
+	case <-la.Lost():
+	case <-time.After(time.Second):
+		t.Fatal("the old owner was not told its lease was taken (renewal)")
+	}
+	if !errors.Is(la.Check(), ErrFenced) {
+		t.Errorf("Check = %v, want ErrFenced", la.Check())
+	}
+	_ = lb.Release(context.Background())
+	// Even with the partition free again, the lost lease stays lost.
+	time.Sleep(300 * time.Millisecond)
+	if la.Valid() {
+		t.Fatal("a lost lease became valid again")
+	}
+	if err := la.Mark(ctxT(t, time.Second), 3, msgs(1, "x")); !errors.Is(err, ErrFenced) {
+		t.Errorf("Mark on a lost lease after release = %v, want ErrFenced", err)
+	}
+	la2 := acquire(t, a, "t", 2, 2*time.Second)
+	if la2.Token() <= lb.Token() {
+		t.Errorf("re-acquired token %d <= %d", la2.Token(), lb.Token())
+	}
+	time.Sleep(900 * time.Millisecond)
+	if !la2.Valid() {
+		t.Errorf("re-acquired lease not renewed: %v", la2.Err())
+	}
+}
+
+// Hole 3, the outage path: an owner cut off from Redis loses its lease by
+// its own clock before Redis lets another owner take it.
+func TestLeaseLostWhenRedisUnreachable(t *testing.T) {
+	addr := testenv.PrivateRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rdb.Close()
+	s := newStore(t, rdb, "p:", "a", nil)
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	if err := rdb.Do(context.Background(), "client", "pause", 3000, "all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case <-l.Lost():
+	case <-time.After(2 * time.Second):
+		t.Fatal("lease not lost while Redis was unreachable")
+	}
+	if took := time.Since(start); took > 700*time.Millisecond {
+		t.Errorf("lost after %s, want within the lease (600ms)", took)
+	}
+	if !errors.Is(l.Err(), ErrLost) {
+		t.Errorf("Err = %v, want ErrLost", l.Err())
+	}
+}
+
+// Hole 4: the token grows across a Sentinel-style failover where the
+// promoted replica lacks the last acquisition.
+func TestHole4TokenGrowsAcrossFailover(t *testing.T) {
+	master := testenv.PrivateRedis(t)
+	replica := testenv.PrivateRedis(t)
+	mc := redis.NewClient(&redis.Options{Addr: master})
+	rc := redis.NewClient(&redis.Options{Addr: replica})
+	defer mc.Close()
+	defer rc.Close()
+	ctx := ctxT(t, 20*time.Second)
+	host, port, _ := strings.Cut(master, ":")
+	if err := rc.Do(ctx, "replicaof", host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	a := newStore(t, mc, "p:", "a", nil)
+	la := acquire(t, a, "t", 0, 2*time.Second)
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the replica has the record.
+	for {
+		if v, _ := rc.HGet(ctx, a.ownKey("t", 0), "token").Result(); v == la.tokenS {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("replica never caught up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The failover: the replica is promoted; the master's last write (a
+	// new acquisition) does not reach it.
+	if err := rc.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := newStore(t, mc, "p:", "c", nil)
+	lc := acquire(t, c, "t", 0, 2*time.Second) // on the old master, lost with it
+	if lc.Token() <= la.Token() {
+		t.Fatalf("token %d after %d", lc.Token(), la.Token())
+	}
+	time.Sleep(2 * time.Millisecond)
+	d := newStore(t, rc, "p:", "d", nil)
+	ld := acquire(t, d, "t", 0, 2*time.Second) // on the promoted replica
+	if ld.Token() <= lc.Token() {
+		t.Fatalf("token after failover %d <= the lost acquisition's %d: a downstream keeping the largest token cannot fence the old owner", ld.Token(), lc.Token())
+	}
+}
+
+// Hole 5: after Redis lost its script cache, a mark over several buckets
+// (several keys) is re-run whole and accepted.
+func TestHole5MarkAfterScriptFlush(t *testing.T) {
+	addr := testenv.PrivateRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	s := newStore(t, rdb, "p:", "a", func(c *Config) { c.Buckets = 8 })
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var items []Item
+	for i := range 40 {
+		items = append(items, Item{Key: fmt.Sprintf("k%d", i), SendTime: 1000})
+	}
+	if err := l.Mark(ctxT(t, time.Second), 40, items); err != nil {
+		t.Fatalf("Mark after SCRIPT FLUSH = %v, want accepted", err)
+	}
+	seen, err := l.Seen(ctxT(t, time.Second), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range seen {
+		if !v {
+			t.Fatalf("item %d not marked after SCRIPT FLUSH", i)
+		}
+	}
+}
+
+// Hole 6: marks live TTL after their last write whatever the message's
+// send time: a letter retried 4 days later, whose message (sent 4 days
+// ago) was done by a copy, is recognised. (The config refuses a TTL
+// shorter than the DLQ's retry horizon.)
+func TestHole6OldLetterRecognised(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", func(c *Config) { c.TTL = 168 * time.Hour })
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	sent := time.Now().Add(-4 * 24 * time.Hour).Unix()
+	if err := l.Mark(ctxT(t, time.Second), 5, msgs(sent, "old")); err != nil {
+		t.Fatal(err)
+	}
+	k := s.bucketKey(s.tag("t", 0), sent, Digest("old"))
+	ttl, err := rdb.TTL(context.Background(), k).Result()
+	if err != nil || ttl < 168*time.Hour {
+		t.Fatalf("bucket TTL = %s %v, want >= 168h (the DLQ's retry horizon)", ttl, err)
+	}
+	seen, err := s.Seen(ctxT(t, time.Second), "t", 0, msgs(sent, "old"))
+	if err != nil || !seen[0] {
+		t.Fatalf("4-day-old letter: Seen = %v %v, want done", seen, err)
+	}
+}
+
+// The buckets are intsets: ~8 bytes a member.
+func TestBucketsAreIntsets(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", nil)
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	var items []Item
+	for i := range 400 {
+		items = append(items, Item{Key: fmt.Sprintf("wkKKKK:%08x-0000-4000-8000-%012x", i, i), SendTime: 2000})
+	}
+	if err := l.Mark(ctxT(t, time.Second), 399, items); err != nil {
+		t.Fatal(err)
+	}
+	k := s.bucketKey(s.tag("t", 0), 2000, 0)
+	enc, err := rdb.ObjectEncoding(context.Background(), k).Result()
+	if err != nil || enc != "intset" {
+		t.Fatalf("bucket encoding %q %v, want intset", enc, err)
+	}
+	if n, _ := rdb.SCard(context.Background(), k).Result(); n != 400 {
+		t.Fatalf("bucket has %d members, want 400", n)
+	}
+	mem, err := rdb.MemoryUsage(context.Background(), k).Result()
+	if err != nil || float64(mem)/400 > 10 {
+		t.Fatalf("bucket memory %d B for 400 members (%v), want <= 10 B a member", mem, err)
+	}
+}
