@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,6 +39,10 @@ type Lease struct {
 	lost     chan struct{}
 	lostErr  error
 	released bool
+
+	// cutOff, in tests, makes every renewal fail as if Redis were
+	// unreachable from this owner only.
+	cutOff atomic.Bool
 
 	markMu sync.Mutex // one mark in flight: hw only grows in order
 	stop   chan struct{}
@@ -177,12 +182,16 @@ func (l *Lease) renew() {
 			err error
 		}
 		ch := make(chan answer, 1)
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), l.s.cfg.Lease)
-			defer cancel()
-			n, err := renewScript.Run(ctx, l.s.cfg.Client, []string{l.key}, l.s.owner, l.tokenS, l.s.cfg.Lease.Microseconds()).Int64()
-			ch <- answer{n, err}
-		}()
+		if l.cutOff.Load() {
+			ch <- answer{err: errors.New("cut off from Redis (test)")}
+		} else {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), l.s.cfg.Lease)
+				defer cancel()
+				n, err := renewScript.Run(ctx, l.s.cfg.Client, []string{l.key}, l.s.owner, l.tokenS, l.s.cfg.Lease.Microseconds()).Int64()
+				ch <- answer{n, err}
+			}()
+		}
 		var a answer
 		select {
 		case a = <-ch:
@@ -286,6 +295,21 @@ func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 // Seen is Store.Seen on the lease's partition.
 func (l *Lease) Seen(ctx context.Context, items []Item) ([]bool, error) {
 	return l.s.Seen(ctx, l.topic, l.partition, items)
+}
+
+// Look is Store.Look on the lease's partition.
+func (l *Lease) Look(ctx context.Context, items []Item) ([]Status, error) {
+	return l.s.Look(ctx, l.topic, l.partition, items)
+}
+
+// SetLogEnd tells a lease whose partition was never owned under this
+// store (PrevHW -1) where the partition's log ended at assignment: while
+// Legacy is set, every offset below it may have been handled by a
+// consumer of an old store, so MayRepeat says so. No-op otherwise.
+func (l *Lease) SetLogEnd(end int64) {
+	if l.prevHW < 0 && l.s.cfg.Legacy.on() {
+		l.prevHW = end - 1
+	}
 }
 
 // Release stops renewing and gives the lease back so the next owner need

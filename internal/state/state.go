@@ -75,6 +75,9 @@ type Config struct {
 	// owner of a partition must use the same values while marks live.
 	Slot    time.Duration
 	Buckets int
+	// Legacy, when set, makes look-ups also read the old dedup stores'
+	// keys: for one dedup TTL after switching to this store.
+	Legacy *Legacy
 }
 
 func (c *Config) setDefaults() {
@@ -150,10 +153,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 func (s *Store) Owner() string { return s.owner }
 
 // Item is one message: its idempotency key and WeChat's send_time (Unix
-// seconds), both the same in every copy of the message.
+// seconds), both the same in every copy of the message. User (the
+// external_userid) is read only to find the old leases store's marks.
 type Item struct {
 	Key      string
 	SendTime int64
+	User     string
 }
 
 // Digest is the 63-bit digest of an idempotency key stored as a mark.
@@ -175,10 +180,26 @@ func (s *Store) bucketKey(tag string, sendTime, digest int64) string {
 	return tag + ":d:" + strconv.FormatInt(slot, 10) + ":" + strconv.FormatInt(digest%int64(s.cfg.Buckets), 10)
 }
 
-// Seen reports which items of the partition are marked done. It needs no
-// lease: a DLQ or an admin may ask too. One pipeline of SMISMEMBER, one
-// per bucket.
+// Seen reports which items of the partition are done: Look without the
+// distinction between Fresh and Held (a Held item is not done).
 func (s *Store) Seen(ctx context.Context, topic string, partition int32, items []Item) ([]bool, error) {
+	st, err := s.Look(ctx, topic, partition, items)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(st))
+	for i, v := range st {
+		out[i] = v == Done
+	}
+	return out, nil
+}
+
+// Look reports what is recorded for each item of the partition: Done,
+// Fresh, or (while Legacy is set) Held by an old store's owner. It needs
+// no lease: a DLQ or an admin may ask too. It reads Redis every time,
+// never a copy: one pipeline of SMISMEMBER, one per bucket, and with
+// Legacy a second one for the items not found.
+func (s *Store) Look(ctx context.Context, topic string, partition int32, items []Item) ([]Status, error) {
 	tag := s.tag(topic, partition)
 	type q struct {
 		idx     []int
@@ -206,10 +227,17 @@ func (s *Store) Seen(ctx context.Context, topic string, partition int32, items [
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("state: look up marks: %w", err)
 	}
-	out := make([]bool, len(items))
+	out := make([]Status, len(items))
 	for j, k := range order {
 		for n, v := range cmds[j].Val() {
-			out[byKey[k].idx[n]] = v
+			if v {
+				out[byKey[k].idx[n]] = Done
+			}
+		}
+	}
+	if s.cfg.Legacy.on() {
+		if err := s.legacyLook(ctx, items, out); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,12 +54,19 @@ func msgs(sendTime int64, keys ...string) []Item {
 	return out
 }
 
-// expire makes the partition's lease look run out on Redis (what Redis
-// sees when its owner is cut off from it for longer than a lease).
-func expire(t *testing.T, rdb redis.UniversalClient, s *Store, topic string, p int32) {
+// cutOff cuts the lease's owner off from Redis (not from Kafka): its
+// renewals fail, it loses the lease by its own clock, and Redis lets
+// another owner take it after the lease and the grace.
+func cutOff(t *testing.T, l *Lease) {
 	t.Helper()
-	if err := rdb.HSet(context.Background(), s.ownKey(topic, p), "until", "0").Err(); err != nil {
-		t.Fatal(err)
+	l.cutOff.Store(true)
+	select {
+	case <-l.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a cut-off owner did not lose its lease by its own clock")
+	}
+	if !errors.Is(l.Err(), ErrLost) {
+		t.Fatalf("Err = %v, want ErrLost", l.Err())
 	}
 }
 
@@ -163,15 +172,14 @@ func TestHole1FencedMarkIsRecorded(t *testing.T) {
 	la := acquire(t, a, "t", 3, 2*time.Second)
 	// a is cut off from Redis (not from Kafka): its lease runs out, b
 	// takes the partition; a's handler had succeeded meanwhile.
-	expire(t, rdb, a, "t", 3)
-	time.Sleep(a.grace() + 10*time.Millisecond)
+	cutOff(t, la)
 	lb := acquire(t, b, "t", 3, 2*time.Second)
 	err := la.Mark(ctxT(t, time.Second), 7, msgs(500, "eff"))
 	if !errors.Is(err, ErrFenced) {
 		t.Fatalf("Mark by the fenced owner = %v, want ErrFenced", err)
 	}
-	if !errors.Is(la.Err(), ErrFenced) || la.Valid() {
-		t.Errorf("fenced lease: Err %v Valid %v", la.Err(), la.Valid())
+	if la.Valid() {
+		t.Error("a fenced lease is valid")
 	}
 	seen, err := lb.Seen(ctxT(t, time.Second), msgs(500, "eff"))
 	if err != nil || !seen[0] {
@@ -190,8 +198,7 @@ func TestHole2LateMarkSeenByNewOwner(t *testing.T) {
 	a := newStore(t, rdb, prefix, "a", nil)
 	b := newStore(t, rdb, prefix, "b", nil)
 	la := acquire(t, a, "t", 1, 2*time.Second)
-	expire(t, rdb, a, "t", 1)
-	time.Sleep(a.grace() + 10*time.Millisecond)
+	cutOff(t, la)
 	lb := acquire(t, b, "t", 1, 2*time.Second)
 	if seen, err := lb.Seen(ctxT(t, time.Second), msgs(900, "late")); err != nil || seen[0] {
 		t.Fatalf("before the late mark: %v %v", seen, err)
@@ -215,17 +222,17 @@ func TestHole3LostLeaseStaysLost(t *testing.T) {
 	a := newStore(t, rdb, prefix, "a", nil)
 	b := newStore(t, rdb, prefix, "b", nil)
 	la := acquire(t, a, "t", 2, 2*time.Second)
-	expire(t, rdb, a, "t", 2)
-	time.Sleep(a.grace() + 10*time.Millisecond)
+	cutOff(t, la)
 	lb := acquire(t, b, "t", 2, 2*time.Second)
 	select {
 	case <-la.Lost():
 	case <-time.After(time.Second):
 		t.Fatal("the old owner was not told its lease was taken (renewal)")
 	}
-	if !errors.Is(la.Check(), ErrFenced) {
-		t.Errorf("Check = %v, want ErrFenced", la.Check())
+	if !errors.Is(la.Check(), ErrLost) {
+		t.Errorf("Check = %v, want ErrLost", la.Check())
 	}
+	la.cutOff.Store(false) // reachable again: nothing brings the lease back
 	_ = lb.Release(context.Background())
 	// Even with the partition free again, the lost lease stays lost.
 	time.Sleep(300 * time.Millisecond)
@@ -392,5 +399,68 @@ func TestBucketsAreIntsets(t *testing.T) {
 	mem, err := rdb.MemoryUsage(context.Background(), k).Result()
 	if err != nil || float64(mem)/400 > 10 {
 		t.Fatalf("bucket memory %d B for 400 members (%v), want <= 10 B a member", mem, err)
+	}
+}
+
+// Migration from claims: for one TTL after the switch the old per-message
+// keys are read: a done marker is Done, a running claim is Held (never
+// run beside it), no key is Fresh. A partition never owned under this
+// store treats everything below the log end as a possible repeat.
+func TestLegacyClaimsRead(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	old := prefix + "dedup:"
+	ctx := ctxT(t, 5*time.Second)
+	// As store claims leaves them: "d:" once done, "p:<owner>:<seq>" while claimed.
+	rdb.Set(ctx, old+"kf:done", "d:", time.Hour)
+	rdb.Set(ctx, old+"kf:running", "p:schedule-consumer:abc:1", time.Minute)
+	s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Legacy = &Legacy{Prefix: old, Claims: true} })
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	if l.MayRepeat(0) {
+		t.Fatal("MayRepeat before SetLogEnd")
+	}
+	l.SetLogEnd(100)
+	if !l.MayRepeat(99) || l.MayRepeat(100) {
+		t.Fatalf("after SetLogEnd(100): MayRepeat(99) %v MayRepeat(100) %v, want true false", l.MayRepeat(99), l.MayRepeat(100))
+	}
+	st, err := l.Look(ctx, msgs(1000, "kf:done", "kf:running", "kf:new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0] != Done || st[1] != Held || st[2] != Fresh {
+		t.Fatalf("Look = %v, want [done held fresh]", st)
+	}
+	// Without Legacy (after one TTL) the old keys are not read.
+	s2 := newStore(t, rdb, prefix, "b", nil)
+	if st, _ := s2.Look(ctx, "t", 0, msgs(1000, "kf:done")); st[0] != Fresh {
+		t.Fatalf("Look without Legacy = %v, want fresh", st)
+	}
+}
+
+// Migration from leases: the user's day set of FNV-1a digests is read; a
+// user lease still in force is Held.
+func TestLegacyLeasesRead(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	old := prefix + "dedup:"
+	ctx := ctxT(t, 5*time.Second)
+	sent := int64(1700000000)
+	day := strconv.FormatInt(sent/86400, 10)
+	// As store leases leaves them.
+	rdb.SAdd(ctx, old+"u:D:wmA:"+day, fnvDigest("kf:a1"))
+	rdb.Set(ctx, old+"u:L:wmB", "7:schedule-consumer:abc", time.Minute)
+	s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Legacy = &Legacy{Prefix: old, Leases: true} })
+	items := []Item{{Key: "kf:a1", SendTime: sent, User: "wmA"}, {Key: "kf:a2", SendTime: sent, User: "wmA"},
+		{Key: "kf:b1", SendTime: sent, User: "wmB"}}
+	st, err := s.Look(ctx, "t", 0, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0] != Done || st[1] != Fresh || st[2] != Held {
+		t.Fatalf("Look = %v, want [done fresh held]", st)
+	}
+	// The leases store's digest, checked against hash/fnv.
+	h := fnv.New64a()
+	h.Write([]byte("kf:a1"))
+	if int64(h.Sum64()) != fnvDigest("kf:a1") {
+		t.Fatal("fnvDigest differs from FNV-1a 64")
 	}
 }
