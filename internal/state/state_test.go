@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -462,5 +463,85 @@ func TestLegacyLeasesRead(t *testing.T) {
 	h.Write([]byte("kf:a1"))
 	if int64(h.Sum64()) != fnvDigest("kf:a1") {
 		t.Fatal("fnvDigest differs from FNV-1a 64")
+	}
+}
+
+// The marker batches a partition's marks: many messages, few calls, every
+// done called once after its mark was recorded, hw the largest offset.
+func TestMarkerBatches(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", nil)
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	m := l.NewMarker(20*time.Millisecond, 100)
+	var mu sync.Mutex
+	var items []Item
+	done := map[int64]error{}
+	for i := range 1000 {
+		it := Item{Key: fmt.Sprintf("k%d", i), SendTime: 5000}
+		items = append(items, it)
+		off := int64(i)
+		m.Add(it, off, func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, dup := done[off]; dup {
+				t.Errorf("done called twice for %d", off)
+			}
+			done[off] = err
+		})
+	}
+	m.Close()
+	if len(done) != 1000 {
+		t.Fatalf("%d dones, want 1000", len(done))
+	}
+	for off, err := range done {
+		if err != nil {
+			t.Fatalf("mark %d: %v", off, err)
+		}
+	}
+	if m.sends > 20 {
+		t.Errorf("%d Mark calls for 1000 messages in batches of 100", m.sends)
+	}
+	seen, err := l.Seen(ctxT(t, time.Second), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range seen {
+		if !v {
+			t.Fatalf("message %d not marked", i)
+		}
+	}
+	if hw, _ := rdb.HGet(context.Background(), s.ownKey("t", 0), "hw").Int64(); hw != 999 {
+		t.Errorf("hw %d, want 999", hw)
+	}
+	// After Close, Add fails at once.
+	var got error
+	m.Add(Item{Key: "late"}, 1000, func(err error) { got = err })
+	if !errors.Is(got, ErrMarkerClosed) {
+		t.Errorf("Add after Close: %v, want ErrMarkerClosed", got)
+	}
+}
+
+// A fenced marker's marks are recorded and every done says ErrFenced.
+func TestMarkerFenced(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 0, 2*time.Second)
+	cutOff(t, la)
+	lb := acquire(t, b, "t", 0, 2*time.Second)
+	m := la.NewMarker(time.Millisecond, 10)
+	errs := make(chan error, 3)
+	for i := range 3 {
+		m.Add(Item{Key: fmt.Sprintf("f%d", i), SendTime: 1}, int64(i), func(err error) { errs <- err })
+	}
+	m.Close()
+	for range 3 {
+		if err := <-errs; !errors.Is(err, ErrFenced) {
+			t.Fatalf("done = %v, want ErrFenced", err)
+		}
+	}
+	seen, _ := lb.Seen(ctxT(t, time.Second), msgs(1, "f0", "f1", "f2"))
+	if !seen[0] || !seen[1] || !seen[2] {
+		t.Fatalf("fenced marks not recorded: %v", seen)
 	}
 }
