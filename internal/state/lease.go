@@ -220,6 +220,9 @@ func (l *Lease) renew() {
 	}
 }
 
+// maxMarkBatch is the most items one mark script call takes.
+const maxMarkBatch = 4000
+
 // Mark records items as done, with hw the highest offset they cover, in
 // one script call. The marks are recorded even when the lease has moved
 // (then ErrFenced: stop, commit nothing more). Any other error means the
@@ -227,6 +230,13 @@ func (l *Lease) renew() {
 func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 	if len(items) == 0 {
 		return nil
+	}
+	// Lua unpacks a bucket's digests onto its stack (at most ~8000).
+	for len(items) > maxMarkBatch {
+		if err := l.Mark(ctx, hw, items[:maxMarkBatch]); err != nil {
+			return err
+		}
+		items = items[maxMarkBatch:]
 	}
 	l.markMu.Lock()
 	defer l.markMu.Unlock()

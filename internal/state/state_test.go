@@ -545,3 +545,26 @@ func TestMarkerFenced(t *testing.T) {
 		t.Fatalf("fenced marks not recorded: %v", seen)
 	}
 }
+
+// A batch larger than Lua's unpack limit is recorded in several calls.
+func TestMarkLargeBatch(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", nil)
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	items := make([]Item, 9000)
+	for i := range items {
+		items[i] = Item{Key: fmt.Sprintf("big%d", i), SendTime: 7}
+	}
+	if err := l.Mark(ctxT(t, 5*time.Second), 8999, items); err != nil {
+		t.Fatalf("Mark of 9000 = %v", err)
+	}
+	seen, err := l.Seen(ctxT(t, 5*time.Second), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range seen {
+		if !v {
+			t.Fatalf("item %d not marked", i)
+		}
+	}
+}
