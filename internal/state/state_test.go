@@ -225,6 +225,11 @@ func TestHole3LostLeaseStaysLost(t *testing.T) {
 	la := acquire(t, a, "t", 2, 2*time.Second)
 	cutOff(t, la)
 	lb := acquire(t, b, "t", 2, 2*time.Second)
+	// The stated window: the new owner starts no earlier than the grace
+	// after the old owner's own deadline (one machine, one clock here).
+	if took, dl := time.Now(), la.Deadline(); took.Before(dl.Add(a.grace())) {
+		t.Errorf("new owner started %s after the old owner's deadline, want >= the grace %s", took.Sub(dl), a.grace())
+	}
 	select {
 	case <-la.Lost():
 	case <-time.After(time.Second):
