@@ -18,7 +18,7 @@ import (
 // into ARGV and made the leases store refuse a fenced mark that was its
 // own.
 func TestNoScriptFallbackKeepsTheKeyCount(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: testenv.PrivateRedis(t)})
+	rdb := redis.NewClient(&redis.Options{Addr: testenv.PrivateRedis(t, "--dir", t.TempDir())})
 	defer rdb.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

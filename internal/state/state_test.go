@@ -261,7 +261,7 @@ func TestHole3LostLeaseStaysLost(t *testing.T) {
 // Hole 3, the outage path: an owner cut off from Redis loses its lease by
 // its own clock before Redis lets another owner take it.
 func TestLeaseLostWhenRedisUnreachable(t *testing.T) {
-	addr := testenv.PrivateRedis(t)
+	addr := testenv.PrivateRedis(t, "--dir", t.TempDir())
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer rdb.Close()
 	s := newStore(t, rdb, "p:", "a", nil)
@@ -286,8 +286,8 @@ func TestLeaseLostWhenRedisUnreachable(t *testing.T) {
 // Hole 4: the token grows across a Sentinel-style failover where the
 // promoted replica lacks the last acquisition.
 func TestHole4TokenGrowsAcrossFailover(t *testing.T) {
-	master := testenv.PrivateRedis(t)
-	replica := testenv.PrivateRedis(t)
+	master := testenv.PrivateRedis(t, "--dir", t.TempDir())
+	replica := testenv.PrivateRedis(t, "--dir", t.TempDir())
 	mc := redis.NewClient(&redis.Options{Addr: master})
 	rc := redis.NewClient(&redis.Options{Addr: replica})
 	defer mc.Close()
@@ -333,7 +333,7 @@ func TestHole4TokenGrowsAcrossFailover(t *testing.T) {
 // Hole 5: after Redis lost its script cache, a mark over several buckets
 // (several keys) is re-run whole and accepted.
 func TestHole5MarkAfterScriptFlush(t *testing.T) {
-	addr := testenv.PrivateRedis(t)
+	addr := testenv.PrivateRedis(t, "--dir", t.TempDir())
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	s := newStore(t, rdb, "p:", "a", func(c *Config) { c.Buckets = 8 })
