@@ -37,7 +37,7 @@ func (c *Client) GetMedia(ctx context.Context, mediaID string) (*Media, error) {
 	}
 	wait := retryWait
 	for try := 1; ; try++ {
-		d, err := c.c.Get(ctx, "media/get", "/cgi-bin/media/get", url.Values{"media_id": {mediaID}})
+		d, err := c.c.Download(ctx, "media/get", "/cgi-bin/media/get", url.Values{"media_id": {mediaID}})
 		if err == nil {
 			return &Media{Body: d.Body, Size: d.Size, ContentType: d.ContentType, FileName: d.FileName}, nil
 		}

@@ -12,6 +12,11 @@
 # The peer scenario runs Confluent's Parallel Consumer (bench/pc-peer, built here with
 # Maven from Maven Central into .run/bench/pc-peer.jar) beside kfpipe on the same topic.
 #   KFPIPE_BENCH_NO_PLOT=1                  skip the plots
+#   KFPIPE_BENCH_ARGS="-msgs 200000"        extra harness flags (e.g. state: -workloads dense -no-old)
+#
+# state runs three workloads (dense, conversation, write-once) of 1M messages
+# each: the per-partition store, then the old dedup stores' full pipelines as
+# baselines (15-40 minutes; its time limit is 60 minutes, 5 for the others).
 #   KFPIPE_KEEP_SERVICES=1                  leave the services running afterwards
 set -euo pipefail
 LOG_TAG=bench
@@ -41,7 +46,10 @@ log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f
 status=0
 for sc in "$@"; do
   log "scenario $sc"
-  if ! timeout 300 "$out/kfpipe-bench" -scenario "$sc" -brokers "$KFPIPE_TEST_KAFKA" -redis "$KFPIPE_TEST_REDIS" -pc-jar "$out/pc-peer.jar" \
+  limit=300
+  [[ $sc == state ]] && limit=3600
+  # shellcheck disable=SC2086 # KFPIPE_BENCH_ARGS is split into flags on purpose
+  if ! timeout "$limit" "$out/kfpipe-bench" -scenario "$sc" -brokers "$KFPIPE_TEST_KAFKA" -redis "$KFPIPE_TEST_REDIS" -pc-jar "$out/pc-peer.jar" ${KFPIPE_BENCH_ARGS:-} \
     2>"$out/$sc.stderr" | tee -a "$results"; then
     log "scenario $sc failed: $(tail -n 5 "$out/$sc.stderr")"
     status=1

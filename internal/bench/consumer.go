@@ -114,6 +114,8 @@ type ConsumerOptions struct {
 	// the prefill and the raw loop) and the function it returns as it
 	// ends: a CPU profile of the consumer alone.
 	Profile func() (stop func())
+	// Limit bounds the pipeline phase (3 minutes when zero).
+	Limit time.Duration
 }
 
 // noDeadLetters fails every dead letter: the bare variant expects none.
@@ -234,7 +236,11 @@ func (e *Env) pipelinePhase(name, topic string, o ConsumerOptions) (phase, error
 	if err != nil {
 		return phase{}, err
 	}
-	ok := waitUntil(3*time.Minute, func() bool { return h.n.Load() >= int64(o.Msgs) })
+	limit := o.Limit
+	if limit == 0 {
+		limit = 3 * time.Minute
+	}
+	ok := waitUntil(limit, func() bool { return h.n.Load() >= int64(o.Msgs) })
 	stopProfile()
 	ph := phase{cpu: CPUTime() - cpu0, redisCPU: e.RedisCPU() - redis0, rss: RSSMiB(), active: cc.ActiveProcessors(), reg: reg}
 	cerr := s.Close(context.Background())

@@ -2,21 +2,32 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/state"
 )
 
 // StateOptions sizes the consumer-state scenario.
 type StateOptions struct {
 	Msgs       int
-	Users      int
+	Users      int // dense workload: users (100 messages each at 1M)
 	Partitions int
+	// Workloads to run, of dense, conversation, write-once (all when empty).
+	Workloads []string
+	// NoOld skips the old stores' pipeline baselines.
+	NoOld bool
 }
 
 // StateMessages are Messages with realistic WeChat identifiers — a
@@ -88,17 +99,163 @@ func (e *Env) memoryAfterExpiry(d time.Duration) (int64, error) {
 	return st.usedMemory, err
 }
 
-// State measures what the consumer's dedup state costs Redis per message:
-// one topic of o.Msgs messages over o.Users users, read by the raw loop and
-// then by the full schedule-consumer with dedup.store claims and with
-// leases, each in its own group and key prefix, in the same run. Per store:
-// the Redis memory still held once the consumer closed and its transient
-// keys expired (what stays for the dedup TTL; INFO memory), the Redis
-// commands per message (INFO commandstats, every call including those a
-// script makes) and Redis CPU per message (INFO cpu), and this process's
-// CPU per message against the raw loop's.
+// Workloads of the state scenario.
+const (
+	WorkloadDense        = "dense"
+	WorkloadConversation = "conversation"
+	WorkloadWriteOnce    = "write-once"
+)
+
+// stateSendRate is the send rate the workloads' send times are spread at
+// (messages per second): it sizes the new store's buckets.
+const stateSendRate = 5000
+
+// conversationGap is the mean gap, in stream positions, between two
+// messages of a user in the conversation workload: at the old leases
+// store's pipeline rate (~10-25k msg/s) most gaps exceed the scaled
+// dedup.lease of 1 s, as a live conversation's gaps of seconds to minutes
+// exceed the shipped 10 s lease.
+const conversationGap = 60000
+
+// conversationLease is dedup.lease for the old stores in the conversation
+// workload: the shipped 10 s scaled down with the gaps (config minimum 1s).
+const conversationLease = time.Second
+
+// WorkloadMessages returns n messages of a workload in stream order, with
+// WeChat-sized ids and send times spread at stateSendRate:
+//   - dense: users users, each user's messages back to back in rounds
+//     (message i is user i%users) — today's state scenario;
+//   - conversation: users sending 3-12 messages, the gaps between a
+//     user's messages drawn exponentially (mean conversationGap positions);
+//   - write-once: as many users as messages.
+func WorkloadMessages(tag, workload string, n, users int, seed int64) ([]*chatmsg.ChatMessage, int, error) {
+	rng := rand.New(rand.NewSource(seed))
+	userOf := make([]int, n)
+	switch workload {
+	case WorkloadDense:
+		for i := range userOf {
+			userOf[i] = i % users
+		}
+	case WorkloadWriteOnce:
+		perm := rng.Perm(n)
+		copy(userOf, perm)
+		users = n
+	case WorkloadConversation:
+		type ev struct {
+			pos  float64
+			user int
+		}
+		evs := make([]ev, 0, n+12)
+		users = 0
+		for len(evs) < n {
+			c := 3 + rng.Intn(10)
+			pos := rng.Float64() * float64(n)
+			for j := 0; j < c && len(evs) < n; j++ {
+				evs = append(evs, ev{pos, users})
+				pos += rng.ExpFloat64() * conversationGap
+			}
+			users++
+		}
+		sort.Slice(evs, func(a, b int) bool { return evs[a].pos < evs[b].pos })
+		for i := range userOf {
+			userOf[i] = evs[i].user
+		}
+	default:
+		return nil, 0, fmt.Errorf("workload must be one of %s, %s, %s; got %q", WorkloadDense, WorkloadConversation, WorkloadWriteOnce, workload)
+	}
+	kf := "wk" + strings.Repeat("K", 30)
+	pad := strings.Repeat("x", 14)
+	out := make([]*chatmsg.ChatMessage, n)
+	for i := range out {
+		m := Message(tag, i, UserName(userOf[i]), pad)
+		m.OpenKfID = kf
+		m.UpstreamMsgID = fmt.Sprintf("%08x-%04x-4000-8000-%012x", i, len(tag), i)
+		m.SendTime = 1700000000 + int64(i)/stateSendRate
+		out[i] = m
+	}
+	return out, users, nil
+}
+
+// redisDelta is what a phase cost Redis, per message.
+type redisDelta struct {
+	bytes, calls, cpu float64
+	perCmd            map[string]float64
+	cmds              []string
+}
+
+func delta(before, after redisStats, n float64) redisDelta {
+	d := redisDelta{perCmd: map[string]float64{}}
+	var calls int64
+	for cmd, c := range after.calls {
+		x := c - before.calls[cmd]
+		if x <= 0 || cmd == "info" || cmd == "scan" || cmd == "memory|usage" {
+			continue
+		}
+		calls += x
+		d.perCmd[cmd] = round(float64(x)/n, 3)
+		d.cmds = append(d.cmds, cmd)
+	}
+	sort.Strings(d.cmds)
+	d.bytes = float64(after.usedMemory-before.usedMemory) / n
+	d.calls = float64(calls) / n
+	d.cpu = float64((after.cpu - before.cpu).Microseconds()) / n
+	return d
+}
+
+const stateGoal = "redis_bytes_per_msg <= 16 and redis_cmds_per_msg <= 1.5 and redis_cpu_us_per_msg <= 3"
+
+func (d redisDelta) pass() bool { return d.bytes <= 16 && d.calls <= 1.5 && d.cpu <= 3 }
+
+// State measures what the consumer's state costs Redis per message in
+// three workloads (dense, conversation, write-once; see WorkloadMessages):
+// the new per-partition store (package state) driven as the consumer
+// drives it, and, as baselines in the same run, the full
+// schedule-consumer with the old dedup.store claims and leases, each in
+// its own group and key prefix. Per store: the Redis memory still held
+// once its transient keys expired (INFO memory), the Redis commands per
+// message (INFO commandstats, every call including those a script makes)
+// and Redis CPU per message (INFO cpu).
 func State(e *Env, o StateOptions) ([]Result, error) {
-	topic, err := e.Topic("state", o.Partitions)
+	wls := o.Workloads
+	if len(wls) == 0 {
+		wls = []string{WorkloadDense, WorkloadConversation, WorkloadWriteOnce}
+	}
+	var out []Result
+	msgsOf := map[string][]*chatmsg.ChatMessage{}
+	usersOf := map[string]int{}
+	// The new store first, for every workload (seconds), then the old
+	// stores' pipelines (minutes each on a loaded box); a baseline that
+	// fails is reported and the next one still runs.
+	for _, wl := range wls {
+		msgs, users, err := WorkloadMessages(e.Prefix+"-"+wl, wl, o.Msgs, o.Users, 30)
+		if err != nil {
+			return out, err
+		}
+		msgsOf[wl], usersOf[wl] = msgs, users
+		r, err := e.statePartitioned(wl, msgs, users, o.Partitions)
+		if err != nil {
+			return out, fmt.Errorf("%s: new store: %w", wl, err)
+		}
+		out = append(out, r)
+	}
+	if o.NoOld {
+		return out, nil
+	}
+	var errs []error
+	for _, wl := range wls {
+		old, err := e.stateOld(wl, msgsOf[wl], usersOf[wl], o)
+		out = append(out, old...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", wl, err))
+		}
+		delete(msgsOf, wl)
+	}
+	return out, errors.Join(errs...)
+}
+
+// stateOld runs the full pipeline with the old stores on msgs.
+func (e *Env) stateOld(wl string, msgs []*chatmsg.ChatMessage, users int, o StateOptions) ([]Result, error) {
+	topic, err := e.Topic("state-"+wl, o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -106,70 +263,200 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	msgs := StateMessages(e.Prefix+"-s", o.Msgs, o.Users)
-	size := WireSize(msgs)
 	if err := Prefill(kcfg, topic, msgs); err != nil {
 		return nil, fmt.Errorf("prefill: %w", err)
 	}
-	msgs = nil
-	cpu0 := CPUTime()
-	_, rawRate, err := rawConsume(kcfg, e.Prefix+"-raw-state", topic, o.Msgs, 3*time.Minute)
-	if err != nil {
-		return nil, fmt.Errorf("raw_consume: %w", err)
+	lease := config.DefaultDedupLease
+	if wl == WorkloadConversation {
+		lease = conversationLease
 	}
-	rawCPU := float64((CPUTime() - cpu0).Microseconds()) / float64(o.Msgs)
 	var out []Result
 	for _, store := range []string{"claims", "leases"} {
 		before, err := e.redisStats()
 		if err != nil {
-			return nil, err
+			return out, err
 		}
-		ph, err := e.pipelinePhase("state-"+store, topic, ConsumerOptions{Msgs: o.Msgs, Users: o.Users, Partitions: o.Partitions,
-			Mutate: func(c *config.Consumer) { c.Dedup.Store = store }})
+		ph, err := e.pipelinePhase("state-"+wl+"-"+store, topic, ConsumerOptions{Msgs: len(msgs), Users: users, Partitions: o.Partitions,
+			Limit: 12 * time.Minute, Mutate: func(c *config.Consumer) { c.Dedup.Store = store; c.Dedup.Lease = lease }})
 		if err != nil {
-			return nil, err
+			out = append(out, Result{Scenario: "state_" + wl + "_" + store, Msgs: len(msgs), Goal: stateGoal,
+				Extra: map[string]any{"workload": wl, "error": err.Error()}})
+			continue
 		}
 		after, err := e.redisStats()
 		if err != nil {
-			return nil, err
+			return out, err
 		}
 		// What stays is read once the transient keys (claims in flight,
-		// leases not given back) have expired: a lease after the shipped
-		// dedup.lease, dropped by Redis when a SCAN meets it.
-		if after.usedMemory, err = e.memoryAfterExpiry(config.DefaultDedupLease + time.Second); err != nil {
-			return nil, err
+		// leases not given back) have expired.
+		if after.usedMemory, err = e.memoryAfterExpiry(lease + time.Second); err != nil {
+			return out, err
 		}
-		n := float64(o.Msgs)
-		var calls int64
-		perCmd := map[string]float64{}
-		for cmd, c := range after.calls {
-			d := c - before.calls[cmd]
-			if d <= 0 || cmd == "info" {
-				continue
-			}
-			calls += d
-			perCmd[cmd] = round(float64(d)/n, 3)
-		}
-		bytesPerMsg := float64(after.usedMemory-before.usedMemory) / n
-		cmdsPerMsg := float64(calls) / n
-		redisCPU := float64((after.cpu - before.cpu).Microseconds()) / n
-		cpu := float64(ph.cpu.Microseconds()) / n
-		cmdNames := make([]string, 0, len(perCmd))
-		for c := range perCmd {
-			cmdNames = append(cmdNames, c)
-		}
-		sort.Strings(cmdNames)
-		goal := "redis_bytes_per_msg <= 24 and redis_cmds_per_msg <= 1.2 and redis_cpu_us_per_msg <= 2.5"
-		out = append(out, Result{Scenario: "state_" + store, Msgs: o.Msgs, MsgsPerSec: round(ph.rate, 0),
-			Baseline: "raw_consume", BaselineMsgsPerSec: round(rawRate, 0), Ratio: round(ph.rate/rawRate, 3),
-			RSSMiB: ph.rss, Goal: goal, Pass: bytesPerMsg <= 24 && cmdsPerMsg <= 1.2 && redisCPU <= 2.5,
-			Extra: map[string]any{"users": o.Users, "partitions": o.Partitions, "bytes_per_msg": round(size, 0),
-				"redis_bytes_per_msg": round(bytesPerMsg, 1), "redis_cmds_per_msg": round(cmdsPerMsg, 3),
-				"redis_calls_per_msg_by_command": perCmd, "commands": cmdNames,
-				"redis_cpu_us_per_msg": round(redisCPU, 2), "cpu_us_per_msg": round(cpu, 2),
-				"raw_cpu_us_per_msg": round(rawCPU, 2), "cpu_ratio_to_raw": round(cpu/rawCPU, 2),
-				"note": "redis figures are INFO deltas around the phase (memory once the consumer closed and dedup.lease passed: what stays for dedup.ttl); calls include those made inside scripts",
+		n := float64(len(msgs))
+		d := delta(before, after, n)
+		out = append(out, Result{Scenario: "state_" + wl + "_" + store, Msgs: len(msgs), MsgsPerSec: round(ph.rate, 0),
+			RSSMiB: ph.rss, Goal: stateGoal, Pass: d.pass(),
+			Extra: map[string]any{"workload": wl, "users": users, "partitions": o.Partitions, "dedup_lease": lease.String(),
+				"redis_bytes_per_msg": round(d.bytes, 1), "redis_cmds_per_msg": round(d.calls, 3),
+				"redis_calls_per_msg_by_command": d.perCmd, "commands": d.cmds,
+				"redis_cpu_us_per_msg": round(d.cpu, 2), "cpu_us_per_msg": round(float64(ph.cpu.Microseconds())/n, 2),
+				"note": "full pipeline (service.StartConsumer, no-op handler); redis figures are INFO deltas around the phase (memory once dedup.lease passed); calls include those made inside scripts",
 				"path": "service.StartConsumer with dedup.store=" + store}})
 	}
 	return out, nil
+}
+
+// stateBatch is the new store's mark batch: what one poll of a partition
+// hands the consumer at these rates.
+const stateBatch = 500
+
+// statePartitioned drives the per-partition store over msgs as the
+// consumer does: per partition, owner A takes the lease, marks the
+// partition's messages a batch per call, commits two batches behind, and
+// gives the partition back half-way (a rebalance); owner B takes it,
+// looks up the messages from the committed offset to A's recorded
+// high-water (the only possible repeats), skips those found done, and
+// marks the rest. Every message must be handled exactly once.
+func (e *Env) statePartitioned(wl string, msgs []*chatmsg.ChatMessage, users, partitions int) (Result, error) {
+	parts := make([][]state.Item, partitions)
+	for _, m := range msgs {
+		p := int(xxhash.Sum64String(m.ExternalUserID) % uint64(partitions))
+		parts[p] = append(parts[p], state.Item{Key: m.DedupKey(), SendTime: m.SendTime})
+	}
+	slot := state.DefaultSlot
+	buckets := state.SuggestBuckets(stateSendRate, partitions, slot)
+	cfg := func(owner string) state.Config {
+		return state.Config{Client: e.Redis, KeyPrefix: e.Prefix + ":ns-" + wl + ":", Owner: owner,
+			Lease: state.DefaultLease, TTL: 169 * time.Hour, Slot: slot, Buckets: buckets}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	a, err := state.New(ctx, cfg("bench-a"))
+	if err != nil {
+		return Result{}, err
+	}
+	b, err := state.New(ctx, cfg("bench-b"))
+	if err != nil {
+		return Result{}, err
+	}
+	before, err := e.redisStats()
+	if err != nil {
+		return Result{}, err
+	}
+	cpu0 := CPUTime()
+	start := time.Now()
+	var lookedUp, skipped, handled atomic.Int64
+	errs := make(chan error, partitions)
+	var wg sync.WaitGroup
+	for p := range parts {
+		wg.Add(1)
+		go func(p int, items []state.Item) {
+			defer wg.Done()
+			errs <- runPartition(ctx, a, b, "state", int32(p), items, &lookedUp, &skipped, &handled)
+		}(p, parts[p])
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return Result{}, err
+		}
+	}
+	elapsed := time.Since(start)
+	cpu := CPUTime() - cpu0
+	after, err := e.redisStats()
+	if err != nil {
+		return Result{}, err
+	}
+	n := float64(len(msgs))
+	if handled.Load() != int64(len(msgs)) {
+		return Result{}, fmt.Errorf("handled %d of %d messages (a repeat ran or a message was skipped)", handled.Load(), len(msgs))
+	}
+	kept, keys, err := e.keyBytes(e.Prefix + ":ns-" + wl + ":")
+	if err != nil {
+		return Result{}, err
+	}
+	d := delta(before, after, n)
+	return Result{Scenario: "state_" + wl + "_partition", Msgs: len(msgs), MsgsPerSec: round(n/elapsed.Seconds(), 0),
+		Goal: stateGoal, Pass: d.pass(),
+		Extra: map[string]any{"workload": wl, "users": users, "partitions": partitions, "buckets": buckets, "slot": slot.String(),
+			"mark_batch": stateBatch, "looked_up": lookedUp.Load(), "found_done": skipped.Load(),
+			"redis_bytes_per_msg": round(d.bytes, 1), "redis_key_bytes_per_msg": round(float64(kept)/n, 2), "redis_keys": keys,
+			"redis_cmds_per_msg": round(d.calls, 3), "redis_calls_per_msg_by_command": d.perCmd, "commands": d.cmds,
+			"redis_cpu_us_per_msg": round(d.cpu, 2), "cpu_us_per_msg": round(float64(cpu.Microseconds())/n, 2),
+			"note": "store-level: package state driven as the consumer drives it (no Kafka); msgs_per_sec is the store's rate, not the pipeline's; redis figures are INFO deltas around the phase, key bytes the MEMORY USAGE sum of the store's keys",
+			"path": "state.Store: Acquire, Mark per batch, Release; Seen for the new owner's possible repeats"}}, nil
+}
+
+func runPartition(ctx context.Context, a, b *state.Store, topic string, p int32, items []state.Item, lookedUp, skipped, handled *atomic.Int64) error {
+	half := len(items) / 2
+	la, err := a.Acquire(ctx, topic, p)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < half; i += stateBatch {
+		j := min(i+stateBatch, half)
+		handled.Add(int64(j - i))
+		if err := la.Mark(ctx, int64(j-1), items[i:j]); err != nil {
+			return err
+		}
+	}
+	committed := max(0, half-2*stateBatch)
+	if err := la.Release(ctx); err != nil {
+		return err
+	}
+	lb, err := b.Acquire(ctx, topic, p)
+	if err != nil {
+		return err
+	}
+	defer lb.Release(ctx) //nolint:errcheck // best effort at the end
+	for i := committed; i < len(items); i += stateBatch {
+		j := min(i+stateBatch, len(items))
+		batch := items[i:j]
+		var fresh []state.Item
+		if lb.MayRepeat(int64(i)) {
+			rep := j - i
+			for rep > 0 && !lb.MayRepeat(int64(i+rep-1)) {
+				rep--
+			}
+			seen, err := lb.Seen(ctx, batch[:rep])
+			if err != nil {
+				return err
+			}
+			lookedUp.Add(int64(rep))
+			for k, s := range seen {
+				if s {
+					skipped.Add(1)
+				} else {
+					fresh = append(fresh, batch[k])
+				}
+			}
+			fresh = append(fresh, batch[rep:]...)
+		} else {
+			fresh = batch
+		}
+		handled.Add(int64(len(fresh)))
+		if err := lb.Mark(ctx, int64(j-1), fresh); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keyBytes sums MEMORY USAGE over the keys under prefix.
+func (e *Env) keyBytes(prefix string) (int64, int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var total int64
+	n := 0
+	iter := e.Redis.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		m, err := e.Redis.MemoryUsage(ctx, iter.Val(), 0).Result()
+		if err != nil {
+			return 0, 0, err
+		}
+		total += m
+		n++
+	}
+	return total, n, iter.Err()
 }

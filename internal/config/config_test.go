@@ -160,6 +160,8 @@ func TestValidationNamesKey(t *testing.T) {
 		{"processor:\n  mailbox_size: 0\n", "processor.mailbox_size must be in [1, 1048576], got 0"},
 		{"processor:\n  resume_below: 50000\n", "processor.resume_below must be in [0, 19999], got 50000"},
 		{"dedup:\n  ttl: 24h\n", "dedup.ttl must be >= 72h0m0s, got 24h0m0s"},
+		{"dedup:\n  ttl: 96h\n", "dedup.ttl is 96h0m0s, shorter than the DLQ's retry horizon (recovery.default_ttl = 168h0m0s)"},
+		{"dedup:\n  ttl: 200h\nrecovery:\n  ttl:\n    downstream_error: 300h\n", "dedup.ttl is 200h0m0s, shorter than the DLQ's retry horizon (recovery.ttl.downstream_error = 300h0m0s)"},
 		{"rate_limit:\n  default_group: gold\n", "rate_limit.default_group must name a group"},
 		{"rate_limit:\n  groups:\n    vip: {window_seconds: 0, max_messages: 1, penalty_threshold: 1}\n", "rate_limit.groups.vip.window_seconds must be in [0.001, 604800], got 0"},
 		{"breaker:\n  failure_threshold: 0\n", "breaker.failure_threshold must be >= 1, got 0"},

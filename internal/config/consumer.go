@@ -25,7 +25,23 @@ type Consumer struct {
 	WeCom WeCom `mapstructure:"wecom"`
 	// Media is where handlers read inbound media (kfpipe.OpenMedia).
 	Media Media `mapstructure:"media"`
+	// Recovery is the dlq-consumer's retry horizon, read from the same
+	// file: dedup.ttl must cover it (a retried letter whose message was
+	// done must still find its mark).
+	Recovery RetryHorizon `mapstructure:"recovery"`
 }
+
+// RetryHorizon is the part of the dlq-consumer's recovery section the
+// schedule-consumer checks dedup.ttl against: how long a letter stays
+// retryable, per reason and by default.
+type RetryHorizon struct {
+	TTL        map[string]time.Duration `mapstructure:"ttl"`
+	DefaultTTL time.Duration            `mapstructure:"default_ttl"`
+}
+
+// DefaultRecoveryTTL is recovery.default_ttl's default: a letter stays
+// retryable a week.
+const DefaultRecoveryTTL = 7 * 24 * time.Hour
 
 // Processor configures per-user actors and per-partition flow control.
 type Processor struct {
@@ -223,13 +239,14 @@ func defaultConsumer(env string) Consumer {
 			DeadLetterQueue:       1024,
 			StandbyAfterRedisLost: DefaultStandbyAfterRedisLost},
 		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
-		Dedup:     Dedup{TTL: 4 * 24 * time.Hour, Lease: DefaultDedupLease, Store: "claims", Legacy: "off"},
+		Dedup:     Dedup{TTL: DefaultRecoveryTTL, Lease: DefaultDedupLease, Store: "claims", Legacy: "off"},
 		RateLimit: DefaultRateLimit(),
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
 		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
 		DLQ:       defaultDLQ(),
 		WeCom:     WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
 		Media:     defaultMedia(env),
+		Recovery:  RetryHorizon{TTL: map[string]time.Duration{}, DefaultTTL: DefaultRecoveryTTL},
 	}
 }
 
@@ -267,6 +284,17 @@ func (c *Consumer) Validate() error {
 	v.durationBetween("outage.probe_interval", o.ProbeInterval, 10*time.Millisecond, 10*time.Minute)
 	// I3: WeChat may hand a message out again for 3 days.
 	v.durationAtLeast("dedup.ttl", c.Dedup.TTL, 72*time.Hour)
+	// Retention consistency: a letter the DLQ may still retry must find
+	// the done mark its message got from a copy (issue #30, hole 6).
+	horizon, from := c.Recovery.DefaultTTL, "recovery.default_ttl"
+	for _, k := range sortedKeys(c.Recovery.TTL) {
+		if d := c.Recovery.TTL[k]; d > horizon {
+			horizon, from = d, "recovery.ttl."+k
+		}
+	}
+	if c.Dedup.TTL < horizon {
+		v.addf("dedup.ttl", "is %s, shorter than the DLQ's retry horizon (%s = %s): a letter retried after its message's done mark expired would run again; raise dedup.ttl to at least %s", c.Dedup.TTL, from, horizon, horizon)
+	}
 	// Stricter than the once client's own minimum (short leases are for
 	// its tests): a claim renewed every lease/4 must survive a GC pause.
 	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, once.MaxLease)

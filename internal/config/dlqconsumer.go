@@ -66,7 +66,7 @@ func defaultDLQConsumer(env string) DLQConsumer {
 		DLQ:    defaultDLQ(),
 		Recovery: Recovery{BaseDelay: time.Minute, MaxDelay: time.Hour, ScanInterval: time.Second,
 			MaxRetries: deadletter.DefaultMaxRetriesByName(),
-			TTL:        map[string]time.Duration{}, DefaultTTL: 7 * 24 * time.Hour, LockTTL: 10 * time.Second},
+			TTL:        map[string]time.Duration{}, DefaultTTL: DefaultRecoveryTTL, LockTTL: 10 * time.Second},
 		Admin:     Admin{Addr: "127.0.0.1:8090", MaxBodyBytes: 64 << 10, ConsumerGroup: "kfpipe-consumer", BatchRate: 200},
 		DLQIndex:  DLQIndex{MaxEntries: 1_000_000},
 		RateLimit: DefaultRateLimit(),

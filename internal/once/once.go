@@ -533,7 +533,21 @@ func (c *Client) do(ctx context.Context, script *redis.Script, cmd []any) (any, 
 }
 
 // runScript sends in full the script whose EVALSHA command is cmd
-// ("evalsha", hash, 1, key, args…), after Redis lost its script cache.
+// ("evalsha", hash, numkeys, keys…, args…), after Redis lost its script
+// cache. The key count is the command's own: the lease and mark scripts
+// have more than one key (issue #30, hole 5).
 func runScript(ctx context.Context, rdb redis.Scripter, s *redis.Script, cmd []any) (any, error) {
-	return s.Eval(ctx, rdb, []string{cmd[3].(string)}, cmd[4:]...).Result()
+	n, ok := cmd[2].(int)
+	if !ok || n < 0 || 3+n > len(cmd) {
+		return nil, fmt.Errorf("once: malformed script command (numkeys %v)", cmd[2])
+	}
+	keys := make([]string, n)
+	for i := range keys {
+		k, ok := cmd[3+i].(string)
+		if !ok {
+			return nil, fmt.Errorf("once: malformed script command (key %d is %T)", i, cmd[3+i])
+		}
+		keys[i] = k
+	}
+	return s.Eval(ctx, rdb, keys, cmd[3+n:]...).Result()
 }

@@ -83,9 +83,10 @@ func routine(err error) error {
 }
 
 // TTL is how long a reply's done mark lives: as long as a message's
-// (dedup.ttl's default), so a re-run of the handler within WeChat's 3-day
-// re-pull window never sends it again.
-const TTL = 4 * 24 * time.Hour
+// (dedup.ttl's default, the DLQ's retry horizon), so a re-run of the
+// handler — a re-pulled copy within WeChat's 3 days, or a letter retried
+// within the DLQ's 7 — never sends it again.
+const TTL = 7 * 24 * time.Hour
 
 // Effects sends replies through one WeChat client under one claim store.
 type Effects struct {

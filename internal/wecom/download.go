@@ -28,12 +28,12 @@ type Download struct {
 // maxErrorBytes bounds the JSON error body of a download.
 const maxErrorBytes = 64 << 10
 
-// Get GETs the API at path with query and the access token, for the APIs
+// Download GETs the API at path with query and the access token, for the APIs
 // that answer a file on success and a JSON errcode on failure (media/get).
 // A non-zero errcode is an *APIError; tokens and transient failures are
 // retried as for Call. The client's request timeout bounds the wait for
 // the response's headers, not the reading of Body: ctx bounds that.
-func (c *Client) Get(ctx context.Context, api, path string, query url.Values) (*Download, error) {
+func (c *Client) Download(ctx context.Context, api, path string, query url.Values) (*Download, error) {
 	var d *Download
 	err := c.callWithToken(ctx, api, func(ctx context.Context, tok string) (apiResult, error) {
 		q := url.Values{}

@@ -48,6 +48,8 @@ func run() error {
 	var kafkaSet kvFlags
 	flag.Var(&kafkaSet, "kafka-set", "extra librdkafka property key=value for every client (repeatable), e.g. debug=eos,metadata")
 	memProfile := flag.String("memprofile", "", "write an allocation profile (every allocation since start) to this file at the end")
+	workloads := flag.String("workloads", "", "state scenario: comma-separated workloads of dense, conversation, write-once (default all)")
+	noOld := flag.Bool("no-old", false, "state scenario: skip the old dedup stores' pipeline baselines")
 	flag.Parse()
 
 	logCfg := zap.NewProductionConfig()
@@ -152,7 +154,12 @@ func run() error {
 		r, err = bench.Memory(e, or(*users, 100000), ord(*duration, 45*time.Second))
 		results = []bench.Result{r}
 	case "state":
-		results, err = bench.State(e, bench.StateOptions{Msgs: or(*msgs, 1000000), Users: or(*users, 10000), Partitions: *partitions})
+		var wls []string
+		if *workloads != "" {
+			wls = strings.Split(*workloads, ",")
+		}
+		results, err = bench.State(e, bench.StateOptions{Msgs: or(*msgs, 1000000), Users: or(*users, 10000), Partitions: *partitions,
+			Workloads: wls, NoOld: *noOld})
 	case "isolation":
 		var r bench.Result
 		r, err = bench.Isolation(e, or(*users, 1000), 10, ord(*duration, 30*time.Second))

@@ -1,0 +1,145 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Marker batches a lease's marks for the consumer: Add queues one handled
+// message; one goroutine sends what is queued, as one Mark call, when
+// maxBatch are queued or flush after the oldest was queued, one call at a
+// time so the partition's hw only grows. Each message's done is called
+// once, after its call: nil when recorded under the lease, ErrFenced when
+// recorded but the lease has moved (stop, commit nothing more), or the
+// error of Close when the marker stopped before the mark could be
+// recorded (do not commit its offset). A call Redis failed is sent again
+// after a backoff, for as long as the marker runs.
+type Marker struct {
+	l        *Lease
+	flush    time.Duration
+	maxBatch int
+
+	mu      sync.Mutex
+	queue   []pending
+	closed  bool
+	wake    chan struct{}
+	stopped chan struct{}
+	sends   int // Mark calls made (tests)
+}
+
+type pending struct {
+	it   Item
+	off  int64
+	done func(error)
+}
+
+// ErrMarkerClosed is given to the done of marks not recorded when the
+// marker was closed.
+var ErrMarkerClosed = errors.New("state: marker closed before the mark was recorded")
+
+// NewMarker starts a marker on l.
+func (l *Lease) NewMarker(flush time.Duration, maxBatch int) *Marker {
+	m := &Marker{l: l, flush: max(flush, time.Millisecond), maxBatch: max(maxBatch, 1),
+		wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+	go m.run()
+	return m
+}
+
+// Add queues a mark for the message at off.
+func (m *Marker) Add(it Item, off int64, done func(error)) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		done(ErrMarkerClosed)
+		return
+	}
+	m.queue = append(m.queue, pending{it, off, done})
+	full := len(m.queue) >= m.maxBatch
+	first := len(m.queue) == 1
+	m.mu.Unlock()
+	if full || first {
+		select {
+		case m.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Close sends what is queued (one last try each) and stops; it returns when
+// every done was called.
+func (m *Marker) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+	<-m.stopped
+}
+
+func (m *Marker) run() {
+	defer close(m.stopped)
+	backoff := 10 * time.Millisecond
+	for {
+		m.mu.Lock()
+		n, closed := len(m.queue), m.closed
+		m.mu.Unlock()
+		if n == 0 {
+			if closed {
+				return
+			}
+			<-m.wake
+			continue
+		}
+		if n < m.maxBatch && !closed {
+			// Let a batch gather, unless it fills up or the marker closes.
+			t := time.NewTimer(m.flush)
+			select {
+			case <-t.C:
+			case <-m.wake:
+				t.Stop()
+				m.mu.Lock()
+				n, closed = len(m.queue), m.closed
+				m.mu.Unlock()
+				if n < m.maxBatch && !closed {
+					continue
+				}
+			}
+		}
+		m.mu.Lock()
+		k := min(len(m.queue), m.maxBatch)
+		batch := append([]pending(nil), m.queue[:k]...)
+		m.mu.Unlock()
+		items := make([]Item, len(batch))
+		hw := int64(-1)
+		for i, p := range batch {
+			items[i] = p.it
+			hw = max(hw, p.off)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), m.l.s.cfg.Lease)
+		err := m.l.Mark(ctx, hw, items)
+		cancel()
+		m.mu.Lock()
+		m.sends++
+		closed = m.closed
+		m.mu.Unlock()
+		if err != nil && !errors.Is(err, ErrFenced) && !closed {
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue // the same batch again
+		}
+		backoff = 10 * time.Millisecond
+		if err != nil && !errors.Is(err, ErrFenced) {
+			err = errors.Join(ErrMarkerClosed, err)
+		}
+		m.mu.Lock()
+		m.queue = append(m.queue[:0], m.queue[k:]...)
+		m.mu.Unlock()
+		for _, p := range batch {
+			p.done(err)
+		}
+	}
+}

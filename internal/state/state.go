@@ -1,0 +1,244 @@
+// Package state keeps the consumer's state in Redis per partition, not per
+// message or per user (invariant I3, issue #30).
+//
+// A consumer owns a partition exclusively between rebalances; Store makes
+// that ownership explicit: on assignment the consumer takes the
+// partition's lease (Acquire), which carries a fencing token that only
+// grows, renews it while it holds the partition, and gives it back on
+// revoke (Lease.Release); the next owner waits for the release or the
+// lease's expiry. Done marks are digests of the messages' idempotency keys
+// added, a batch at a time, to sets bucketed by partition, send-time slot
+// and hash: sets of at most 512 integers, which Redis keeps as intsets (8
+// bytes a member). One mark script call per batch checks the token and
+// records the batch: a mark whose lease moved is still recorded (an
+// effect that happened is a fact) and reported as ErrFenced, so that its
+// owner stops and commits nothing more.
+//
+// Most messages are provably first deliveries and need no look-up before
+// their handler runs (see Lease.MayRepeat): only offsets a previous owner
+// may have handled, letters the DLQ re-injects and pages the producer
+// flags as possible repeats are looked up (Lease.Seen).
+//
+// Every key of a partition carries the hash tag {<topic>:<partition>}, so
+// each script's keys share a Redis Cluster slot; there is no global key.
+package state
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults.
+const (
+	DefaultLease   = 10 * time.Second
+	DefaultSlot    = 10 * time.Second
+	DefaultBuckets = 1
+	// MaxIntset is Redis's set-max-intset-entries default: a bucket
+	// beyond it is converted to a hash table (~5× the bytes a member).
+	MaxIntset = 512
+)
+
+// ErrFenced means the partition's lease is held by another owner: the
+// marks were recorded, but this owner must stop handling the partition
+// and commit nothing more.
+var ErrFenced = errors.New("state: partition lease held by another owner (fenced)")
+
+// ErrLost means the lease was not renewed in time (Redis unreachable for
+// most of a lease, or another owner took it).
+var ErrLost = errors.New("state: partition lease lost")
+
+// Config configures a Store.
+type Config struct {
+	// Client is the Redis client (required).
+	Client redis.UniversalClient
+	// KeyPrefix starts every key (e.g. "kfpipe:").
+	KeyPrefix string
+	// Owner names this process in the ownership records (a random suffix
+	// is appended).
+	Owner string
+	// Lease is how long an acquisition or renewal holds a partition.
+	Lease time.Duration
+	// TTL is how long a done mark is kept after its bucket's last write.
+	// It must cover the DLQ's retry horizon.
+	TTL time.Duration
+	// Slot is the send-time span of one bucket generation; Buckets is the
+	// number of hash buckets per partition and slot. Size them so that a
+	// bucket holds at most MaxIntset members (see SuggestBuckets). Every
+	// owner of a partition must use the same values while marks live.
+	Slot    time.Duration
+	Buckets int
+	// Legacy, when set, makes look-ups also read the old dedup stores'
+	// keys: for one dedup TTL after switching to this store.
+	Legacy *Legacy
+}
+
+func (c *Config) setDefaults() {
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.Slot == 0 {
+		c.Slot = DefaultSlot
+	}
+	if c.Buckets == 0 {
+		c.Buckets = DefaultBuckets
+	}
+}
+
+// Validate reports a configuration error naming the field.
+func (c Config) Validate() error {
+	switch {
+	case c.Client == nil:
+		return errors.New("state: Client is required")
+	case c.Lease < 100*time.Millisecond:
+		return fmt.Errorf("state: Lease must be at least 100ms, got %s", c.Lease)
+	case c.TTL < time.Minute:
+		return fmt.Errorf("state: TTL must be at least 1m, got %s", c.TTL)
+	case c.Slot < time.Second || c.Slot%time.Second != 0:
+		return fmt.Errorf("state: Slot must be a whole number of seconds, at least 1s, got %s", c.Slot)
+	case c.Buckets < 1 || c.Buckets > 1<<16:
+		return fmt.Errorf("state: Buckets must be in [1, 65536], got %d", c.Buckets)
+	}
+	return nil
+}
+
+// SuggestBuckets returns the buckets per partition and slot that keep a
+// bucket under ~400 members (room below MaxIntset for bursts) at rate
+// messages per second over partitions partitions.
+func SuggestBuckets(rate float64, partitions int, slot time.Duration) int {
+	per := rate / float64(max(partitions, 1)) * slot.Seconds()
+	b := 1
+	for float64(b)*400 < per && b < 1<<16 {
+		b *= 2
+	}
+	return b
+}
+
+// Store is the consumer-state store. It is safe for concurrent use.
+type Store struct {
+	cfg     Config
+	owner   string
+	slotSec int64
+}
+
+// New returns a Store; it loads the scripts, so it fails when Redis is
+// unreachable within ctx.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, markScript} {
+		if err := s.Load(ctx, cfg.Client).Err(); err != nil {
+			return nil, fmt.Errorf("state: load scripts: %w", err)
+		}
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	owner := cfg.Owner
+	if owner == "" {
+		owner = "kfpipe"
+	}
+	return &Store{cfg: cfg, owner: owner + ":" + hex.EncodeToString(b), slotSec: int64(cfg.Slot / time.Second)}, nil
+}
+
+// Owner returns this store's owner id as written in ownership records.
+func (s *Store) Owner() string { return s.owner }
+
+// Item is one message: its idempotency key and WeChat's send_time (Unix
+// seconds), both the same in every copy of the message. User (the
+// external_userid) is read only to find the old leases store's marks.
+type Item struct {
+	Key      string
+	SendTime int64
+	User     string
+}
+
+// Digest is the 63-bit digest of an idempotency key stored as a mark.
+func Digest(key string) int64 { return int64(xxhash.Sum64String(key) >> 1) }
+
+// tag is the hash tag of a partition's keys.
+func (s *Store) tag(topic string, partition int32) string {
+	return s.cfg.KeyPrefix + "st:{" + topic + ":" + strconv.FormatInt(int64(partition), 10) + "}"
+}
+
+func (s *Store) ownKey(topic string, partition int32) string { return s.tag(topic, partition) + ":own" }
+
+// bucketKey returns the bucket of a message of the partition.
+func (s *Store) bucketKey(tag string, sendTime, digest int64) string {
+	slot := sendTime / s.slotSec
+	if sendTime < 0 {
+		slot = 0
+	}
+	return tag + ":d:" + strconv.FormatInt(slot, 10) + ":" + strconv.FormatInt(digest%int64(s.cfg.Buckets), 10)
+}
+
+// Seen reports which items of the partition are done: Look without the
+// distinction between Fresh and Held (a Held item is not done).
+func (s *Store) Seen(ctx context.Context, topic string, partition int32, items []Item) ([]bool, error) {
+	st, err := s.Look(ctx, topic, partition, items)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(st))
+	for i, v := range st {
+		out[i] = v == Done
+	}
+	return out, nil
+}
+
+// Look reports what is recorded for each item of the partition: Done,
+// Fresh, or (while Legacy is set) Held by an old store's owner. It needs
+// no lease: a DLQ or an admin may ask too. It reads Redis every time,
+// never a copy: one pipeline of SMISMEMBER, one per bucket, and with
+// Legacy a second one for the items not found.
+func (s *Store) Look(ctx context.Context, topic string, partition int32, items []Item) ([]Status, error) {
+	tag := s.tag(topic, partition)
+	type q struct {
+		idx     []int
+		members []any
+	}
+	byKey := map[string]*q{}
+	var order []string
+	for i, it := range items {
+		d := Digest(it.Key)
+		k := s.bucketKey(tag, it.SendTime, d)
+		e := byKey[k]
+		if e == nil {
+			e = &q{}
+			byKey[k] = e
+			order = append(order, k)
+		}
+		e.idx = append(e.idx, i)
+		e.members = append(e.members, d)
+	}
+	pipe := s.cfg.Client.Pipeline()
+	cmds := make([]*redis.BoolSliceCmd, len(order))
+	for j, k := range order {
+		cmds[j] = pipe.SMIsMember(ctx, k, byKey[k].members...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("state: look up marks: %w", err)
+	}
+	out := make([]Status, len(items))
+	for j, k := range order {
+		for n, v := range cmds[j].Val() {
+			if v {
+				out[byKey[k].idx[n]] = Done
+			}
+		}
+	}
+	if s.cfg.Legacy.on() {
+		if err := s.legacyLook(ctx, items, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

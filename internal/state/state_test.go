@@ -1,0 +1,575 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newStore returns a store on rdb; lease 600ms unless mutate changes it.
+func newStore(t *testing.T, rdb redis.UniversalClient, prefix, owner string, mutate func(*Config)) *Store {
+	t.Helper()
+	cfg := Config{Client: rdb, KeyPrefix: prefix, Owner: owner, Lease: 600 * time.Millisecond, TTL: 169 * time.Hour}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	s, err := New(ctxT(t, 5*time.Second), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return s
+}
+
+func acquire(t *testing.T, s *Store, topic string, p int32, within time.Duration) *Lease {
+	t.Helper()
+	l, err := s.Acquire(ctxT(t, within), topic, p)
+	if err != nil {
+		t.Fatalf("Acquire by %s: %v", s.Owner(), err)
+	}
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	return l
+}
+
+func msgs(sendTime int64, keys ...string) []Item {
+	out := make([]Item, len(keys))
+	for i, k := range keys {
+		out[i] = Item{Key: k, SendTime: sendTime}
+	}
+	return out
+}
+
+// cutOff cuts the lease's owner off from Redis (not from Kafka): its
+// renewals fail, it loses the lease by its own clock, and Redis lets
+// another owner take it after the lease and the grace.
+func cutOff(t *testing.T, l *Lease) {
+	t.Helper()
+	l.cutOff.Store(true)
+	select {
+	case <-l.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a cut-off owner did not lose its lease by its own clock")
+	}
+	if !errors.Is(l.Err(), ErrLost) {
+		t.Fatalf("Err = %v, want ErrLost", l.Err())
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "Client"},
+		{Config{Client: rdb, TTL: time.Hour, Lease: time.Millisecond}, "Lease"},
+		{Config{Client: rdb, TTL: time.Second}, "TTL"},
+		{Config{Client: rdb, TTL: time.Hour, Slot: 1500 * time.Millisecond}, "Slot"},
+		{Config{Client: rdb, TTL: time.Hour, Buckets: -1}, "Buckets"},
+	} {
+		tc.cfg.setDefaults()
+		err := tc.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func TestSuggestBuckets(t *testing.T) {
+	for _, tc := range []struct {
+		rate  float64
+		parts int
+		want  int
+	}{{500, 64, 1}, {5000, 64, 2}, {50000, 64, 32}, {1e6, 8, 4096}} {
+		got := SuggestBuckets(tc.rate, tc.parts, 10*time.Second)
+		if got != tc.want {
+			t.Errorf("SuggestBuckets(%v, %d) = %d, want %d", tc.rate, tc.parts, got, tc.want)
+		}
+		if per := tc.rate / float64(tc.parts) * 10 / float64(got); per > 400 {
+			t.Errorf("SuggestBuckets(%v, %d): %.0f members a bucket", tc.rate, tc.parts, per)
+		}
+	}
+}
+
+func TestOwnershipHandOver(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 0, 2*time.Second)
+	if la.PrevHW() != -1 || la.MayRepeat(0) {
+		t.Fatalf("first owner: PrevHW %d MayRepeat(0) %v, want -1 false", la.PrevHW(), la.MayRepeat(0))
+	}
+	// Held: b waits, bounded by its context.
+	if _, err := b.Acquire(ctxT(t, 300*time.Millisecond), "t", 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire of a held partition = %v, want a deadline error", err)
+	}
+	// Renewal keeps it held past the lease.
+	time.Sleep(800 * time.Millisecond)
+	if !la.Valid() {
+		t.Fatalf("lease not renewed: %v", la.Err())
+	}
+	if err := la.Mark(ctxT(t, time.Second), 41, msgs(1000, "k1", "k2")); err != nil {
+		t.Fatal(err)
+	}
+	// Released: b takes it at once, with a larger token and a's high-water.
+	start := time.Now()
+	released := make(chan struct{})
+	go func() { time.Sleep(100 * time.Millisecond); _ = la.Release(context.Background()); close(released) }()
+	lb := acquire(t, b, "t", 0, 2*time.Second)
+	<-released
+	if took := time.Since(start); took > 400*time.Millisecond {
+		t.Errorf("take-over after release took %s", took)
+	}
+	if lb.Token() <= la.Token() {
+		t.Errorf("token %d after %d: not growing", lb.Token(), la.Token())
+	}
+	if lb.PrevHW() != 41 || !lb.MayRepeat(41) || lb.MayRepeat(42) {
+		t.Errorf("new owner: PrevHW %d, MayRepeat(41) %v, MayRepeat(42) %v; want 41 true false", lb.PrevHW(), lb.MayRepeat(41), lb.MayRepeat(42))
+	}
+	seen, err := lb.Seen(ctxT(t, time.Second), msgs(1000, "k1", "k3", "k2"))
+	if err != nil || !seen[0] || seen[1] || !seen[2] {
+		t.Errorf("Seen = %v %v, want [true false true]", seen, err)
+	}
+	// Not released: the next owner waits for expiry plus the grace.
+	c := newStore(t, rdb, prefix, "c", nil)
+	lb.mu.Lock()
+	lb.released = true // stop renewing without giving it back (a crash)
+	lb.mu.Unlock()
+	close(lb.stop)
+	<-lb.done
+	start = time.Now()
+	lc := acquire(t, c, "t", 0, 3*time.Second)
+	if took := time.Since(start); took < 500*time.Millisecond {
+		t.Errorf("take-over of a crashed owner's lease after %s, want its lease and grace (>= ~600ms)", took)
+	}
+	if lc.Token() <= lb.Token() {
+		t.Errorf("token %d after %d: not growing", lc.Token(), lb.Token())
+	}
+}
+
+// Hole 1: a mark refused because the lease moved still records the
+// effect; a later copy is found done.
+func TestHole1FencedMarkIsRecorded(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 3, 2*time.Second)
+	// a is cut off from Redis (not from Kafka): its lease runs out, b
+	// takes the partition; a's handler had succeeded meanwhile.
+	cutOff(t, la)
+	lb := acquire(t, b, "t", 3, 2*time.Second)
+	err := la.Mark(ctxT(t, time.Second), 7, msgs(500, "eff"))
+	if !errors.Is(err, ErrFenced) {
+		t.Fatalf("Mark by the fenced owner = %v, want ErrFenced", err)
+	}
+	if la.Valid() {
+		t.Error("a fenced lease is valid")
+	}
+	seen, err := lb.Seen(ctxT(t, time.Second), msgs(500, "eff"))
+	if err != nil || !seen[0] {
+		t.Fatalf("a re-pulled copy after a fenced mark: Seen = %v %v, want done", seen, err)
+	}
+	// And the high-water moved, so the offset is looked up by the next owner.
+	if hw, _ := rdb.HGet(context.Background(), a.ownKey("t", 3), "hw").Int64(); hw != 7 {
+		t.Errorf("hw after the fenced mark = %d, want 7", hw)
+	}
+}
+
+// Hole 2: a late plain mark of the old owner is visible to the new owner:
+// look-ups read Redis when the message runs, not a copy taken at takeover.
+func TestHole2LateMarkSeenByNewOwner(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 1, 2*time.Second)
+	cutOff(t, la)
+	lb := acquire(t, b, "t", 1, 2*time.Second)
+	if seen, err := lb.Seen(ctxT(t, time.Second), msgs(900, "late")); err != nil || seen[0] {
+		t.Fatalf("before the late mark: %v %v", seen, err)
+	}
+	// a was paused after its own check; its mark lands now.
+	if err := la.Mark(ctxT(t, time.Second), 12, msgs(900, "late")); !errors.Is(err, ErrFenced) {
+		t.Fatalf("late mark = %v, want ErrFenced", err)
+	}
+	for i := 0; i < 3; i++ { // b asks again each time the message comes up
+		if seen, err := lb.Seen(ctxT(t, time.Second), msgs(900, "late")); err != nil || !seen[0] {
+			t.Fatalf("after the late mark (look-up %d): %v %v, want done", i, seen, err)
+		}
+	}
+}
+
+// Hole 3: a lease that was lost is never used again silently: it says so
+// (Lost, Err), its marks are fenced, renewal does not take it back, and
+// the owner must Acquire anew (a new token, renewed).
+func TestHole3LostLeaseStaysLost(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 2, 2*time.Second)
+	cutOff(t, la)
+	lb := acquire(t, b, "t", 2, 2*time.Second)
+	// The stated window: the new owner starts no earlier than the grace
+	// after the old owner's own deadline (one machine, one clock here).
+	if took, dl := time.Now(), la.Deadline(); took.Before(dl.Add(a.grace())) {
+		t.Errorf("new owner started %s after the old owner's deadline, want >= the grace %s", took.Sub(dl), a.grace())
+	}
+	select {
+	case <-la.Lost():
+	case <-time.After(time.Second):
+		t.Fatal("the old owner was not told its lease was taken (renewal)")
+	}
+	if !errors.Is(la.Check(), ErrLost) {
+		t.Errorf("Check = %v, want ErrLost", la.Check())
+	}
+	la.cutOff.Store(false) // reachable again: nothing brings the lease back
+	_ = lb.Release(context.Background())
+	// Even with the partition free again, the lost lease stays lost.
+	time.Sleep(300 * time.Millisecond)
+	if la.Valid() {
+		t.Fatal("a lost lease became valid again")
+	}
+	if err := la.Mark(ctxT(t, time.Second), 3, msgs(1, "x")); !errors.Is(err, ErrFenced) {
+		t.Errorf("Mark on a lost lease after release = %v, want ErrFenced", err)
+	}
+	la2 := acquire(t, a, "t", 2, 2*time.Second)
+	if la2.Token() <= lb.Token() {
+		t.Errorf("re-acquired token %d <= %d", la2.Token(), lb.Token())
+	}
+	time.Sleep(900 * time.Millisecond)
+	if !la2.Valid() {
+		t.Errorf("re-acquired lease not renewed: %v", la2.Err())
+	}
+}
+
+// Hole 3, the outage path: an owner cut off from Redis loses its lease by
+// its own clock before Redis lets another owner take it.
+func TestLeaseLostWhenRedisUnreachable(t *testing.T) {
+	addr := testenv.PrivateRedis(t, "--dir", t.TempDir())
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rdb.Close()
+	s := newStore(t, rdb, "p:", "a", nil)
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	if err := rdb.Do(context.Background(), "client", "pause", 3000, "all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case <-l.Lost():
+	case <-time.After(2 * time.Second):
+		t.Fatal("lease not lost while Redis was unreachable")
+	}
+	if took := time.Since(start); took > 700*time.Millisecond {
+		t.Errorf("lost after %s, want within the lease (600ms)", took)
+	}
+	if !errors.Is(l.Err(), ErrLost) {
+		t.Errorf("Err = %v, want ErrLost", l.Err())
+	}
+}
+
+// Hole 4: the token grows across a Sentinel-style failover where the
+// promoted replica lacks the last acquisition.
+func TestHole4TokenGrowsAcrossFailover(t *testing.T) {
+	master := testenv.PrivateRedis(t, "--dir", t.TempDir())
+	replica := testenv.PrivateRedis(t, "--dir", t.TempDir())
+	mc := redis.NewClient(&redis.Options{Addr: master})
+	rc := redis.NewClient(&redis.Options{Addr: replica})
+	defer mc.Close()
+	defer rc.Close()
+	ctx := ctxT(t, 20*time.Second)
+	host, port, _ := strings.Cut(master, ":")
+	if err := rc.Do(ctx, "replicaof", host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	a := newStore(t, mc, "p:", "a", nil)
+	la := acquire(t, a, "t", 0, 2*time.Second)
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the replica has the record.
+	for {
+		if v, _ := rc.HGet(ctx, a.ownKey("t", 0), "token").Result(); v == la.tokenS {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("replica never caught up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The failover: the replica is promoted; the master's last write (a
+	// new acquisition) does not reach it.
+	if err := rc.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := newStore(t, mc, "p:", "c", nil)
+	lc := acquire(t, c, "t", 0, 2*time.Second) // on the old master, lost with it
+	if lc.Token() <= la.Token() {
+		t.Fatalf("token %d after %d", lc.Token(), la.Token())
+	}
+	time.Sleep(2 * time.Millisecond)
+	d := newStore(t, rc, "p:", "d", nil)
+	ld := acquire(t, d, "t", 0, 2*time.Second) // on the promoted replica
+	if ld.Token() <= lc.Token() {
+		t.Fatalf("token after failover %d <= the lost acquisition's %d: a downstream keeping the largest token cannot fence the old owner", ld.Token(), lc.Token())
+	}
+}
+
+// Hole 5: after Redis lost its script cache, a mark over several buckets
+// (several keys) is re-run whole and accepted.
+func TestHole5MarkAfterScriptFlush(t *testing.T) {
+	addr := testenv.PrivateRedis(t, "--dir", t.TempDir())
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	s := newStore(t, rdb, "p:", "a", func(c *Config) { c.Buckets = 8 })
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var items []Item
+	for i := range 40 {
+		items = append(items, Item{Key: fmt.Sprintf("k%d", i), SendTime: 1000})
+	}
+	if err := l.Mark(ctxT(t, time.Second), 40, items); err != nil {
+		t.Fatalf("Mark after SCRIPT FLUSH = %v, want accepted", err)
+	}
+	seen, err := l.Seen(ctxT(t, time.Second), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range seen {
+		if !v {
+			t.Fatalf("item %d not marked after SCRIPT FLUSH", i)
+		}
+	}
+}
+
+// Hole 6: marks live TTL after their last write whatever the message's
+// send time: a letter retried 4 days later, whose message (sent 4 days
+// ago) was done by a copy, is recognised. (The config refuses a TTL
+// shorter than the DLQ's retry horizon.)
+func TestHole6OldLetterRecognised(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", func(c *Config) { c.TTL = 168 * time.Hour })
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	sent := time.Now().Add(-4 * 24 * time.Hour).Unix()
+	if err := l.Mark(ctxT(t, time.Second), 5, msgs(sent, "old")); err != nil {
+		t.Fatal(err)
+	}
+	k := s.bucketKey(s.tag("t", 0), sent, Digest("old"))
+	ttl, err := rdb.TTL(context.Background(), k).Result()
+	if err != nil || ttl < 168*time.Hour {
+		t.Fatalf("bucket TTL = %s %v, want >= 168h (the DLQ's retry horizon)", ttl, err)
+	}
+	seen, err := s.Seen(ctxT(t, time.Second), "t", 0, msgs(sent, "old"))
+	if err != nil || !seen[0] {
+		t.Fatalf("4-day-old letter: Seen = %v %v, want done", seen, err)
+	}
+}
+
+// The buckets are intsets: ~8 bytes a member.
+func TestBucketsAreIntsets(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", nil)
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	var items []Item
+	for i := range 400 {
+		items = append(items, Item{Key: fmt.Sprintf("wkKKKK:%08x-0000-4000-8000-%012x", i, i), SendTime: 2000})
+	}
+	if err := l.Mark(ctxT(t, time.Second), 399, items); err != nil {
+		t.Fatal(err)
+	}
+	k := s.bucketKey(s.tag("t", 0), 2000, 0)
+	enc, err := rdb.ObjectEncoding(context.Background(), k).Result()
+	if err != nil || enc != "intset" {
+		t.Fatalf("bucket encoding %q %v, want intset", enc, err)
+	}
+	if n, _ := rdb.SCard(context.Background(), k).Result(); n != 400 {
+		t.Fatalf("bucket has %d members, want 400", n)
+	}
+	mem, err := rdb.MemoryUsage(context.Background(), k).Result()
+	if err != nil || float64(mem)/400 > 10 {
+		t.Fatalf("bucket memory %d B for 400 members (%v), want <= 10 B a member", mem, err)
+	}
+}
+
+// Migration from claims: for one TTL after the switch the old per-message
+// keys are read: a done marker is Done, a running claim is Held (never
+// run beside it), no key is Fresh. A partition never owned under this
+// store treats everything below the log end as a possible repeat.
+func TestLegacyClaimsRead(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	old := prefix + "dedup:"
+	ctx := ctxT(t, 5*time.Second)
+	// As store claims leaves them: "d:" once done, "p:<owner>:<seq>" while claimed.
+	rdb.Set(ctx, old+"kf:done", "d:", time.Hour)
+	rdb.Set(ctx, old+"kf:running", "p:schedule-consumer:abc:1", time.Minute)
+	s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Legacy = &Legacy{Prefix: old, Claims: true} })
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	if l.MayRepeat(0) {
+		t.Fatal("MayRepeat before SetLogEnd")
+	}
+	l.SetLogEnd(100)
+	if !l.MayRepeat(99) || l.MayRepeat(100) {
+		t.Fatalf("after SetLogEnd(100): MayRepeat(99) %v MayRepeat(100) %v, want true false", l.MayRepeat(99), l.MayRepeat(100))
+	}
+	st, err := l.Look(ctx, msgs(1000, "kf:done", "kf:running", "kf:new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0] != Done || st[1] != Held || st[2] != Fresh {
+		t.Fatalf("Look = %v, want [done held fresh]", st)
+	}
+	// Without Legacy (after one TTL) the old keys are not read.
+	s2 := newStore(t, rdb, prefix, "b", nil)
+	if st, _ := s2.Look(ctx, "t", 0, msgs(1000, "kf:done")); st[0] != Fresh {
+		t.Fatalf("Look without Legacy = %v, want fresh", st)
+	}
+}
+
+// Migration from leases: the user's day set of FNV-1a digests is read; a
+// user lease still in force is Held.
+func TestLegacyLeasesRead(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	old := prefix + "dedup:"
+	ctx := ctxT(t, 5*time.Second)
+	sent := int64(1700000000)
+	day := strconv.FormatInt(sent/86400, 10)
+	// As store leases leaves them.
+	rdb.SAdd(ctx, old+"u:D:wmA:"+day, fnvDigest("kf:a1"))
+	rdb.Set(ctx, old+"u:L:wmB", "7:schedule-consumer:abc", time.Minute)
+	s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Legacy = &Legacy{Prefix: old, Leases: true} })
+	items := []Item{{Key: "kf:a1", SendTime: sent, User: "wmA"}, {Key: "kf:a2", SendTime: sent, User: "wmA"},
+		{Key: "kf:b1", SendTime: sent, User: "wmB"}}
+	st, err := s.Look(ctx, "t", 0, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0] != Done || st[1] != Fresh || st[2] != Held {
+		t.Fatalf("Look = %v, want [done fresh held]", st)
+	}
+	// The leases store's digest, checked against hash/fnv.
+	h := fnv.New64a()
+	h.Write([]byte("kf:a1"))
+	if int64(h.Sum64()) != fnvDigest("kf:a1") {
+		t.Fatal("fnvDigest differs from FNV-1a 64")
+	}
+}
+
+// The marker batches a partition's marks: many messages, few calls, every
+// done called once after its mark was recorded, hw the largest offset.
+func TestMarkerBatches(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", nil)
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	m := l.NewMarker(20*time.Millisecond, 100)
+	var mu sync.Mutex
+	var items []Item
+	done := map[int64]error{}
+	for i := range 1000 {
+		it := Item{Key: fmt.Sprintf("k%d", i), SendTime: 5000}
+		items = append(items, it)
+		off := int64(i)
+		m.Add(it, off, func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, dup := done[off]; dup {
+				t.Errorf("done called twice for %d", off)
+			}
+			done[off] = err
+		})
+	}
+	m.Close()
+	if len(done) != 1000 {
+		t.Fatalf("%d dones, want 1000", len(done))
+	}
+	for off, err := range done {
+		if err != nil {
+			t.Fatalf("mark %d: %v", off, err)
+		}
+	}
+	if m.sends > 20 {
+		t.Errorf("%d Mark calls for 1000 messages in batches of 100", m.sends)
+	}
+	seen, err := l.Seen(ctxT(t, time.Second), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range seen {
+		if !v {
+			t.Fatalf("message %d not marked", i)
+		}
+	}
+	if hw, _ := rdb.HGet(context.Background(), s.ownKey("t", 0), "hw").Int64(); hw != 999 {
+		t.Errorf("hw %d, want 999", hw)
+	}
+	// After Close, Add fails at once.
+	var got error
+	m.Add(Item{Key: "late"}, 1000, func(err error) { got = err })
+	if !errors.Is(got, ErrMarkerClosed) {
+		t.Errorf("Add after Close: %v, want ErrMarkerClosed", got)
+	}
+}
+
+// A fenced marker's marks are recorded and every done says ErrFenced.
+func TestMarkerFenced(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", 0, 2*time.Second)
+	cutOff(t, la)
+	lb := acquire(t, b, "t", 0, 2*time.Second)
+	m := la.NewMarker(time.Millisecond, 10)
+	errs := make(chan error, 3)
+	for i := range 3 {
+		m.Add(Item{Key: fmt.Sprintf("f%d", i), SendTime: 1}, int64(i), func(err error) { errs <- err })
+	}
+	m.Close()
+	for range 3 {
+		if err := <-errs; !errors.Is(err, ErrFenced) {
+			t.Fatalf("done = %v, want ErrFenced", err)
+		}
+	}
+	seen, _ := lb.Seen(ctxT(t, time.Second), msgs(1, "f0", "f1", "f2"))
+	if !seen[0] || !seen[1] || !seen[2] {
+		t.Fatalf("fenced marks not recorded: %v", seen)
+	}
+}
+
+// A batch larger than Lua's unpack limit is recorded in several calls.
+func TestMarkLargeBatch(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", nil)
+	l := acquire(t, s, "t", 0, 2*time.Second)
+	items := make([]Item, 9000)
+	for i := range items {
+		items[i] = Item{Key: fmt.Sprintf("big%d", i), SendTime: 7}
+	}
+	if err := l.Mark(ctxT(t, 5*time.Second), 8999, items); err != nil {
+		t.Fatalf("Mark of 9000 = %v", err)
+	}
+	seen, err := l.Seen(ctxT(t, 5*time.Second), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range seen {
+		if !v {
+			t.Fatalf("item %d not marked", i)
+		}
+	}
+}
