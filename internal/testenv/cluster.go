@@ -62,3 +62,18 @@ func RedisCluster(t testing.TB) (*redis.ClusterClient, string) {
 	})
 	return c, prefix
 }
+
+// EachRedis runs fn as two subtests: "single" on the test Redis and
+// "cluster" on the test Redis Cluster, each with a fresh key prefix, so
+// one test body covers both topologies.
+func EachRedis(t *testing.T, fn func(t *testing.T, rdb redis.UniversalClient, prefix string)) {
+	t.Helper()
+	t.Run("single", func(t *testing.T) {
+		rdb, prefix := Redis(t)
+		fn(t, rdb, prefix)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		rdb, prefix := RedisCluster(t)
+		fn(t, rdb, prefix)
+	})
+}
