@@ -288,6 +288,11 @@ func (r Redis) validate(v *validator) {
 				v.addf("redis.cluster_addrs["+itoa(i)+"]", "must be host:port, got %q", a)
 			}
 		}
+		// A brace in the prefix would be the hash tag of every key: the
+		// whole deployment on one slot, and kfpipe's own tags ignored.
+		if strings.ContainsAny(r.KeyPrefix, "{}") {
+			v.addf("redis.key_prefix", "must not contain '{' or '}' when redis.mode is cluster (it would put every key in one hash slot), got %q", r.KeyPrefix)
+		}
 		// A Redis Cluster has database 0 only.
 		if r.DB != 0 {
 			v.addf("redis.db", "must be 0 when redis.mode is cluster (a Redis Cluster has database 0 only), got %d", r.DB)
