@@ -157,6 +157,11 @@ func NewIndex(rdb redis.UniversalClient, prefix string, opts ...Option) *Index {
 func (x *Index) key(parts ...string) string { return x.base + strings.Join(parts, ":") }
 func (x *Index) msgKey(id string) string    { return x.key("msg", id) }
 
+// entryKeys are the keys deleteScript and moveScript declare.
+func (x *Index) entryKeys(id string) []string {
+	return []string{x.msgKey(id), x.key("due"), x.key("review"), x.key("retried"), x.key("stats")}
+}
+
 // A message has one letter: a retried message that fails again carries its
 // letter's ID (chatmsg.HeaderDLQID, set by PrepareRetry), so its new DLQ
 // record updates the entry instead of adding one. The entry then points at
@@ -274,51 +279,55 @@ redis.call('HINCRBY', KEYS[6], 'reason:' .. ARGV[2], 1)
 return 1
 `)
 
-// deleteScript removes one entry from every set. ARGV: prefix, id.
+// deleteScript removes one entry from every set. KEYS: msg, due, review,
+// retried, stats; the entry's user and reason sets are named from the
+// stored entry (base + 'user:' ..), in the same slot on a Cluster. ARGV:
+// key base, id.
 var deleteScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-local mk = p .. 'msg:' .. id
+local mk = KEYS[1]
 local h = redis.call('HMGET', mk, 'r', 'u', 's')
 if not h[1] then return 0 end
 redis.call('DEL', mk)
 if h[2] and h[2] ~= '' then redis.call('ZREM', p .. 'user:' .. h[2], id) end
 redis.call('ZREM', p .. 'reason:' .. h[1], id)
-redis.call('ZREM', p .. 'due', id)
-redis.call('ZREM', p .. 'review', id)
-redis.call('ZREM', p .. 'retried', id)
-redis.call('HINCRBY', p .. 'stats', 'total', -1)
-redis.call('HINCRBY', p .. 'stats', 'reason:' .. h[1], -1)
-if h[3] == 'retried' then redis.call('HINCRBY', p .. 'stats', 'retried', -1) end
-if h[3] == 'done' then redis.call('HINCRBY', p .. 'stats', 'done', -1) end
+redis.call('ZREM', KEYS[2], id)
+redis.call('ZREM', KEYS[3], id)
+redis.call('ZREM', KEYS[4], id)
+redis.call('HINCRBY', KEYS[5], 'total', -1)
+redis.call('HINCRBY', KEYS[5], 'reason:' .. h[1], -1)
+if h[3] == 'retried' then redis.call('HINCRBY', KEYS[5], 'retried', -1) end
+if h[3] == 'done' then redis.call('HINCRBY', KEYS[5], 'done', -1) end
 return 1
 `)
 
 // moveScript puts an entry into due (ARGV[3]='due', score ARGV[4]) or
 // review (ARGV[3]='review'), unless ARGV[5] >= 0 and the entry's attempts
 // exceed it (a stale move: -1). Returns 0 for no entry, else 1 + the
-// entry's attempts. ARGV: prefix, id, state, score_ms, attempts seen
-// (-1: no check).
+// entry's attempts. KEYS: msg, due, review, retried, stats (the reason set
+// is named from the entry). ARGV: key base, id, state, score_ms, attempts
+// seen (-1: no check).
 var moveScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-local mk = p .. 'msg:' .. id
+local mk = KEYS[1]
 local h = redis.call('HMGET', mk, 's', 'r', 'a')
 local st = h[1]
 if not st then return 0 end
 local seen = tonumber(ARGV[5])
 local a = tonumber(h[3] or '0')
 if seen >= 0 and a > seen then return -1 end
-if st == 'retried' then redis.call('HINCRBY', p .. 'stats', 'retried', -1) end
-if st == 'done' then redis.call('HINCRBY', p .. 'stats', 'done', -1) end
+if st == 'retried' then redis.call('HINCRBY', KEYS[5], 'retried', -1) end
+if st == 'done' then redis.call('HINCRBY', KEYS[5], 'done', -1) end
 redis.call('HDEL', mk, 'l')
-redis.call('ZREM', p .. 'retried', id)
+redis.call('ZREM', KEYS[4], id)
 if ARGV[3] == 'due' then
-  redis.call('ZREM', p .. 'review', id)
-  redis.call('ZADD', p .. 'due', ARGV[4], id)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[2], ARGV[4], id)
   redis.call('HSET', mk, 's', 'due')
 else
-  redis.call('ZREM', p .. 'due', id)
+  redis.call('ZREM', KEYS[2], id)
   local failed = redis.call('ZSCORE', p .. 'reason:' .. h[2], id) or '0'
-  redis.call('ZADD', p .. 'review', failed, id)
+  redis.call('ZADD', KEYS[3], failed, id)
   redis.call('HSET', mk, 's', 'review')
 end
 return 1 + a
@@ -326,11 +335,12 @@ return 1 + a
 
 // claimScript hands out due entries and pushes their score forward by a
 // lease, so a second scheduler (or this one after a crash) takes them
-// again only when the lease ran out without MarkRetried. ARGV: prefix,
+// again only when the lease ran out without MarkRetried. KEYS: due (the
+// entries' hashes are named from the IDs it holds). ARGV: key base,
 // now_ms, limit, lease_ms. Returns id, DLQ coordinates, attempts triples.
 var claimScript = redis.NewScript(`
 local p = ARGV[1]
-local due = p .. 'due'
+local due = KEYS[1]
 local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 local until_ms = tonumber(ARGV[2]) + tonumber(ARGV[4])
 local out = {}
@@ -350,11 +360,11 @@ return out
 `)
 
 // rescheduleScript moves a due entry to a later score, only if it is
-// still due, and ends its claim. ARGV: prefix, id, score_ms.
+// still due, and ends its claim. KEYS: due, msg. ARGV: key base, id, score_ms.
 var rescheduleScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-redis.call('ZADD', p .. 'due', 'XX', ARGV[3], id)
-redis.call('HDEL', p .. 'msg:' .. id, 'l')
+redis.call('ZADD', KEYS[1], 'XX', ARGV[3], id)
+redis.call('HDEL', KEYS[2], 'l')
 return 1
 `)
 
@@ -444,13 +454,13 @@ func (x *Index) indexParked(ctx context.Context, dl *DeadLetterMessage, at Coord
 }
 
 // unparkScript makes a parked entry due at its real time, unless an event
-// moved it meanwhile (its score is no longer the parked one). ARGV: prefix,
-// id, real score, parked score.
+// moved it meanwhile (its score is no longer the parked one). KEYS: due.
+// ARGV: key base, id, real score, parked score.
 var unparkScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-local sc = redis.call('ZSCORE', p .. 'due', id)
+local sc = redis.call('ZSCORE', KEYS[1], id)
 if sc and tonumber(sc) == tonumber(ARGV[4]) then
-  redis.call('ZADD', p .. 'due', ARGV[3], id)
+  redis.call('ZADD', KEYS[1], ARGV[3], id)
   return 1
 end
 return 0
@@ -639,7 +649,7 @@ func (x *Index) moveIf(ctx context.Context, id, state string, at time.Time, seen
 	if seen != nil {
 		check = *seen
 	}
-	n, err := moveScript.Run(ctx, x.rdb, []string{x.msgKey(id)}, x.base, id, state, ms(at), check).Int()
+	n, err := moveScript.Run(ctx, x.rdb, x.entryKeys(id), x.base, id, state, ms(at), check).Int()
 	if err != nil {
 		return 0, false, fmt.Errorf("dlq index move %s: %w", id, err)
 	}
@@ -654,7 +664,7 @@ func (x *Index) moveIf(ctx context.Context, id, state string, at time.Time, seen
 
 // Delete removes one entry from every set; false if it was not there.
 func (x *Index) Delete(ctx context.Context, id string) (bool, error) {
-	n, err := deleteScript.Run(ctx, x.rdb, []string{x.msgKey(id)}, x.base, id).Int()
+	n, err := deleteScript.Run(ctx, x.rdb, x.entryKeys(id), x.base, id).Int()
 	if err != nil {
 		return false, fmt.Errorf("dlq index delete %s: %w", id, err)
 	}
@@ -1223,7 +1233,7 @@ func (x *Index) toReview(ctx context.Context, id, msg string, why error) {
 
 // reschedule moves a still-due entry to at.
 func (x *Index) reschedule(ctx context.Context, id string, at time.Time) error {
-	return rescheduleScript.Run(ctx, x.rdb, []string{x.key("due")}, x.base, id, at.UnixMilli()).Err()
+	return rescheduleScript.Run(ctx, x.rdb, []string{x.key("due"), x.msgKey(id)}, x.base, id, at.UnixMilli()).Err()
 }
 
 // Size is the number of entries in the index.
