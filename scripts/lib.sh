@@ -78,14 +78,17 @@ http_get() {
 }
 
 # use_services: for a script that needs the test services (make test, bench,
-# chaos). Starts Kafka, Redis, etcd and the S3 server where they are not running, exports
+# chaos). Starts Kafka, Redis, the Redis Cluster, etcd and the S3 server where they are not
+# running, exports
 # KFPIPE_TEST_* and KFPIPE_REPO_ROOT, and on exit stops only the ones it
 # started (KFPIPE_KEEP_SERVICES=1 leaves them up).
 _started_services=()
 _stop_started_services() {
   local rc=$? s
   if [[ ${KFPIPE_KEEP_SERVICES:-} != 1 ]]; then
-    for s in "${_started_services[@]}"; do "$SCRIPTS_DIR/$s.sh" stop || true; done
+    for s in "${_started_services[@]}"; do
+      if [[ $s == redis-cluster ]]; then "$SCRIPTS_DIR/redis.sh" cluster-stop || true; else "$SCRIPTS_DIR/$s.sh" stop || true; fi
+    done
   fi
   exit "$rc"
 }
@@ -97,8 +100,9 @@ use_services() {
   for s in kafka redis etcd; do
     "$SCRIPTS_DIR/$s.sh" status 2>/dev/null || _started_services+=("$s")
   done
+  "$SCRIPTS_DIR/redis.sh" cluster-status >/dev/null 2>&1 || _started_services+=(redis-cluster)
   eval "$("$SCRIPTS_DIR/services.sh" up)"
-  export KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS KFPIPE_TEST_ETCD
+  export KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS KFPIPE_TEST_REDIS_CLUSTER KFPIPE_TEST_ETCD
   # The media store's S3-compatible server (SeaweedFS, built once into the
   # cache). Not started: its tests skip, and fail under CI.
   if ! "$SCRIPTS_DIR/s3.sh" status 2>/dev/null; then

@@ -10,9 +10,17 @@
 #                                              master name "kfpipe" (quorum 2)
 #   redis.sh sentinel-stop
 #   redis.sh sentinel-status                   prints the master address the sentinels agree on
+#   redis.sh cluster-start                     Redis Cluster: 3 masters + 3 replicas on 17000-17005
+#                                              (bus ports +10000), KFPIPE_REDIS_CLUSTER_PORT moves
+#                                              the base; resumes stopped nodes of an existing one
+#   redis.sh cluster-stop
+#   redis.sh cluster-status                    prints the seed addresses (comma-separated)
 #
 # Sentinel-setup nodes are named sentinel-primary, sentinel-replica, sentinel-s1..s3, so
 # e.g. `redis.sh kill9 --name sentinel-primary` kills the initial primary.
+# Cluster nodes are named cluster-0..cluster-5 (cluster-0..2 start as masters), so e.g.
+# `redis.sh kill9 --name cluster-1` kills a master; `redis.sh resume --name cluster-1` brings
+# it back as a replica of whoever was promoted.
 # Extra redis-server directives for start: KFPIPE_REDIS_EXTRA_CONF (newline-separated).
 set -euo pipefail
 LOG_TAG=redis
@@ -23,6 +31,8 @@ MASTER_NAME=kfpipe
 S_PRIMARY=26379
 S_REPLICA=26380
 S_SENTINELS=(26479 26480 26481)
+C_BASE="${KFPIPE_REDIS_CLUSTER_PORT:-17000}"
+C_NODES=(cluster-0 cluster-1 cluster-2 cluster-3 cluster-4 cluster-5)
 START_TIMEOUT="${KFPIPE_REDIS_START_TIMEOUT:-30}"
 
 need() {
@@ -242,6 +252,79 @@ cmd_sentinel_status() {
   echo "$addr"
 }
 
+c_port() { echo $((C_BASE + $1)); }
+cluster_seeds() {
+  local i out=()
+  for i in 0 1 2 3 4 5; do out+=("127.0.0.1:$(c_port "$i")"); done
+  (IFS=,; echo "${out[*]}")
+}
+
+# cluster_ok: every node says cluster_state:ok and knows 3 masters with
+# slots and 3 replicas, and redis-cli's own check finds every slot covered
+# and the nodes agreeing.
+cluster_ok() {
+  local i port nodes
+  for i in 0 1 2 3 4 5; do
+    port=$(c_port "$i")
+    redis-cli -h 127.0.0.1 -p "$port" CLUSTER INFO 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+    nodes=$(redis-cli -h 127.0.0.1 -p "$port" CLUSTER NODES 2>/dev/null) || return 1
+    # field 3 holds the flags (myself,master / slave / master,fail? ...)
+    (($(awk '$3 ~ /master/ && $3 !~ /fail/ && NF > 8' <<<"$nodes" | wc -l) >= 3)) || return 1
+    (($(awk '$3 ~ /slave/ && $3 !~ /fail/' <<<"$nodes" | wc -l) >= 3)) || return 1
+  done
+  redis-cli --cluster check "127.0.0.1:$(c_port 0)" >/dev/null 2>&1
+}
+
+cmd_cluster_start() {
+  need redis-server redis-server
+  need redis-cli redis-tools
+  local n i alive=0 created=1
+  for n in "${C_NODES[@]}"; do
+    [[ -f $(node_dir "$n")/port ]] && running "$n" && alive=$((alive + 1))
+    [[ -s $(node_dir "$n")/nodes.conf ]] && grep -q 'myself' "$(node_dir "$n")/nodes.conf" 2>/dev/null &&
+      (($(wc -l <"$(node_dir "$n")/nodes.conf") > 2)) || created=0
+  done
+  if ((created)) && ((alive < ${#C_NODES[@]})); then
+    log "cluster partially running: resuming the stopped nodes"
+    for n in "${C_NODES[@]}"; do running "$n" || launch "$n"; done
+  elif ((!created)); then
+    ((alive == 0)) || die "cluster nodes run but were never joined; run redis.sh cluster-stop first"
+    for i in 0 1 2 3 4 5; do
+      # node timeout 2 s: a killed master's replica is promoted in a few
+      # seconds (chaos cluster-failover); appendonly off as elsewhere here.
+      write_conf "${C_NODES[$i]}" "$(c_port "$i")" "cluster-enabled yes" \
+        "cluster-config-file $(node_dir "${C_NODES[$i]}")/nodes.conf" "cluster-node-timeout 2000" \
+        "cluster-require-full-coverage yes"
+      launch "${C_NODES[$i]}"
+    done
+    local addrs=()
+    for i in 0 1 2 3 4 5; do addrs+=("127.0.0.1:$(c_port "$i")"); done
+    # redis-cli makes the first three masters and the last three their replicas.
+    redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$RUN_DIR/redis-cluster-create.log" 2>&1 ||
+      { tail_log "$RUN_DIR/redis-cluster-create.log"; die "redis-cli --cluster create failed"; }
+  fi
+  local deadline=$((SECONDS + START_TIMEOUT))
+  until cluster_ok; do
+    if ((SECONDS >= deadline)); then
+      redis-cli --cluster check "127.0.0.1:$(c_port 0)" >&2 || true
+      tail_log "$(node_dir cluster-0)/redis.log" 20
+      die "redis cluster not ok within ${START_TIMEOUT}s"
+    fi
+    sleep 0.5
+  done
+  log "redis cluster ready: 3 masters + 3 replicas, seeds $(cluster_seeds)"
+}
+
+cmd_cluster_stop() {
+  local n
+  for n in "${C_NODES[@]}"; do (cmd_stop --name "$n"); done
+}
+
+cmd_cluster_status() {
+  cluster_ok || { log "redis cluster not running (or not ok)"; return 1; }
+  cluster_seeds
+}
+
 cmd=${1:-}
 shift || true
 case $cmd in
@@ -253,6 +336,9 @@ case $cmd in
   sentinel-start) cmd_sentinel_start ;;
   sentinel-stop) cmd_sentinel_stop ;;
   sentinel-status) cmd_sentinel_status ;;
+  cluster-start) cmd_cluster_start ;;
+  cluster-stop) cmd_cluster_stop ;;
+  cluster-status) cmd_cluster_status ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
     exit 2

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -114,17 +115,20 @@ type KafkaConsumer struct {
 // Redis configures the shared UniversalClient: a single node in
 // development, Sentinel in production. Never Redis Cluster (locks).
 type Redis struct {
-	Mode          string        `mapstructure:"mode"` // single|sentinel
-	Addr          string        `mapstructure:"addr"`
-	MasterName    string        `mapstructure:"master_name"`
-	SentinelAddrs []string      `mapstructure:"sentinel_addrs"`
-	DB            int           `mapstructure:"db"`
-	Password      string        `mapstructure:"password"`
-	KeyPrefix     string        `mapstructure:"key_prefix"`
-	PoolSize      int           `mapstructure:"pool_size"`
-	DialTimeout   time.Duration `mapstructure:"dial_timeout"`
-	ReadTimeout   time.Duration `mapstructure:"read_timeout"`
-	WriteTimeout  time.Duration `mapstructure:"write_timeout"`
+	Mode          string   `mapstructure:"mode"` // single|sentinel|cluster
+	Addr          string   `mapstructure:"addr"`
+	MasterName    string   `mapstructure:"master_name"`
+	SentinelAddrs []string `mapstructure:"sentinel_addrs"`
+	// ClusterAddrs are the seed nodes of a Redis Cluster (redis.mode
+	// cluster): any reachable one gives the client the slot map.
+	ClusterAddrs []string      `mapstructure:"cluster_addrs"`
+	DB           int           `mapstructure:"db"`
+	Password     string        `mapstructure:"password"`
+	KeyPrefix    string        `mapstructure:"key_prefix"`
+	PoolSize     int           `mapstructure:"pool_size"`
+	DialTimeout  time.Duration `mapstructure:"dial_timeout"`
+	ReadTimeout  time.Duration `mapstructure:"read_timeout"`
+	WriteTimeout time.Duration `mapstructure:"write_timeout"`
 	// SkipEvictionPolicyCheck turns off the start-up check that Redis's
 	// maxmemory-policy cannot evict kfpipe's keys, for a managed Redis
 	// that hides CONFIG: the operator then vouches for noeviction.
@@ -263,7 +267,7 @@ func (t Topic) validate(v *validator, key string) {
 }
 
 func (r Redis) validate(v *validator) {
-	v.oneOf("redis.mode", r.Mode, "single", "sentinel")
+	v.oneOf("redis.mode", r.Mode, "single", "sentinel", "cluster")
 	switch r.Mode {
 	case "single":
 		v.nonEmpty("redis.addr", r.Addr)
@@ -274,6 +278,24 @@ func (r Redis) validate(v *validator) {
 		}
 		for i, a := range r.SentinelAddrs {
 			v.nonEmpty("redis.sentinel_addrs["+itoa(i)+"]", a)
+		}
+	case "cluster":
+		if len(r.ClusterAddrs) == 0 {
+			v.addf("redis.cluster_addrs", "must list at least one seed node (host:port) when redis.mode is cluster")
+		}
+		for i, a := range r.ClusterAddrs {
+			if _, _, err := net.SplitHostPort(strings.TrimSpace(a)); err != nil {
+				v.addf("redis.cluster_addrs["+itoa(i)+"]", "must be host:port, got %q", a)
+			}
+		}
+		// A brace in the prefix would be the hash tag of every key: the
+		// whole deployment on one slot, and kfpipe's own tags ignored.
+		if strings.ContainsAny(r.KeyPrefix, "{}") {
+			v.addf("redis.key_prefix", "must not contain '{' or '}' when redis.mode is cluster (it would put every key in one hash slot), got %q", r.KeyPrefix)
+		}
+		// A Redis Cluster has database 0 only.
+		if r.DB != 0 {
+			v.addf("redis.db", "must be 0 when redis.mode is cluster (a Redis Cluster has database 0 only), got %d", r.DB)
 		}
 	}
 	// Every key of kfpipe is under it: a Redis shared with anything else

@@ -93,6 +93,19 @@ func TestEnvOverrides(t *testing.T) {
 	}
 }
 
+// redis.mode cluster from the environment: the seeds are a comma list.
+func TestRedisClusterFromEnv(t *testing.T) {
+	t.Setenv("KFPIPE_REDIS_MODE", "cluster")
+	t.Setenv("KFPIPE_REDIS_CLUSTER_ADDRS", "r0:6379,r1:6379,r2:6379")
+	cfg, err := LoadConsumer(writeYAML(t, "kafka:\n  brokers: file:9092\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Redis.Mode != "cluster" || len(cfg.Redis.ClusterAddrs) != 3 || cfg.Redis.ClusterAddrs[2] != "r2:6379" {
+		t.Errorf("redis %q %q", cfg.Redis.Mode, cfg.Redis.ClusterAddrs)
+	}
+}
+
 func TestFileOverridesDefaults(t *testing.T) {
 	p := writeYAML(t, `
 rate_limit:
@@ -154,7 +167,10 @@ func TestValidationNamesKey(t *testing.T) {
 		{"kafka:\n  producer:\n    linger_ms: 5000\n", "kafka.producer.linger_ms must be in [0, 1000], got 5000"},
 		{"kafka:\n  consumer:\n    group_id: \"\"\n", "kafka.consumer.group_id must not be empty"},
 		{"kafka:\n  overrides:\n    acks: \"1\"\n", "kafka.overrides.acks may not be overridden"},
-		{"redis:\n  mode: cluster\n", "redis.mode must be one of single|sentinel, got \"cluster\""},
+		{"redis:\n  mode: shard\n", "redis.mode must be one of single|sentinel|cluster, got \"shard\""},
+		{"redis:\n  mode: cluster\n", "redis.cluster_addrs must list at least one seed node"},
+		{"redis:\n  mode: cluster\n  cluster_addrs: [\"a:1\"]\n  db: 2\n", "redis.db must be 0 when redis.mode is cluster"},
+		{"redis:\n  mode: cluster\n  cluster_addrs: [\"a:1\"]\n  key_prefix: \"{kf}:\"\n", "redis.key_prefix must not contain '{' or '}' when redis.mode is cluster"},
 		{"redis:\n  mode: sentinel\n", "redis.sentinel_addrs must list at least one sentinel"},
 		{"log:\n  level: loud\n", "log.level must be one of"},
 		{"processor:\n  mailbox_size: 0\n", "processor.mailbox_size must be in [1, 1048576], got 0"},

@@ -87,7 +87,8 @@ var outOfRange = map[string]struct {
 	"redis.dial_timeout":   {bad: "1ms", readBy: rAll},
 	"redis.key_prefix":     {bad: " ", readBy: rAll},
 	"redis.master_name":    {bad: " ", readBy: rAll},
-	"redis.mode":           {bad: "cluster", readBy: rAll},
+	"redis.mode":           {bad: "shard", readBy: rAll},
+	"redis.cluster_addrs":  {bad: []string{"no-port"}, readBy: rAll, wantKey: "redis.cluster_addrs[0]"},
 	"redis.password":       {anyOK: "any password (or none) is a valid password"},
 	"redis.pool_size":      {bad: 0, readBy: rAll},
 	"redis.read_timeout":   {bad: "1ms", readBy: rAll},
@@ -264,6 +265,9 @@ func TestEveryKeyRejectsOutOfRange(t *testing.T) {
 			if k == "redis.master_name" {
 				setKey(doc, "redis.sentinel_addrs", []string{"127.0.0.1:26379"})
 			}
+		}
+		if k == "redis.cluster_addrs" {
+			setKey(doc, "redis.mode", "cluster")
 		}
 		if k == "handler.http.url" {
 			setKey(doc, "handler.type", "http")

@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/redisconn"
 )
 
 // Index states of an entry.
@@ -61,11 +63,17 @@ var ErrBadCursor = errors.New("dlq: bad cursor")
 //	               may have expired
 //
 // Retried entries are in neither due nor review. The scripts that take an
-// ID alone derive the user and reason keys from the stored entry; that is
-// fine for a single node or Sentinel (never Redis Cluster).
+// ID alone derive the user and reason keys from the stored entry (and get
+// the key base in ARGV). On a Redis Cluster the base is prefix + "{dlq}:":
+// the whole index is one hash slot, on one master, so every script's keys
+// (declared or derived) are local to the node that runs it. That is a
+// deliberate placement: the index is one view with global sets (due,
+// review, stats) bounded by dlq_index.max_entries, not per-message state;
+// docs/operations.md ("Redis Cluster") gives its slot's measured load.
 type Index struct {
 	rdb     redis.UniversalClient
 	prefix  string
+	base    string // prefix + "dlq:", on a Cluster prefix + "{dlq}:" (one slot)
 	clock   Clock
 	events  EventSink // records purges in the DLQ topic; may be nil
 	letters Letters   // reads whole letters back; may be nil
@@ -132,7 +140,7 @@ type Filter struct {
 // WithRegisterer.
 func NewIndex(rdb redis.UniversalClient, prefix string, opts ...Option) *Index {
 	o := buildOptions(opts)
-	return &Index{rdb: rdb, prefix: prefix, clock: o.clock, events: o.events, letters: o.letters, max: o.maxEntries,
+	return &Index{rdb: rdb, prefix: prefix, base: prefix + redisconn.Tag(rdb, "dlq") + ":", clock: o.clock, events: o.events, letters: o.letters, max: o.maxEntries,
 		log: o.log, m: indexMetrics{
 			indexed: register(o.reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "kfpipe_dlq_index_total", Help: "DLQ records applied to the Redis index, by result (new, duplicate, expired, event, full)."},
@@ -146,8 +154,13 @@ func NewIndex(rdb redis.UniversalClient, prefix string, opts ...Option) *Index {
 		}}
 }
 
-func (x *Index) key(parts ...string) string { return x.prefix + "dlq:" + strings.Join(parts, ":") }
+func (x *Index) key(parts ...string) string { return x.base + strings.Join(parts, ":") }
 func (x *Index) msgKey(id string) string    { return x.key("msg", id) }
+
+// entryKeys are the keys deleteScript and moveScript declare.
+func (x *Index) entryKeys(id string) []string {
+	return []string{x.msgKey(id), x.key("due"), x.key("review"), x.key("retried"), x.key("stats")}
+}
 
 // A message has one letter: a retried message that fails again carries its
 // letter's ID (chatmsg.HeaderDLQID, set by PrepareRetry), so its new DLQ
@@ -266,51 +279,55 @@ redis.call('HINCRBY', KEYS[6], 'reason:' .. ARGV[2], 1)
 return 1
 `)
 
-// deleteScript removes one entry from every set. ARGV: prefix, id.
+// deleteScript removes one entry from every set. KEYS: msg, due, review,
+// retried, stats; the entry's user and reason sets are named from the
+// stored entry (base + 'user:' ..), in the same slot on a Cluster. ARGV:
+// key base, id.
 var deleteScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-local mk = p .. 'dlq:msg:' .. id
+local mk = KEYS[1]
 local h = redis.call('HMGET', mk, 'r', 'u', 's')
 if not h[1] then return 0 end
 redis.call('DEL', mk)
-if h[2] and h[2] ~= '' then redis.call('ZREM', p .. 'dlq:user:' .. h[2], id) end
-redis.call('ZREM', p .. 'dlq:reason:' .. h[1], id)
-redis.call('ZREM', p .. 'dlq:due', id)
-redis.call('ZREM', p .. 'dlq:review', id)
-redis.call('ZREM', p .. 'dlq:retried', id)
-redis.call('HINCRBY', p .. 'dlq:stats', 'total', -1)
-redis.call('HINCRBY', p .. 'dlq:stats', 'reason:' .. h[1], -1)
-if h[3] == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
-if h[3] == 'done' then redis.call('HINCRBY', p .. 'dlq:stats', 'done', -1) end
+if h[2] and h[2] ~= '' then redis.call('ZREM', p .. 'user:' .. h[2], id) end
+redis.call('ZREM', p .. 'reason:' .. h[1], id)
+redis.call('ZREM', KEYS[2], id)
+redis.call('ZREM', KEYS[3], id)
+redis.call('ZREM', KEYS[4], id)
+redis.call('HINCRBY', KEYS[5], 'total', -1)
+redis.call('HINCRBY', KEYS[5], 'reason:' .. h[1], -1)
+if h[3] == 'retried' then redis.call('HINCRBY', KEYS[5], 'retried', -1) end
+if h[3] == 'done' then redis.call('HINCRBY', KEYS[5], 'done', -1) end
 return 1
 `)
 
 // moveScript puts an entry into due (ARGV[3]='due', score ARGV[4]) or
 // review (ARGV[3]='review'), unless ARGV[5] >= 0 and the entry's attempts
 // exceed it (a stale move: -1). Returns 0 for no entry, else 1 + the
-// entry's attempts. ARGV: prefix, id, state, score_ms, attempts seen
-// (-1: no check).
+// entry's attempts. KEYS: msg, due, review, retried, stats (the reason set
+// is named from the entry). ARGV: key base, id, state, score_ms, attempts
+// seen (-1: no check).
 var moveScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-local mk = p .. 'dlq:msg:' .. id
+local mk = KEYS[1]
 local h = redis.call('HMGET', mk, 's', 'r', 'a')
 local st = h[1]
 if not st then return 0 end
 local seen = tonumber(ARGV[5])
 local a = tonumber(h[3] or '0')
 if seen >= 0 and a > seen then return -1 end
-if st == 'retried' then redis.call('HINCRBY', p .. 'dlq:stats', 'retried', -1) end
-if st == 'done' then redis.call('HINCRBY', p .. 'dlq:stats', 'done', -1) end
+if st == 'retried' then redis.call('HINCRBY', KEYS[5], 'retried', -1) end
+if st == 'done' then redis.call('HINCRBY', KEYS[5], 'done', -1) end
 redis.call('HDEL', mk, 'l')
-redis.call('ZREM', p .. 'dlq:retried', id)
+redis.call('ZREM', KEYS[4], id)
 if ARGV[3] == 'due' then
-  redis.call('ZREM', p .. 'dlq:review', id)
-  redis.call('ZADD', p .. 'dlq:due', ARGV[4], id)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[2], ARGV[4], id)
   redis.call('HSET', mk, 's', 'due')
 else
-  redis.call('ZREM', p .. 'dlq:due', id)
-  local failed = redis.call('ZSCORE', p .. 'dlq:reason:' .. h[2], id) or '0'
-  redis.call('ZADD', p .. 'dlq:review', failed, id)
+  redis.call('ZREM', KEYS[2], id)
+  local failed = redis.call('ZSCORE', p .. 'reason:' .. h[2], id) or '0'
+  redis.call('ZADD', KEYS[3], failed, id)
   redis.call('HSET', mk, 's', 'review')
 end
 return 1 + a
@@ -318,19 +335,20 @@ return 1 + a
 
 // claimScript hands out due entries and pushes their score forward by a
 // lease, so a second scheduler (or this one after a crash) takes them
-// again only when the lease ran out without MarkRetried. ARGV: prefix,
+// again only when the lease ran out without MarkRetried. KEYS: due (the
+// entries' hashes are named from the IDs it holds). ARGV: key base,
 // now_ms, limit, lease_ms. Returns id, DLQ coordinates, attempts triples.
 var claimScript = redis.NewScript(`
 local p = ARGV[1]
-local due = p .. 'dlq:due'
+local due = KEYS[1]
 local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 local until_ms = tonumber(ARGV[2]) + tonumber(ARGV[4])
 local out = {}
 for _, id in ipairs(ids) do
-  local h = redis.call('HMGET', p .. 'dlq:msg:' .. id, 'k', 'a')
+  local h = redis.call('HMGET', p .. 'msg:' .. id, 'k', 'a')
   if h[1] then
     redis.call('ZADD', due, 'XX', until_ms, id)
-    redis.call('HSET', p .. 'dlq:msg:' .. id, 'l', until_ms)
+    redis.call('HSET', p .. 'msg:' .. id, 'l', until_ms)
     table.insert(out, id)
     table.insert(out, h[1])
     table.insert(out, h[2] or '0')
@@ -342,11 +360,11 @@ return out
 `)
 
 // rescheduleScript moves a due entry to a later score, only if it is
-// still due, and ends its claim. ARGV: prefix, id, score_ms.
+// still due, and ends its claim. KEYS: due, msg. ARGV: key base, id, score_ms.
 var rescheduleScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-redis.call('ZADD', p .. 'dlq:due', 'XX', ARGV[3], id)
-redis.call('HDEL', p .. 'dlq:msg:' .. id, 'l')
+redis.call('ZADD', KEYS[1], 'XX', ARGV[3], id)
+redis.call('HDEL', KEYS[2], 'l')
 return 1
 `)
 
@@ -357,11 +375,11 @@ local p = ARGV[1]
 local out = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
-  local h = redis.call('HMGET', p .. 'dlq:msg:' .. id, 'r', 'u', 's', 'e', 'a', 'k', 'o', 'p', 'c', 't', 'n', 'f', 'l', 'b')
+  local h = redis.call('HMGET', p .. 'msg:' .. id, 'r', 'u', 's', 'e', 'a', 'k', 'o', 'p', 'c', 't', 'n', 'f', 'l', 'b')
   if h[1] then
-    h[15] = redis.call('ZSCORE', p .. 'dlq:reason:' .. h[1], id) or '0'
+    h[15] = redis.call('ZSCORE', p .. 'reason:' .. h[1], id) or '0'
     h[16] = '0'
-    if h[3] == 'due' then h[16] = redis.call('ZSCORE', p .. 'dlq:due', id) or '0' end
+    if h[3] == 'due' then h[16] = redis.call('ZSCORE', p .. 'due', id) or '0' end
     for j = 1, 16 do if not h[j] then h[j] = '' end end
     out[#out + 1] = h
   else
@@ -436,13 +454,13 @@ func (x *Index) indexParked(ctx context.Context, dl *DeadLetterMessage, at Coord
 }
 
 // unparkScript makes a parked entry due at its real time, unless an event
-// moved it meanwhile (its score is no longer the parked one). ARGV: prefix,
-// id, real score, parked score.
+// moved it meanwhile (its score is no longer the parked one). KEYS: due.
+// ARGV: key base, id, real score, parked score.
 var unparkScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
-local sc = redis.call('ZSCORE', p .. 'dlq:due', id)
+local sc = redis.call('ZSCORE', KEYS[1], id)
 if sc and tonumber(sc) == tonumber(ARGV[4]) then
-  redis.call('ZADD', p .. 'dlq:due', ARGV[3], id)
+  redis.call('ZADD', KEYS[1], ARGV[3], id)
   return 1
 end
 return 0
@@ -459,7 +477,7 @@ func (x *Index) unpark(ctx context.Context) (int, error) {
 			break
 		}
 		real := iter.Val()
-		v, err := unparkScript.Run(ctx, x.rdb, []string{x.key("due")}, x.prefix, id, real, parkedScore).Int()
+		v, err := unparkScript.Run(ctx, x.rdb, []string{x.key("due")}, x.base, id, real, parkedScore).Int()
 		if err != nil {
 			return n, fmt.Errorf("dlq unpark %s: %w", id, err)
 		}
@@ -631,7 +649,7 @@ func (x *Index) moveIf(ctx context.Context, id, state string, at time.Time, seen
 	if seen != nil {
 		check = *seen
 	}
-	n, err := moveScript.Run(ctx, x.rdb, []string{x.msgKey(id)}, x.prefix, id, state, ms(at), check).Int()
+	n, err := moveScript.Run(ctx, x.rdb, x.entryKeys(id), x.base, id, state, ms(at), check).Int()
 	if err != nil {
 		return 0, false, fmt.Errorf("dlq index move %s: %w", id, err)
 	}
@@ -646,7 +664,7 @@ func (x *Index) moveIf(ctx context.Context, id, state string, at time.Time, seen
 
 // Delete removes one entry from every set; false if it was not there.
 func (x *Index) Delete(ctx context.Context, id string) (bool, error) {
-	n, err := deleteScript.Run(ctx, x.rdb, []string{x.msgKey(id)}, x.prefix, id).Int()
+	n, err := deleteScript.Run(ctx, x.rdb, x.entryKeys(id), x.base, id).Int()
 	if err != nil {
 		return false, fmt.Errorf("dlq index delete %s: %w", id, err)
 	}
@@ -729,7 +747,7 @@ func (x *Index) load(ctx context.Context, ids []string) ([]*Entry, error) {
 		return out, nil
 	}
 	args := make([]any, 0, len(ids)+1)
-	args = append(args, x.prefix)
+	args = append(args, x.base)
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -1140,24 +1158,12 @@ func (x *Index) PurgeExpired(ctx context.Context, now time.Time) (int, error) {
 
 // Reset deletes the whole index (before a Rebuild).
 func (x *Index) Reset(ctx context.Context) error {
-	iter := x.rdb.Scan(ctx, 0, x.prefix+"dlq:*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			if err := x.rdb.Del(ctx, batch...).Err(); err != nil {
-				return fmt.Errorf("dlq reset: %w", err)
-			}
-			batch = batch[:0]
-		}
-	}
-	if err := iter.Err(); err != nil {
+	// One slot on a Cluster, so a batch of keys is one DEL there too.
+	err := redisconn.ScanKeys(ctx, x.rdb, x.base+"*", 1000, func(keys []string) error {
+		return x.rdb.Del(ctx, keys...).Err()
+	})
+	if err != nil {
 		return fmt.Errorf("dlq reset: %w", err)
-	}
-	if len(batch) > 0 {
-		if err := x.rdb.Del(ctx, batch...).Err(); err != nil {
-			return fmt.Errorf("dlq reset: %w", err)
-		}
 	}
 	return nil
 }
@@ -1177,7 +1183,7 @@ func (x *Index) claim(ctx context.Context, now time.Time, limit int, lease time.
 	if x.letters == nil {
 		return nil, errors.New("dlq claim: the index reads no letters (WithLetters)")
 	}
-	vals, err := claimScript.Run(ctx, x.rdb, []string{x.key("due")}, x.prefix, now.UnixMilli(), limit, lease.Milliseconds()).Slice()
+	vals, err := claimScript.Run(ctx, x.rdb, []string{x.key("due")}, x.base, now.UnixMilli(), limit, lease.Milliseconds()).Slice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("dlq claim: %w", err)
 	}
@@ -1227,7 +1233,7 @@ func (x *Index) toReview(ctx context.Context, id, msg string, why error) {
 
 // reschedule moves a still-due entry to at.
 func (x *Index) reschedule(ctx context.Context, id string, at time.Time) error {
-	return rescheduleScript.Run(ctx, x.rdb, []string{x.key("due")}, x.prefix, id, at.UnixMilli()).Err()
+	return rescheduleScript.Run(ctx, x.rdb, []string{x.key("due"), x.msgKey(id)}, x.base, id, at.UnixMilli()).Err()
 }
 
 // Size is the number of entries in the index.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -17,8 +19,9 @@ func testRecovery() config.Recovery {
 		TTL: map[string]time.Duration{"rate_limited": time.Hour}, DefaultTTL: 24 * time.Hour, LockTTL: time.Second}
 }
 
-func TestIndexIdempotent(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
+func TestIndexIdempotent(t *testing.T) { testenv.EachRedis(t, eachIndexIdempotent) }
+
+func eachIndexIdempotent(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery())
@@ -65,7 +68,10 @@ func TestIndexIdempotent(t *testing.T) {
 }
 
 func TestIndexListPaginationAndFilters(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
+	testenv.EachRedis(t, eachIndexListPaginationAndFilters)
+}
+
+func eachIndexListPaginationAndFilters(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery())
@@ -175,8 +181,9 @@ func TestIndexListPaginationAndFilters(t *testing.T) {
 	}
 }
 
-func TestPurgeExpiredByReasonTTL(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
+func TestPurgeExpiredByReasonTTL(t *testing.T) { testenv.EachRedis(t, eachPurgeExpiredByReasonTTL) }
+
+func eachPurgeExpiredByReasonTTL(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery()) // rate_limited 1h, others 24h
@@ -300,7 +307,10 @@ func TestIDStable(t *testing.T) {
 // refused (IndexFull) and nothing is written; a duplicate and an event
 // still apply, and a deletion makes room.
 func TestIndexFullRefusesNewEntriesOnly(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
+	testenv.EachRedis(t, eachIndexFullRefusesNewEntriesOnly)
+}
+
+func eachIndexFullRefusesNewEntriesOnly(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	ctx := context.Background()
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem), WithMaxEntries(2))
@@ -339,8 +349,9 @@ func TestIndexFullRefusesNewEntriesOnly(t *testing.T) {
 // TestIndexInflow: letters counted by reason into the bucket of their
 // failure time; letters outside the window and other reasons' letters
 // are not counted in a bucket they do not belong to.
-func TestIndexInflow(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
+func TestIndexInflow(t *testing.T) { testenv.EachRedis(t, eachIndexInflow) }
+
+func eachIndexInflow(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery())
@@ -384,7 +395,10 @@ func TestIndexInflow(t *testing.T) {
 // re-injection still applies, and a record without attempts_seen (written
 // before the field) applies as before.
 func TestMovedEventAfterRetryIsStale(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
+	testenv.EachRedis(t, eachMovedEventAfterRetryIsStale)
+}
+
+func eachMovedEventAfterRetryIsStale(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery())

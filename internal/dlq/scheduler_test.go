@@ -49,10 +49,11 @@ func schedulerWith(t *testing.T, cfg *config.DLQConsumer, idx *Index, clk Clock,
 // A recoverable dead letter becomes due after its backoff; the scheduler
 // puts the original back on the main topic with the retry headers, and
 // the index learns about it only then.
-func TestSchedulerRetriesWhenDue(t *testing.T) {
+func TestSchedulerRetriesWhenDue(t *testing.T) { testenv.EachRedis(t, eachSchedulerRetriesWhenDue) }
+
+func eachSchedulerRetriesWhenDue(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	brokers := testenv.KafkaBrokers(t)
 	mainTopic := testenv.Topic(t, 2)
-	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	ctx := context.Background()
@@ -169,10 +170,11 @@ func TestSchedulerNoAckNoIndexUpdate(t *testing.T) {
 }
 
 // Two replicas on the same Redis: every due retry goes out once.
-func TestTwoSchedulersSendOnce(t *testing.T) {
+func TestTwoSchedulersSendOnce(t *testing.T) { testenv.EachRedis(t, eachTwoSchedulersSendOnce) }
+
+func eachTwoSchedulersSendOnce(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	brokers := testenv.KafkaBrokers(t)
 	mainTopic := testenv.Topic(t, 2)
-	rdb, prefix := testenv.Redis(t)
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
 	ctx := context.Background()

@@ -104,7 +104,7 @@ local at = tonumber(ARGV[7])
 local out = {}
 for i = 8, #ARGV do
   local id = ARGV[i]
-  local mk = p .. 'dlq:msg:' .. id
+  local mk = p .. 'msg:' .. id
   local h = redis.call('HMGET', mk, 's', 'r', 'a', 'l', 'b')
   local v = 0
   if not h[1] then
@@ -119,12 +119,12 @@ for i = 8, #ARGV do
     v = 4
   elseif h[1] == 'due' and h[5] and h[5] ~= '' then
     v = 4
-  elseif h[1] == 'due' and tonumber(redis.call('ZSCORE', p .. 'dlq:due', id) or '0') <= now then
+  elseif h[1] == 'due' and tonumber(redis.call('ZSCORE', p .. 'due', id) or '0') <= now then
     v = 4
   end
   if v == 0 and dry ~= '1' then
-    redis.call('ZREM', p .. 'dlq:review', id)
-    redis.call('ZADD', p .. 'dlq:due', at, id)
+    redis.call('ZREM', p .. 'review', id)
+    redis.call('ZADD', p .. 'due', at, id)
     redis.call('HSET', mk, 's', 'due')
     if batch ~= '' then redis.call('HSET', mk, 'b', batch) else redis.call('HDEL', mk, 'b') end
     at = at + 1
@@ -178,7 +178,7 @@ func (x *Index) RetrySelected(ctx context.Context, ids []string, req RetryReques
 		at = x.clock.Now()
 	}
 	args := make([]any, 0, len(ids)+7)
-	args = append(args, x.prefix, x.clock.Now().UnixMilli(), dry, req.Batch, incl, neverReasons(), at.UnixMilli())
+	args = append(args, x.base, x.clock.Now().UnixMilli(), dry, req.Batch, incl, neverReasons(), at.UnixMilli())
 	for _, id := range ids {
 		args = append(args, id)
 	}

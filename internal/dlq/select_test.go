@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/testenv"
+	"github.com/redis/go-redis/v9"
 )
 
 // selectSeed replays a failed run of the selection property.
@@ -38,7 +39,10 @@ const (
 // next claim racing with it — and two batches running at once act on
 // each letter at most once between them. Seeded: a failure names its seed.
 func TestRetrySelectionDryRunEqualsAction(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
+	testenv.EachRedis(t, eachRetrySelectionDryRunEqualsAction)
+}
+
+func eachRetrySelectionDryRunEqualsAction(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	ctx := context.Background()
 	seed := *selectSeed
 	if seed == 0 {

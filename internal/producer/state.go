@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/redisconn"
 )
 
 // State is the sync loop's Redis state besides the lock: the cursor (read
@@ -41,8 +43,19 @@ func NewRedisState(c redis.UniversalClient, prefix string) *RedisState {
 	return &RedisState{c: c, prefix: prefix}
 }
 
-// CursorKey implements State.
-func (r *RedisState) CursorKey(kf string) string { return r.prefix + "cursor:" + kf }
+// CursorKey implements State. On a Redis Cluster the account is a hash tag
+// (cursor:{open_kfid}), so the cursor and its sync lock share a slot and
+// the fenced write (one script over both) runs; elsewhere the names are
+// unchanged.
+func (r *RedisState) CursorKey(kf string) string {
+	return r.prefix + "cursor:" + redisconn.Tag(r.c, kf)
+}
+
+// LockKey is the Redis key of open_kfid's sync lock (lock:sync:{open_kfid}
+// on a Cluster, in the cursor's slot).
+func (r *RedisState) LockKey(kf string) string {
+	return r.prefix + "lock:sync:" + redisconn.Tag(r.c, kf)
+}
 
 func (r *RedisState) pendingKey(kf string) string { return r.prefix + "sync:pending:" + kf }
 

@@ -562,6 +562,9 @@ func (s *Syncer) process(kf string) {
 // once more after Unlock, going round again when it is set.
 func (s *Syncer) syncKf(kf, token string) (again bool) {
 	lockKey := s.cfg.KeyPrefix + "lock:sync:" + kf
+	if lk, ok := s.d.State.(interface{ LockKey(string) string }); ok {
+		lockKey = lk.LockKey(kf) // in the cursor's slot on a Redis Cluster
+	}
 	var failures int
 	for {
 		if !s.waitResumed() {

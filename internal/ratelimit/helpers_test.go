@@ -9,6 +9,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -44,6 +45,13 @@ func redisStore(t *testing.T) *Store {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	return NewStore(rdb, prefix)
+}
+
+// eachStore runs fn on a Store on the single test Redis and on one on the
+// test Redis Cluster (subtests "single" and "cluster").
+func eachStore(t *testing.T, fn func(t *testing.T, store *Store)) {
+	t.Helper()
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) { fn(t, NewStore(rdb, prefix)) })
 }
 
 func newLimiter(t testing.TB, cfg config.RateLimit, store *Store, opts ...Option) *Limiter {

@@ -165,9 +165,10 @@ func seedCases() []seedCase {
 	}
 }
 
-func TestSeedScenarios(t *testing.T) {
+func TestSeedScenarios(t *testing.T) { eachStore(t, eachSeedScenarios) }
+
+func eachSeedScenarios(t *testing.T, store *Store) {
 	cases := seedCases()
-	store := redisStore(t)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
@@ -258,8 +259,9 @@ func TestViolationReset(t *testing.T) {
 // Groups: vip is looser, suspicious stricter, whitelist unlimited; a
 // group set in Redis applies to a new user at once and to a known one
 // through the event.
-func TestGroups(t *testing.T) {
-	store := redisStore(t)
+func TestGroups(t *testing.T) { eachStore(t, eachGroups) }
+
+func eachGroups(t *testing.T, store *Store) {
 	clock := newFakeClock()
 	cfg := seedConfig()
 	l := newLimiter(t, cfg, store, WithClock(clock))
@@ -339,8 +341,9 @@ func TestGroups(t *testing.T) {
 // Blocks live in Redis: a second node (or a restart) sees them, and an
 // operator's unblock, block and rules change on a third reach both within a
 // second.
-func TestBlockSharedAcrossNodes(t *testing.T) {
-	store := redisStore(t)
+func TestBlockSharedAcrossNodes(t *testing.T) { eachStore(t, eachBlockSharedAcrossNodes) }
+
+func eachBlockSharedAcrossNodes(t *testing.T, store *Store) {
 	clock := newFakeClock()
 	cfg := seedConfig()
 	nodeA := newLimiter(t, cfg, store, WithClock(clock))
@@ -459,8 +462,9 @@ func TestBlockSharedAcrossNodes(t *testing.T) {
 
 // Progressive penalty: 1h, 2h, 4h … capped, counted over the history
 // window, and carried across nodes through Redis.
-func TestProgressivePenalty(t *testing.T) {
-	store := redisStore(t)
+func TestProgressivePenalty(t *testing.T) { eachStore(t, eachProgressivePenalty) }
+
+func eachProgressivePenalty(t *testing.T, store *Store) {
 	clock := newFakeClock()
 	cfg := seedConfig()
 	cfg.Progressive.Enabled = true

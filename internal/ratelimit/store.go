@@ -9,6 +9,8 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/redisconn"
 )
 
 // permanentMs marks a block without end in memory; Redis stores it as the
@@ -46,13 +48,24 @@ func NewStore(rdb redis.UniversalClient, prefix string) *Store {
 	return &Store{rdb: rdb, prefix: prefix}
 }
 
-func (s *Store) blockKey(user string) string   { return s.prefix + "rl:block:" + user }
-func (s *Store) groupKey(user string) string   { return s.prefix + "rl:group:" + user }
-func (s *Store) historyKey(user string) string { return s.prefix + "rl:history:" + user }
-func (s *Store) blockedKey() string            { return s.prefix + "rl:blocked" }
-func (s *Store) rulesKey() string              { return s.prefix + "rl:rules" }
-func (s *Store) rulesVersionKey() string       { return s.prefix + "rl:rules:version" }
-func (s *Store) channel() string               { return s.prefix + "rl:events" }
+// base is prefix + "rl:", and prefix + "{rl}:" on a Redis Cluster: the
+// limiter's and breaker's Redis state is one slot there, because a block
+// writes the user's block and history keys and the global blocked set in
+// one script, and the rules and their version change in one MULTI. It is
+// small (blocked, regrouped and penalised users only; the hot window is in
+// memory) and read once per actor start, so one master carries it
+// (docs/operations.md, "Redis Cluster").
+func (s *Store) base() string                  { return s.prefix + redisconn.Tag(s.rdb, "rl") + ":" }
+func (s *Store) blockKey(user string) string   { return s.base() + "block:" + user }
+func (s *Store) groupKey(user string) string   { return s.base() + "group:" + user }
+func (s *Store) historyKey(user string) string { return s.base() + "history:" + user }
+func (s *Store) blockedKey() string            { return s.base() + "blocked" }
+func (s *Store) rulesKey() string              { return s.base() + "rules" }
+func (s *Store) rulesVersionKey() string       { return s.base() + "rules:version" }
+
+// channel is not a key (PUBLISH reaches every node of a Cluster), so it
+// keeps its name in every mode.
+func (s *Store) channel() string { return s.prefix + "rl:events" }
 
 // userRecord is what Redis knows about a user.
 type userRecord struct {

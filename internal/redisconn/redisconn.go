@@ -1,6 +1,12 @@
 // Package redisconn opens the shared go-redis UniversalClient from
-// configuration: a single node or Sentinel, never Redis Cluster (locks and
-// Lua scripts assume one primary).
+// configuration: a single node, Sentinel, or a Redis Cluster.
+//
+// On a Cluster every Lua script and MULTI must touch keys of one hash slot.
+// Each Redis user therefore names its keys with Tag: the part of a key that
+// groups it with the keys it is written together with becomes a hash tag
+// ("{...}") on a Cluster, and stays as it was on a single node or Sentinel,
+// so existing deployments keep their live keys (docs/operations.md,
+// "Redis Cluster", says which keys share a slot and how to migrate).
 package redisconn
 
 import (
@@ -9,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,15 +35,99 @@ func New(c config.Redis) redis.UniversalClient {
 		ReadTimeout:  c.ReadTimeout,
 		WriteTimeout: c.WriteTimeout,
 	}
-	if c.Mode == "sentinel" {
+	switch c.Mode {
+	case "sentinel":
 		opts.MasterName = c.MasterName
 		opts.Addrs = c.SentinelAddrs
-	} else {
+	case "cluster":
+		// The seeds give the slot map; MOVED and ASK (a failover, a slot
+		// migration) are followed by the client, up to MaxRedirects.
+		opts.Addrs = c.ClusterAddrs
+		opts.IsClusterMode = true
+		opts.DB = 0
+	default:
 		opts.Addrs = []string{c.Addr}
 	}
-	// UniversalClient picks a failover client when MasterName is set and a
-	// plain client for one address.
+	// UniversalClient picks a failover client when MasterName is set, a
+	// cluster client with IsClusterMode, and a plain client for one address.
 	return redis.NewUniversalClient(opts)
+}
+
+// IsCluster reports whether c talks to a Redis Cluster.
+func IsCluster(c redis.UniversalClient) bool {
+	_, ok := c.(*redis.ClusterClient)
+	return ok
+}
+
+// Tag returns group as the hash tag "{group}" when c is a Cluster client,
+// and group unchanged otherwise. Keys that a script or a MULTI writes
+// together contain the same Tag, so on a Cluster they hash to one slot.
+func Tag(c redis.UniversalClient, group string) string {
+	if IsCluster(c) {
+		return "{" + group + "}"
+	}
+	return group
+}
+
+// Slot is the Cluster hash slot of key (CRC16 of its hash tag, or of the
+// whole key without one, mod 16384), for docs and load measurements.
+func Slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return int(crc16(key) % 16384)
+}
+
+// crc16 is CRC16-CCITT (XModem), the Cluster's key hash.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for b := 0; b < 8; b++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// ScanKeys calls fn with the keys matching match, in batches of up to
+// count: on a Cluster from every master (SCAN is per node; the calls are
+// serialized), elsewhere from the one server.
+func ScanKeys(ctx context.Context, c redis.UniversalClient, match string, count int64, fn func(keys []string) error) error {
+	scan := func(ctx context.Context, n redis.UniversalClient) error {
+		var cursor uint64
+		for {
+			keys, next, err := n.Scan(ctx, cursor, match, count).Result()
+			if err != nil {
+				return err
+			}
+			if len(keys) > 0 {
+				if err := fn(keys); err != nil {
+					return err
+				}
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
+		}
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		inner := fn
+		fn = func(keys []string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return inner(keys)
+		}
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return scan(ctx, m) })
+	}
+	return scan(ctx, c)
 }
 
 // Ping is the readiness check for Redis.
@@ -59,6 +150,32 @@ var ErrEvictionPolicy = errors.New("redis eviction policy")
 // is an error too, naming the override. Other errors (Redis unreachable)
 // are returned as they are, for the caller to retry.
 func CheckEvictionPolicy(ctx context.Context, c redis.UniversalClient) (string, error) {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		// Every node may become a master: each one is checked.
+		var mu sync.Mutex
+		var policy string
+		var first error
+		err := cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			p, err := checkEvictionPolicy(ctx, n)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && first == nil {
+				policy, first = p, fmt.Errorf("node %s: %w", n.Options().Addr, err)
+			}
+			if first == nil {
+				policy = p
+			}
+			return nil
+		})
+		if first != nil {
+			return policy, first
+		}
+		return policy, err
+	}
+	return checkEvictionPolicy(ctx, c)
+}
+
+func checkEvictionPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
 	res, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
 		var re redis.Error

@@ -155,6 +155,17 @@ func (p *Producer) startSync(ctx context.Context, cfg *config.Producer, base *da
 		locker = producer.EtcdLocker{P: base.Coord}
 		cursors = producer.EtcdState{RedisState: state, CC: base.Coord.Config()}
 	}
+	switch {
+	case cfg.Sync.Lock.Backend == "etcd":
+		log.Info("sync lock: etcd (coord), fenced; cursors in etcd")
+	case cfg.Redis.Mode == "cluster":
+		log.Warn("sync lock: Redis Cluster, a single-master lock: a master failover before its replica " +
+			"has the lock may let two producers sync one account at once (the fenced cursor write keeps " +
+			"the cursor safe; messages may be produced twice and deduplicated downstream); " +
+			"set sync.lock.backend: etcd for a strong lock")
+	default:
+		log.Info("sync lock: Redis ("+cfg.Redis.Mode+")", zap.String("redis_mode", cfg.Redis.Mode))
+	}
 	p.Syncer, err = producer.NewSyncer(producer.SyncerConfigFrom(cfg), producer.SyncerDeps{
 		Source:    producer.WeComSource{Client: wc},
 		Locker:    locker,

@@ -15,6 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/redisconn"
 )
 
 // An operator's batch retry or purge does not run inside the request: the
@@ -120,7 +122,13 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// key names a batch's keys: batch:<id>, batch:<id>:ids, batch:<id>:lease
+// and batch:index. On a Redis Cluster the first part is a hash tag
+// (batch:{<id>}:lease), so the lease-checked save (one script over the
+// batch and its lease) stays in one slot; elsewhere names are unchanged.
 func (bs *batches) key(parts ...string) string {
+	parts = slices.Clone(parts)
+	parts[0] = redisconn.Tag(bs.s.rdb, parts[0])
 	return bs.s.cfg.Prefix + "batch:" + strings.Join(parts, ":")
 }
 
