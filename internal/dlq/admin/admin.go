@@ -157,6 +157,7 @@ func New(cfg Config, dlq DLQStore, rl RateLimitAdmin, rdb redis.UniversalClient,
 	s.register()
 	s.batches.wg.Go(s.batches.resumeLoop)
 	s.batches.wg.Go(s.sampleCommits)
+	s.batches.wg.Go(s.sampleHistoryLoop)
 	return s, nil
 }
 
@@ -177,6 +178,7 @@ func (s *Server) register() {
 	s.read("GET /admin/ratelimit/blocked", s.rlBlocked)
 	s.read("GET /admin/health", s.health)
 	s.read("GET /admin/overview", s.overview)
+	s.read("GET /admin/verdict", s.getVerdict)
 	s.read("GET /admin/audit", s.auditList)
 	s.read("GET /admin/whoami", s.whoami)
 	s.read("GET /admin/dlq/batches", s.batchList)
