@@ -66,7 +66,7 @@ func (f *fixture) addLetters(n int, state string, ago time.Duration) {
 // the verdict is its worst area.
 func TestVerdictTurnsAmberAndRed(t *testing.T) {
 	p := &memPipeline{
-		accounts: []AccountSync{{OpenKfID: "wk1", Reported: t0}},
+		accounts:  []AccountSync{{OpenKfID: "wk1", Reported: t0}},
 		consumers: []ConsumerStatus{{Node: "c1", Partitions: 4, Reported: t0}},
 	}
 	f := newFixtureWith(t, p)
