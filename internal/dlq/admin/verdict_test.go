@@ -174,9 +174,8 @@ func TestVerdictHistory(t *testing.T) {
 		}
 	}
 	v := f.verdict(t, "")
-	// The 10 samples, and the one the server took on starting (at t0).
-	if len(v.History.Points) != 11 {
-		t.Fatalf("%d points, want 11: %+v", len(v.History.Points), v.History.Points)
+	if len(v.History.Points) != 10 {
+		t.Fatalf("%d points, want 10: %+v", len(v.History.Points), v.History.Points)
 	}
 	pt := v.History.Points[5]
 	if pt.Lag == nil || *pt.Lag != 300 || pt.InPerSecond == nil || *pt.InPerSecond != 10 || *pt.OutPerSecond != 9 {
