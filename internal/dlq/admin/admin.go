@@ -185,6 +185,8 @@ func (s *Server) register() {
 	s.read("GET /admin/health", s.health)
 	s.read("GET /admin/overview", s.overview)
 	s.read("GET /admin/verdict", s.getVerdict)
+	s.read("GET /admin/kafka", s.kafkaGet)
+	s.read("GET /admin/kafka/records", s.kafkaRecords)
 	s.read("GET /admin/audit", s.auditList)
 	s.read("GET /admin/whoami", s.whoami)
 	s.read("GET /admin/dlq/batches", s.batchList)
