@@ -57,8 +57,13 @@ type RateLimitCard struct {
 	BlockStory BlockStory `json:"block_story"`
 }
 
-// blockLetters caps how many of the user's dead letters the story reads.
-const blockLetters = 2000
+// blockLetters caps how many of the user's refusals the story lists;
+// blockLetterReads how many of them (the newest) it reads whole for their
+// details, which a list's summaries do not carry.
+const (
+	blockLetters     = 2000
+	blockLetterReads = 20
+)
 
 var violationsRE = regexp.MustCompile(`(\d+) consecutive violations`)
 
@@ -74,7 +79,7 @@ func (s *Server) blockStory(ctx context.Context, st RateLimitStatus) (BlockStory
 	var notes []string
 	// The limiter's refusals that began a block.
 	f := DLQFilter{User: st.User, Reason: "rate_limited", Limit: 500}
-	seen := 0
+	seen, fetched := 0, 0
 	auto := map[int64]bool{}
 	for seen < blockLetters {
 		ls, next, err := s.dlq.List(ctx, f)
@@ -83,6 +88,14 @@ func (s *Server) blockStory(ctx context.Context, st RateLimitStatus) (BlockStory
 		}
 		for _, l := range ls {
 			seen++
+			if l.Details == "" && fetched < blockLetterReads {
+				// A list holds summaries; the details are in the whole
+				// letter (read from the DLQ topic).
+				fetched++
+				if whole, err := s.dlq.Get(ctx, l.ID); err == nil {
+					l.Details = whole.Details
+				}
+			}
 			if !strings.Contains(l.Details, "blocked") {
 				continue
 			}
@@ -109,7 +122,10 @@ func (s *Server) blockStory(ctx context.Context, st RateLimitStatus) (BlockStory
 		f.Cursor = next
 	}
 	if seen >= blockLetters {
-		notes = append(notes, fmt.Sprintf("only the newest %d refusals were read", blockLetters))
+		notes = append(notes, fmt.Sprintf("only the newest %d refusals were listed", blockLetters))
+	}
+	if fetched == blockLetterReads && seen > fetched {
+		notes = append(notes, fmt.Sprintf("the details of the newest %d refusals only were read", blockLetterReads))
 	}
 	// The progressive penalty's own history (blocks whose refusal letter
 	// is gone).
