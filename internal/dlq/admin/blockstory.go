@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
 // The rate-limit card's story of a user's blocks: when a block began, why
@@ -78,7 +80,7 @@ func (s *Server) blockStory(ctx context.Context, st RateLimitStatus) (BlockStory
 	bs := BlockStory{Whitelisted: st.Group == "whitelist", Events: []BlockEvent{}}
 	var notes []string
 	// The limiter's refusals that began a block.
-	f := DLQFilter{User: st.User, Reason: "rate_limited", Limit: 500}
+	f := DLQFilter{User: st.User, Reason: string(deadletter.RateLimited), Limit: 500}
 	seen, fetched := 0, 0
 	auto := map[int64]bool{}
 	for seen < blockLetters {
