@@ -275,7 +275,7 @@ function scheduleOverview() {
   clearInterval(overviewTimer);
   overviewTimer = null;
   if ($("auto-refresh").checked && !$("app").hidden) {
-    overviewTimer = setInterval(() => Promise.all([loadVerdict(), loadOverview(), loadStats()]).catch(fail), 10000);
+    overviewTimer = setInterval(() => [loadVerdict(), loadOverview(), loadStats()].forEach((p) => p.catch(fail)), 10000);
   }
 }
 
@@ -699,8 +699,14 @@ async function start() {
   document.body.classList.toggle("viewer", me.role !== "operator");
   $("whoami").textContent = `${me.name} (${me.role})`;
   $("nav").hidden = false;
-  await Promise.all([loadVerdict(), loadOverview(), loadKafka(), loadFleet(), loadStats(), loadMessages(false), loadBlocked(), loadBatches(), loadAudit(false)]);
+  // Every card loads on its own: one that fails says so and the others,
+  // and the 10 s refresh, still run (a failed load used to leave the page
+  // without its refresh).
+  const loads = await Promise.allSettled([loadVerdict(), loadOverview(), loadKafka(), loadFleet(), loadStats(),
+    loadMessages(false), loadBlocked(), loadBatches(), loadAudit(false)]);
   scheduleOverview();
+  const failed = loads.find((r) => r.status === "rejected");
+  if (failed) throw failed.reason;
 }
 
 function logout(msg) {

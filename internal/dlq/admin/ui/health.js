@@ -43,13 +43,15 @@ function sparkline(title, points, pick, fmt) {
   });
   if (d) svg.appendChild(svgEl("path", { d, fill: "none", stroke: "#3366cc", "stroke-width": 1.5 }));
   if (points.length) {
+    // The first time at the left, the last at the right edge (anchored
+    // at its end: never cut off); one sample has one label.
     const t = (i, anchor) => {
-      const e = svgEl("text", { x: i === 0 ? padL : W, y: H + padB - 2, "font-size": 9, fill: "#5a6172", "text-anchor": anchor });
+      const e = svgEl("text", { x: anchor === "start" ? padL : W, y: H + padB - 2, "font-size": 9, fill: "#5a6172", "text-anchor": anchor });
       e.textContent = new Date(points[i].time).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
       svg.appendChild(e);
     };
     t(0, "start");
-    t(points.length - 1, "end");
+    if (points.length > 1) t(points.length - 1, "end");
   }
   box.appendChild(svg);
   if (!known.length) {
