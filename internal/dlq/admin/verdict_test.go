@@ -233,3 +233,15 @@ func TestHistoryBounded(t *testing.T) {
 		t.Errorf("history TTL %s", ttl)
 	}
 }
+
+// TestOverviewHorizonIsTheTable: the overview's account states (ok,
+// warning, critical) use the same bounds as the verdict and the alert
+// rules.
+func TestOverviewHorizonIsTheTable(t *testing.T) {
+	if got, want := horizonWarning, time.Duration(bound(t, "KfpipeWeChatHorizonWarning"))*time.Second; got != want {
+		t.Errorf("overview's horizon warning %s, the table's %s", got, want)
+	}
+	if got, want := horizonCritical, time.Duration(bound(t, "KfpipeWeChatHorizonCritical"))*time.Second; got != want {
+		t.Errorf("overview's horizon critical %s, the table's %s", got, want)
+	}
+}
