@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -30,7 +31,8 @@ func (a *app) healthCmd() *cobra.Command {
 		Long: `The on-call overview from GET /admin/health, then the console's overview
 (GET /admin/overview) as tables: every WeChat account against the 72-hour horizon,
 the main topic's partitions (lag, commit age), the schedule-consumers (actors, open
-breakers). The status is "attention" when dead letters wait for manual review or are
+breakers), and the health verdict (GET /admin/verdict): green, amber or red per area
+by the alert rules' own bounds, with the rules the values pass. The status is "attention" when dead letters wait for manual review or are
 due for a retry now; the command still exits 0 (it answered), scripts read the
 status from --output json (the health answer only).`,
 		Args: args(0, "no arguments"),
@@ -86,7 +88,18 @@ status from --output json (the health answer only).`,
 			if err := decode(data, &o); err != nil {
 				return err
 			}
-			return a.printOverview(o)
+			if err := a.printOverview(o); err != nil {
+				return err
+			}
+			data, err = c.do(cmd.Context(), "GET", "/admin/verdict", nil, nil)
+			if err != nil {
+				return err
+			}
+			var v admin.Verdict
+			if err := decode(data, &v); err != nil {
+				return err
+			}
+			return a.printVerdict(v)
 		},
 	}
 }
@@ -204,4 +217,16 @@ func auditFlags(who, action, target string) string {
 		}
 	}
 	return out
+}
+
+// printVerdict prints the verdict's areas: colour, what was read, the
+// alert rules whose bounds the values pass.
+func (a *app) printVerdict(v admin.Verdict) error {
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "\nVERDICT\t%s\n", v.State)
+	fmt.Fprintln(tw, "AREA\tSTATE\tDETAIL\tPAST")
+	for _, ar := range v.Areas {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", ar.Area, ar.State, ar.Detail, strings.Join(ar.Firing, ","))
+	}
+	return tw.Flush()
 }

@@ -183,7 +183,7 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	if h.Status != "attention" || h.ReviewBacklog != 1 || h.BlockedUsers != 0 {
 		t.Errorf("health %+v, want attention with 1 in review, 0 blocked", h)
 	}
-	contains(t, viewer.must(0, "health"), "status", "attention", "review backlog", "dlq rate_limited",
+	contains(t, viewer.must(0, "health"), "VERDICT", "consumer_lag", "status", "attention", "review backlog", "dlq rate_limited",
 		"active actors", "ACCOUNT", "HORIZON LEFT", "PARTITION", "COMMIT AGE", "CONSUMER")
 
 	// dlq ls: table and JSON, filtered.
@@ -354,9 +354,9 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 		"test-operator dlq.purge ok", "test-operator dlq.purge dry_run",
 		"test-operator dlq.retry ok", "test-operator dlq.retry dry_run", "test-operator dlq.batch_retry dry_run",
 		"test-operator dlq.batch_retry ok", "test-operator dlq.batch_retry dry_run", // u2: nothing, then with --include-invalid
-		"test-operator dlq.retry conflict", "test-operator dlq.retry conflict",
+		"test-operator dlq.retry dry_run_conflict", "test-operator dlq.retry conflict", // a refused dry run stays a dry run
 		"test-operator dlq.retry ok", "test-operator dlq.batch_retry dry_run",
-		"test-operator dlq.retry not_found", "test-operator dlq.retry dry_run", // one letter's dry runs ask the API too
+		"test-operator dlq.retry dry_run_not_found", "test-operator dlq.retry dry_run", // one letter's dry runs ask the API too
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("audit:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

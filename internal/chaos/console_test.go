@@ -52,6 +52,12 @@ func TestConsoleOverviewOfRunningPipeline(t *testing.T) {
 			&& document.querySelectorAll('#inflow-chart svg rect').length > 0`, 30*time.Second)
 		poll("throughput in and out between two refreshes", `(() => { const m = document.querySelector('#ov-rate').textContent.match(/^([0-9.]+) \/ ([0-9.]+)$/);
 			return m !== null && parseFloat(m[1]) > 0 && parseFloat(m[2]) > 0; })()`, 30*time.Second)
+		// The on-call cards: the verdict of every area, both topics with
+		// their in-sync replicas.
+		poll("the health verdict and the Kafka card", `document.querySelectorAll('#hv-areas .area').length === 5
+			&& ["green", "amber", "red", "unknown"].includes(document.querySelector('#hv-state')?.textContent)
+			&& document.querySelectorAll('#kc-topics tr[data-topic="main"]').length > 0
+			&& document.querySelectorAll('#kc-topics tr[data-topic="dlq"]').length > 0`, 30*time.Second)
 		if lag, err := chromedp.Run(bctx, chromedp.TextContent(chromedp.CSS("#ov-lag"))); err == nil {
 			rec.Extra("overview_lag", lag)
 		}

@@ -22,7 +22,10 @@ import (
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 )
 
-func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag *kafka.Consumer) (*admin.Server, error) {
+// adminHandler builds the admin server; lag reads the schedule-consumers'
+// group, dlqLag the dlq-consumers' own (nil: the DLQ topic's lag is not
+// shown).
+func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLag *kafka.Consumer) (*admin.Server, error) {
 	ac := admin.FromConfig(cfg.Admin, cfg.Redis.KeyPrefix)
 	for g := range cfg.RateLimit.Groups {
 		ac.Groups = append(ac.Groups, g)
@@ -32,7 +35,8 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag *kafka
 	}
 	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
 		group: lag, topic: cfg.Kafka.Topics.Main.Name, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix,
-		kcfg: cfg.Kafka}
+		kcfg: cfg.Kafka, groupName: cfg.Admin.ConsumerGroup, dlqTopic: cfg.Kafka.Topics.DLQ.Name,
+		dlqGroup: dlqLag, dlqGroupName: cfg.Kafka.Consumer.GroupID}
 	if base.Coord != nil {
 		// Provider.Close (at the daemon's end) ends the watch.
 		view, err := fleet.Watch(context.Background(), base.Coord, cfg.Coord.KeepAlive)
@@ -490,6 +494,10 @@ type pipelineView struct {
 	rdb    redis.UniversalClient
 	prefix string
 	kcfg   config.Kafka // the customer timeline reads the main topic
+	// The Kafka card: the groups' names, the DLQ topic and a reader of
+	// the dlq-consumers' group.
+	groupName, dlqTopic, dlqGroupName string
+	dlqGroup                          *kafka.Consumer
 }
 
 func (p pipelineView) Consumers(ctx context.Context) ([]admin.ConsumerStatus, error) {

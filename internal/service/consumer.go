@@ -106,6 +106,11 @@ func (l limiter) Allow(ctx context.Context, user string, now time.Time) consumer
 	switch {
 	case d.Permanent:
 		details = fmt.Sprintf("group %s: blocked permanently", d.Group)
+	case d.NewBlock:
+		// The refusal that began the block: the rate-limit card reads
+		// why from it.
+		details = fmt.Sprintf("group %s: %d consecutive violations: blocked until %s", d.Group, d.Violations,
+			d.BlockedUntil.UTC().Format(time.RFC3339))
 	case !d.BlockedUntil.IsZero():
 		details = fmt.Sprintf("group %s: blocked until %s", d.Group, d.BlockedUntil.UTC().Format(time.RFC3339))
 	}

@@ -54,6 +54,7 @@ type DLQ struct {
 	http      *http.Server
 	admin     *admin.Server
 	lag       *kafka.Consumer // reads the schedule-consumers' committed offsets
+	dlqLag    *kafka.Consumer // reads the dlq-consumers' own (the Kafka card)
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	runErr    error
@@ -215,12 +216,18 @@ func (d *DLQ) startAdmin(cfg *config.DLQConsumer, base *daemon.Base) error {
 	if err != nil {
 		return fmt.Errorf("admin: consumer-group reader: %w", err)
 	}
-	h, err := adminHandler(cfg, base, d, lag)
+	dlqLag, err := kafkaclient.GroupReader(cfg.Kafka, cfg.Kafka.Consumer.GroupID)
 	if err != nil {
 		_ = lag.Close()
+		return fmt.Errorf("admin: dlq consumer-group reader: %w", err)
+	}
+	h, err := adminHandler(cfg, base, d, lag, dlqLag)
+	if err != nil {
+		_ = lag.Close()
+		_ = dlqLag.Close()
 		return err
 	}
-	d.lag = lag
+	d.lag, d.dlqLag = lag, dlqLag
 	ln, err := net.Listen("tcp", cfg.Admin.Addr)
 	if err != nil {
 		return fmt.Errorf("admin listen %s: %w", cfg.Admin.Addr, err)
@@ -256,6 +263,9 @@ func (d *DLQ) Close(ctx context.Context) error {
 	}
 	if d.lag != nil {
 		errs = append(errs, d.lag.Close())
+	}
+	if d.dlqLag != nil {
+		errs = append(errs, d.dlqLag.Close())
 	}
 	errs = append(errs, d.scheduler.Close(ctx))
 	d.cancel()

@@ -35,9 +35,10 @@ func publishNodeStatus(ctx context.Context, rdb redis.UniversalClient, prefix st
 	write := func() {
 		sums := gaugeSums(g)
 		st := admin.ConsumerStatus{Node: node, Reported: time.Now().UTC(),
-			Actors:       int(sums["kfpipe_active_processors"]),
-			OpenBreakers: int(sums["kfpipe_circuit_breakers_open"]),
-			Partitions:   int(sums["kfpipe_consumer_partitions_assigned"])}
+			Actors:         int(sums["kfpipe_active_processors"]),
+			OpenBreakers:   int(sums["kfpipe_circuit_breakers_open"]),
+			Partitions:     int(sums["kfpipe_consumer_partitions_assigned"]),
+			OutageGateOpen: sums["kfpipe_outage_gate_open"] > 0}
 		b, _ := json.Marshal(st)
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()

@@ -17,7 +17,8 @@ import (
 func TestConsumerStatusPublished(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
-	for name, v := range map[string]float64{"kfpipe_active_processors": 17, "kfpipe_circuit_breakers_open": 2, "kfpipe_consumer_partitions_assigned": 6} {
+	for name, v := range map[string]float64{"kfpipe_active_processors": 17, "kfpipe_circuit_breakers_open": 2, "kfpipe_consumer_partitions_assigned": 6,
+		"kfpipe_outage_gate_open": 1} {
 		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: name})
 		g.Set(v)
 		reg.MustRegister(g)
@@ -31,7 +32,7 @@ func TestConsumerStatusPublished(t *testing.T) {
 	waitFor(t, 5*time.Second, "the status published", func() bool {
 		st, err := consumerStatuses(context.Background(), rdb, prefix, time.Now())
 		return err == nil && len(st) == 1 && st[0].Actors == 17 && st[0].OpenBreakers == 2 && st[0].Partitions == 6 &&
-			st[0].Node == nodeName() && time.Since(st[0].Reported) < 5*time.Second
+			st[0].OutageGateOpen && st[0].Node == nodeName() && time.Since(st[0].Reported) < 5*time.Second
 	})
 	cancel()
 	<-done

@@ -218,13 +218,59 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 		t.Errorf("blocked customer's timeline: %d answered, summary %q, newest %q", answeredN, tl.Summary, tl.Messages[0].Story)
 	}
 
+	// The rate-limit card tells how the block began: automatic, its
+	// violations, the refusal's letter.
+	code, b := adminGet(t, d.AdminURL+"/admin/ratelimit/status/tl-flooder", viewer)
+	var card admin.RateLimitCard
+	if code != 200 || json.Unmarshal(b, &card) != nil {
+		t.Fatalf("rate-limit status: %d %s", code, b)
+	}
+	if cur := card.BlockStory.Current; !card.Blocked || cur == nil || cur.Kind != "automatic" || cur.Letter == "" ||
+		!strings.Contains(cur.Why, "3 consecutive violations") {
+		_, letters := adminGet(t, d.AdminURL+"/admin/dlq/messages?user=tl-flooder", viewer)
+		t.Errorf("the flooder's block story: %+v; letters %s", card.BlockStory, letters)
+	}
+	// The Kafka around the pipeline: both topics with their in-sync
+	// replicas and groups, and the recovered customer's two records.
+	code, b = adminGet(t, d.AdminURL+"/admin/kafka", viewer)
+	var kc admin.KafkaContext
+	if code != 200 || json.Unmarshal(b, &kc) != nil || len(kc.Brokers) == 0 || len(kc.Topics) != 2 {
+		t.Fatalf("kafka: %d %s", code, b)
+	}
+	for _, kt := range kc.Topics {
+		if kt.Error != "" || len(kt.Partitions) == 0 || len(kt.Partitions[0].ISR) == 0 || kt.Group == "" {
+			t.Errorf("kafka topic %s: %+v", kt.Role, kt)
+		}
+	}
+	code, b = adminGet(t, d.AdminURL+"/admin/kafka/records?user=tl-flaky", viewer)
+	var page admin.RecordPage
+	if code != 200 || json.Unmarshal(b, &page) != nil || len(page.Records) != 2 || !page.Records[0].RetryFromDLQ ||
+		page.Records[1].UpstreamMsgID != flaky || len(page.Records[1].Message) == 0 || page.Records[0].Partition != page.Partition {
+		t.Errorf("records of tl-flaky: %d %s", code, b)
+	}
+	code, b = adminGet(t, d.AdminURL+"/admin/kafka/records?msgid="+answered, viewer)
+	if code != 200 || json.Unmarshal(b, &page) != nil || len(page.Records) != 1 || page.Records[0].Key != "tl-answered" {
+		t.Errorf("records of msgid %s: %d %s", answered, code, b)
+	}
+	// The verdict answers every area; the DLQ holds the flooder's refusals.
+	code, b = adminGet(t, d.AdminURL+"/admin/verdict", viewer)
+	var v admin.Verdict
+	if code != 200 || json.Unmarshal(b, &v) != nil || len(v.Areas) != 5 {
+		t.Fatalf("verdict: %d %s", code, b)
+	}
+	for _, a := range v.Areas {
+		if a.State == admin.StateUnknown && a.Area != "ingestion" {
+			t.Errorf("verdict area %s unknown: %s", a.Area, a.Detail)
+		}
+	}
+
 	tl = timeline("tl-nobody")
 	if tl.Known || len(tl.Messages) != 0 || !strings.HasPrefix(tl.Summary, "nothing known about user tl-nobody") ||
 		tl.Sources["main_topic"] != "ok" || tl.Sources["dedup"] != "" {
 		t.Errorf("made-up user's timeline: %+v", tl)
 	}
 	// One message by its msgid.
-	code, b := adminGet(t, d.AdminURL+"/admin/customers/tl-flaky/timeline?msgid="+flaky, viewer)
+	code, b = adminGet(t, d.AdminURL+"/admin/customers/tl-flaky/timeline?msgid="+flaky, viewer)
 	if code != 200 || !strings.Contains(string(b), flaky) {
 		t.Errorf("by msgid: %d %s", code, b)
 	}
@@ -284,6 +330,13 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	poll("blocked customer in the console", fmt.Sprintf(`(() => { const r = [...%s];
 		return r.length === 12 && r.filter((x) => x.querySelector('td:nth-child(4)')?.textContent === "refused").length === 7
 			&& document.querySelector('#cu-limiter').textContent.includes("BLOCKED until"); })()`, rows))
+	// The blocked customer's rate-limit card, the health and Kafka cards.
+	do("rate-limit card of tl-flooder", chromedp.Evaluate[chromedp.Void](`document.querySelector('#rl-user').value = 'tl-flooder'`),
+		chromedp.Evaluate[chromedp.Void](`document.querySelector('#rl-form').requestSubmit()`))
+	poll("block story in the console", `document.querySelector('#rl-status tr[data-key="Block began"] td:nth-child(2)')?.textContent?.includes("automatic (rate limiter): 3 consecutive violations")`)
+	poll("health and kafka cards", `document.querySelectorAll('#hv-areas .area').length === 5
+		&& document.querySelectorAll('#kc-topics tr[data-topic="dlq"]').length > 0
+		&& document.querySelector('#kc-error')?.textContent === ""`)
 	search("tl-nobody")
 	poll("made-up user in the console", `document.querySelector('#cu-summary').dataset.known === "false"
 		&& document.querySelector('#cu-summary').textContent.startsWith("nothing known about user tl-nobody")`)

@@ -62,6 +62,10 @@ type Config struct {
 	// horizon and the schedule-consumers' lag; without it the overview
 	// has the DLQ and the rate limiter only.
 	Pipeline Pipeline
+	// SampleHistory starts the verdict's history sampler (one sample a
+	// minute into Redis); FromConfig sets it. Without it the history holds
+	// what other replicas sampled.
+	SampleHistory bool
 	// Fleet, when set, is the running daemons GET /admin/fleet lists
 	// (coord.enabled); without it that endpoint answers 503.
 	Fleet FleetView
@@ -75,7 +79,7 @@ type FleetView interface {
 
 // FromConfig returns the Config for the daemon's admin section.
 func FromConfig(c config.Admin, prefix string) Config {
-	return Config{Tokens: c.Tokens, MaxBodyBytes: c.MaxBodyBytes, Prefix: prefix, BatchRate: c.BatchRate}
+	return Config{Tokens: c.Tokens, MaxBodyBytes: c.MaxBodyBytes, Prefix: prefix, BatchRate: c.BatchRate, SampleHistory: true}
 }
 
 // Validate reports every invalid key, named as in the config file.
@@ -157,6 +161,9 @@ func New(cfg Config, dlq DLQStore, rl RateLimitAdmin, rdb redis.UniversalClient,
 	s.register()
 	s.batches.wg.Go(s.batches.resumeLoop)
 	s.batches.wg.Go(s.sampleCommits)
+	if cfg.SampleHistory {
+		s.batches.wg.Go(s.sampleHistoryLoop)
+	}
 	return s, nil
 }
 
@@ -177,6 +184,9 @@ func (s *Server) register() {
 	s.read("GET /admin/ratelimit/blocked", s.rlBlocked)
 	s.read("GET /admin/health", s.health)
 	s.read("GET /admin/overview", s.overview)
+	s.read("GET /admin/verdict", s.getVerdict)
+	s.read("GET /admin/kafka", s.kafkaGet)
+	s.read("GET /admin/kafka/records", s.kafkaRecords)
 	s.read("GET /admin/audit", s.auditList)
 	s.read("GET /admin/whoami", s.whoami)
 	s.read("GET /admin/dlq/batches", s.batchList)
@@ -265,7 +275,7 @@ type writeOp struct {
 	target string
 	reason string
 	// dryRun marks a write that only counts: audited with result
-	// "dry_run" when it succeeds.
+	// "dry_run" when it succeeds, "dry_run_<result>" when it is refused.
 	dryRun bool
 	do     func(r *http.Request) (any, error)
 	// audited, when set, gives the audit entry's target after do ran
@@ -295,11 +305,13 @@ func (s *Server) write(pattern, action string, parse func(r *http.Request) (writ
 		resp, err := op.do(r)
 		aerr = s.storeError(err, action)
 		result := "ok"
-		if op.dryRun {
-			result = "dry_run"
-		}
 		if aerr != nil {
 			result = resultOf(err)
+		}
+		if op.dryRun {
+			// A dry run acts on nothing: its entry says so whatever its
+			// answer, so no reader takes it for an action.
+			result = dryRunResult(result)
 		}
 		target := op.target
 		if op.audited != nil {
@@ -326,3 +338,14 @@ func (s *Server) whoami(w http.ResponseWriter, r *http.Request) {
 	p := principalFrom(r.Context())
 	writeJSON(w, http.StatusOK, Identity{Name: p.name, Role: p.role})
 }
+
+// dryRunResult is the audit result of a dry run whose answer was result.
+func dryRunResult(result string) string {
+	if result == "ok" {
+		return "dry_run"
+	}
+	return "dry_run_" + result
+}
+
+// isDryRun says whether an audit entry's result is a dry run's.
+func isDryRun(result string) bool { return strings.HasPrefix(result, "dry_run") }

@@ -120,7 +120,7 @@ func TestEndpoints(t *testing.T) {
 		{name: "retry a retried letter", auth: op, method: "POST", path: "/admin/dlq/retry/m4", body: `{"reason":"again"}`,
 			status: 409, audit: "dlq.retry conflict"},
 		{name: "retry dry run of a retried letter", auth: op, method: "POST", path: "/admin/dlq/retry/m4",
-			body: `{"reason":"again?","dry_run":true}`, status: 409, audit: "dlq.retry conflict"},
+			body: `{"reason":"again?","dry_run":true}`, status: 409, audit: "dlq.retry dry_run_conflict"},
 		{name: "retry invalid with include_invalid", auth: op, method: "POST", path: "/admin/dlq/retry/m3",
 			body: `{"reason":"producer fixed","include_invalid":true}`, status: 200, audit: "dlq.retry ok",
 			check: func(t *testing.T, f *fixture, _ response) {
@@ -132,7 +132,7 @@ func TestEndpoints(t *testing.T) {
 				}
 			}},
 		{name: "retry dry run of invalid", auth: op, method: "POST", path: "/admin/dlq/retry/m3",
-			body: `{"reason":"try","dry_run":true}`, status: 409, audit: "dlq.retry conflict"},
+			body: `{"reason":"try","dry_run":true}`, status: 409, audit: "dlq.retry dry_run_conflict"},
 		{name: "retry pulls a later retry forward", auth: op, method: "POST", path: "/admin/dlq/retry/m1", body: `{"reason":"now"}`,
 			status: 200, audit: "dlq.retry ok"},
 		{name: "retry reason from query", auth: op, method: "POST", path: "/admin/dlq/retry/m2?reason=ticket-42", status: 200, audit: "dlq.retry ok"},

@@ -25,7 +25,13 @@ func (s *Server) rlStatus(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	card := RateLimitCard{RateLimitStatus: st}
+	card.BlockStory, err = s.blockStory(r.Context(), st)
+	if e := s.storeError(err, "ratelimit.block_story"); e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, card)
 }
 
 // blockedPage is the answer of GET /admin/ratelimit/blocked; next_cursor

@@ -129,6 +129,9 @@ type ConsumerStatus struct {
 	OpenBreakers int       `json:"open_breakers"`
 	Partitions   int       `json:"partitions"`
 	Reported     time.Time `json:"reported"`
+	// OutageGateOpen: the process's downstream gate is open (the handler
+	// fails for many users at once; messages wait).
+	OutageGateOpen bool `json:"outage_gate_open,omitempty"`
 	// Stale: not reported for three intervals (stopped, or lost Redis);
 	// set by the overview, not counted in its totals.
 	Stale bool `json:"stale,omitempty"`

@@ -623,6 +623,9 @@ func (s *Server) userAudit(ctx context.Context, tl *Timeline, letters []DLQMessa
 				hasField(target, filterUser)) {
 				continue
 			}
+			if isDryRun(str("result")) {
+				continue // counted, not done: not an action on the customer
+			}
 			t, _ := time.Parse(time.RFC3339Nano, str("time"))
 			tl.Events = append(tl.Events, TimelineEvent{Time: t, Kind: "operator", What: str("action") + " " + target,
 				Who: str("who"), Reason: str("reason"), Result: str("result"), AuditID: m.ID})

@@ -144,6 +144,10 @@ func TestTimelineDeadLetteredThenRecovered(t *testing.T) {
 	// letter was re-injected already (retried): the retry is refused as
 	// settled (a letter is never selected again once re-injected), and the
 	// attempt is audited all the same.
+	// Its dry run first: counted, not done, so not among the events.
+	if r := f.do(t, "Bearer "+operatorToken, "POST", "/admin/dlq/retry/L-rec", `{"reason":"would it?","dry_run":true}`); r.status != 409 {
+		t.Fatalf("dry run: %d %s", r.status, r.body)
+	}
 	if r := f.do(t, "Bearer "+operatorToken, "POST", "/admin/dlq/retry/L-rec", `{"reason":"customer called"}`); r.status != 409 {
 		t.Fatalf("retry: %d %s", r.status, r.body)
 	}

@@ -34,10 +34,29 @@ async function api(method, path, body) {
   return data;
 }
 
+// lastAction is the button the operator pressed last (outside the reason
+// dialog): say() answers next to it too, not only at the page's top.
+let lastAction = null;
+document.addEventListener("click", (ev) => {
+  const b = ev.target.closest && ev.target.closest("button");
+  if (b && !b.closest("dialog")) lastAction = b;
+}, true);
+
 function say(msg, isError) {
   const s = $("status");
   s.textContent = msg;
   s.className = isError ? "error" : "";
+  if (lastAction && lastAction.isConnected && !$("app").hidden) {
+    let fb = lastAction.nextElementSibling;
+    if (!fb || !fb.classList.contains("feedback")) {
+      fb = document.createElement("span");
+      fb.className = "feedback";
+      fb.setAttribute("role", "status");
+      lastAction.after(fb);
+    }
+    fb.textContent = msg;
+    fb.classList.toggle("error", !!isError);
+  }
 }
 
 function fail(err) {
@@ -146,7 +165,10 @@ function inflowChart(inflow) {
   }
   const to = new Date(inflow.to);
   [0, n / 2, n].forEach((i) => {
-    const t = svgEl("text", { x: Math.min(pad + i * bw, W - 30), y: H + 14, "font-size": 10, fill: "#5a6172" });
+    // The last label ends at the chart's edge (text-anchor end), so it is
+    // never cut off whatever the locale's time format.
+    const anchor = i === 0 ? "start" : (i === n ? "end" : "middle");
+    const t = svgEl("text", { x: pad + i * bw, y: H + 14, "font-size": 10, fill: "#5a6172", "text-anchor": anchor });
     const at = new Date(to - (n - i) * inflow.step_seconds * 1000);
     t.textContent = at.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
     svg.appendChild(t);
@@ -253,7 +275,7 @@ function scheduleOverview() {
   clearInterval(overviewTimer);
   overviewTimer = null;
   if ($("auto-refresh").checked && !$("app").hidden) {
-    overviewTimer = setInterval(() => Promise.all([loadOverview(), loadStats()]).catch(fail), 10000);
+    overviewTimer = setInterval(() => [loadVerdict(), loadOverview(), loadStats()].forEach((p) => p.catch(fail)), 10000);
   }
 }
 
@@ -608,8 +630,32 @@ async function lookupUser(user) {
       `${st.rule.penalty_threshold} refusals block for ${st.rule.block_hours} h`);
   }
   row("Blocked", st.blocked ? (st.permanent ? "permanently" : "until " + new Date(st.blocked_until).toLocaleString()) : "no");
-  row("Automatic blocks remembered", (st.block_history || []).map((t) => new Date(t).toLocaleString()).join(", ") || "none");
+  const bs = st.block_story || { events: [] };
+  const cur = bs.current;
+  row("Block began", cur ? `${new Date(cur.time).toLocaleString()} — ${cur.kind === "automatic" ? "automatic (rate limiter)" : "by operator " + cur.who}: ${cur.why}` :
+    (st.blocked ? "not known: " + (bs.note || "") : "not blocked"));
+  row("Whitelisted", bs.whitelisted ? "yes: never limited" : "no");
+  row("Blocks remembered", String(bs.events.filter((e) => e.action === "block").length) +
+    ` (automatic ${bs.events.filter((e) => e.action === "block" && e.kind === "automatic").length}, by operators ${bs.events.filter((e) => e.action === "block" && e.kind === "operator").length})`);
   row("Dead letters, last hour", Object.entries(st.recent_letters || {}).map(([r, n]) => `${r} ${n}`).join(", ") || "none");
+  const bb = $("rl-blocks").querySelector("tbody");
+  bb.replaceChildren();
+  bs.events.forEach((e) => {
+    const tr = document.createElement("tr");
+    tr.dataset.kind = e.kind;
+    tr.dataset.action = e.action;
+    cell(tr, new Date(e.time).toLocaleString());
+    cell(tr, e.action);
+    cell(tr, e.kind === "automatic" ? "automatic (rate limiter)" : e.who);
+    cell(tr, e.why);
+    cell(tr, e.letter ? "dead letter " + e.letter : (e.audit_id ? "audit " + e.audit_id : ""));
+    bb.appendChild(tr);
+  });
+  if (!bs.events.length) {
+    const tr = document.createElement("tr");
+    cell(tr, "no block, unblock or whitelist change kept for this user").colSpan = 5;
+    bb.appendChild(tr);
+  }
   $("rl-group").value = st.group;
   const ab = $("rl-audit").querySelector("tbody");
   ab.replaceChildren();
@@ -653,8 +699,14 @@ async function start() {
   document.body.classList.toggle("viewer", me.role !== "operator");
   $("whoami").textContent = `${me.name} (${me.role})`;
   $("nav").hidden = false;
-  await Promise.all([loadOverview(), loadFleet(), loadStats(), loadMessages(false), loadBlocked(), loadBatches(), loadAudit(false)]);
+  // Every card loads on its own: one that fails says so and the others,
+  // and the 10 s refresh, still run (a failed load used to leave the page
+  // without its refresh).
+  const loads = await Promise.allSettled([loadVerdict(), loadOverview(), loadKafka(), loadFleet(), loadStats(),
+    loadMessages(false), loadBlocked(), loadBatches(), loadAudit(false)]);
   scheduleOverview();
+  const failed = loads.find((r) => r.status === "rejected");
+  if (failed) throw failed.reason;
 }
 
 function logout(msg) {
