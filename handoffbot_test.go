@@ -1,8 +1,8 @@
 package kfpipe_test
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,13 +13,13 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
 // TestHandoffBotEndToEnd builds examples/handoffbot and runs it on the real
 // broker and Redis against the fake WeChat:
-//   - a customer's photo gets a thank-you, a hand-off to alice and WeChat's
+//   - a customer's photo gets a thank-you with its size (read from the
+//     media store), a hand-off to alice and WeChat's
 //     event message about it (Transfer's msg_code), sent once;
 //   - while alice serves, the bot stays quiet;
 //   - a customer whose session a servicer took at WeChat after the bot
@@ -28,8 +28,8 @@ import (
 //     message finished, nothing in the DLQ; the session_status_change
 //     event then drops the cache and the bot stays quiet.
 //
-// The photo's bytes in the media store before the handler runs are the
-// media keeper's part (docs/media.md) and not asserted here.
+// The photo is in the media store before the handler runs: the bot's
+// thank-you gives its size, which it reads from the store.
 func TestHandoffBotEndToEnd(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
@@ -97,9 +97,10 @@ func TestHandoffBotEndToEnd(t *testing.T) {
 	})
 
 	// The photo, then a message while alice serves.
-	photo, _ := json.Marshal(map[string]any{"open_kfid": kfID, "external_userid": "u-photo", "origin": 3,
-		"msgtype": "image", "image": map[string]any{"media_id": "media-photo-1"}})
-	fake.Append(kfID, wecom.Message{Raw: photo})
+	// A 3,000-byte photo: the bot's thank-you gives its size, read from
+	// the media store (kfpipe.OpenMedia), so the photo was kept there
+	// before the handler ran.
+	fake.AddImage(kfID, "u-photo", bytes.Repeat([]byte{0xff}, 3000))
 	quiet := fake.AddText(kfID, "u-photo", "hello? did you get it?")
 	// A customer the bot answered, so its state is cached.
 	fake.AddText(kfID, "u-race", "hi")
@@ -109,7 +110,7 @@ func TestHandoffBotEndToEnd(t *testing.T) {
 	})
 	time.Sleep(2 * time.Second) // the quiet message: nothing may arrive
 	rs := fake.Replies(kfID, "u-photo")
-	if len(rs) != 2 || !strings.Contains(string(rs[0].Body), "Thanks for the photo") || rs[0].OnEvent ||
+	if len(rs) != 2 || !strings.Contains(string(rs[0].Body), "Thanks for the photo (3 KB)") || rs[0].OnEvent ||
 		!rs[1].OnEvent || !strings.Contains(string(rs[1].Body), "with alice now") {
 		t.Fatalf("u-photo got %+v, want the thank-you and the hand-off's event message once", rs)
 	}

@@ -32,10 +32,11 @@ import (
 
 // The bot's words.
 const (
-	welcome  = "Hello! Send us a photo of your parcel and a colleague will take care of it."
-	thanks   = "Thanks for the photo! I'm passing it to a colleague who can look at it."
-	handOver = "Your photo is with %s now; they will answer you here."
-	help     = "I can help with photos of your order: send one, or type \"human\" to talk to a person."
+	welcome     = "Hello! Send us a photo of your parcel and a colleague will take care of it."
+	thanks      = "Thanks for the photo! I'm passing it to a colleague who can look at it."
+	thanksSized = "Thanks for the photo (%d KB)! I'm passing it to a colleague who can look at it."
+	handOver    = "Your photo is with %s now; they will answer you here."
+	help        = "I can help with photos of your order: send one, or type \"human\" to talk to a person."
 )
 
 // bot is the handler; servicer is who photos are handed to.
@@ -60,7 +61,7 @@ func bot(servicer string) kfpipe.Handler {
 		text, _ := m.Text()
 		switch {
 		case m.MsgType == kfpipe.MsgImage:
-			return handOff(ctx, servicer, thanks)
+			return handOff(ctx, servicer, thanksFor(ctx, m))
 		case strings.EqualFold(strings.TrimSpace(text), "human"):
 			return handOff(ctx, servicer, "Connecting you to a person...")
 		default:
@@ -70,6 +71,20 @@ func bot(servicer string) kfpipe.Handler {
 			return kfpipe.Reply(ctx, kf.Text{Content: help})
 		}
 	})
+}
+
+// thanksFor is the thank-you for the photo in m: with its size when the
+// media store has it (kf-producer and the consumer keep every inbound
+// media object there before the handler runs, so a retry days later still
+// finds it: docs/media.md). The size does not change between runs, so the
+// reply is the same when the handler runs again.
+func thanksFor(ctx context.Context, m *kfpipe.Message) string {
+	obj, err := kfpipe.OpenMedia(ctx, m)
+	if err != nil {
+		return thanks // refused (too large) or no store (a unit test): no size
+	}
+	defer obj.Close()
+	return fmt.Sprintf(thanksSized, obj.Size/1024+1)
 }
 
 // handOff says say, hands the customer to servicer and sends WeChat's
