@@ -89,7 +89,11 @@ func startEnv(t *testing.T) *env {
 	fake := wecomtest.New(wecomtest.Options{CorpID: pcfg.WeCom.CorpID, Secret: pcfg.WeCom.Secret})
 	t.Cleanup(fake.Close)
 	pcfg.WeCom.BaseURL = fake.URL()
-	pcfg.WeCom.OpenKfIDs = nil // no safety sync: every sync_msg call comes from a callback
+	// No safety sync: every sync_msg call comes from a callback. Accounts
+	// are discovered (no open_kfids), and a discovered account gets safety
+	// syncs too, so the interval is longer than the test.
+	pcfg.WeCom.OpenKfIDs = nil
+	pcfg.Sync.SafetyInterval = time.Hour
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -27,7 +27,7 @@ type KeeperConfig struct {
 	// CorpID is the corp whose media is kept: the first part of a key.
 	CorpID string
 	// MaxBytes bounds an object (media.max_bytes): a larger one is refused
-	// with ReasonTooLarge and only the refusal is stored.
+	// with RefusedTooLarge and only the refusal is stored.
 	MaxBytes int64
 	// Retries is how many times a failed download or store write is tried
 	// again within one Keep (media.retries), RetryBase the first wait,
@@ -194,14 +194,14 @@ func (k *Keeper) keepOnce(ctx context.Context, key string, ref Ref) (Info, strin
 // refuse stores the refusal of an object too large to keep.
 func (k *Keeper) refuse(ctx context.Context, key string, info Info, size int64) (Info, string, error) {
 	if size >= 0 {
-		info.Refused = fmt.Sprintf("%s: %d bytes, media.max_bytes is %d", ReasonTooLarge, size, k.cfg.MaxBytes)
+		info.Refused = fmt.Sprintf("%s: %d bytes, media.max_bytes is %d", RefusedTooLarge, size, k.cfg.MaxBytes)
 	} else {
-		info.Refused = fmt.Sprintf("%s: more than media.max_bytes %d", ReasonTooLarge, k.cfg.MaxBytes)
+		info.Refused = fmt.Sprintf("%s: more than media.max_bytes %d", RefusedTooLarge, k.cfg.MaxBytes)
 	}
 	if err := k.store.Put(ctx, key, bytes.NewReader(nil), 0, info); err != nil {
 		return Info{}, "store", err
 	}
-	k.m.refused.WithLabelValues(ReasonTooLarge).Inc()
+	k.m.refused.WithLabelValues(RefusedTooLarge).Inc()
 	return info, "refused", nil
 }
 

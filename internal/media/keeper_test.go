@@ -152,7 +152,7 @@ func TestTooLargeRefused(t *testing.T) {
 	if _, err := r.k.Keep(context.Background(), "consumer", ref); err != nil || r.fake.MediaGets() != 1 {
 		t.Fatalf("second Keep: %v, media/get calls %d (want 1)", err, r.fake.MediaGets())
 	}
-	if testutil.ToFloat64(r.k.m.refused.WithLabelValues(ReasonTooLarge)) != 1 || r.kept("producer", "refused") != 1 {
+	if testutil.ToFloat64(r.k.m.refused.WithLabelValues(RefusedTooLarge)) != 1 || r.kept("producer", "refused") != 1 {
 		t.Fatal("refusal not counted")
 	}
 }

@@ -38,7 +38,7 @@ var (
 
 // Refusal reasons (Info.Refused, the reason label of the metrics).
 const (
-	ReasonTooLarge = "too_large" // larger than media.max_bytes
+	RefusedTooLarge = "too_large" // larger than media.max_bytes
 )
 
 // Info describes a stored media object.

@@ -118,7 +118,7 @@ func TestKeeperOnS3(t *testing.T) {
 	}
 	r.fake.AddMedia(kfID, "wmUSER1", "video", "", "video/mp4", make([]byte, 100<<10))
 	big, _ := r.k.RefOf(r.message(t))
-	if info, err := r.k.Keep(context.Background(), "producer", big); err != nil || !strings.HasPrefix(info.Refused, ReasonTooLarge) {
+	if info, err := r.k.Keep(context.Background(), "producer", big); err != nil || !strings.HasPrefix(info.Refused, RefusedTooLarge) {
 		t.Fatalf("Keep of 100 KiB with max 64 KiB: %+v, %v", info, err)
 	}
 	if _, _, err := r.k.Open(context.Background(), big); !errors.Is(err, ErrRefused) {

@@ -58,14 +58,14 @@ var refusals = []struct {
 	{[]int{kf.CodeReplyLimit, kf.CodeReplyWindowClosed}, ErrReplyWindow, "reply_window"},
 	{[]int{kf.CodeSessionEnded}, ErrSessionEnded, "session_ended"},
 	{[]int{kf.CodeWelcomeCodeUsed}, ErrWelcomeCodeExpired, "welcome_code_expired"},
-	{[]int{kf.CodeSessionInvalid}, ErrServicerSession, ReasonServicerSession},
+	{[]int{kf.CodeSessionInvalid}, ErrServicerSession, RefusalServicerSession},
 }
 
-// ReasonServicerSession is the reason (kfpipe_reply_refusals_total) and
+// RefusalServicerSession is the reason (kfpipe_reply_refusals_total) and
 // the reply outcome (kfpipe_replies_total) of a reply WeChat refused with
 // 95018 because a human servicer holds the session: the bot stays out of
 // the conversation, the message is finished, not dead-lettered.
-const ReasonServicerSession = "servicer_session"
+const RefusalServicerSession = "servicer_session"
 
 // routine returns the error of WeChat's routine refusal err (nil for any
 // other error).
@@ -134,7 +134,7 @@ type Attempt struct {
 
 // outcomes label kfpipe_replies_total, in Counts' order, then the
 // replies skipped because a human servicer holds the session.
-var outcomes = [...]string{"sent", "skipped", "refused", "failed", ReasonServicerSession}
+var outcomes = [...]string{"sent", "skipped", "refused", "failed", RefusalServicerSession}
 
 func (fx *Effects) count(i int) {
 	fx.counts[i].Add(1)
@@ -256,7 +256,7 @@ func (fx *Effects) Settle(to Target, err error) error {
 		if errors.Is(err, r.err) {
 			fx.settled.WithLabelValues(r.reason).Inc()
 			msg := "reply refused by WeChat for a routine reason; the message is finished, not dead-lettered"
-			if r.reason == ReasonServicerSession {
+			if r.reason == RefusalServicerSession {
 				msg = "reply skipped: a human servicer holds the session; the message is finished, not dead-lettered"
 			}
 			fx.log.Info(msg, zap.String("open_kfid", to.OpenKfID), zap.String("upstream_msgid", to.UpstreamMsgID),
@@ -355,7 +355,7 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 		// Not a failure of the bot: a human serves the customer. The
 		// session's cached state is stale.
 		fx.count(4)
-		a.Outcome = ReasonServicerSession
+		a.Outcome = RefusalServicerSession
 		fx.sessions.Forget(ctx, to.OpenKfID, to.User)
 		err = consumer.Permanent(fmt.Errorf("%s: %w: %w", what, ErrServicerSession, err))
 	case kf.IsPermanent(err):
