@@ -22,6 +22,7 @@ import (
 // due, nothing waits in review, and every message of the five users had
 // its effect.
 func TestChaosDLQKill9(t *testing.T) {
+	SkipUnlessFull(t) // make test: TestSchedulerRestartLosesNothing, TestTwoSchedulersSendOnce
 	svc := NeedServices(t)
 	load := Size(Load{Total: 3000, Users: 200, Rate: 150}, Load{Total: 12000, Users: 600, Rate: 200})
 	kills := Size(3, 8)

@@ -26,6 +26,9 @@ func TestChaosDownstreamOutage(t *testing.T) {
 // outage: that user's messages are still dead-lettered (its own
 // failures, its own breaker), nobody else's.
 func TestChaosDownstreamOutageFailingUser(t *testing.T) {
+	// make test: the gate's tests in internal/consumer, among them
+	// TestOutageHoldsMessagesInsteadOfDeadLettering on the real broker.
+	SkipUnlessFull(t)
 	downstreamOutage(t, "downstream-outage-failing-user", true)
 }
 
