@@ -89,8 +89,8 @@ func startEnv(t *testing.T) *env {
 	fake := wecomtest.New(wecomtest.Options{CorpID: pcfg.WeCom.CorpID, Secret: pcfg.WeCom.Secret})
 	t.Cleanup(fake.Close)
 	pcfg.WeCom.BaseURL = fake.URL()
-	// No safety sync: every sync_msg call comes from a callback. Accounts
-	// are discovered (no open_kfids), and a discovered account gets safety
+	// No safety sync: sync_msg calls come from callbacks. Accounts are
+	// discovered (no open_kfids), and a discovered account gets safety
 	// syncs too, so the interval is longer than the test.
 	pcfg.WeCom.OpenKfIDs = nil
 	pcfg.Sync.SafetyInterval = time.Hour
