@@ -90,7 +90,8 @@ check_daemon() {
     KFPIPE_KAFKA_TOPICS_MAIN_NAME="ci-image-$$-main" KFPIPE_KAFKA_TOPICS_DLQ_NAME="ci-image-$$-dlq"
     KFPIPE_KAFKA_TOPICS_MAIN_PARTITIONS=4 KFPIPE_KAFKA_TOPICS_MAIN_REPLICATION_FACTOR=1 KFPIPE_KAFKA_TOPICS_MAIN_MIN_INSYNC_REPLICAS=1
     KFPIPE_KAFKA_TOPICS_DLQ_PARTITIONS=2 KFPIPE_KAFKA_TOPICS_DLQ_REPLICATION_FACTOR=1 KFPIPE_KAFKA_TOPICS_DLQ_MIN_INSYNC_REPLICAS=1
-    KFPIPE_DLQ_EMERGENCY_FILE="/var/lib/kfpipe/$d-dlq-emergency.jsonl" "${secrets[@]}")
+    KFPIPE_DLQ_EMERGENCY_FILE="/var/lib/kfpipe/$d-dlq-emergency.jsonl"
+    KFPIPE_MEDIA_STORE=dir KFPIPE_MEDIA_DIR="/var/lib/kfpipe/media" "${secrets[@]}")
   if ((${#run[@]})); then
     local name=kfpipe-ci-$$-$d envargs=()
     for e in "${env[@]}"; do envargs+=(-e "$e"); done
