@@ -205,6 +205,14 @@ func TestJudgeReplies(t *testing.T) {
 		{name: "repeat right after a kill", replies: clean, dups: []wecomtest.Reply{reply("a1", 13000)},
 			kills: []Kill{{Tag: "consumer-1.1", At: at(500)}}, extra: "replies_resent_after_kill=1",
 			deliveries: []Delivery{deliveries[0], deliveries[1], {MsgID: "a2", User: "a", Tag: "consumer-2.1", At: at(900)}}},
+		// The fake stamps a reply on arrival: one the victim wrote just
+		// before its kill arrives after it, and is resent by the next owner.
+		{name: "repeat of a reply in flight at the kill", replies: []wecomtest.Reply{reply("a1", 600), reply("b1", 601), reply("a2", 1000)},
+			dups: []wecomtest.Reply{reply("a1", 13000)}, kills: []Kill{{Tag: "consumer-1.1", At: at(415)}}, extra: "replies_resent_after_kill=1",
+			deliveries: []Delivery{deliveries[0], deliveries[1], {MsgID: "a2", User: "a", Tag: "consumer-2.1", At: at(900)}}},
+		{name: "repeat of a reply long after the kill", replies: []wecomtest.Reply{reply("a1", 3600), reply("b1", 3601), reply("a2", 4000)},
+			dups: []wecomtest.Reply{reply("a1", 13000)}, kills: []Kill{{Tag: "consumer-1.1", At: at(500)}}, problem: "1 sent twice",
+			deliveries: []Delivery{deliveries[0], deliveries[1], {MsgID: "a2", User: "a", Tag: "consumer-2.1", At: at(900)}}},
 		{name: "out of order", replies: []wecomtest.Reply{reply("a2", 10), reply("b1", 11), reply("a1", 12)},
 			problem: "1 out of order"},
 		{name: "not kfpipe's msgid", replies: []wecomtest.Reply{clean[0], wrongID, clean[2]}, problem: "1 not asked for"},
