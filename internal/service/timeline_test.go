@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -65,8 +66,24 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
+	// kfpipectl, built while the pipeline runs, reads the same timelines.
+	type built struct {
+		path string
+		err  error
+	}
+	ctlc := make(chan built, 1)
+	go func() {
+		out := filepath.Join(t.TempDir(), "kfpipectl")
+		cmd := exec.Command("go", "build", "-o", out, "./cmd/kfpipectl")
+		cmd.Dir = testenv.RepoRoot(t)
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("%w: %s", err, b)
+		}
+		ctlc <- built{out, err}
+	}()
 	const wk = "wk-tl"
 	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{wk}})
 	defer fake.Close()
@@ -273,6 +290,35 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	code, b = adminGet(t, d.AdminURL+"/admin/customers/tl-flaky/timeline?msgid="+flaky, viewer)
 	if code != 200 || !strings.Contains(string(b), flaky) {
 		t.Errorf("by msgid: %d %s", code, b)
+	}
+	// The same three customers from kfpipectl customer, as on-call reads
+	// them in a terminal: the summary and every message's outcome and story.
+	ctl := <-ctlc
+	if ctl.err != nil {
+		t.Fatalf("build kfpipectl: %v", ctl.err)
+	}
+	for _, user := range []string{"tl-answered", "tl-flaky", "tl-flooder"} {
+		want := timeline(user)
+		cmd := exec.CommandContext(ctx, ctl.path, "customer", user)
+		cmd.Env = append(os.Environ(), "KFPIPE_ADMIN_URL="+d.AdminURL, "KFPIPE_TOKEN="+viewer)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kfpipectl customer %s: %v\n%s", user, err, out)
+		}
+		text := string(out)
+		lines := []string{"customer " + user + "\n" + want.Summary + "\n"}
+		for _, m := range want.Messages {
+			lines = append(lines, strings.ToUpper(strings.ReplaceAll(m.Outcome, "_", " "))+"  "+m.UpstreamMsgID,
+				"  story: "+m.Story+"\n")
+		}
+		for _, l := range lines {
+			if !strings.Contains(text, l) {
+				t.Errorf("kfpipectl customer %s lacks %q of the API's timeline:\n%s", user, l, text)
+			}
+		}
+		if n := strings.Count(text, "\n  story: "); n != len(want.Messages) {
+			t.Errorf("kfpipectl customer %s: %d messages, the API %d", user, n, len(want.Messages))
+		}
 	}
 	if t.Failed() || testing.Short() {
 		return
