@@ -41,7 +41,7 @@ import (
 //
 // Judged beyond lost=0 dup=0 reordered=0: every failing user's message
 // delivered once, in the user's order where the scheduler alone brings
-// them back (phase 1; recovered_reordered counts the others); no failing
+// them back (phases 1 and 2; recovered_reordered counts all); no failing
 // user rate limited or blocked (no such letter, no block at the end); the
 // bot still blocked
 // and not let through by the retry; the time from each fix to the last
@@ -199,7 +199,7 @@ func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt
 	}
 	last := map[string]time.Time{}
 	undelivered, reordered, limited, throughDLQ := 0, 0, 0, 0
-	strictReordered := 0 // in phase 1, whose letters only the scheduler brings back
+	strictReordered := 0 // in phases 1 and 2, whose letters only the scheduler brings back
 	for u, ss := range byUser {
 		sort.Slice(ss, func(i, j int) bool { return ss[i].Index < ss[j].Index })
 		if len(ss) != perUser {
@@ -228,7 +228,7 @@ func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt
 			}
 			if at.Before(prev) {
 				reordered++
-				if failing[u] == "phase1" {
+				if failing[u] != "phase3" {
 					strictReordered++
 				}
 				if reordered <= 5 {
@@ -265,14 +265,16 @@ func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt
 	if undelivered > 0 {
 		rep.Problem("%d messages of failing users never delivered after the fix", undelivered)
 	}
-	// A user's letters come back in order when one path brings them back
-	// (phase 1: the scheduler, every letter dead-lettered before the fix
-	// and none due yet). Where the scheduler re-injected some before the
-	// fix and the operator's batch requeues the rest after it, the ones in
-	// flight are handled first: I4 lets dead-lettered messages leave the
-	// order, and the count is reported, not failed.
+	// A user's letters come back in order when the scheduler alone brings
+	// them back (phases 1 and 2), even when some of them failed again
+	// before the fix and back off longer than the rest: the scheduler
+	// holds a user's newer letter until the older ones are due. Where the
+	// operator's batch requeues letters while the scheduler's retries of
+	// others are in flight (phase 3), the ones in flight are handled
+	// first: I4 lets dead-lettered messages leave the order, and the count
+	// is reported, not failed.
 	if strictReordered > 0 {
-		rep.Problem("%d recovered messages of phase 1 delivered out of their user's order", strictReordered)
+		rep.Problem("%d recovered messages of phases 1 and 2 delivered out of their user's order", strictReordered)
 	}
 	if limited > 0 {
 		rep.Problem("%d letters of failing users refused by the limiter (rate_limited/user_blocked)", limited)

@@ -110,6 +110,7 @@ type schedulerMetrics struct {
 	recovered     prometheus.Counter
 	retryErrors   prometheus.Counter
 	paced         prometheus.Counter
+	heldForOrder  prometheus.Counter
 	reviewPending prometheus.Gauge
 }
 
@@ -150,6 +151,9 @@ func NewScheduler(cfg SchedulerConfig, rdb redis.UniversalClient, idx *Index, po
 				Name: "kfpipe_dlq_retry_errors_total", Help: "Re-injections the main topic did not acknowledge."})),
 			paced: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
 				Name: "kfpipe_dlq_retries_paced_total", Help: "Due retries postponed to keep a user inside the rate limit."})),
+			heldForOrder: register(o.reg, prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "kfpipe_dlq_retries_held_for_order_total",
+				Help: "Due retries held until an older letter of the same user is re-injected (each user's order)."})),
 			reviewPending: newReviewGauge(o.reg),
 		},
 	}
@@ -343,6 +347,7 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 	// equal backoffs) go back in their messages' order, each user's in
 	// the order the user sent them.
 	SortBySource(items, func(c claimed) *DeadLetterMessage { return c.dl })
+	items, errs := s.inUserOrder(ctx, items)
 	type inflight struct {
 		c        claimed
 		st       RecoveryStrategy
@@ -350,7 +355,6 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 		rec      *RetryRecord
 	}
 	sent := make([]inflight, 0, len(items))
-	var errs []error
 	paced := 0
 	blocks := map[string]time.Time{}
 	for _, c := range items {

@@ -473,3 +473,64 @@ func TestSchedulerHoldsLettersOfABlockedUser(t *testing.T) {
 		t.Fatalf("the held letters went in the order %v", order)
 	}
 }
+
+// TestSchedulerKeepsAUsersOrderAcrossBackoffs: a user's first message
+// failed again after its retry (it backs off longer), the second failed
+// once, so the second falls due first. The scheduler holds it until the
+// first is due and then sends both in the user's order; another user's
+// letter is not held.
+func TestSchedulerKeepsAUsersOrderAcrossBackoffs(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	mainTopic := testenv.Topic(t, 1)
+	rdb, prefix := testenv.Redis(t)
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	ctx := context.Background()
+	pol := NewPolicy(testRecovery())
+	put := func(dl *DeadLetterMessage) {
+		t.Helper()
+		pol.Place(ctx, dl)
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := deadLetter("u", ReasonDownstreamError, 0, clk.Now())
+	put(first)
+	clk.Add(time.Second)
+	put(deadLetter("u", ReasonDownstreamError, 1, clk.Now()))
+	put(deadLetter("other", ReasonDownstreamError, 2, clk.Now()))
+	// The first message's retry (offset 50) failed again: same letter,
+	// retry count 1, due after a longer backoff.
+	clk.Add(time.Second)
+	again := New(Source{Topic: "src-main", Partition: 1, Offset: 50, Timestamp: clk.Now(), Key: []byte("u"), Value: chat("u", 0),
+		Headers: []Header{{Key: chatmsg.HeaderMsgType, Value: []byte("text")}, {Key: chatmsg.HeaderDLQID, Value: []byte(first.ID)},
+			{Key: chatmsg.HeaderRetryCount, Value: []byte("1")}}}, ReasonDownstreamError, "test failure", clk.Now())
+	put(again)
+	if again.NextRetryTime == nil || !again.NextRetryTime.After(clk.Now().Add(time.Minute)) {
+		t.Fatalf("the failed-again letter is due at %v, want a longer backoff than the second's", again.NextRetryTime)
+	}
+
+	s := newScheduler(t, brokers, mainTopic, idx, clk)
+	warmUp(t, s)
+	clk.Add(time.Minute)
+	if n, err := s.ScanOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("with u's second letter due and its first not: sent %d %v, want other's letter only", n, err)
+	}
+	clk.Add(again.NextRetryTime.Sub(clk.Now()) + 10*time.Millisecond)
+	if n, err := s.ScanOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("once u's first letter is due: sent %d %v, want both of u's", n, err)
+	}
+	var order []string
+	for _, m := range readTopic(t, brokers, mainTopic, 3, 200*time.Millisecond) {
+		if string(m.Key) == "u" {
+			cm, err := chatmsg.Decode(m.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			order = append(order, cm.UpstreamMsgID)
+		}
+	}
+	if fmt.Sprint(order) != "[up-0 up-1]" {
+		t.Fatalf("u's retries on the main topic in the order %v, want [up-0 up-1]", order)
+	}
+}
