@@ -248,20 +248,9 @@ func TestSchedulerRestartLosesNothing(t *testing.T) {
 // rate_limited and user_blocked letters were paced: a user's 20
 // downstream_error letters went back at once.
 func TestSchedulerPacesAUsersRetries(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	mainTopic := testenv.Topic(t, 1)
-	rdb, prefix := testenv.Redis(t)
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
-	ctx := context.Background()
-	pol := NewPolicy(testRecovery())
-	put := func(user string, reason Reason, off int64) {
-		dl := deadLetter(user, reason, off, clk.Now())
-		pol.Place(ctx, dl)
-		if _, err := indexDL(t, ctx, idx, dl); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f := newSchedFixture(t)
+	brokers, mainTopic, idx, clk, ctx := f.brokers, f.mainTopic, f.idx, f.clk, context.Background()
+	put := func(user string, reason Reason, off int64) { f.put(deadLetter(user, reason, off, clk.Now())) }
 	for i := range 20 {
 		reason := ReasonDownstreamError
 		if i%4 == 3 {
@@ -289,16 +278,7 @@ func TestSchedulerPacesAUsersRetries(t *testing.T) {
 	if n, _ := s.ScanOnce(ctx); n != 5 {
 		t.Fatalf("second window sent %d, want 5", n)
 	}
-	var order []string
-	for _, m := range readTopic(t, brokers, mainTopic, 23, 200*time.Millisecond) {
-		if string(m.Key) == "loud" {
-			cm, err := chatmsg.Decode(m.Value)
-			if err != nil {
-				t.Fatal(err)
-			}
-			order = append(order, cm.UpstreamMsgID)
-		}
-	}
+	order := upstreamOrder(t, brokers, mainTopic, 23, "loud")
 	var want []string
 	for i := range 20 {
 		want = append(want, fmt.Sprintf("up-%d", i))
@@ -459,16 +439,7 @@ func TestSchedulerHoldsLettersOfABlockedUser(t *testing.T) {
 	if n, err := s.ScanOnce(ctx); err != nil || n != 3 {
 		t.Fatalf("after the block sent %d %v, want 3", n, err)
 	}
-	var order []string
-	for _, m := range readTopic(t, brokers, mainTopic, 4, 200*time.Millisecond) {
-		if string(m.Key) == "bot" {
-			cm, err := chatmsg.Decode(m.Value)
-			if err != nil {
-				t.Fatal(err)
-			}
-			order = append(order, cm.UpstreamMsgID)
-		}
-	}
+	order := upstreamOrder(t, brokers, mainTopic, 4, "bot")
 	if fmt.Sprint(order) != "[up-0 up-1 up-2]" {
 		t.Fatalf("the held letters went in the order %v", order)
 	}
@@ -480,20 +451,8 @@ func TestSchedulerHoldsLettersOfABlockedUser(t *testing.T) {
 // first is due and then sends both in the user's order; another user's
 // letter is not held.
 func TestSchedulerKeepsAUsersOrderAcrossBackoffs(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	mainTopic := testenv.Topic(t, 1)
-	rdb, prefix := testenv.Redis(t)
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
-	ctx := context.Background()
-	pol := NewPolicy(testRecovery())
-	put := func(dl *DeadLetterMessage) {
-		t.Helper()
-		pol.Place(ctx, dl)
-		if _, err := indexDL(t, ctx, idx, dl); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f := newSchedFixture(t)
+	brokers, mainTopic, idx, clk, put, ctx := f.brokers, f.mainTopic, f.idx, f.clk, f.put, context.Background()
 	first := deadLetter("u", ReasonDownstreamError, 0, clk.Now())
 	put(first)
 	clk.Add(time.Second)
@@ -520,9 +479,19 @@ func TestSchedulerKeepsAUsersOrderAcrossBackoffs(t *testing.T) {
 	if n, err := s.ScanOnce(ctx); err != nil || n != 2 {
 		t.Fatalf("once u's first letter is due: sent %d %v, want both of u's", n, err)
 	}
+	order := upstreamOrder(t, brokers, mainTopic, 3, "u")
+	if fmt.Sprint(order) != "[up-0 up-1]" {
+		t.Fatalf("u's retries on the main topic in the order %v, want [up-0 up-1]", order)
+	}
+}
+
+// upstreamOrder reads the n records of topic and returns the upstream
+// msgids of key's, in the topic's order.
+func upstreamOrder(t *testing.T, brokers, topic string, n int, key string) []string {
+	t.Helper()
 	var order []string
-	for _, m := range readTopic(t, brokers, mainTopic, 3, 200*time.Millisecond) {
-		if string(m.Key) == "u" {
+	for _, m := range readTopic(t, brokers, topic, n, 200*time.Millisecond) {
+		if string(m.Key) == key {
 			cm, err := chatmsg.Decode(m.Value)
 			if err != nil {
 				t.Fatal(err)
@@ -530,7 +499,29 @@ func TestSchedulerKeepsAUsersOrderAcrossBackoffs(t *testing.T) {
 			order = append(order, cm.UpstreamMsgID)
 		}
 	}
-	if fmt.Sprint(order) != "[up-0 up-1]" {
-		t.Fatalf("u's retries on the main topic in the order %v, want [up-0 up-1]", order)
+	return order
+}
+
+// schedFixture is a scheduler test's topic, index, clock and placement:
+// put places a dead letter under the test recovery policy and indexes it.
+type schedFixture struct {
+	brokers, mainTopic string
+	clk                *manualClock
+	idx                *Index
+	put                func(*DeadLetterMessage)
+}
+
+func newSchedFixture(t *testing.T) schedFixture {
+	f := schedFixture{brokers: testenv.KafkaBrokers(t), mainTopic: testenv.Topic(t, 1), clk: newClock()}
+	rdb, prefix := testenv.Redis(t)
+	f.idx = NewIndex(rdb, prefix, WithClock(f.clk), WithLetters(mem))
+	pol := NewPolicy(testRecovery())
+	f.put = func(dl *DeadLetterMessage) {
+		t.Helper()
+		pol.Place(context.Background(), dl)
+		if _, err := indexDL(t, context.Background(), f.idx, dl); err != nil {
+			t.Fatal(err)
+		}
 	}
+	return f
 }
