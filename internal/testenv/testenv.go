@@ -138,18 +138,50 @@ func CreateTopic(t testing.TB, name string, partitions int) {
 		defer cancel()
 		_, _ = ac.DeleteTopics(ctx, []string{name})
 	})
+	// Visible in the metadata, and every partition's leader answers for
+	// it: a test that reads watermarks right away otherwise meets "Not
+	// leader for partition" from a broker still taking the lead.
 	for {
-		md, err := ac.GetMetadata(&name, false, 5000)
+		err := topicReady(ctx, ac, name, partitions)
 		if err == nil {
-			if tm, ok := md.Topics[name]; ok && tm.Error.Code() == kafka.ErrNoError && len(tm.Partitions) == partitions {
-				return
-			}
+			return
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("topic %s not visible in metadata: %v", name, err)
+			t.Fatalf("topic %s not ready: %v", name, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// topicReady says why the topic is not yet readable: absent from the
+// metadata, a partition without a leader, or a leader that does not yet
+// answer for its partition's offsets.
+func topicReady(ctx context.Context, ac *kafka.AdminClient, name string, partitions int) error {
+	md, err := ac.GetMetadata(&name, false, 5000)
+	if err != nil {
+		return err
+	}
+	tm, ok := md.Topics[name]
+	if !ok || tm.Error.Code() != kafka.ErrNoError || len(tm.Partitions) != partitions {
+		return fmt.Errorf("metadata: %v, %d of %d partitions", tm.Error, len(tm.Partitions), partitions)
+	}
+	specs := make(map[kafka.TopicPartition]kafka.OffsetSpec, partitions)
+	for _, p := range tm.Partitions {
+		if p.Leader < 0 || p.Error.Code() != kafka.ErrNoError {
+			return fmt.Errorf("partition %d: leader %d, %v", p.ID, p.Leader, p.Error)
+		}
+		specs[kafka.TopicPartition{Topic: &name, Partition: p.ID}] = kafka.LatestOffsetSpec
+	}
+	res, err := ac.ListOffsets(ctx, specs)
+	if err != nil {
+		return err
+	}
+	for tp, info := range res.ResultInfos {
+		if info.Error.Code() != kafka.ErrNoError {
+			return fmt.Errorf("offsets of partition %d: %v", tp.Partition, info.Error)
+		}
+	}
+	return nil
 }
 
 // RedisAddr returns the address of the test Redis.
