@@ -66,6 +66,19 @@ func (s *Server) AddMedia(openKfID, externalUserID, msgType, fileName, contentTy
 	default:
 		panic(fmt.Sprintf("wecomtest: AddMedia: %q is not a media type", msgType))
 	}
+	mediaID = s.PutMedia(fileName, contentType, data)
+	raw, _ := json.Marshal(map[string]any{
+		"open_kfid": openKfID, "external_userid": externalUserID, "origin": wecom.OriginCustomer,
+		"msgtype": msgType, msgType: map[string]any{"media_id": mediaID},
+	})
+	return s.Append(openKfID, wecom.Message{Raw: raw})[0], mediaID
+}
+
+// PutMedia makes media/get serve data with contentType and fileName (""
+// ⇒ "<media_id>.<ext>") under a new media_id, valid MediaTTL, and
+// returns it: the media of a message a test appends itself (AddMedia
+// appends one).
+func (s *Server) PutMedia(fileName, contentType string, data []byte) (mediaID string) {
 	mediaID = "in-" + randHex(16)
 	if fileName == "" {
 		exts, _ := mime.ExtensionsByType(contentType)
@@ -79,11 +92,7 @@ func (s *Server) AddMedia(openKfID, externalUserID, msgType, fileName, contentTy
 	s.mediaSide().objects[mediaID] = &mediaObject{data: append([]byte(nil), data...), contentType: contentType,
 		fileName: fileName, created: s.opts.Clock()}
 	s.mu.Unlock()
-	raw, _ := json.Marshal(map[string]any{
-		"open_kfid": openKfID, "external_userid": externalUserID, "origin": wecom.OriginCustomer,
-		"msgtype": msgType, msgType: map[string]any{"media_id": mediaID},
-	})
-	return s.Append(openKfID, wecom.Message{Raw: raw})[0], mediaID
+	return mediaID
 }
 
 // ExpireMedia makes media/get answer 40007 for mediaID from now on, as
