@@ -39,6 +39,9 @@ type Config struct {
 	// rate-limits). nil keeps them in this process's memory. Consumers
 	// run by kfpipe.RunConsumer use the same Redis cache as kf-producer.
 	Tokens TokenCache
+	// MediaRange is the size of the ranges GetMedia asks media/get for
+	// (default MediaRangeBytes).
+	MediaRange int64
 }
 
 // TokenCache stores access tokens under a key for a time to live.
@@ -51,7 +54,8 @@ type TokenCache interface {
 
 // Client calls the customer-service API. It is safe for concurrent use.
 type Client struct {
-	c *wecom.Client
+	c          *wecom.Client
+	mediaRange int64
 }
 
 // New returns a Client. Access tokens are fetched on demand and cached in
@@ -72,7 +76,13 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kf: %w", err)
 	}
-	return &Client{c: c}, nil
+	if cfg.MediaRange < 0 {
+		return nil, fmt.Errorf("kf: MediaRange must not be negative, got %d", cfg.MediaRange)
+	}
+	if cfg.MediaRange == 0 {
+		cfg.MediaRange = MediaRangeBytes
+	}
+	return &Client{c: c, mediaRange: cfg.MediaRange}, nil
 }
 
 // WeChat errcodes of the customer-service API that callers may want to

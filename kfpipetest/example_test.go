@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync/atomic"
 
 	"github.com/kfpipe/kfpipe"
@@ -130,4 +131,36 @@ func ExampleEnterSession() {
 	r := h.Run(kfpipetest.MenuClick("u1", "human", "Talk to a person")).ExpectDone()
 	fmt.Println(h.Delivered("u1"), r.Replies[0], h.SessionState("u1") == kf.StateServicer)
 	// Output: [Welcome! (ad-1)] transfer to state 3 (alice) true
+}
+
+// A handler reads a customer's image with kfpipe.OpenMedia: ImageWith
+// gives the fake WeChat the image's bytes, and Run keeps them in the test's
+// media store before the handler runs, as the consumer does — so a Run
+// after WeChat expired the media_id still has them.
+func ExampleHarness_ImageWith() {
+	t := &printT{}
+	defer t.done()
+	photo := kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		if _, ok := m.Media(); !ok {
+			return nil
+		}
+		obj, err := kfpipe.OpenMedia(ctx, m)
+		if err != nil {
+			return err
+		}
+		defer obj.Close()
+		return kfpipe.Reply(ctx, kf.Text{Content: fmt.Sprintf("Got your %s of %d bytes", obj.ContentType, obj.Size)})
+	})
+	h := kfpipetest.New(t, photo)
+
+	png := []byte("\x89PNG\r\n\x1a\n" + strings.Repeat("\x00", 92)) // 100 bytes
+	m := h.ImageWith("u1", png)
+	fmt.Println(h.Run(m).ExpectDone().Texts())
+	h.ExpireMedia(m) // day 4: WeChat no longer has it; the store has
+	fmt.Println(h.Run(m).ExpectDone().Texts())
+	fmt.Println(h.Run(h.FileWith("u2", "notes.txt", []byte("hello"))).ExpectDone().Texts())
+	// Output:
+	// [Got your image/png of 100 bytes]
+	// [Got your image/png of 100 bytes]
+	// [Got your text/plain; charset=utf-8 of 5 bytes]
 }

@@ -9,6 +9,10 @@
 // recorded in order, and RunTwice checks the rule exactly-once replies
 // rest on: a handler run again for a message replies the same way.
 //
+// A customer's media (ImageWith, FileWith, MediaWith) is served by the fake
+// WeChat and kept in a temporary media store before the handler runs, so
+// kfpipe.OpenMedia works in a test.
+//
 // Nothing is started outside the test process; no Kafka, Redis or network
 // is needed.
 package kfpipetest
@@ -28,6 +32,7 @@ import (
 	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
+	"github.com/kfpipe/kfpipe/internal/media"
 	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/wecom"
@@ -253,6 +258,8 @@ type Harness struct {
 	fake     *wecomtest.Server
 	kc       *kf.Client
 	fx       *reply.Effects
+	keeper   *media.Keeper
+	maxMedia int64
 
 	mu      sync.Mutex
 	attempt int     // the running handler call's number within its Run
@@ -285,6 +292,9 @@ func New(t TB, h kfpipe.Handler, opts ...Option) *Harness {
 		t.Fatalf("kfpipetest: %v", err)
 	}
 	hs.kc = kc
+	if hs.keeper, err = hs.newKeeper(); err != nil {
+		t.Fatalf("kfpipetest: %v", err)
+	}
 	oc, err := once.New(context.Background(), "kfpipetest", once.Config{Client: rdb, KeyPrefix: "kfpipetest:reply:"})
 	if err != nil {
 		t.Fatalf("kfpipetest: %v", err)
@@ -393,7 +403,7 @@ func (hs *Harness) Run(m *kfpipe.Message) *Result {
 		hs.mu.Unlock()
 		to := reply.TargetOf(c)
 		hs.fx.Observe(context.Background(), c) // a session_status_change drops the cached state
-		err, timedOut := hs.call(reply.With(context.Background(), hs.fx, to), m)
+		err, timedOut := hs.call(media.WithKeeper(reply.With(context.Background(), hs.fx, to), hs.keeper), m)
 		// A routine refusal of a reply (kfpipe.ErrReplyWindow, …) the
 		// handler returns finishes the message, as in the consumer.
 		err = hs.fx.Settle(to, err)
@@ -431,6 +441,9 @@ func (hs *Harness) call(ctx context.Context, m *kfpipe.Message) (err error, time
 		}
 		timedOut = err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
 	}()
+	if err := hs.keepMedia(ctx, m); err != nil {
+		return err, false
+	}
 	return hs.h.Handle(ctx, m), false
 }
 

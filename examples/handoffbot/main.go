@@ -81,7 +81,7 @@ func bot(servicer string) kfpipe.Handler {
 func thanksFor(ctx context.Context, m *kfpipe.Message) string {
 	obj, err := kfpipe.OpenMedia(ctx, m)
 	if err != nil {
-		return thanks // refused (too large) or no store (a unit test): no size
+		return thanks // refused (too large), or expired before it was kept: no size
 	}
 	defer obj.Close()
 	return fmt.Sprintf(thanksSized, obj.Size/1024+1)

@@ -47,6 +47,23 @@ func TestPhotoHandsOver(t *testing.T) {
 	}
 }
 
+// TestPhotoSize: the thank-you names the photo's size, read from the media
+// store (kfpipe.OpenMedia) — also when the bot runs again after WeChat
+// expired the media_id, since the photo was kept before the first run.
+func TestPhotoSize(t *testing.T) {
+	h := kfpipetest.New(t, bot("alice"))
+	photo := append([]byte("\xff\xd8\xff\xe0"), make([]byte, 2996)...) // a 3,000-byte JPEG
+	m := h.ImageWith("u1", photo)
+	want := fmt.Sprintf(thanksSized, 3)
+	if r := h.Run(m).ExpectDone(); len(r.Replies) == 0 || r.Replies[0].Text() != want {
+		t.Fatalf("replies %v, want %q first", r.Replies, want)
+	}
+	h.ExpireMedia(m)
+	if r := h.Run(m).ExpectDone(); len(r.Replies) == 0 || r.Replies[0].Text() != want || r.Replies[0].Outcome != kfpipetest.Skipped {
+		t.Fatalf("run after expiry: replies %v, want %q again (skipped: already sent)", r.Replies, want)
+	}
+}
+
 // TestQuietWhileHumanServes: after the hand-off the bot answers nothing
 // until the servicer ends the session; then it answers again.
 func TestQuietWhileHumanServes(t *testing.T) {

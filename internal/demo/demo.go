@@ -22,8 +22,10 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/media"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/service"
+	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -106,6 +108,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := warmUp(ctx, fake, sender, rec); err != nil {
 		return nil, err
 	}
+	photo, err := sendPhoto(ctx, fake, sender, rec)
+	if err != nil {
+		return nil, err
+	}
+	// The photo's reply is not the scenario's.
+	photoSent, _, _, _ := pl.replies.Counts()
+	photoAtWeChat := len(fake.Replies("", ""))
 
 	p := o.Scenario.build(o.Seed)
 	drv := &driver{plan: p, fake: fake, sender: sender, rec: rec}
@@ -154,6 +163,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep.GateTransitions = int(counterValue(pl.consumerBase.Registry, "kfpipe_outage_gate_transitions_total"))
 	rep.RepliesSent, rep.RepliesSkipped, rep.RepliesRefused, _ = pl.replies.Counts()
 	rep.RepliesAtWeChat, rep.ReplyMsgIDRepeats = len(fake.Replies("", "")), fake.DuplicateMsgIDs()
+	rep.RepliesSent -= photoSent
+	rep.RepliesAtWeChat -= photoAtWeChat
+	rep.Photo, rep.PhotoBytes = rec.photoSnapshot(), len(photo)
 	_, rep.Redelivered, rep.Callbacks, rep.CallbackErrors = drv.counts()
 	checkAdmin(ctx, rep)
 	rep.blocks(blockedUsers(ctx, rep))
@@ -442,6 +454,12 @@ func configure(o Options, be *backends, tmp, fakeURL string) (*configs, error) {
 	prod.WeCom.OpenKfIDs = accounts
 	prod.Sync.SafetyInterval = 5 * time.Second
 
+	// The photo's media store, shared by kf-producer's keeper and the
+	// handler's.
+	mediaDir := filepath.Join(tmp, "media")
+	prod.Media.Store, prod.Media.Dir = "dir", mediaDir
+	cons.Media.Store, cons.Media.Dir = "dir", mediaDir
+
 	cons.Handler.Type = "noop" // replaced by the recorder
 	cons.WeCom = prod.WeCom    // the recorder's replies go to the fake
 	cons.Dedup.Lease = 10 * time.Second
@@ -499,7 +517,13 @@ func startPipeline(ctx context.Context, c *configs, h *recorder) (*pipeline, err
 		if pl.replies, pl.closeReplies, err = reply.FromConfig(ctx, c.consumer, pl.consumerBase); err != nil {
 			return fail(fmt.Errorf("schedule-consumer: %w", err))
 		}
-		if pl.consumer, err = service.StartConsumer(ctx, c.consumer, pl.consumerBase, reply.Wrap(h, pl.replies)); err != nil {
+		keeper, err := media.FromConfig(ctx, c.consumer.Media, c.consumer.WeCom,
+			wecom.NewRedisTokenCache(pl.consumerBase.Redis, c.consumer.Redis.KeyPrefix), pl.consumerBase.Log, pl.consumerBase.Registry)
+		if err != nil {
+			return fail(fmt.Errorf("schedule-consumer: %w", err))
+		}
+		handler := media.Wrap(reply.Wrap(h, pl.replies), keeper)
+		if pl.consumer, err = service.StartConsumer(ctx, c.consumer, pl.consumerBase, handler); err != nil {
 			return fail(fmt.Errorf("schedule-consumer: %w", err))
 		}
 	}

@@ -101,6 +101,10 @@ func TestShortDemoEmbedded(t *testing.T) {
 		// handlers that failed after replying ran again without resending.
 		{"a reply per processed message", int(replies)+rep.RepliesRefused == int(processed)},
 		{"WeChat delivered each reply once", rep.RepliesAtWeChat == int(replies) && rep.ReplyMsgIDRepeats == 0},
+		// The photo went through kf-producer's media keeper to the media
+		// store and the handler answered about it from there.
+		{"the photo answered from the media store", rep.Photo.Answer != "" && rep.Photo.Bytes == rep.PhotoBytes &&
+			rep.Photo.ContentType == "image/png" && strings.Contains(out.String(), "photo:                  a customer's")},
 		{"duplicate replies prevented", prevented > 0 && int(prevented) == rep.AfterReplyFailures},
 	}
 	for _, c := range checks {

@@ -48,6 +48,10 @@ type recorder struct {
 	failing atomic.Bool
 	warm    chan struct{}
 	once    sync.Once
+	// photoDone is closed when the photo was handled (photo says how).
+	photoDone chan struct{}
+	photoOnce sync.Once
+	photo     photoSeen
 
 	mu       sync.Mutex
 	seqs     map[string][]string // user → msgids, first successful handling only
@@ -71,7 +75,7 @@ type recorder struct {
 }
 
 func newRecorder() *recorder {
-	return &recorder{warm: make(chan struct{}), seqs: map[string][]string{}, handled: map[string]int{},
+	return &recorder{warm: make(chan struct{}), photoDone: make(chan struct{}), seqs: map[string][]string{}, handled: map[string]int{},
 		latency: map[string]time.Duration{}, perSec: map[int64]int{}, replayed: map[string]bool{},
 		handledAt: map[string]time.Time{}, producedAt: map[string]time.Time{}, userOf: map[string]string{}}
 }
@@ -109,6 +113,9 @@ func (r *recorder) Handle(ctx context.Context, m *chatmsg.ChatMessage) error {
 	if m.ExternalUserID == warmupUser {
 		r.once.Do(func() { close(r.warm) })
 		return nil
+	}
+	if m.ExternalUserID == photoUser {
+		return r.handlePhoto(ctx, m)
 	}
 	if r.outage.Load() {
 		r.mu.Lock()

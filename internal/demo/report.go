@@ -43,6 +43,10 @@ type Report struct {
 	// repeated a msgid it had delivered (0: none reached WeChat twice).
 	RepliesSent, RepliesSkipped, RepliesRefused int
 	RepliesAtWeChat, ReplyMsgIDRepeats          int
+	// Photo is what the handler read of the customer's photo (PhotoBytes
+	// sent) from the media store and answered; not in the other figures.
+	Photo      photoSeen
+	PhotoBytes int
 	// AfterReplyFailures are handler calls failed on purpose after their
 	// reply (one message in crashEvery, once each).
 	AfterReplyFailures int
@@ -580,6 +584,12 @@ func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(&b, "deduplicated:           %d records recognised as already done (I3); double effects: %d\n", r.Duplicates, r.DoubleEffects)
 	fmt.Fprintf(&b, "replies:                %d sent to WeChat (it delivered %d; %d sends repeated a delivered msgid); %d duplicates prevented (the handler failed after replying %d times and ran again); %d refused by WeChat's 5-in-48h rule\n",
 		r.RepliesSent, r.RepliesAtWeChat, r.ReplyMsgIDRepeats, r.RepliesSkipped, r.AfterReplyFailures, r.RepliesRefused)
+	if r.Photo.Answer != "" {
+		fmt.Fprintf(&b, "photo:                  a customer's %d-byte %s, kept in the media store before the handler ran, answered: %q\n",
+			r.Photo.Bytes, r.Photo.ContentType, r.Photo.Answer)
+	} else {
+		fmt.Fprintf(&b, "photo:                  the customer's %d-byte image was NOT answered: %s\n", r.PhotoBytes, r.Photo.Err)
+	}
 	fmt.Fprintf(&b, "dead-lettered:          %d messages, records by reason:", r.DLQ)
 	reasons := make([]string, 0, len(r.DLQRecords))
 	for k := range r.DLQRecords {

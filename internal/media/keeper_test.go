@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -238,5 +239,34 @@ func TestKeyRefusesPathParts(t *testing.T) {
 		if _, err := r.Key(); err == nil {
 			t.Errorf("Key(%+v) accepted", r)
 		}
+	}
+}
+
+// TestKeepLargeInRanges: a 21 MB video is downloaded in WeChat's 20 MB
+// ranges, a transfer broken off mid-range resumed where it stopped, and
+// the store holds every byte.
+func TestKeepLargeInRanges(t *testing.T) {
+	r := newRig(t, nil, KeeperConfig{MaxBytes: 64 << 20})
+	video := bytes.Repeat([]byte("0123456789abcdef"), (21<<20)/16)
+	_, mediaID := r.fake.AddMedia(kfID, "wmUSER1", "video", "", "video/mp4", video)
+	r.fake.CutNextMediaBodies(3 << 20)
+	ref, _ := r.k.RefOf(r.message(t))
+	info, err := r.k.Keep(context.Background(), "producer", ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Size != int64(len(video)) {
+		t.Fatalf("kept %d bytes, want %d", info.Size, len(video))
+	}
+	rc, _, err := r.k.Open(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, rc); !bytes.Equal(got, video) {
+		t.Fatalf("the store holds %d bytes, not the video's %d", len(got), len(video))
+	}
+	want := []string{"bytes=0-20971519", "bytes=3145728-24117247"}
+	if got := r.fake.MediaRanges(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("media/get ranges %q, want %q (media_id %s)", got, want, mediaID)
 	}
 }

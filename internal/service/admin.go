@@ -509,9 +509,13 @@ func (p pipelineView) Accounts(ctx context.Context) ([]admin.AccountSync, error)
 	if err != nil {
 		return nil, err
 	}
+	days, err := readStats(ctx, p.rdb, p.prefix)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]admin.AccountSync, len(st))
 	for i, s := range st {
-		a := admin.AccountSync{OpenKfID: s.OpenKfID, Reported: s.Reported}
+		a := admin.AccountSync{OpenKfID: s.OpenKfID, Reported: s.Reported, Days: days[s.OpenKfID]}
 		if !s.LastSuccess.IsZero() {
 			a.LastSuccess = &s.LastSuccess
 		}

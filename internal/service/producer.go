@@ -72,6 +72,9 @@ func StartProducer(ctx context.Context, cfg *config.Producer, base *daemon.Base)
 	if err != nil {
 		return fail(err)
 	}
+	if err := p.startStats(rctx, cfg, base); err != nil {
+		return fail(err)
+	}
 	if err := p.startCallback(cfg, base, accounts); err != nil {
 		return fail(err)
 	}

@@ -22,9 +22,13 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Skip("browser test skipped in -short mode")
 	}
 	at := func(d time.Duration) *time.Time { v := t0.Add(d); return &v }
+	var week []AccountDay // the statistics kf-producer collected: 7 days
+	for i := range 7 {
+		week = append(week, AccountDay{Day: t0.AddDate(0, 0, i-6), Sessions: i, Customers: i, CustomerMessages: 10 * i, HandedOn: 1})
+	}
 	f := newFixtureWith(t, &memPipeline{
 		accounts: []AccountSync{
-			{OpenKfID: "wk-sales", LastSuccess: at(-3 * time.Second), Reported: t0},
+			{OpenKfID: "wk-sales", LastSuccess: at(-3 * time.Second), Reported: t0, Days: week},
 			{OpenKfID: "wk-support", LastSuccess: at(-50 * time.Hour), OldestWaiting: at(-50 * time.Hour), Reported: t0},
 		},
 		lag: []PartitionLag{{Partition: 0, End: 120, Committed: 100, Lag: 20}, {Partition: 1, End: 80, Committed: 80}},
@@ -44,6 +48,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	poll("overview accounts", `document.querySelector('#accounts tr[data-kf="wk-support"] td:nth-child(2)')?.textContent === "critical"
 		&& document.querySelector('#accounts tr[data-kf="wk-support"] td:nth-child(5)')?.textContent === "22.0 h"
 		&& document.querySelector('#accounts tr[data-kf="wk-sales"] td:nth-child(2)')?.textContent === "ok"`)
+	// Each account's last 7 days: customer messages per day, and the
+	// sums of messages, customers and sessions.
+	poll("overview statistics", `document.querySelector('#accounts tr[data-kf="wk-sales"] td:nth-child(6)')?.textContent === "0 · 10 · 20 · 30 · 40 · 50 · 60 (210 / 21 / 21)"
+		&& document.querySelector('#accounts tr[data-kf="wk-support"] td:nth-child(6)')?.textContent === "not collected yet"`)
 	poll("overview lag", `document.querySelector('#ov-lag').textContent === "20" && document.querySelectorAll('#partitions tbody tr').length === 2`)
 	poll("overview inflow", `document.querySelector('#ov-inflow').textContent === "3"
 		&& document.querySelectorAll('#inflow-chart svg rect').length === 3

@@ -148,6 +148,22 @@ type AccountSync struct {
 	OldestWaiting *time.Time `json:"oldest_waiting,omitempty"`
 	// Reported is when kf-producer wrote this status.
 	Reported time.Time `json:"reported"`
+	// Days are the account's statistics of the last 7 days, oldest
+	// first, as kf-producer last collected them (get_corp_statistic);
+	// absent before its first collection.
+	Days []AccountDay `json:"days,omitempty"`
+}
+
+// AccountDay is one day of an account's statistics.
+type AccountDay struct {
+	// Day is the day's start, midnight UTC+8 as WeChat counts.
+	Day time.Time `json:"day"`
+	// Sessions served, Customers served, CustomerMessages customers
+	// sent, HandedOn customers handed to a servicer or another service.
+	Sessions         int `json:"sessions"`
+	Customers        int `json:"customers"`
+	CustomerMessages int `json:"customer_messages"`
+	HandedOn         int `json:"handed_on"`
 }
 
 // PartitionLag is one main-topic partition as the schedule-consumers'

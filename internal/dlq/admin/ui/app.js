@@ -222,11 +222,18 @@ async function loadOverview() {
     cell(tr, a.last_success ? ago(a.last_success, now) : "none since start");
     cell(tr, a.oldest_waiting ? ago(a.oldest_waiting, now) : "nothing waits");
     cell(tr, a.horizon_left_seconds == null ? "" : duration(a.horizon_left_seconds));
+    const days = a.days || [];
+    const sum = (k) => days.reduce((n, d) => n + d[k], 0);
+    const stats = cell(tr, days.length
+      ? `${days.map((d) => d.customer_messages).join(" · ")} (${sum("customer_messages")} / ${sum("customers")} / ${sum("sessions")})`
+      : "not collected yet");
+    stats.className = "stats";
+    stats.title = days.map((d) => `${d.day.slice(0, 10)}: ${d.customer_messages} messages, ${d.customers} customers, ${d.sessions} sessions, ${d.handed_on} handed on`).join("\n");
     ab.appendChild(tr);
   });
   if (!o.accounts.length && !o.accounts_error) {
     const tr = document.createElement("tr");
-    cell(tr, "no account has reported yet (kf-producer publishes every 10 s)").colSpan = 5;
+    cell(tr, "no account has reported yet (kf-producer publishes every 10 s)").colSpan = 6;
     ab.appendChild(tr);
   }
 
