@@ -101,7 +101,7 @@ func (l *memLease) Release(context.Context) error { return nil }
 
 // unitConsumer is a Consumer without Kafka for exercising process; with a
 // State its partition holds a lease in it.
-func unitConsumer(h Handler, dlq DeadLetters, st State) (*Consumer, *partition) {
+func unitConsumer(t testing.TB, h Handler, dlq DeadLetters, st State) (*Consumer, *partition) {
 	c := &Consumer{handler: h, dlq: dlq, state: st, log: zap.NewNop(), clock: realClock{}, m: newMetrics(nil),
 		kick: make(chan struct{}, 1)}
 	c.cfg.Processor = config.Processor{RetryAttempts: 3, RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond,
@@ -110,6 +110,12 @@ func unitConsumer(h Handler, dlq DeadLetters, st State) (*Consumer, *partition) 
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
 	p := &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0)}
 	c.startLease(p)
+	if p.lease != nil {
+		t.Cleanup(func() {
+			c.cancelRun()
+			<-p.lease.done
+		})
+	}
 	return c, p
 }
 
@@ -155,7 +161,7 @@ func TestProcessOutcomes(t *testing.T) {
 			})
 			dlq := &memDLQ{}
 			dd := newMemState()
-			c, p := unitConsumer(h, dlq, dd)
+			c, p := unitConsumer(t, h, dlq, dd)
 			p.tracker.Add(7)
 			br := &fakeBreaker{}
 			done, _ := br.Allow("u")
@@ -194,7 +200,7 @@ func TestProcessDuplicate(t *testing.T) {
 	var calls atomic.Int64
 	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { calls.Add(1); return nil })
 	msg := chat("u", 1)
-	c, p := unitConsumer(h, &memDLQ{}, newMemState(msg.DedupKey()))
+	c, p := unitConsumer(t, h, &memDLQ{}, newMemState(msg.DedupKey()))
 	p.tracker.Add(0)
 	c.process(&envelope{km: &kafka.Message{}, msg: msg, part: p})
 	if calls.Load() != 0 {
@@ -261,7 +267,7 @@ func TestLeaseLostStopsHandlerAndSettlesMessage(t *testing.T) {
 		st.loseLease()
 	}()
 	dlq := &memDLQ{}
-	c, p := unitConsumer(h, dlq, st)
+	c, p := unitConsumer(t, h, dlq, st)
 	c.cfg.Processor.AttemptTimeout = 30 * time.Second
 	p.tracker.Add(0)
 	start := time.Now()
@@ -292,7 +298,7 @@ func TestHandlerGetsFencingToken(t *testing.T) {
 		got, ok = FencingToken(ctx)
 		return nil
 	})
-	c, p := unitConsumer(h, &memDLQ{}, st)
+	c, p := unitConsumer(t, h, &memDLQ{}, st)
 	p.tracker.Add(0)
 	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
 	if !ok || got != 1 {
@@ -317,7 +323,7 @@ func TestRetryStopsWhenPartitionDropped(t *testing.T) {
 		p.dropped.Store(true) // revoked while the attempt ran
 		return errors.New("downstream down")
 	})
-	c, part := unitConsumer(h, dlq, newMemState())
+	c, part := unitConsumer(t, h, dlq, newMemState())
 	p = part
 	p.tracker.Add(3)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 3}}, msg: chat("u", 1), part: p}
@@ -348,7 +354,7 @@ func TestRetriesLoggedAndCounted(t *testing.T) {
 		}
 		return nil
 	})
-	c, p := unitConsumer(h, &memDLQ{}, newMemState())
+	c, p := unitConsumer(t, h, &memDLQ{}, newMemState())
 	core, logs := observer.New(zapcore.DebugLevel)
 	c.log = zap.New(core)
 	p.tracker.Add(1)
@@ -428,7 +434,7 @@ func (d *failingDLQ) Send(_ *DeadLetter, done func(error)) {
 // pending retry (no timer left behind, no attempt after it).
 func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
 	dlq := &failingDLQ{}
-	c, p := unitConsumer(NoopHandler, dlq, nil)
+	c, p := unitConsumer(t, NoopHandler, dlq, nil)
 	c.cfg.Processor.RetryBase, c.cfg.Processor.RetryMax = 5*time.Millisecond, 20*time.Millisecond
 	p.tracker.Add(0)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, part: p}
@@ -463,7 +469,7 @@ func TestSuccessFinishesBeforeItsDoneMark(t *testing.T) {
 	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { calls.Add(1); return nil })
 	st := newMemState()
 	st.hold = true
-	c, p := unitConsumer(h, &memDLQ{}, st)
+	c, p := unitConsumer(t, h, &memDLQ{}, st)
 	p.tracker.Add(0)
 	p.tracker.Add(1)
 	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
