@@ -202,12 +202,14 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 		t.Errorf("answered customer's timeline: %+v", tl)
 	}
 
+	// The letter is retried, and done once the DLQ's settling (every
+	// 10 s) finds its message's mark: either is the recovered story.
 	tl = wait("tl-flaky", "dead-lettered then answered", func(tl admin.Timeline) bool {
 		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == admin.OutcomeAnswered && len(tl.Messages[0].Letters) > 0
 	})
 	m = tl.Messages[0]
 	if m.UpstreamMsgID != flaky || len(m.Received) != 2 || !m.Received[1].RetryFromDLQ || m.Attempts != 2 ||
-		m.Letters[0].Reason != "downstream_error" || m.Letters[0].State != "retried" ||
+		m.Letters[0].Reason != "downstream_error" || (m.Letters[0].State != "retried" && m.Letters[0].State != "done") ||
 		!strings.Contains(m.Story, "dead letter") || !strings.Contains(m.Story, "re-delivered 1 time(s)") {
 		t.Errorf("recovered customer's timeline: %+v", m)
 	}
@@ -350,7 +352,7 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 		&& r[0].dataset.outcome === "answered" && r[0].querySelector('td:nth-child(7)').textContent === "1 sent"; })()`, rows, answered))
 	search("tl-flaky")
 	poll("recovered customer in the console", fmt.Sprintf(`(() => { const r = %s; return r.length === 1 && r[0].dataset.msgid === %q
-		&& r[0].dataset.outcome === "answered" && r[0].querySelector('.letter-btn')?.textContent === "downstream_error: retried"
+		&& r[0].dataset.outcome === "answered" && /^downstream_error: (retried|done)$/.test(r[0].querySelector('.letter-btn')?.textContent ?? "")
 		&& r[0].querySelector('.story').textContent.includes("re-delivered 1 time(s) from the DLQ"); })()`, rows, flaky))
 	shot, err := chromedp.Run(bctx, chromedp.Screenshot(chromedp.CSS("#customer-card")))
 	if err != nil || !strings.HasPrefix(string(shot), "\x89PNG") {
