@@ -3,6 +3,7 @@ package once
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 
@@ -102,13 +103,9 @@ func DoneUsers(ctx context.Context, rdb redis.UniversalClient, prefix string, qs
 // Digest is the 64-bit digest under which the leases store recorded a
 // message's idempotency key (FNV-1a), read while its keys live.
 func Digest(key string) int64 {
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
-	for i := 0; i < len(key); i++ {
-		h ^= uint64(key[i])
-		h *= prime
-	}
-	return int64(h)
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	return int64(h.Sum64())
 }
 
 // dayOf is the leases store's day bucket of a send time (unix seconds; 0:
