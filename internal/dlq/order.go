@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
@@ -19,17 +20,18 @@ const maxUserLetters = 1000
 // one load per 500 letters.
 func (x *Index) dueOfUsers(ctx context.Context, users []string) (map[string][]*Entry, error) {
 	pipe := x.rdb.Pipeline()
-	for _, u := range users {
-		pipe.ZRange(ctx, x.key("user", u), 0, maxUserLetters-1)
+	cmds := make([]*redis.StringSliceCmd, len(users))
+	for i, u := range users {
+		cmds[i] = pipe.ZRange(ctx, x.key("user", u), 0, maxUserLetters-1)
 	}
-	cmds, err := pipe.Exec(ctx)
-	if err != nil {
+	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
 	var ids []string
 	for _, c := range cmds {
-		if sc, ok := c.(interface{ Val() []string }); ok {
-			ids = append(ids, sc.Val()...)
+		// A user with one letter has no order to keep.
+		if len(c.Val()) > 1 {
+			ids = append(ids, c.Val()...)
 		}
 	}
 	out := make(map[string][]*Entry, len(users))
@@ -47,22 +49,18 @@ func (x *Index) dueOfUsers(ctx context.Context, users []string) (map[string][]*E
 	return out, nil
 }
 
-// userOrder is a letter's place in its user's order: a user's messages
-// are handled one after another, so their first failures come in the
-// order the user sent them (a later failure of a retried letter keeps its
-// first failure time; its source coordinates are those of the retry).
-// Letters that first failed in the same millisecond keep the source
-// order the scan sorted them in.
-type userOrder struct{ first time.Time }
-
-func orderOf(e *Entry) userOrder {
+// firstFailure is a letter's place in its user's order: a user's
+// messages are handled one after another, so their first failures come in
+// the order the user sent them (a later failure of a retried letter keeps
+// its first failure time; its source coordinates are those of the retry).
+// Letters that first failed in the same millisecond keep the source order
+// the scan sorted them in.
+func firstFailure(e *Entry) time.Time {
 	if e.FirstFailure != nil {
-		return userOrder{*e.FirstFailure}
+		return *e.FirstFailure
 	}
-	return userOrder{e.FailureTime}
+	return e.FailureTime
 }
-
-func (a userOrder) compare(b userOrder) int { return a.first.Compare(b.first) }
 
 // inUserOrder keeps each user's recoveries in the order the user sent the
 // messages. Letters fall due at different times (a letter that failed
@@ -91,15 +89,15 @@ func (s *Scheduler) inUserOrder(ctx context.Context, items []claimed) ([]claimed
 		s.log.Warn("reading users' letters failed; re-injecting in due-time order", zap.Error(err))
 		return items, nil
 	}
-	order := map[string]userOrder{}
+	order := map[string]time.Time{}
 	gate := map[string]*Entry{} // user → their oldest letter waiting, not in this scan
 	for u, es := range dues {
 		for _, e := range es {
-			order[e.ID] = orderOf(e)
+			order[e.ID] = firstFailure(e)
 			if claimedIDs[e.ID] {
 				continue
 			}
-			if g := gate[u]; g == nil || orderOf(e).compare(orderOf(g)) < 0 {
+			if g := gate[u]; g == nil || firstFailure(e).Before(firstFailure(g)) {
 				gate[u] = e
 			}
 		}
@@ -110,7 +108,7 @@ func (s *Scheduler) inUserOrder(ctx context.Context, items []claimed) ([]claimed
 	for _, c := range items {
 		o, known := order[c.id]
 		g := gate[c.dl.UserID]
-		if known && g != nil && orderOf(g).compare(o) < 0 {
+		if known && g != nil && firstFailure(g).Before(o) {
 			held[c.dl.UserID]++
 			s.m.heldForOrder.Inc()
 			at := g.NextRetryTime.Add(time.Duration(held[c.dl.UserID]) * time.Millisecond)
@@ -141,7 +139,7 @@ func (s *Scheduler) inUserOrder(ctx context.Context, items []claimed) ([]claimed
 			if !okA || !okB {
 				return 0
 			}
-			return oa.compare(ob)
+			return oa.Compare(ob)
 		})
 		for j, i := range pos {
 			kept[i] = cs[j]
