@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
@@ -63,11 +66,9 @@ func TestHandoffBotEndToEnd(t *testing.T) {
 		produced = len(msgs)
 		testenv.Produce(t, brokers, mainTopic, recs)
 	}
-	// seen: the message's dedup key exists (claimed or done); a message
-	// with no visible effect is then given a moment to finish.
+	// seen: the message is marked done in the state store.
 	seen := func(msgid string) bool {
-		n, _ := rdb.Exists(ctx, prefix+"dedup:"+(&chatmsg.ChatMessage{OpenKfID: kfID, UpstreamMsgID: msgid}).DedupKey()).Result()
-		return n == 1
+		return markedDone(ctx, rdb, prefix, (&chatmsg.ChatMessage{OpenKfID: kfID, UpstreamMsgID: msgid}).DedupKey())
 	}
 
 	cmd := exec.Command(bin, "--config", filepath.Join(testenv.RepoRoot(t), "config", "test.yaml"))
@@ -140,4 +141,20 @@ func TestHandoffBotEndToEnd(t *testing.T) {
 	if letters := testenv.ReadTopic(t, brokers, dlqTopic); len(letters) != 0 {
 		t.Fatalf("%d dead letters, want none", len(letters))
 	}
+}
+
+// markedDone reports whether the state store under prefix holds key's done
+// mark, in any partition's buckets.
+func markedDone(ctx context.Context, rdb redis.UniversalClient, prefix, key string) bool {
+	buckets, err := rdb.Keys(ctx, prefix+"st:{*}:d:*").Result()
+	if err != nil {
+		return false
+	}
+	d := state.Digest(key)
+	for _, k := range buckets {
+		if rdb.SIsMember(ctx, k, d).Val() {
+			return true
+		}
+	}
+	return false
 }

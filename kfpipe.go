@@ -31,7 +31,6 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/consumer"
-	"github.com/kfpipe/kfpipe/internal/once"
 )
 
 // Message is one customer-service message or event, as kf-producer read it
@@ -75,14 +74,14 @@ func (m *Message) Age() time.Duration { return time.Since(m.SendTime) }
 // downstream system that stores it with an effect can drop a repeat.
 func (m *Message) IdempotencyKey() string { return m.OpenKfID + ":" + m.UpstreamMsgID }
 
-// FencingToken returns the token of the lease the handler runs under, with
-// dedup.store: leases (ok false otherwise). Each new owner of a customer —
-// another consumer after a crash or a rebalance — holds a larger token, so
-// a downstream system that keeps the largest token it accepted per
-// customer and refuses smaller ones cannot take an effect from an owner
-// that lost the customer while it was paused. The HTTP handler sends it as
-// Kfpipe-Fencing-Token.
-func FencingToken(ctx context.Context) (token int64, ok bool) { return once.FencingTokenFrom(ctx) }
+// FencingToken returns the token of the partition lease the handler runs
+// under (ok false outside a handler). Each new owner of a customer's
+// partition — another consumer after a crash or a rebalance — holds a
+// larger token, so a downstream system that keeps the largest token it
+// accepted per customer and refuses smaller ones cannot take an effect
+// from an owner that lost the partition while it was paused. The HTTP
+// handler sends it as Kfpipe-Fencing-Token.
+func FencingToken(ctx context.Context) (token int64, ok bool) { return consumer.FencingToken(ctx) }
 
 // Text returns a text message's content (ok false for other types). A tap
 // on a menu item comes back as a text message too; MenuID gives its item.

@@ -78,18 +78,14 @@ func Peer(e *Env, o PeerOptions) ([]Result, error) {
 		Extra: merged(common, map[string]any{"from_start_msgs_per_sec": round(pc.FromStart, 0),
 			"what": "Confluent Parallel Consumer 0.5.3.2, KEY ordering, no-op function, periodic async commits"})}}
 	for _, v := range []struct {
-		name  string
-		bare  bool
-		store string // dedup.store of the full pipeline
-		goal  float64
-	}{{"peer_kfpipe_bare", true, "", 2}, {"peer_kfpipe_pipeline", false, "claims", 1}, {"peer_kfpipe_pipeline_leases", false, "leases", 1}} {
+		name string
+		bare bool
+		goal float64
+	}{{"peer_kfpipe_bare", true, 2}, {"peer_kfpipe_pipeline", false, 1}} {
 		// Each in its own group (the phase's name): a group that had read
 		// the topic would start at its end.
 		ph, err := e.pipelinePhase(strings.ReplaceAll(v.name, "_", "-"), topic, ConsumerOptions{Msgs: o.Msgs, Users: o.Users,
 			Partitions: o.Partitions, Bare: v.bare, Mutate: func(c *config.Consumer) {
-				if v.store != "" {
-					c.Dedup.Store = v.store
-				}
 			}})
 		if err != nil {
 			return nil, err

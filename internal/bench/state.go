@@ -271,13 +271,13 @@ func (e *Env) stateOld(wl string, msgs []*chatmsg.ChatMessage, users int, o Stat
 		lease = conversationLease
 	}
 	var out []Result
-	for _, store := range []string{"claims", "leases"} {
+	for _, store := range []string{"state"} {
 		before, err := e.redisStats()
 		if err != nil {
 			return out, err
 		}
 		ph, err := e.pipelinePhase("state-"+wl+"-"+store, topic, ConsumerOptions{Msgs: len(msgs), Users: users, Partitions: o.Partitions,
-			Limit: 12 * time.Minute, Mutate: func(c *config.Consumer) { c.Dedup.Store = store; c.Dedup.Lease = lease }})
+			Limit: 12 * time.Minute, Mutate: func(c *config.Consumer) { c.Dedup.Lease = lease }})
 		if err != nil {
 			out = append(out, Result{Scenario: "state_" + wl + "_" + store, Msgs: len(msgs), Goal: stateGoal,
 				Extra: map[string]any{"workload": wl, "error": err.Error()}})

@@ -96,15 +96,13 @@ type Dedup struct {
 	// every quarter lease and stops its handler after two thirds without a
 	// successful renewal.
 	Lease time.Duration `mapstructure:"lease"`
-	// Store is how the keys are kept: claims (a claim and a done marker
-	// per message, ~214 B of Redis per message for the TTL) or leases (a
-	// lease per active user and the user's handled messages as 8-byte
-	// digests in one set per day; docs/architecture.md).
+	// Store is no longer a setting (one per-partition store); it is read
+	// only to refuse a configuration that still sets it.
 	Store string `mapstructure:"store"`
-	// Legacy, with store leases, also reads (read) or reads and writes
-	// (read_write) the per-message keys of store claims: for the switch
-	// from claims to leases without a window of repeated effects
-	// (docs/operations.md).
+	// Legacy: read (the default) also looks a message up among the marks
+	// of the old dedup stores (claims and leases), off does not. Keep it
+	// read for one dedup.ttl after switching from either
+	// (docs/operations.md, "Switching to the per-partition store").
 	Legacy string `mapstructure:"legacy"`
 }
 
@@ -239,7 +237,7 @@ func defaultConsumer(env string) Consumer {
 			DeadLetterQueue:       1024,
 			StandbyAfterRedisLost: DefaultStandbyAfterRedisLost},
 		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
-		Dedup:     Dedup{TTL: DefaultRecoveryTTL, Lease: DefaultDedupLease, Store: "claims", Legacy: "off"},
+		Dedup:     Dedup{TTL: DefaultRecoveryTTL, Lease: DefaultDedupLease, Legacy: "read"},
 		RateLimit: DefaultRateLimit(),
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
 		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
@@ -298,11 +296,11 @@ func (c *Consumer) Validate() error {
 	// Stricter than the once client's own minimum (short leases are for
 	// its tests): a claim renewed every lease/4 must survive a GC pause.
 	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, once.MaxLease)
-	v.oneOf("dedup.store", c.Dedup.Store, "claims", "leases")
-	v.oneOf("dedup.legacy", c.Dedup.Legacy, "off", "read", "read_write")
-	if c.Dedup.Legacy != "off" && c.Dedup.Store != "leases" {
-		v.addf("dedup.legacy", "is %s, which applies to dedup.store: leases only (store is %s)", c.Dedup.Legacy, c.Dedup.Store)
+	if c.Dedup.Store != "" {
+		v.addf("dedup.store", "is set (%q), but there is one consumer-state store now (per partition) and no choice: delete the key; "+
+			"a deployment of the claims or leases store switches as docs/operations.md says (\"Switching to the per-partition store\")", c.Dedup.Store)
 	}
+	v.oneOf("dedup.legacy", c.Dedup.Legacy, "off", "read")
 	c.RateLimit.validate(v, c.Coord.Enabled)
 	b := c.Breaker
 	v.atLeast("breaker.failure_threshold", b.FailureThreshold, 1)

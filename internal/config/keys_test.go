@@ -151,7 +151,7 @@ var outOfRange = map[string]struct {
 	"outage.probe_interval":              {bad: "1h", readBy: rC},
 	"dedup.lease":                        {bad: "10ms", readBy: rC},
 	"dedup.ttl":                          {bad: "1h", readBy: rC},
-	"dedup.store":                        {bad: "memcached", readBy: rC},
+	"dedup.store":                        {bad: "claims", readBy: rC},
 	"dedup.legacy":                       {bad: "write", readBy: rC},
 	"breaker.failure_threshold":          {bad: 0, readBy: rC},
 	"breaker.half_open_max":              {bad: 0, readBy: rC},

@@ -32,11 +32,9 @@ type envelope struct {
 	// breaker is configured.
 	breakerDone func(success bool)
 	// prepared: the actor has handed the envelope to registry.prepare
-	// (written under the actor's lock). ticket is the dedup claim taken
-	// ahead for it, if any; the actor's goroutine owns both after that.
+	// (written under the actor's lock).
 	prepared bool
-	ticket   Ticket
-	// guard stops the handler when the ticket's claim is lost (part of
+	// guard stops the handler when the partition's lease is lost (part of
 	// the envelope to save an allocation per message).
 	guard claimGuard
 }

@@ -72,9 +72,10 @@ func WithRegisterer(r prometheus.Registerer) Option { return func(c *Consumer) {
 // WithClock sets the time source (default: the system clock).
 func WithClock(clk Clock) Option { return func(c *Consumer) { c.clock = clk } }
 
-// WithDeduper sets the idempotency guard (I3). Without one every message is
-// handled, so redeliveries after a crash repeat effects.
-func WithDeduper(d Deduper) Option { return func(c *Consumer) { c.dedup = d } }
+// WithState sets the consumer-state store (I3): partition leases and done
+// marks. Without one every message is handled, so redeliveries after a
+// crash repeat effects.
+func WithState(s State) Option { return func(c *Consumer) { c.state = s } }
 
 // WithLimiter sets the per-user rate limiter (default: none).
 func WithLimiter(l Limiter) Option { return func(c *Consumer) { c.limiter = l } }
@@ -123,6 +124,8 @@ type partition struct {
 	// remaining messages, which the next owner reads again.
 	dropped atomic.Bool
 	label   string
+	// lease is the partition's hold in the State (nil without one).
+	lease *partLease
 }
 
 type tpKey struct {
@@ -133,15 +136,13 @@ type tpKey struct {
 // Consumer reads the main topic in a consumer group and drives the
 // per-user actors. Start begins consuming; Close stops gracefully.
 type Consumer struct {
-	cfg       config.Consumer
-	topic     string
-	group     string
-	handler   Handler
-	dlq       DeadLetters
-	dedup     Deduper
-	ahead     AheadDeduper // dedup, when it claims ahead and processor.claim_ahead > 0
-	userDedup UserDeduper  // dedup, when it keeps its state per user
-	limiter   Limiter
+	cfg     config.Consumer
+	topic   string
+	group   string
+	handler Handler
+	dlq     DeadLetters
+	state   State
+	limiter Limiter
 	// prefetch is limiter when it implements Prefetcher, else nil.
 	prefetch Prefetcher
 	breaker  Breaker
@@ -240,16 +241,6 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
 		func(d int) { c.m.active.Add(float64(d)) })
 	c.acts.onIdle = c.forget
-	if ad, ok := c.dedup.(AheadDeduper); ok && cfg.Processor.ClaimAhead > 0 {
-		c.ahead = ad
-		c.acts.prepare, c.acts.ahead = c.prepare, cfg.Processor.ClaimAhead
-	}
-	if ud, ok := c.dedup.(UserDeduper); ok {
-		// Every message goes through the user's lease, claimed ahead or
-		// one at a time.
-		c.userDedup, c.ahead = ud, ud
-		c.acts.prepare, c.acts.ahead = c.prepare, max(cfg.Processor.ClaimAhead, 1)
-	}
 	kc, err := kafka.NewConsumer(kafkaclient.Consumer(cfg.Kafka, c.group))
 	if err != nil {
 		c.cancelRun()
@@ -818,6 +809,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 				p.base, p.prior = pr.base, pr.finished
 			}
 			c.startDeadQueue(p)
+			c.startLease(p)
 			c.parts[k] = p
 		}
 		c.m.assigned.Set(float64(len(c.parts)))
@@ -852,11 +844,9 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 				c.log.Warn("commit on revoke", zap.Error(err))
 			}
 		}
-		if c.userDedup != nil {
-			// The revoked partitions' users are someone else's now: give
-			// their leases back instead of holding the new owner up.
-			c.userDedup.ReleaseIdle()
-		}
+		// After the last commit: the next owner, waiting for the leases,
+		// starts where this one ended.
+		c.releaseLeases(ps)
 		// A paused partition must be resumed before it goes: librdkafka
 		// keeps the application's pause across an unassign and a later
 		// assign of the same partition, which would then never be fetched

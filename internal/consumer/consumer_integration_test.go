@@ -52,7 +52,7 @@ func TestRoundTrip(t *testing.T) {
 	cfg := testConfig(t, topic)
 	reg := prometheus.NewRegistry()
 	dlq := &memDLQ{}
-	c := startConsumer(t, cfg, h, dlq, WithDeduper(&redisDeduper{rdb: rdb, prefix: prefix, lease: 30 * time.Second}),
+	c := startConsumer(t, cfg, h, dlq, WithState(&redisState{rdb: rdb, prefix: prefix, lease: 30 * time.Second}),
 		WithRegisterer(reg))
 	waitFor(t, 60*time.Second, func() bool {
 		mu.Lock()

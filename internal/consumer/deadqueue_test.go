@@ -89,7 +89,7 @@ func (d *stallingDLQ) sent(partition int32) (letters, maxSends int) {
 // cleanup (after dlq's release, so no sender is left blocked).
 func queuedConsumer(t *testing.T, dlq *stallingDLQ) (*Consumer, [2]*partition) {
 	t.Helper()
-	c, _ := unitConsumer(NoopHandler, dlq, nil)
+	c, _ := unitConsumer(t, NoopHandler, dlq, nil)
 	c.cfg.Processor.DeadLetterQueue = 1024
 	var ps [2]*partition
 	for i := range ps {
@@ -430,7 +430,7 @@ func (instantDLQ) Send(_ *DeadLetter, done func(error)) { done(nil) }
 func BenchmarkDeadLetter(b *testing.B) {
 	for _, queued := range []bool{false, true} {
 		b.Run(map[bool]string{false: "direct", true: "queued"}[queued], func(b *testing.B) {
-			c, _ := unitConsumer(NoopHandler, instantDLQ{}, nil)
+			c, _ := unitConsumer(b, NoopHandler, instantDLQ{}, nil)
 			c.cfg.Kafka.Consumer.CommitEveryN = 1 << 30
 			p := &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0), label: "0"}
 			if queued {

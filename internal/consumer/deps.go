@@ -23,61 +23,57 @@ const (
 	ReasonProcessTimeout  = string(deadletter.ProcessTimeout)
 )
 
-// Deduper runs f at most once per key (I3): claim the key, run f, mark the
-// key done for ttl; when f fails the key is released so that a later retry
-// (from the DLQ) can run it. A key already done returns duplicate=true
-// without calling f. A key claimed by someone else is waited on, never
-// treated as done. Errors other than f's own mean the dedup store failed.
-type Deduper interface {
-	Do(ctx context.Context, key string, ttl time.Duration, f func(context.Context) error) (duplicate bool, err error)
+// State is the consumer's state store (I3): one lease per partition, taken
+// when the partition is assigned and given back when it is revoked, and
+// the done marks of the partition's messages. There is one implementation
+// (package state, adapted in package service); tests use their own.
+type State interface {
+	// Acquire takes the partition's lease, waiting (bounded by ctx) while
+	// a previous owner holds it and has neither given it back nor let it
+	// expire.
+	Acquire(ctx context.Context, topic string, partition int32) (Lease, error)
 }
 
-// Ticket is a dedup key claimed ahead by an AheadDeduper; opaque to the
-// consumer.
-type Ticket any
-
-// AheadDeduper is a Deduper that can claim the keys of a user's queued
-// messages together before their turn, and confirm a key done without
-// holding up the user's next message. The actor claims its mailbox's next
-// keys in one round trip and, per message, waits for nothing in Redis in the
-// common case (the claim is already held, the done mark is sent on). The
-// protocol per key is Deduper's: only the claims are taken earlier.
-type AheadDeduper interface {
-	Deduper
-	// ClaimAhead claims keys for the DoTicket calls that follow, in order.
-	ClaimAhead(ctx context.Context, keys []string) []Ticket
-	// DoTicket is Do for a key claimed by ClaimAhead. When f succeeded
-	// (duplicate false, err nil) the done mark may still be on its way:
-	// marked is then called once, from any goroutine, with nil when the
-	// key is durably done, or an error when the mark was given up (the
-	// consumer is stopping). f gets ctx as it is: when the key's claim is
-	// lost while f runs (it expired, or another owner took the key), lost
-	// is called, at most once and from any goroutine, before DoTicket
-	// returns, and the caller makes f return. It may be called again for
-	// the same ticket after an error that is not f's.
-	DoTicket(ctx context.Context, t Ticket, ttl time.Duration, f func(context.Context) error, marked, lost func(error)) (duplicate bool, err error)
-	// Release gives back the claims of tickets that will not be run.
-	Release(ts []Ticket)
+// StateItem is one message as the state store knows it: its idempotency
+// key, WeChat's send_time (Unix seconds, the same in every copy) and the
+// external_userid.
+type StateItem struct {
+	Key      string
+	SendTime int64
+	User     string
 }
 
-// UserDeduper is an AheadDeduper that keeps its state per user — a lease
-// on the user and the user's done marks — instead of per message: it is
-// asked for one user's queued messages together. The consumer uses it for
-// every message (never Do), and gives back the users it has no work for
-// after a rebalance, so their new owner does not wait for a lease.
-type UserDeduper interface {
-	AheadDeduper
-	// ClaimUser takes (or keeps) user's lease and looks items up in the
-	// user's done marks; the tickets run in order with DoTicket.
-	ClaimUser(ctx context.Context, user string, items []DedupItem) []Ticket
-	// ReleaseIdle gives back the leases of users with no work in flight.
-	ReleaseIdle()
+// Lease is one owner's hold on a partition in the State, from Acquire to
+// Release or its loss.
+type Lease interface {
+	// Token is the fencing token: larger than every token handed out for
+	// the partition before (handlers read it with FencingToken).
+	Token() int64
+	// Lost is closed when the lease is lost (not renewed in time, or
+	// another owner took it).
+	Lost() <-chan struct{}
+	// Seen reports which items are done; it reads the store, never a
+	// copy.
+	Seen(ctx context.Context, items []StateItem) ([]bool, error)
+	// Mark records it as done (batched with the partition's other marks).
+	// done is called once, from any goroutine: recorded true when the
+	// mark is in the store — also when the lease has moved meanwhile: an
+	// effect that happened is a fact, whoever owns the partition now —
+	// and false when it was given up (the consumer stops, or Redis stayed
+	// unreachable past the store's retries).
+	Mark(it StateItem, offset int64, done func(recorded bool))
+	// Release sends the marks still queued, then gives the lease back so
+	// the next owner need not wait for its expiry.
+	Release(ctx context.Context) error
 }
 
-// DedupItem is one message for UserDeduper.ClaimUser.
-type DedupItem struct {
-	Key      string // the idempotency key (open_kfid:msgid)
-	SendTime int64  // WeChat's send_time (Unix seconds), the same in a re-pulled copy
+type fencingKey struct{}
+
+// FencingToken returns the token of the partition lease a handler runs
+// under (ok false outside a handler of the consumer).
+func FencingToken(ctx context.Context) (token int64, ok bool) {
+	token, ok = ctx.Value(fencingKey{}).(int64)
+	return token, ok
 }
 
 // Verdict is a Limiter's answer for one message.

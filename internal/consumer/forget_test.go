@@ -41,7 +41,7 @@ func TestIdleActorForgetsUserState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, p := unitConsumer(NoopHandler, &memDLQ{}, nil)
+	c, p := unitConsumer(t, NoopHandler, &memDLQ{}, nil)
 	c.limiter, c.breaker = rlLimiter{rl}, br
 	c.acts = newRegistry(4, 3*time.Second, nil, c.process, nil)
 	c.acts.onIdle = c.forget

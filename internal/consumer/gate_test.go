@@ -106,7 +106,7 @@ func TestOutageHoldsMessagesInsteadOfDeadLettering(t *testing.T) {
 				return nil
 			})
 			dlq := &memDLQ{}
-			c, _ := unitConsumer(h, dlq, nil)
+			c, _ := unitConsumer(t, h, dlq, nil)
 			cfg := testOutage()
 			if !withGate {
 				cfg.MinUsers = 0

@@ -17,7 +17,6 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/once"
 )
 
 // Handler is the business logic plugged into the consumer. Handle is called
@@ -172,9 +171,9 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", m.DedupKey())
-		if tok, ok := once.FencingTokenFrom(ctx); ok {
-			// dedup.store leases: the user's lease token, larger for every
-			// new owner of the user; a receiver can refuse a smaller one.
+		if tok, ok := FencingToken(ctx); ok {
+			// The partition lease's token, larger for every new owner of
+			// the partition; a receiver can refuse a smaller one.
 			req.Header.Set("Kfpipe-Fencing-Token", strconv.FormatInt(tok, 10))
 		}
 		req.Header.Set("Kfpipe-Protocol", ProtocolVersion)

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -133,49 +132,72 @@ func (d *memDLQ) all() []*DeadLetter {
 	return append([]*DeadLetter(nil), d.letters...)
 }
 
-// redisDeduper is the I3 protocol on real Redis: claim with SET NX PX
-// lease, run f, mark done with SET PX ttl; DEL on failure; a key another
-// worker is processing is waited on.
-type redisDeduper struct {
+// redisState is a State on real Redis, simpler than package state's: a
+// partition's lease is a key taken with SET NX PX (waited on while another
+// owner holds it) and never renewed (lease outlasts the test), a done mark
+// a key per message.
+type redisState struct {
 	rdb    *redis.Client
 	prefix string
 	lease  time.Duration
 }
 
-func (d *redisDeduper) Do(ctx context.Context, key string, ttl time.Duration, f func(context.Context) error) (bool, error) {
-	k := d.prefix + "dedup:" + key
+func (s *redisState) Acquire(ctx context.Context, topic string, partition int32) (Lease, error) {
+	key := fmt.Sprintf("%sst:{%s:%d}:own", s.prefix, topic, partition)
+	owner := fmt.Sprintf("%p", &key)
 	for {
-		ok, err := d.rdb.SetNX(ctx, k, "processing", d.lease).Result()
+		ok, err := s.rdb.SetNX(ctx, key, owner, s.lease).Result()
 		if err != nil {
-			return false, fmt.Errorf("dedup claim: %w", err)
+			return nil, err
 		}
 		if ok {
 			break
 		}
-		v, err := d.rdb.Get(ctx, k).Result()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
-			return false, fmt.Errorf("dedup get: %w", err)
-		}
-		if v == "done" {
-			return true, nil
-		}
-		select { // someone else is processing it: wait, never treat as done
+		select {
 		case <-ctx.Done():
-			return false, ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	if err := f(ctx); err != nil {
-		d.rdb.Del(context.WithoutCancel(ctx), k)
-		return false, err
+	tok, err := s.rdb.Incr(ctx, key+":token").Result()
+	if err != nil {
+		return nil, err
 	}
-	if err := d.rdb.Set(context.WithoutCancel(ctx), k, "done", ttl).Err(); err != nil {
-		return false, fmt.Errorf("dedup done: %w", err)
+	return &redisLease{s: s, key: key, owner: owner, token: tok, lost: make(chan struct{})}, nil
+}
+
+type redisLease struct {
+	s          *redisState
+	key, owner string
+	token      int64
+	lost       chan struct{}
+}
+
+func (l *redisLease) Token() int64          { return l.token }
+func (l *redisLease) Lost() <-chan struct{} { return l.lost }
+
+func (l *redisLease) Seen(ctx context.Context, items []StateItem) ([]bool, error) {
+	out := make([]bool, len(items))
+	for i, it := range items {
+		n, err := l.s.rdb.Exists(ctx, l.s.prefix+"dedup:"+it.Key).Result()
+		if err != nil {
+			return nil, err
+		}
+		out[i] = n == 1
 	}
-	return false, nil
+	return out, nil
+}
+
+func (l *redisLease) Mark(it StateItem, _ int64, done func(bool)) {
+	err := l.s.rdb.Set(context.Background(), l.s.prefix+"dedup:"+it.Key, "done", time.Hour).Err()
+	done(err == nil)
+}
+
+func (l *redisLease) Release(ctx context.Context) error {
+	if v, err := l.s.rdb.Get(ctx, l.key).Result(); err == nil && v == l.owner {
+		return l.s.rdb.Del(ctx, l.key).Err()
+	}
+	return nil
 }
 
 // startConsumer creates and starts a consumer, closing it at cleanup.

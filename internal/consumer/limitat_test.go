@@ -15,7 +15,7 @@ import (
 // after the limiter's yes is not judged again; one the limiter or the
 // breaker refused is judged at its re-injection (produce) time.
 func TestLimitAt(t *testing.T) {
-	c, _ := unitConsumer(NoopHandler, &memDLQ{}, nil)
+	c, _ := unitConsumer(t, NoopHandler, &memDLQ{}, nil)
 	sent := time.Unix(1_900_000_000, 0)
 	produced := sent.Add(10 * time.Minute)
 	rec := func(hs ...string) *kafka.Message {

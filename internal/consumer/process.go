@@ -90,7 +90,6 @@ func (c *Consumer) process(env *envelope) {
 		if r := recover(); r != nil {
 			c.log.Error("actor panic", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
-		c.releaseTicket(env) // a claim taken ahead and not used
 	}()
 	if env.part.dropped.Load() || c.runCtx.Err() != nil {
 		return // revoked past the drain limit, or stopping: the next reader handles it
@@ -116,26 +115,21 @@ func (c *Consumer) process(env *envelope) {
 		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || c.runCtx.Err() != nil {
 			break
 		}
-		// The dedup store failed or the claim was lost (not the handler):
+		// The state store failed or the partition's lease was lost (not
+		// the handler):
 		// the message is fine, so no dead letter; wait and try again. The
 		// user's later messages wait behind it (I4) and the partition's
 		// in-flight cap bounds how much piles up.
-		c.log.Warn("dedup: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
+		c.log.Warn("state: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
 			zap.String("dedup_key", m.DedupKey()), zap.Error(err))
 		if !sleep(c.runCtx, c.clock, backoff) || env.part.dropped.Load() {
 			return // stopping, or the partition's new owner reads it again
 		}
 		backoff = min(2*backoff+time.Millisecond, c.cfg.Processor.RetryMax)
 	}
-	if err == nil {
-		// The ticket is spent: its key is done or being marked done, and
-		// releasing it now could free the claim before the mark lands.
-		env.ticket = nil
-	}
 	if c.runCtx.Err() != nil || errors.Is(err, errStopping) {
 		return
 	}
-	env.ticket = nil
 	var hf *handlerFailure
 	switch {
 	case err == nil && dup:
@@ -170,60 +164,19 @@ func (c *Consumer) breakerOutcome(env *envelope, ok bool) {
 	}
 }
 
-// prepare claims ahead the dedup keys of a window of the actor's next
-// envelopes (one round trip), decoding them first; called from the actor's
-// goroutine before the first of them is processed. An envelope that does
-// not decode, or whose partition was dropped, gets no ticket and is handled
-// as before.
-func (c *Consumer) prepare(envs []*envelope) {
-	keys := make([]string, 0, len(envs))
-	idx := make([]int, 0, len(envs))
-	for i, env := range envs {
-		if env.part.dropped.Load() {
-			continue
-		}
-		if env.msg == nil {
-			msg, err := chatmsg.Decode(env.km.Value)
-			if err != nil {
-				continue // process dead-letters it
-			}
-			env.msg = msg
-		}
-		keys = append(keys, env.msg.DedupKey())
-		idx = append(idx, i)
-	}
-	if len(keys) == 0 || c.runCtx.Err() != nil {
-		return
-	}
-	if c.userDedup != nil {
-		items := make([]DedupItem, len(idx))
-		for j, i := range idx {
-			items[j] = DedupItem{Key: keys[j], SendTime: envs[i].msg.SendTime}
-		}
-		for j, t := range c.userDedup.ClaimUser(c.runCtx, envs[idx[0]].user, items) {
-			envs[idx[j]].ticket = t
-		}
-		return
-	}
-	for j, t := range c.ahead.ClaimAhead(c.runCtx, keys) {
-		envs[idx[j]].ticket = t
-	}
-}
-
-// releaseTicket gives back the claim taken ahead for env when it was not
-// used (the message is not processed now: stopping, dropped partition, a
-// dedup store failure before the handler ran).
-func (c *Consumer) releaseTicket(env *envelope) {
-	if env.ticket != nil {
-		c.ahead.Release([]Ticket{env.ticket})
-		env.ticket = nil
-	}
-}
-
-// handleOnce runs the handler with retries inside the dedup guard.
+// handleOnce runs the handler with retries under the partition's lease:
+// a message the state store holds as done (or that this consumer handled
+// and is marking) is a duplicate; otherwise the handler runs, with the
+// lease's fencing token in its context, and is stopped when the lease is
+// lost (errClaimLost: the message is looked up again under the next
+// lease). After a success the done mark is queued, and the message is
+// finished at once: the effect has happened, and a message left
+// unfinished until its mark lands would be run again by the partition's
+// next owner when a Redis outage outlasts the lease. The mark is recorded
+// whoever owns the partition when it lands (Lease.Mark), and a copy of
+// the message this consumer meets before then is a duplicate (pending).
 func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, err error) {
-	var g *claimGuard
-	run := func(ctx context.Context) error {
+	run := func(ctx context.Context, g *claimGuard) error {
 		attempts, timedOut, err := c.handleWithRetry(ctx, env, g)
 		if err == nil {
 			return nil
@@ -233,25 +186,50 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 		}
 		return &handlerFailure{err: err, attempts: attempts, timedOut: timedOut}
 	}
-	if c.dedup == nil {
-		return false, run(c.runCtx)
+	pl := env.part.lease
+	if pl == nil {
+		return false, run(c.runCtx, nil) // no State: every message runs
 	}
-	if env.ticket == nil && c.userDedup != nil {
-		env.ticket = c.userDedup.ClaimUser(c.runCtx, env.user, []DedupItem{{Key: m.DedupKey(), SendTime: m.SendTime}})[0]
+	l, ok := c.leaseOf(pl)
+	if !ok {
+		return false, errStopping
 	}
-	if env.ticket != nil {
-		g = &env.guard
-		*g = claimGuard{}
-		// The effect has happened once run returned nil: the message is
-		// finished then, not when its done mark lands. Its offset may be
-		// committed (or listed finished in the commit's metadata) while
-		// the mark is still retried — in a Redis outage for as long as the
-		// outage lasts — so a new owner of the partition, whose claim
-		// would find the expired claim gone, does not run it again.
-		dup, err = c.ahead.DoTicket(c.runCtx, env.ticket, c.cfg.Dedup.TTL, run, func(error) {}, g.lose)
-		return dup, err
+	it := StateItem{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID}
+	if pl.isPending(it.Key) {
+		return true, nil
 	}
-	return c.dedup.Do(c.runCtx, m.DedupKey(), c.cfg.Dedup.TTL, run)
+	seen, err := l.Seen(c.runCtx, []StateItem{it})
+	if err != nil {
+		return false, fmt.Errorf("state: look up %s: %w", it.Key, err)
+	}
+	if len(seen) == 1 && seen[0] {
+		return true, nil
+	}
+	g := &env.guard
+	*g = claimGuard{}
+	watched := make(chan struct{})
+	go func() {
+		select {
+		case <-l.Lost():
+			g.lose(nil)
+		case <-watched:
+		}
+	}()
+	err = run(context.WithValue(c.runCtx, fencingKey{}, l.Token()), g)
+	close(watched)
+	if err != nil {
+		return false, err
+	}
+	pl.addPending(it.Key)
+	off := int64(env.km.TopicPartition.Offset)
+	l.Mark(it, off, func(recorded bool) {
+		pl.donePending(it.Key)
+		if !recorded {
+			c.log.Error("state: done mark given up; a copy of the message met later runs again",
+				zap.Int32("partition", env.part.id), zap.Int64("offset", off), zap.String("idempotency_key", it.Key))
+		}
+	})
+	return false, nil
 }
 
 // handleWithRetry calls the handler up to processor.retry_attempts times

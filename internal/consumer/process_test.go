@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -23,29 +22,101 @@ import (
 	"github.com/kfpipe/kfpipe/internal/offsets"
 )
 
-// memDeduper is an in-memory Deduper with the I3 protocol.
-type memDeduper struct{ done map[string]bool }
-
-func (d *memDeduper) Do(ctx context.Context, key string, _ time.Duration, f func(context.Context) error) (bool, error) {
-	if d.done[key] {
-		return true, nil
-	}
-	if err := f(ctx); err != nil {
-		return false, err // released: not marked
-	}
-	d.done[key] = true
-	return false, nil
+// memState is an in-memory State: every Acquire is a new lease with a
+// larger token; loseLease loses the current one; with hold, marks are
+// queued and never confirmed (a Redis outage after the handler ran).
+type memState struct {
+	mu    sync.Mutex
+	done  map[string]bool
+	token int64
+	cur   *memLease
+	hold  bool
+	looks atomic.Int32
 }
 
-// unitConsumer is a Consumer without Kafka for exercising process.
-func unitConsumer(h Handler, dlq DeadLetters, d Deduper) (*Consumer, *partition) {
-	c := &Consumer{handler: h, dlq: dlq, dedup: d, log: zap.NewNop(), clock: realClock{}, m: newMetrics(nil),
+func newMemState(done ...string) *memState {
+	s := &memState{done: map[string]bool{}}
+	for _, k := range done {
+		s.done[k] = true
+	}
+	return s
+}
+
+func (s *memState) Acquire(context.Context, string, int32) (Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.token++
+	s.cur = &memLease{s: s, token: s.token, lost: make(chan struct{})}
+	return s.cur, nil
+}
+
+func (s *memState) isDone(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.done[key]
+}
+
+func (s *memState) setDone(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done[key] = true
+}
+
+// loseLease loses the current lease (another owner took the partition).
+func (s *memState) loseLease() {
+	s.mu.Lock()
+	l := s.cur
+	s.mu.Unlock()
+	l.once.Do(func() { close(l.lost) })
+}
+
+type memLease struct {
+	s     *memState
+	token int64
+	lost  chan struct{}
+	once  sync.Once
+}
+
+func (l *memLease) Token() int64          { return l.token }
+func (l *memLease) Lost() <-chan struct{} { return l.lost }
+
+func (l *memLease) Seen(_ context.Context, items []StateItem) ([]bool, error) {
+	l.s.looks.Add(1)
+	out := make([]bool, len(items))
+	for i, it := range items {
+		out[i] = l.s.isDone(it.Key)
+	}
+	return out, nil
+}
+
+func (l *memLease) Mark(it StateItem, _ int64, done func(bool)) {
+	if l.s.hold {
+		return
+	}
+	l.s.setDone(it.Key)
+	done(true)
+}
+
+func (l *memLease) Release(context.Context) error { return nil }
+
+// unitConsumer is a Consumer without Kafka for exercising process; with a
+// State its partition holds a lease in it.
+func unitConsumer(t testing.TB, h Handler, dlq DeadLetters, st State) (*Consumer, *partition) {
+	c := &Consumer{handler: h, dlq: dlq, state: st, log: zap.NewNop(), clock: realClock{}, m: newMetrics(nil),
 		kick: make(chan struct{}, 1)}
 	c.cfg.Processor = config.Processor{RetryAttempts: 3, RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond,
 		AttemptTimeout: 50 * time.Millisecond}
 	c.cfg.Kafka.Consumer.CommitEveryN = 1000
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
-	return c, &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0)}
+	p := &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0)}
+	c.startLease(p)
+	if p.lease != nil {
+		t.Cleanup(func() {
+			c.cancelRun()
+			<-p.lease.done
+		})
+	}
+	return c, p
 }
 
 func TestProcessOutcomes(t *testing.T) {
@@ -89,8 +160,8 @@ func TestProcessOutcomes(t *testing.T) {
 				return inner(ctx, m)
 			})
 			dlq := &memDLQ{}
-			dd := &memDeduper{done: map[string]bool{}}
-			c, p := unitConsumer(h, dlq, dd)
+			dd := newMemState()
+			c, p := unitConsumer(t, h, dlq, dd)
 			p.tracker.Add(7)
 			br := &fakeBreaker{}
 			done, _ := br.Allow("u")
@@ -129,7 +200,7 @@ func TestProcessDuplicate(t *testing.T) {
 	var calls atomic.Int64
 	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { calls.Add(1); return nil })
 	msg := chat("u", 1)
-	c, p := unitConsumer(h, &memDLQ{}, &memDeduper{done: map[string]bool{msg.DedupKey(): true}})
+	c, p := unitConsumer(t, h, &memDLQ{}, newMemState(msg.DedupKey()))
 	p.tracker.Add(0)
 	c.process(&envelope{km: &kafka.Message{}, msg: msg, part: p})
 	if calls.Load() != 0 {
@@ -173,93 +244,68 @@ func TestHTTPHandler(t *testing.T) {
 	}
 }
 
-// lostClaimDeduper loses the claim of its first call while f runs (the way
-// once reports a lease lost: AheadDeduper's lost callback for a ticket, a
-// cancelled context for Do); every later call finds the key done by the
-// owner that took it over.
-type lostClaimDeduper struct {
-	calls atomic.Int32
-}
-
-func (d *lostClaimDeduper) runLosing(ctx context.Context, f func(context.Context) error, lose func()) error {
-	errc := make(chan error, 1)
-	go func() { errc <- f(ctx) }()
-	time.Sleep(20 * time.Millisecond) // f is running
-	lose()
-	return <-errc
-}
-
-func (d *lostClaimDeduper) Do(ctx context.Context, _ string, _ time.Duration, f func(context.Context) error) (bool, error) {
-	if d.calls.Add(1) > 1 {
-		return true, nil
+// A partition lease lost while the handler runs stops the handler, and the
+// message is looked up again under the next lease (here the new owner had
+// done it: a duplicate) — not dead-lettered, and not left unfinished,
+// which would hold the partition's commits back until a restart.
+func TestLeaseLostStopsHandlerAndSettlesMessage(t *testing.T) {
+	var calls atomic.Int64
+	st := newMemState()
+	msg := chat("u", 1)
+	h := HandlerFunc(func(ctx context.Context, _ *chatmsg.ChatMessage) error {
+		calls.Add(1)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Second):
+			return errors.New("handler was not stopped")
+		}
+	})
+	go func() {
+		time.Sleep(50 * time.Millisecond) // the handler runs
+		st.setDone(msg.DedupKey())        // the new owner ran it
+		st.loseLease()
+	}()
+	dlq := &memDLQ{}
+	c, p := unitConsumer(t, h, dlq, st)
+	c.cfg.Processor.AttemptTimeout = 30 * time.Second
+	p.tracker.Add(0)
+	start := time.Now()
+	c.process(&envelope{km: &kafka.Message{}, msg: msg, part: p})
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("process took %v: the handler was not stopped", el)
 	}
-	fctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	return false, d.runLosing(fctx, f, func() { cancel(errors.New("lease lost")) })
-}
-
-func (d *lostClaimDeduper) ClaimAhead(_ context.Context, keys []string) []Ticket {
-	ts := make([]Ticket, len(keys))
-	for i, k := range keys {
-		ts[i] = k
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
 	}
-	return ts
-}
-
-func (d *lostClaimDeduper) DoTicket(ctx context.Context, _ Ticket, _ time.Duration, f func(context.Context) error, _, lost func(error)) (bool, error) {
-	if d.calls.Add(1) > 1 {
-		return true, nil
+	if n := st.looks.Load(); n != 2 {
+		t.Fatalf("state looked up %d times, want 2 (under the lost lease, then under the next)", n)
 	}
-	return false, d.runLosing(ctx, f, func() { lost(errors.New("lease lost")) })
+	if len(dlq.letters) != 0 {
+		t.Fatalf("dead-lettered: %+v", dlq.letters[0])
+	}
+	if next, ok := p.tracker.Committable(); !ok || next != 1 {
+		t.Fatalf("message not finished (committable %d, %v)", next, ok)
+	}
 }
 
-func (d *lostClaimDeduper) Release([]Ticket) {}
-
-// A claim lost while the handler runs stops the handler, and the message
-// is settled by the dedup protocol (here: the new owner's done mark makes
-// it a duplicate) — not dead-lettered, and not left unfinished, which would
-// hold the partition's commits back until a restart.
-func TestClaimLostStopsHandlerAndSettlesMessage(t *testing.T) {
-	for _, ticket := range []bool{true, false} {
-		t.Run(fmt.Sprintf("ticket=%v", ticket), func(t *testing.T) {
-			var calls atomic.Int64
-			h := HandlerFunc(func(ctx context.Context, _ *chatmsg.ChatMessage) error {
-				calls.Add(1)
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(10 * time.Second):
-					return errors.New("handler was not stopped")
-				}
-			})
-			d := &lostClaimDeduper{}
-			dlq := &memDLQ{}
-			c, p := unitConsumer(h, dlq, d)
-			c.cfg.Processor.AttemptTimeout = 30 * time.Second
-			env := &envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p}
-			if ticket {
-				c.ahead = d
-				env.ticket = "k"
-			}
-			p.tracker.Add(0)
-			start := time.Now()
-			c.process(env)
-			if el := time.Since(start); el > 5*time.Second {
-				t.Fatalf("process took %v: the handler was not stopped", el)
-			}
-			if n := calls.Load(); n != 1 {
-				t.Fatalf("handler ran %d times, want 1", n)
-			}
-			if n := d.calls.Load(); n != 2 {
-				t.Fatalf("dedup consulted %d times, want 2 (the lost call, then the settled key)", n)
-			}
-			if len(dlq.letters) != 0 {
-				t.Fatalf("dead-lettered: %+v", dlq.letters[0])
-			}
-			if next, ok := p.tracker.Committable(); !ok || next != 1 {
-				t.Fatalf("message not finished (committable %d, %v)", next, ok)
-			}
-		})
+// The handler gets the partition lease's fencing token.
+func TestHandlerGetsFencingToken(t *testing.T) {
+	st := newMemState()
+	var got int64
+	var ok bool
+	h := HandlerFunc(func(ctx context.Context, _ *chatmsg.ChatMessage) error {
+		got, ok = FencingToken(ctx)
+		return nil
+	})
+	c, p := unitConsumer(t, h, &memDLQ{}, st)
+	p.tracker.Add(0)
+	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
+	if !ok || got != 1 {
+		t.Fatalf("FencingToken = %d, %v; want the lease's token 1", got, ok)
+	}
+	if _, ok := FencingToken(context.Background()); ok {
+		t.Fatal("FencingToken outside a handler reported a token")
 	}
 }
 
@@ -277,7 +323,7 @@ func TestRetryStopsWhenPartitionDropped(t *testing.T) {
 		p.dropped.Store(true) // revoked while the attempt ran
 		return errors.New("downstream down")
 	})
-	c, part := unitConsumer(h, dlq, &memDeduper{done: map[string]bool{}})
+	c, part := unitConsumer(t, h, dlq, newMemState())
 	p = part
 	p.tracker.Add(3)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 3}}, msg: chat("u", 1), part: p}
@@ -308,7 +354,7 @@ func TestRetriesLoggedAndCounted(t *testing.T) {
 		}
 		return nil
 	})
-	c, p := unitConsumer(h, &memDLQ{}, &memDeduper{done: map[string]bool{}})
+	c, p := unitConsumer(t, h, &memDLQ{}, newMemState())
 	core, logs := observer.New(zapcore.DebugLevel)
 	c.log = zap.New(core)
 	p.tracker.Add(1)
@@ -388,7 +434,7 @@ func (d *failingDLQ) Send(_ *DeadLetter, done func(error)) {
 // pending retry (no timer left behind, no attempt after it).
 func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
 	dlq := &failingDLQ{}
-	c, p := unitConsumer(NoopHandler, dlq, nil)
+	c, p := unitConsumer(t, NoopHandler, dlq, nil)
 	c.cfg.Processor.RetryBase, c.cfg.Processor.RetryMax = 5*time.Millisecond, 20*time.Millisecond
 	p.tracker.Add(0)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, part: p}
@@ -412,33 +458,33 @@ func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
 	}
 }
 
-// unmarkedDeduper runs f under a ticket and never confirms the done mark,
-// as during a Redis outage that began after f's claim: the mark is retried
-// in the background for as long as the outage lasts.
-type unmarkedDeduper struct{ lostClaimDeduper }
-
-func (d *unmarkedDeduper) DoTicket(ctx context.Context, _ Ticket, _ time.Duration, f func(context.Context) error, _, _ func(error)) (bool, error) {
-	return false, f(ctx)
-}
-
 // A message whose handler succeeded is finished — its offset committable —
 // although its done mark has not landed: the effect has happened, and a
 // message left unfinished until the mark lands is run again by the
-// partition's next owner once the outage outlasts its claim (a duplicate
-// effect without any crash; found by the redis-outage chaos scenario).
+// partition's next owner once the outage outlasts its lease (a duplicate
+// effect without any crash; found by the redis-outage chaos scenario). A
+// copy of it met meanwhile is a duplicate: the mark is pending here.
 func TestSuccessFinishesBeforeItsDoneMark(t *testing.T) {
 	var calls atomic.Int64
 	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { calls.Add(1); return nil })
-	d := &unmarkedDeduper{}
-	c, p := unitConsumer(h, &memDLQ{}, d)
-	c.ahead = d
+	st := newMemState()
+	st.hold = true
+	c, p := unitConsumer(t, h, &memDLQ{}, st)
 	p.tracker.Add(0)
-	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p, ticket: "k"})
+	p.tracker.Add(1)
+	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
 	if calls.Load() != 1 {
 		t.Fatalf("handler ran %d times, want 1", calls.Load())
 	}
 	if next, ok := p.tracker.Committable(); !ok || next != 1 {
 		t.Fatalf("message not finished while its done mark is pending (committable %d, %v)", next, ok)
+	}
+	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	if calls.Load() != 1 {
+		t.Fatalf("a copy met while the mark is pending ran the handler again (%d calls)", calls.Load())
+	}
+	if next, ok := p.tracker.Committable(); !ok || next != 2 {
+		t.Fatalf("the copy was not finished as a duplicate (committable %d, %v)", next, ok)
 	}
 }
 

@@ -63,7 +63,7 @@ func newRecoveryRig(t *testing.T, group string) *recoveryRig {
 	// the first delivery is the one a recovery meets.
 	cfg.Processor.IdleTimeout = time.Minute
 	startConsumer(t, cfg, h, r.dlq, WithLimiter(rlLimiter{rl}), WithBreaker(br),
-		WithDeduper(&redisDeduper{rdb: rdb, prefix: prefix, lease: 30 * time.Second}))
+		WithState(&redisState{rdb: rdb, prefix: prefix, lease: 30 * time.Second}))
 	return r
 }
 

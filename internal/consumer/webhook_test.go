@@ -119,7 +119,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 	}))
 	defer srv.Close()
 	dlq := &memDLQ{}
-	c, p := unitConsumer(SignedHTTPHandler(srv.URL, 5*time.Second, nil, "s"), dlq, &memDeduper{done: map[string]bool{}})
+	c, p := unitConsumer(t, SignedHTTPHandler(srv.URL, 5*time.Second, nil, "s"), dlq, newMemState())
 	p.tracker.Add(1)
 	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	dlq.wg.Wait()

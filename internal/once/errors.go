@@ -22,8 +22,4 @@ var (
 	// ErrUnexpectedValue is returned when the key holds a value this
 	// package did not write (someone else uses the same key space).
 	ErrUnexpectedValue = errors.New("once: key holds a value not written by once")
-
-	// ErrNoDefault is returned by the package-level Do and Execute when no
-	// default client was set and KFPIPE_REDIS_ADDR is empty.
-	ErrNoDefault = errors.New("once: no default client (call SetDefault or set " + EnvRedisAddr + ")")
 )

@@ -212,38 +212,6 @@ func TestClaimRenewedUntilDoneMarkWritten(t *testing.T) {
 	}
 }
 
-// TestTicketRenewalWithinQuarterLease: a claim taken ahead and run just
-// before it is old enough to be renewed first must still be renewed a
-// quarter of the lease after it was taken, as docs/architecture.md says,
-// never later: its time to live stays above half the lease while f runs.
-// Before, the keeper counted from DoTicket's start and renewed as late as
-// 5/6 of the lease after the claim.
-func TestTicketRenewalWithinQuarterLease(t *testing.T) {
-	requireSetGet(t)
-	const lease = 1200 * time.Millisecond
-	fx := newFixture(t, mode{}, func(c *Config) { c.Lease = lease })
-	ctx := ctxT(t, 10*time.Second)
-	ts := fx.c.ClaimAhead(ctx, []string{"t"})
-	time.Sleep(lease/4 - 60*time.Millisecond) // just young enough not to be renewed by DoTicket
-	minTTL := lease
-	_, err := fx.c.DoTicket(ctx, ts[0], time.Minute, func(context.Context) error {
-		end := time.Now().Add(3 * lease / 2)
-		for time.Now().Before(end) {
-			if ttl := fx.rdb.PTTL(ctx, fx.prefix+"t").Val(); ttl > 0 && ttl < minTTL {
-				minTTL = ttl
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		return nil
-	}, Hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if minTTL < lease/2 {
-		t.Fatalf("claim's TTL fell to %v (lease %v): renewed too late", minTTL, lease)
-	}
-}
-
 // TestWaitingReportsForeignClaims: a call waiting on another owner's claim
 // (a crashed consumer's, until the lease expires) is visible in Waiting
 // and the gauges, and disappears from them when the wait ends.

@@ -551,3 +551,55 @@ func runScript(ctx context.Context, rdb redis.Scripter, s *redis.Script, cmd []a
 	}
 	return s.Eval(ctx, rdb, keys, cmd[3+n:]...).Result()
 }
+
+// scriptAt is scripts[i], or nil when scripts is nil (no command is a
+// script).
+func scriptAt(scripts []*redis.Script, i int) *redis.Script {
+	if scripts == nil {
+		return nil
+	}
+	return scripts[i]
+}
+
+// pipelineAll sends cmds in one pipeline without the batcher.
+func (c *Client) pipelineAll(ctx context.Context, scripts []*redis.Script, cmds [][]any, res []any, errs []error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opTimeout)
+	defer cancel()
+	pipe := c.rdb.Pipeline()
+	rc := make([]*redis.Cmd, len(cmds))
+	for i, cmd := range cmds {
+		rc[i] = pipe.Do(ctx, cmd...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are per command
+	for i, cmd := range rc {
+		res[i], errs[i] = cmd.Result()
+		if sc := scriptAt(scripts, i); errs[i] != nil && sc != nil && redis.HasErrorPrefix(errs[i], "NOSCRIPT") {
+			res[i], errs[i] = runScript(ctx, c.rdb, sc, cmds[i])
+		}
+	}
+}
+
+// Hooks are execute's optional callbacks.
+type Hooks struct {
+	// Marked, when set, lets a successful f's done mark be sent without
+	// waiting for it when the client batches (Redis 7.0+): execute returns
+	// (StatusExecuted, nil) as soon as f returns and Marked is called once,
+	// from another goroutine, with nil when the mark is written — only then
+	// is the key done — or with the error that ended its retries (the
+	// client was closed or ctx ended). Without batching the mark is waited
+	// for and Marked is called before DoTicket returns. Marked is called
+	// only when execute returned (StatusExecuted, nil).
+	Marked func(error)
+	// Lost, when set, is how a caller that bounds f itself learns that
+	// the claim was lost while f ran (it expired, someone else took the
+	// key, or no renewal succeeded for two thirds of the lease): f then
+	// gets ctx as it is, without a context of its own, and
+	// Lost(ErrLeaseLost) is called at most once, from another goroutine;
+	// the caller makes f return. It may also come after execute returned,
+	// while an asynchronous done mark is on its way (before Marked), when
+	// it only reports. Without Lost, f's context is cancelled with cause
+	// ErrLeaseLost.
+	Lost func(error)
+}
+
+// DoTicket is DoStatus for the key of a ticket from ClaimAhead: it runs f

@@ -479,59 +479,6 @@ func TestBatcherRecoversFromScriptFlush(t *testing.T) {
 	}
 }
 
-func TestExecuteJSON(t *testing.T) {
-	fx := newFixture(t, mode{}, nil)
-	ctx := ctxT(t, 10*time.Second)
-	type reply struct{ N int }
-	for i := range 2 {
-		got, err := ExecuteJSON(ctx, fx.c, "j", time.Minute, func(context.Context) (reply, error) {
-			return reply{N: 7 + i}, nil
-		})
-		if err != nil || got.N != 7 {
-			t.Fatalf("call %d: %+v %v", i, got, err)
-		}
-	}
-}
-
-func TestDefaultClient(t *testing.T) {
-	fx := newFixture(t, mode{}, nil)
-	ctx := ctxT(t, 10*time.Second)
-	t.Cleanup(func() { SetDefault(nil) })
-
-	SetDefault(fx.c)
-	var runs atomic.Int32
-	for range 2 {
-		if err := Do(ctx, "def", time.Minute, func(context.Context) error { runs.Add(1); return nil }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	res, err := Execute(ctx, "def-e", time.Minute, func(context.Context) ([]byte, error) { return []byte("v"), nil })
-	if err != nil || string(res) != "v" || runs.Load() != 1 {
-		t.Fatalf("Execute %q %v runs=%d", res, err, runs.Load())
-	}
-
-	// From the environment, built lazily on first use.
-	SetDefault(nil)
-	defaultOnce, defaultInitErr = sync.Once{}, nil
-	t.Setenv(EnvRedisAddr, testenv.RedisAddr(t))
-	t.Setenv(EnvRedisKeyPrefix, fx.prefix+"env:")
-	if err := Do(ctx, "def", time.Minute, func(context.Context) error { runs.Add(1); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := Default()
-	t.Cleanup(func() { _ = d.(*Client).Close() })
-	if n, _ := fx.rdb.Exists(ctx, fx.prefix+"env:def").Result(); n != 1 || runs.Load() != 2 {
-		t.Fatalf("env default did not use the env prefix (exists=%d runs=%d)", n, runs.Load())
-	}
-
-	SetDefault(nil)
-	defaultOnce, defaultInitErr = sync.Once{}, nil
-	t.Setenv(EnvRedisAddr, "")
-	if err := Do(ctx, "x", time.Minute, func(context.Context) error { return nil }); !errors.Is(err, ErrNoDefault) {
-		t.Fatalf("no default: %v", err)
-	}
-}
-
 func TestConfigValidate(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()

@@ -3,6 +3,8 @@ package once
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -34,6 +36,13 @@ func Done(ctx context.Context, rdb redis.UniversalClient, prefix string, keys []
 	return out, nil
 }
 
+// UserItem is a message of the leases store: its idempotency key and
+// send time (unix seconds; 0 when unknown), which picks the day set.
+type UserItem struct {
+	Key      string
+	SendTime int64
+}
+
 // UserDone is DoneUsers' question: is user's message key (sent at
 // SendTime) among the messages recorded by Users?
 type UserDone struct {
@@ -46,7 +55,6 @@ type UserDone struct {
 // SMISMEMBER per user and day, pipelined a thousand at a time.
 func DoneUsers(ctx context.Context, rdb redis.UniversalClient, prefix string, qs []UserDone) ([]bool, error) {
 	out := make([]bool, len(qs))
-	u := Users{prefix: prefix + "u:"}
 	type set struct {
 		key string
 		idx []int
@@ -57,7 +65,7 @@ func DoneUsers(ctx context.Context, rdb redis.UniversalClient, prefix string, qs
 		if q.User == "" || q.Key == "" {
 			continue
 		}
-		k := u.doneKey(q.User, dayOf(q.SendTime))
+		k := prefix + "u:D:" + q.User + ":" + strconv.FormatInt(dayOf(q.SendTime), 10)
 		s := index[k]
 		if s == nil {
 			s = &set{key: k}
@@ -90,4 +98,21 @@ func DoneUsers(ctx context.Context, rdb redis.UniversalClient, prefix string, qs
 		}
 	}
 	return out, nil
+}
+
+// Digest is the 64-bit digest under which the leases store recorded a
+// message's idempotency key (FNV-1a), read while its keys live.
+func Digest(key string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	return int64(h.Sum64())
+}
+
+// dayOf is the leases store's day bucket of a send time (unix seconds; 0:
+// unknown).
+func dayOf(sendTime int64) int64 {
+	if sendTime <= 0 {
+		return 0
+	}
+	return sendTime / 86400
 }

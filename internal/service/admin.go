@@ -20,6 +20,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
+	"github.com/kfpipe/kfpipe/internal/state"
 )
 
 // adminHandler builds the admin server; lag reads the schedule-consumers'
@@ -289,9 +290,9 @@ func userDone(dl *dlq.DeadLetterMessage) once.UserDone {
 	return q
 }
 
-// doneKeys asks the dedup store which letters' messages are done (a
-// letter without a key never is): in either store, since the consumers may
-// use either (dedup.store) or be switching between them.
+// doneKeys asks the state store which letters' messages are done (a
+// letter without a key never is), and the old dedup stores' keys, which
+// hold marks for one dedup.ttl after the switch.
 func (s dlqStore) doneKeys(ctx context.Context, qs []once.UserDone) ([]bool, error) {
 	keys := make([]string, len(qs))
 	for i, q := range qs {
@@ -305,8 +306,16 @@ func (s dlqStore) doneKeys(ctx context.Context, qs []once.UserDone) ([]bool, err
 	if err != nil {
 		return nil, err
 	}
+	items := make([]state.Item, len(qs))
+	for i, q := range qs {
+		items[i] = state.Item{Key: q.Key, SendTime: q.SendTime, User: q.User}
+	}
+	marked, err := state.DoneAnywhere(ctx, s.rdb, s.prefix, items)
+	if err != nil {
+		return nil, err
+	}
 	for i, k := range keys {
-		done[i] = (done[i] || byUser[i]) && k != ""
+		done[i] = (done[i] || byUser[i] || marked[i]) && k != ""
 	}
 	return done, nil
 }

@@ -12,87 +12,105 @@ import (
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/fleet"
-	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
+	"github.com/kfpipe/kfpipe/internal/state"
 )
 
-// deduper adapts once.Client to consumer.Deduper.
-type deduper struct{ c *once.Client }
-
-func (d deduper) Do(ctx context.Context, key string, ttl time.Duration, f func(context.Context) error) (bool, error) {
-	st, err := d.c.DoStatus(ctx, key, ttl, f)
-	return st == once.StatusDuplicate, err
+// partitionState adapts state.Store to consumer.State.
+type partitionState struct {
+	s     *state.Store
+	flush time.Duration
+	batch int
 }
 
-// ClaimAhead implements consumer.AheadDeduper.
-func (d deduper) ClaimAhead(ctx context.Context, keys []string) []consumer.Ticket {
-	ts := d.c.ClaimAhead(ctx, keys)
-	out := make([]consumer.Ticket, len(ts))
-	for i, t := range ts {
-		out[i] = t
+var _ consumer.State = partitionState{}
+
+// Acquire implements consumer.State.
+func (ps partitionState) Acquire(ctx context.Context, topic string, partition int32) (consumer.Lease, error) {
+	l, err := ps.s.Acquire(ctx, topic, partition)
+	if err != nil {
+		return nil, err
 	}
-	return out
+	return &partitionLease{l: l, m: l.NewMarker(ps.flush, ps.batch)}, nil
 }
 
-// DoTicket implements consumer.AheadDeduper.
-func (d deduper) DoTicket(ctx context.Context, t consumer.Ticket, ttl time.Duration, f func(context.Context) error, marked, lost func(error)) (bool, error) {
-	st, err := d.c.DoTicket(ctx, t.(*once.Ticket), ttl, f, once.Hooks{Marked: marked, Lost: lost})
-	return st == once.StatusDuplicate, err
+// partitionLease adapts state.Lease and its Marker to consumer.Lease.
+type partitionLease struct {
+	l *state.Lease
+	m *state.Marker
 }
 
-// Release implements consumer.AheadDeduper.
-func (d deduper) Release(ts []consumer.Ticket) {
-	for _, t := range ts {
-		d.c.Release(t.(*once.Ticket))
-	}
-}
+func (pl *partitionLease) Token() int64          { return pl.l.Token() }
+func (pl *partitionLease) Lost() <-chan struct{} { return pl.l.Lost() }
 
-// userDeduper adapts once.Users to consumer.UserDeduper.
-type userDeduper struct{ u *once.Users }
-
-var _ consumer.UserDeduper = userDeduper{}
-
-// Do is never called: the consumer runs every message of a UserDeduper
-// through ClaimUser and DoTicket.
-func (userDeduper) Do(context.Context, string, time.Duration, func(context.Context) error) (bool, error) {
-	return false, errors.New("dedup: store leases runs messages by user (ClaimUser), not by key")
-}
-
-// ClaimAhead is never called for the same reason.
-func (userDeduper) ClaimAhead(context.Context, []string) []consumer.Ticket {
-	panic("dedup: store leases claims by user (ClaimUser), not by key")
-}
-
-// ClaimUser implements consumer.UserDeduper.
-func (d userDeduper) ClaimUser(ctx context.Context, user string, items []consumer.DedupItem) []consumer.Ticket {
-	in := make([]once.UserItem, len(items))
+func stateItems(items []consumer.StateItem) []state.Item {
+	out := make([]state.Item, len(items))
 	for i, it := range items {
-		in[i] = once.UserItem{Key: it.Key, SendTime: it.SendTime}
-	}
-	ts := d.u.ClaimUser(ctx, user, in)
-	out := make([]consumer.Ticket, len(ts))
-	for i, t := range ts {
-		out[i] = t
+		out[i] = state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}
 	}
 	return out
 }
 
-// DoTicket implements consumer.AheadDeduper (the TTL is the store's).
-func (d userDeduper) DoTicket(ctx context.Context, t consumer.Ticket, _ time.Duration, f func(context.Context) error, marked, lost func(error)) (bool, error) {
-	st, err := d.u.DoTicket(ctx, t.(*once.UserTicket), f, marked, lost)
-	return st == once.StatusDuplicate, err
-}
-
-// Release implements consumer.AheadDeduper.
-func (d userDeduper) Release(ts []consumer.Ticket) {
-	for _, t := range ts {
-		d.u.Release(t.(*once.UserTicket))
+// Seen implements consumer.Lease: a message an old store's owner still
+// holds (while the old keys are read) is not done yet, and not fresh
+// either: the look-up fails and is made again.
+func (pl *partitionLease) Seen(ctx context.Context, items []consumer.StateItem) ([]bool, error) {
+	st, err := pl.l.Look(ctx, stateItems(items))
+	if err != nil {
+		return nil, err
 	}
+	out := make([]bool, len(st))
+	for i, v := range st {
+		if v == state.Held {
+			return nil, fmt.Errorf("%s is held by a consumer of the old dedup store", items[i].Key)
+		}
+		out[i] = v == state.Done
+	}
+	return out, nil
 }
 
-// ReleaseIdle implements consumer.UserDeduper.
-func (d userDeduper) ReleaseIdle() { d.u.ReleaseIdle() }
+// Mark implements consumer.Lease. A mark the marker could not take (it
+// was closed: the lease was lost or given back) is sent on its own, again
+// and again for up to markRetryFor: an effect that happened is recorded
+// whoever owns the partition.
+func (pl *partitionLease) Mark(it consumer.StateItem, offset int64, done func(bool)) {
+	si := state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}
+	pl.m.Add(si, offset, func(err error) {
+		if err == nil || errors.Is(err, state.ErrFenced) {
+			done(true)
+			return
+		}
+		go func() {
+			backoff := 50 * time.Millisecond
+			for start := time.Now(); time.Since(start) < markRetryFor; {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err := pl.l.Mark(ctx, offset, []state.Item{si})
+				cancel()
+				if err == nil || errors.Is(err, state.ErrFenced) {
+					done(true)
+					return
+				}
+				time.Sleep(backoff)
+				backoff = min(2*backoff, 2*time.Second)
+			}
+			done(false)
+		}()
+	})
+}
+
+// markRetryFor is how long a done mark the lease's marker could not take
+// is retried (through a Redis outage).
+const markRetryFor = 10 * time.Minute
+
+// Release implements consumer.Lease.
+func (pl *partitionLease) Release(ctx context.Context) error {
+	pl.m.Close()
+	if err := pl.l.Release(ctx); err != nil && !errors.Is(err, state.ErrFenced) {
+		return err
+	}
+	return nil
+}
 
 // limiter adapts ratelimit.Limiter to consumer.Limiter.
 type limiter struct{ l *ratelimit.Limiter }
@@ -157,8 +175,6 @@ func (d deadLetters) Send(cdl *consumer.DeadLetter, done func(error)) {
 // Consumer is a running schedule-consumer.
 type Consumer struct {
 	C        *consumer.Consumer
-	once     *once.Client
-	users    *once.Users // dedup.store: leases
 	limiter  *ratelimit.Limiter
 	producer *dlq.Producer
 	// stopWatch ends the Redis watch (nil when standby is off);
@@ -183,34 +199,20 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 			return nil, err
 		}
 	}
-	oc, err := once.New(ctx, "schedule-consumer", once.Config{Client: base.Redis, KeyPrefix: dedupPrefix(prefix),
-		Lease: cfg.Dedup.Lease, Batch: once.BatchConfig{Enabled: true, FlushInterval: cfg.Processor.PipelineFlush,
-			MaxBatch: cfg.Processor.PipelineMaxBatched}}, once.WithLogger(log), once.WithRegisterer(reg))
+	var legacy *state.Legacy
+	if cfg.Dedup.Legacy == "read" {
+		// For one dedup.ttl after the switch: the old stores' marks
+		// (docs/operations.md, "Switching to the per-partition store").
+		legacy = &state.Legacy{Prefix: dedupPrefix(prefix), Claims: true, Leases: true}
+	}
+	st, err := state.New(ctx, state.Config{Client: base.Redis, KeyPrefix: prefix, Owner: nodeName(),
+		Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Legacy: legacy})
 	if err != nil {
-		return nil, fmt.Errorf("dedup: %w", err)
+		return nil, fmt.Errorf("state: %w", err)
 	}
-	s := &Consumer{once: oc}
-	waiting := oc.Waiting
-	var dd consumer.Deduper = deduper{oc}
-	if cfg.Dedup.Store == "leases" {
-		legacy, err := once.ParseLegacy(cfg.Dedup.Legacy)
-		if err != nil {
-			_ = s.close(ctx)
-			return nil, fmt.Errorf("dedup.legacy: %w", err)
-		}
-		s.users, err = once.NewUsers(ctx, "schedule-consumer", once.UsersConfig{Client: base.Redis, KeyPrefix: dedupPrefix(prefix),
-			Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Legacy: legacy, Batch: once.BatchConfig{FlushInterval: cfg.Processor.PipelineFlush,
-				MaxBatch: cfg.Processor.PipelineMaxBatched}}, once.WithLogger(log), once.WithRegisterer(reg))
-		if err != nil {
-			_ = s.close(ctx)
-			return nil, fmt.Errorf("dedup: %w", err)
-		}
-		dd, waiting = userDeduper{s.users}, s.users.Waiting
-	}
-	if base.Ops != nil {
-		base.Ops.AddDetail("dedup", func() string { return waitDetail(waiting(), cfg.Dedup.Lease) })
-	}
-	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg), consumer.WithDeduper(dd)}
+	s := &Consumer{}
+	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg),
+		consumer.WithState(partitionState{s: st, flush: max(cfg.Processor.PipelineFlush, time.Millisecond), batch: cfg.Processor.PipelineMaxBatched})}
 	if cfg.RateLimit.Enabled {
 		s.limiter, err = ratelimit.New(cfg.RateLimit, ratelimit.NewStore(base.Redis, prefix),
 			append(rulesOption(cfg.RateLimit, base), ratelimit.WithLogger(log), ratelimit.WithRegisterer(reg))...)
@@ -397,27 +399,7 @@ func (s *Consumer) close(ctx context.Context) error {
 	if s.limiter != nil {
 		errs = append(errs, s.limiter.Close())
 	}
-	if s.users != nil {
-		errs = append(errs, s.users.Close(ctx))
-	}
-	errs = append(errs, s.once.Close())
 	return errors.Join(errs...)
-}
-
-// waitDetailAfter is how long a message must have waited on another
-// owner's claim before /readyz mentions it.
-const waitDetailAfter = 5 * time.Second
-
-// waitDetail is the /readyz line for messages waiting on dedup claims held
-// by others — after a crash, the dead consumer's claims until their lease
-// expires — or "" when no wait is longer than waitDetailAfter. It does not
-// make the consumer unready: the waits end by themselves within the lease.
-func waitDetail(w once.Waits, lease time.Duration) string {
-	if w.Oldest < waitDetailAfter {
-		return ""
-	}
-	return fmt.Sprintf("%d messages waiting on dedup claims held by other owners, oldest %s (key %s); a crashed owner's claims free within dedup.lease (%s)",
-		w.Count, w.Oldest.Round(100*time.Millisecond), w.OldestKey, lease)
 }
 
 // dedupPrefix is where, under the deployment's Redis key prefix, the

@@ -21,7 +21,7 @@ const settingsMsg = "effective settings"
 
 func logConsumerSettings(log *zap.Logger, cfg *config.Consumer) {
 	log.Info(settingsMsg,
-		zap.String("dedup.store", cfg.Dedup.Store), zap.Duration("dedup.lease", cfg.Dedup.Lease),
+		zap.Duration("dedup.lease", cfg.Dedup.Lease),
 		zap.Duration("dedup.ttl", cfg.Dedup.TTL), zap.String("dedup.legacy", cfg.Dedup.Legacy),
 		zap.String("kafka.consumer.group_id", cfg.Kafka.Consumer.GroupID),
 		zap.Duration("kafka.consumer.session_timeout", cfg.Kafka.Consumer.SessionTimeout),

@@ -53,9 +53,9 @@ func TestStartUpSettingsLogged(t *testing.T) {
 		return got[0].ContextMap()
 	}
 	c := one("consumer")
-	if c["dedup.store"] != cc.Dedup.Store || c["dedup.lease"] != cc.Dedup.Lease ||
+	if c["dedup.lease"] != cc.Dedup.Lease ||
 		c["kafka.consumer.session_timeout"] != cc.Kafka.Consumer.SessionTimeout || cc.Dedup.Lease == 0 {
-		t.Errorf("consumer settings %v, want store %s lease %s session %s", c, cc.Dedup.Store, cc.Dedup.Lease,
+		t.Errorf("consumer settings %v, want lease %s session %s", c, cc.Dedup.Lease,
 			cc.Kafka.Consumer.SessionTimeout)
 	}
 	rl, _ := c["rate_limit"].(map[string]any)

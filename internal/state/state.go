@@ -242,3 +242,53 @@ func (s *Store) Look(ctx context.Context, topic string, partition int32, items [
 	}
 	return out, nil
 }
+
+// DoneAnywhere reports which items are marked done in any partition of
+// any topic of the store under keyPrefix, with the default Slot and
+// Buckets, for readers that know a message but not its partition (the
+// admin, the DLQ's settling): one SCAN of the ownership records, then one
+// pipeline of SMISMEMBER per partition. A digest is 63 bits, so asking
+// every partition adds a false "done" at a rate of partitions × 2⁻⁶³ per
+// marked message.
+func DoneAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefix string, items []Item) ([]bool, error) {
+	out := make([]bool, len(items))
+	var tags []string
+	iter := client.Scan(ctx, 0, keyPrefix+"st:{*}:own", 1000).Iterator()
+	for iter.Next(ctx) {
+		tags = append(tags, iter.Val()[:len(iter.Val())-len(":own")])
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("state: list partitions: %w", err)
+	}
+	if len(tags) == 0 || len(items) == 0 {
+		return out, nil
+	}
+	s := &Store{cfg: Config{Buckets: DefaultBuckets}, slotSec: int64(DefaultSlot / time.Second)}
+	pipe := client.Pipeline()
+	type q struct {
+		i   int
+		cmd *redis.BoolCmd
+	}
+	var qs []q
+	for i, it := range items {
+		if it.Key == "" {
+			continue
+		}
+		d := Digest(it.Key)
+		for _, tag := range tags {
+			qs = append(qs, q{i, pipe.SIsMember(ctx, s.bucketKey(tag, it.SendTime, d), d)})
+		}
+	}
+	if len(qs) == 0 {
+		return out, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("state: look up marks: %w", err)
+	}
+	for _, x := range qs {
+		if x.cmd.Val() {
+			out[x.i] = true
+		}
+	}
+	return out, nil
+}

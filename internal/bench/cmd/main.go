@@ -41,7 +41,7 @@ func run() error {
 	users := flag.Int("users", 0, "users (0 = the scenario's default)")
 	partitions := flag.Int("partitions", 4, "partitions of the consumer scenario's topic")
 	duration := flag.Duration("duration", 0, "paced scenarios' run time (0 = default)")
-	variant := flag.String("variant", "", "consumer scenario diagnostics: no_limiter | no_flush_wait (processor.pipeline_flush=0) | leases (dedup.store: leases) | bare (no dedup, limiter, breaker)")
+	variant := flag.String("variant", "", "consumer scenario diagnostics: no_limiter | no_flush_wait (processor.pipeline_flush=0) | bare (no dedup, limiter, breaker)")
 	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address while running")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the scenario to this file")
 	logLevel := flag.String("log-level", "error", "log level of the scenario's components (debug shows librdkafka's debug lines, see -kafka-set debug=...)")
@@ -133,8 +133,6 @@ func run() error {
 					c.RateLimit.Enabled = false
 				case "no_flush_wait":
 					c.Processor.PipelineFlush = 0
-				case "leases":
-					c.Dedup.Store = "leases"
 				}
 			}})
 		results = []bench.Result{r}
