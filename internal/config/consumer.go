@@ -56,10 +56,6 @@ type Processor struct {
 	MaxMessageBytes    int           `mapstructure:"max_message_bytes"`
 	PipelineFlush      time.Duration `mapstructure:"pipeline_flush"` // Redis batching window
 	PipelineMaxBatched int           `mapstructure:"pipeline_max_batched"`
-	// ClaimAhead is how many of a user's queued messages have their dedup
-	// keys claimed in one Redis round trip before their turn (0: one claim
-	// per message, when its turn comes).
-	ClaimAhead int `mapstructure:"claim_ahead"`
 	// DeadLetterQueue is how many dead letters of one partition may wait
 	// for their durable DLQ write before the partition is paused (it
 	// resumes below half of it): a slow DLQ then holds back only the
@@ -227,7 +223,7 @@ func defaultConsumer(env string) Consumer {
 		Common: defaultCommon(env, "consumer"),
 		Processor: Processor{MailboxSize: 256, IdleTimeout: 2 * time.Minute, MaxInFlight: 20000, ResumeBelow: 10000,
 			RetryAttempts: 3, RetryBase: 100 * time.Millisecond, RetryMax: 2 * time.Second, AttemptTimeout: 10 * time.Second,
-			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256, ClaimAhead: 32,
+			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256,
 			// 1024 dead letters waiting per partition: four poll batches
 			// (256), so one batch of refusals never pauses a partition
 			// while the DLQ acknowledges in milliseconds, and a twentieth
@@ -265,7 +261,6 @@ func (c *Consumer) Validate() error {
 	// Mapped onto the once client's batch: its bounds.
 	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, once.MaxFlushInterval)
 	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, once.MaxBatchLimit)
-	v.between("processor.claim_ahead", p.ClaimAhead, 0, 4096)
 	// Above processor.max_in_flight it never pauses: the in-flight cap,
 	// which counts the same letters, pauses first.
 	v.between("processor.dead_letter_queue", p.DeadLetterQueue, 1, 1<<20)

@@ -131,7 +131,6 @@ var outOfRange = map[string]struct {
 	"idgen.sequencer.ttl":       {bad: "1ms", readBy: rP},
 
 	"processor.attempt_timeout":          {bad: "0s", readBy: rC},
-	"processor.claim_ahead":              {bad: 5000, readBy: rC},
 	"processor.dead_letter_queue":        {bad: 0, readBy: rC},
 	"processor.idle_timeout":             {bad: "1ms", readBy: rC},
 	"processor.mailbox_size":             {bad: 0, readBy: rC},
