@@ -34,7 +34,7 @@ func TestConsoleOverviewOfRunningPipeline(t *testing.T) {
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 1, SinkSleep: time.Millisecond,
 		ConsumerEnv: limited, DLQEnv: limited})
 	Run(t, "console-overview", p, Load{Total: 3000, Users: 200, Rate: 100, BotPerMin: 600}, time.Minute, func(ctx context.Context, p *Pipeline, rec *Report) error {
-		poll := func(what, expr string, within time.Duration) { t.Helper(); testenv.PollJS(t, bctx, what, expr, within) }
+		poll := func(what, expr string, within time.Duration) error { return testenv.WaitJS(bctx, what, expr, within) }
 		if err := consoleLogin(bctx, p.AdminURL); err != nil {
 			return err
 		}
@@ -44,20 +44,30 @@ func TestConsoleOverviewOfRunningPipeline(t *testing.T) {
 			accounts = append(accounts, fmt.Sprintf(`document.querySelector('#accounts tr[data-kf="%s"] td:nth-child(2)')?.textContent === "ok"
 				&& document.querySelector('#accounts tr[data-kf="%s"] td:nth-child(3)')?.textContent.endsWith(" ago")`, kf, kf))
 		}
-		poll("every account synced, horizon ok", strings.Join(accounts, " && "), 45*time.Second)
-		poll("one row per partition with the lag", fmt.Sprintf(`document.querySelectorAll('#partitions tbody tr').length === %d
+		if err := poll("every account synced, horizon ok", strings.Join(accounts, " && "), 45*time.Second); err != nil {
+			return err
+		}
+		if err := poll("one row per partition with the lag", fmt.Sprintf(`document.querySelectorAll('#partitions tbody tr').length === %d
 			&& /^[0-9]+$/.test(document.querySelector('#ov-lag').textContent)
-			&& document.querySelector('#ov-lag-error').textContent === ""`, p.Opts.Partitions), 30*time.Second)
-		poll("the dead letters of the last hour charted", `parseInt(document.querySelector('#ov-inflow').textContent) > 0
-			&& document.querySelectorAll('#inflow-chart svg rect').length > 0`, 30*time.Second)
-		poll("throughput in and out between two refreshes", `(() => { const m = document.querySelector('#ov-rate').textContent.match(/^([0-9.]+) \/ ([0-9.]+)$/);
-			return m !== null && parseFloat(m[1]) > 0 && parseFloat(m[2]) > 0; })()`, 30*time.Second)
+			&& document.querySelector('#ov-lag-error').textContent === ""`, p.Opts.Partitions), 30*time.Second); err != nil {
+			return err
+		}
+		if err := poll("the dead letters of the last hour charted", `parseInt(document.querySelector('#ov-inflow').textContent) > 0
+			&& document.querySelectorAll('#inflow-chart svg rect').length > 0`, 30*time.Second); err != nil {
+			return err
+		}
+		if err := poll("throughput in and out between two refreshes", `(() => { const m = document.querySelector('#ov-rate').textContent.match(/^([0-9.]+) \/ ([0-9.]+)$/);
+			return m !== null && parseFloat(m[1]) > 0 && parseFloat(m[2]) > 0; })()`, 30*time.Second); err != nil {
+			return err
+		}
 		// The on-call cards: the verdict of every area, both topics with
 		// their in-sync replicas.
-		poll("the health verdict and the Kafka card", `document.querySelectorAll('#hv-areas .area').length === 5
+		if err := poll("the health verdict and the Kafka card", `document.querySelectorAll('#hv-areas .area').length === 5
 			&& ["green", "amber", "red", "unknown"].includes(document.querySelector('#hv-state')?.textContent)
 			&& document.querySelectorAll('#kc-topics tr[data-topic="main"]').length > 0
-			&& document.querySelectorAll('#kc-topics tr[data-topic="dlq"]').length > 0`, 30*time.Second)
+			&& document.querySelectorAll('#kc-topics tr[data-topic="dlq"]').length > 0`, 30*time.Second); err != nil {
+			return err
+		}
 		if lag, err := chromedp.Run(bctx, chromedp.TextContent(chromedp.CSS("#ov-lag"))); err == nil {
 			rec.Extra("overview_lag", lag)
 		}

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -56,11 +57,20 @@ func Run(t *testing.T, name string, p *Pipeline, load Load, settle time.Duration
 	}()
 	faultDone := make(chan error, 1)
 	go func() {
-		if fault == nil {
-			faultDone <- nil
-			return
+		sent := false
+		defer func() {
+			// A fault that calls t.Fatal (or runtime.Goexit) ends this
+			// goroutine without returning; the run must not wait forever.
+			if !sent {
+				faultDone <- errors.New("the fault ended without returning (t.Fatal in the fault's goroutine?)")
+			}
+		}()
+		var err error
+		if fault != nil {
+			err = fault(ctx, p, rec)
 		}
-		faultDone <- fault(ctx, p, rec)
+		sent = true
+		faultDone <- err
 	}()
 	if err := <-fed; err != nil {
 		t.Errorf("%s: feeding: %v", name, err)

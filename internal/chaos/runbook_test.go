@@ -152,7 +152,7 @@ func TestRunbookDLQGrowing(t *testing.T) {
 			if err := consoleLogin(bctx, p.AdminURL); err != nil {
 				return err
 			}
-			poll := func(what, expr string, within time.Duration) { t.Helper(); testenv.PollJS(t, bctx, what, expr, within) }
+			poll := func(what, expr string, within time.Duration) error { return testenv.WaitJS(bctx, what, expr, within) }
 			if err := chromedp.Do(bctx,
 				chromedp.SetValue(chromedp.CSS("#f-reason"), "downstream_error"),
 				chromedp.Click(chromedp.CSS("#f-apply")),
@@ -160,8 +160,10 @@ func TestRunbookDLQGrowing(t *testing.T) {
 			); err != nil {
 				return fmt.Errorf("console: filter and retry: %w", err)
 			}
-			poll("the dry run in the reason dialog", `document.querySelector('#reason-dialog').open
-				&& document.querySelector('#dry-run p[data-count]') !== null`, 30*time.Second)
+			if err := poll("the dry run in the reason dialog", `document.querySelector('#reason-dialog').open
+				&& document.querySelector('#dry-run p[data-count]') !== null`, 30*time.Second); err != nil {
+				return err
+			}
 			plan, err := chromedp.Run(bctx, chromedp.TextContent(chromedp.CSS("#dry-run p")))
 			if err != nil {
 				return fmt.Errorf("console: read the dry run: %w", err)
@@ -176,8 +178,10 @@ func TestRunbookDLQGrowing(t *testing.T) {
 			); err != nil {
 				return fmt.Errorf("console: confirm: %w", err)
 			}
-			poll("the batch done in the Batches card", `(() => { const r = document.querySelector('#batches tbody tr[data-state]');
-				return r !== null && r.dataset.state === "done"; })()`, 2*time.Minute)
+			if err := poll("the batch done in the Batches card", `(() => { const r = document.querySelector('#batches tbody tr[data-state]');
+				return r !== null && r.dataset.state === "done"; })()`, 2*time.Minute); err != nil {
+				return err
+			}
 			if err := waitDelivered(ctx, p, p.feeder, web, 2*time.Minute); err != nil {
 				rec.Problem("after the console's retry: %v", err)
 			}

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -54,12 +55,23 @@ func Browser(t testing.TB, timeout time.Duration) context.Context {
 }
 
 // PollJS waits (up to within) until the JavaScript expression expr is
-// true in the browser; on timeout it fails t with the page's text.
+// true in the browser; on timeout it fails t with the page's text. It
+// calls t.Fatal, so only the test's goroutine may call it: elsewhere (a
+// chaos scenario's fault) use WaitJS.
 func PollJS(t testing.TB, bctx context.Context, what, expr string, within time.Duration) {
 	t.Helper()
+	if err := WaitJS(bctx, what, expr, within); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// WaitJS waits (up to within) until the JavaScript expression expr is
+// true in the browser; on timeout its error has the page's text.
+func WaitJS(bctx context.Context, what, expr string, within time.Duration) error {
 	ok, err := chromedp.Run(bctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(within), chromedp.WithPollingInterval(50*time.Millisecond)))
 	if err != nil || !ok {
 		text, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerText`))
-		t.Fatalf("%s: waiting for %s: %v\npage text:\n%s", what, expr, err, strings.TrimSpace(text))
+		return fmt.Errorf("%s: waiting for %s: %v\npage text:\n%s", what, expr, err, strings.TrimSpace(text))
 	}
+	return nil
 }
