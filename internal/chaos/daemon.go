@@ -140,6 +140,42 @@ func (d *Daemon) Kill9() (Kill, error) {
 	return k, nil
 }
 
+// Freeze SIGSTOPs the current incarnation: a zombie that neither works nor
+// heartbeats until Thaw. The freeze is recorded like a kill (the judge's
+// in-flight window and the users' stall count from it): what the process
+// had sent before it froze may have had its effect without its mark.
+func (d *Daemon) Freeze() (Kill, error) {
+	d.mu.Lock()
+	cmd, tag := d.cmd, d.tagLocked()
+	d.mu.Unlock()
+	if cmd == nil {
+		return Kill{}, fmt.Errorf("%s: not started", d.Name)
+	}
+	k := Kill{Tag: tag, At: time.Now()}
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return k, fmt.Errorf("%s: SIGSTOP: %w", tag, err)
+	}
+	if d.onKill != nil {
+		d.onKill(k)
+	}
+	return k, nil
+}
+
+// Thaw SIGCONTs a frozen incarnation: it resumes where it stopped, with
+// its clock jumped forward.
+func (d *Daemon) Thaw() error {
+	d.mu.Lock()
+	cmd, tag := d.cmd, d.tagLocked()
+	d.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("%s: not started", d.Name)
+	}
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return fmt.Errorf("%s: SIGCONT: %w", tag, err)
+	}
+	return nil
+}
+
 // Stop sends SIGTERM and waits up to timeout for a clean exit. A process
 // still alive then is killed, and Stop reports the hang; a non-zero exit
 // status is reported too.

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,11 +42,15 @@ type Sink struct {
 	failures   map[string]int // user → 500 answers
 	down       bool           // the whole downstream answers 503
 	downCalls  int            // 503 answers given while down
+	fence      bool           // Fence: refuse tokens older than a user's newest
+	tokens     map[string]int64
+	fenced     int // requests refused for an old token
 }
 
 // NewSink starts a Sink on a loopback port; Close stops it.
 func NewSink(sleepMax time.Duration) *Sink {
-	s := &Sink{sleepMax: sleepMax, seen: map[string]int{}, failUsers: map[string]bool{}, failures: map[string]int{}}
+	s := &Sink{sleepMax: sleepMax, seen: map[string]int{}, failUsers: map[string]bool{}, failures: map[string]int{},
+		tokens: map[string]int64{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	return s
 }
@@ -99,8 +104,23 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 	if s.sleepMax > 0 {
 		time.Sleep(rand.N(s.sleepMax + 1))
 	}
+	token, _ := strconv.ParseInt(r.Header.Get("Kfpipe-Fencing-Token"), 10, 64)
 	now := time.Now()
 	s.mu.Lock()
+	if s.fence {
+		// A downstream that keeps the newest fencing token per user (a
+		// user's messages share a partition, whose tokens only grow)
+		// refuses an owner that lost the partition once its successor
+		// was heard from. 409 is a failure, not an effect: the old owner
+		// records no mark for it.
+		if token < s.tokens[m.ExternalUserID] {
+			s.fenced++
+			s.mu.Unlock()
+			http.Error(w, "sink: fencing token older than the user's newest", http.StatusConflict)
+			return
+		}
+		s.tokens[m.ExternalUserID] = token
+	}
 	s.deliveries = append(s.deliveries, Delivery{Seq: len(s.deliveries), MsgID: m.UpstreamMsgID, OpenKfID: m.OpenKfID,
 		User: m.ExternalUserID, Tag: tag, At: now})
 	s.seen[m.UpstreamMsgID]++
@@ -114,6 +134,21 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 	answer, _ := json.Marshal(map[string]any{"replies": []any{
 		map[string]any{"msgtype": "text", "text": map[string]any{"content": ReplyText(m.UpstreamMsgID)}}}})
 	_, _ = w.Write(answer)
+}
+
+// Fence makes the Sink check each request's Kfpipe-Fencing-Token against
+// the newest it accepted for the user and refuse (409) an older one.
+func (s *Sink) Fence(on bool) {
+	s.mu.Lock()
+	s.fence = on
+	s.mu.Unlock()
+}
+
+// Fenced counts the requests refused for an old token.
+func (s *Sink) Fenced() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fenced
 }
 
 // ReplyText is the reply the Sink asks for to the message msgid.
