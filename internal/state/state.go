@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -243,22 +244,43 @@ func (s *Store) Look(ctx context.Context, topic string, partition int32, items [
 	return out, nil
 }
 
+// scanAll lists the keys matching match: on a Redis Cluster on every
+// master (a SCAN sees one node's keys), elsewhere with one SCAN.
+func scanAll(ctx context.Context, client redis.UniversalClient, match string) ([]string, error) {
+	var mu sync.Mutex
+	var keys []string
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		iter := c.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return scan(ctx, m) })
+		return keys, err
+	}
+	return keys, scan(ctx, client)
+}
+
 // DoneAnywhere reports which items are marked done in any partition of
 // any topic of the store under keyPrefix, with the default Slot and
 // Buckets, for readers that know a message but not its partition (the
-// admin, the DLQ's settling): one SCAN of the ownership records, then one
+// admin, the DLQ's settling): one SCAN of the ownership records (on every master of a Redis Cluster), then one
 // pipeline of SMISMEMBER per partition. A digest is 63 bits, so asking
 // every partition adds a false "done" at a rate of partitions × 2⁻⁶³ per
 // marked message.
 func DoneAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefix string, items []Item) ([]bool, error) {
 	out := make([]bool, len(items))
-	var tags []string
-	iter := client.Scan(ctx, 0, keyPrefix+"st:{*}:own", 1000).Iterator()
-	for iter.Next(ctx) {
-		tags = append(tags, iter.Val()[:len(iter.Val())-len(":own")])
-	}
-	if err := iter.Err(); err != nil {
+	owns, err := scanAll(ctx, client, keyPrefix+"st:{*}:own")
+	if err != nil {
 		return nil, fmt.Errorf("state: list partitions: %w", err)
+	}
+	tags := make([]string, len(owns))
+	for i, k := range owns {
+		tags[i] = k[:len(k)-len(":own")]
 	}
 	if len(tags) == 0 || len(items) == 0 {
 		return out, nil

@@ -573,3 +573,54 @@ func TestMarkLargeBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestDoneAnywhere: a reader that knows a message but not its partition
+// (the admin, the DLQ's settling) finds the marks of every partition — on
+// one Redis and on a Redis Cluster, where the partitions' keys live on
+// different masters and one SCAN would see only one of them.
+func TestDoneAnywhere(t *testing.T) {
+	cluster, cprefix := testenv.RedisCluster(t)
+	single, sprefix := testenv.Redis(t)
+	for _, tc := range []struct {
+		name   string
+		rdb    redis.UniversalClient
+		prefix string
+	}{{"single", single, sprefix}, {"cluster", cluster, cprefix}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t, tc.rdb, tc.prefix, "a", nil)
+			const parts = 8
+			var marked, unmarked []Item
+			for p := range int32(parts) {
+				l := acquire(t, s, "topic", p, 5*time.Second)
+				it := msgs(1_700_000_000+int64(p), fmt.Sprintf("kf:done-%d", p))
+				if err := l.Mark(ctxT(t, 5*time.Second), 0, it); err != nil {
+					t.Fatalf("Mark on partition %d: %v", p, err)
+				}
+				marked = append(marked, it...)
+				unmarked = append(unmarked, msgs(1_700_000_000+int64(p), fmt.Sprintf("kf:never-%d", p))...)
+			}
+			if tc.name == "cluster" {
+				nodes := map[string]bool{}
+				for p := range int32(parts) {
+					addr, err := cluster.MasterForKey(ctxT(t, 5*time.Second), s.ownKey("topic", p))
+					if err != nil {
+						t.Fatal(err)
+					}
+					nodes[addr.Options().Addr] = true
+				}
+				if len(nodes) < 2 {
+					t.Fatalf("the %d partitions' keys are on %d master(s); the test needs them spread", parts, len(nodes))
+				}
+			}
+			got, err := DoneAnywhere(ctxT(t, 10*time.Second), tc.rdb, tc.prefix, append(marked, unmarked...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, done := range got {
+				if want := i < len(marked); done != want {
+					t.Errorf("item %d (%s): done %v, want %v", i, append(marked, unmarked...)[i].Key, done, want)
+				}
+			}
+		})
+	}
+}
