@@ -18,8 +18,8 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/consumer"
-	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/reply"
+	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
@@ -32,6 +32,7 @@ type replyRig struct {
 	fx   *reply.Effects
 	reg  *prometheus.Registry
 	logs *observer.ObservedLogs
+	log  consumer.ReplyLog
 	cut  atomic.Pointer[func(w http.ResponseWriter, r *http.Request) bool]
 }
 
@@ -50,16 +51,42 @@ func newReplyRig(t *testing.T) *replyRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oc, err := once.New(context.Background(), "replies-test", once.Config{Client: rdb, KeyPrefix: prefix + "reply:",
-		Lease: 2 * time.Second})
+	// The replies are kept where the consumer keeps them: in the
+	// partition's lease of the state store.
+	st, err := state.New(context.Background(), state.Config{Client: rdb, KeyPrefix: prefix, Lease: 2 * time.Second, TTL: reply.TTL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = oc.Close() })
+	l, err := st.Acquire(context.Background(), "main", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	rig.log = leaseLog{l}
 	core, logs := observer.New(zap.WarnLevel)
 	rig.reg, rig.logs = prometheus.NewRegistry(), logs
-	rig.fx = reply.New(oc, kc, rig.reg, reply.WithLogger(zap.New(core)))
+	rig.fx = reply.New(kc, rig.reg, reply.WithLogger(zap.New(core)))
 	return rig
+}
+
+// leaseLog is a state lease as the consumer's reply log.
+type leaseLog struct{ l *state.Lease }
+
+func (ll leaseLog) Replied(ctx context.Context, it consumer.StateItem) (string, bool, error) {
+	return ll.l.Replied(ctx, state.Item{Key: it.Key, SendTime: it.SendTime})
+}
+
+func (ll leaseLog) RecordReply(ctx context.Context, it consumer.StateItem, record string) error {
+	return ll.l.RecordReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime}, record)
+}
+
+// wrap is reply.Wrap with the rig's reply log in each call's context, as
+// the consumer gives a handler its partition's lease.
+func (rig *replyRig) wrap(h consumer.Handler) consumer.Handler {
+	w := reply.Wrap(h, rig.fx)
+	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
+		return w.Handle(consumer.WithReplyLog(ctx, rig.log), c)
+	})
 }
 
 // message returns the chat message of the fake's upstream message id.
@@ -103,13 +130,13 @@ func TestRerunHandlerRepliesOnce(t *testing.T) {
 	rig := newReplyRig(t)
 	c := rig.message(t, rig.fake.AddText("wk", "u1", "hi"))
 	var calls atomic.Int32
-	h := reply.Wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+	h := rig.wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
 		calls.Add(1)
 		if err := Reply(ctx, kf.Text{Content: "one"}); err != nil {
 			return err
 		}
 		return Reply(ctx, kf.Text{Content: "two"})
-	})), rig.fx)
+	})))
 	ctx, cancel := context.WithCancel(context.Background())
 	rig.killSecondSend(cancel)
 	if err := h.Handle(ctx, c); err == nil {
@@ -141,9 +168,9 @@ func TestDifferentReplyOnRerunIsReported(t *testing.T) {
 	c := rig.message(t, id)
 	texts := []string{"one", "other", "one"}
 	var run atomic.Int32
-	h := reply.Wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+	h := rig.wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
 		return Reply(ctx, kf.Text{Content: texts[run.Add(1)-1]})
-	})), rig.fx)
+	})))
 	for range texts {
 		if err := h.Handle(context.Background(), c); err != nil {
 			t.Fatal(err)
@@ -171,7 +198,7 @@ func TestDifferentReplyOnRerunIsReported(t *testing.T) {
 func TestRoutineRefusalFinishesMessage(t *testing.T) {
 	rig := newReplyRig(t)
 	var last error
-	h := reply.Wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
+	h := rig.wrap(adapt(HandlerFunc(func(ctx context.Context, m *Message) error {
 		n := 1
 		if text, _ := m.Text(); text == "six" {
 			n = 6
@@ -182,7 +209,7 @@ func TestRoutineRefusalFinishesMessage(t *testing.T) {
 			}
 		}
 		return nil
-	})), rig.fx)
+	})))
 	ctx := context.Background()
 	if err := h.Handle(ctx, rig.message(t, rig.fake.AddText("wk", "u5", "six"))); err != nil {
 		t.Fatalf("six replies: the handler's refusal was not settled: %v", err)
@@ -261,7 +288,7 @@ func TestWebhookAnswerRepliesOnce(t *testing.T) {
 	}))
 	defer receiver.Close()
 	ih := consumer.WebhookHandler(receiver.URL, 5*time.Second, nil, "", webhookReplies)
-	h := reply.Wrap(ih, rig.fx)
+	h := rig.wrap(ih)
 	ctx, cancel := context.WithCancel(context.Background())
 	rig.killSecondSend(cancel)
 	if err := h.Handle(ctx, c); err == nil {

@@ -33,7 +33,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/media"
-	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -295,12 +294,7 @@ func New(t TB, h kfpipe.Handler, opts ...Option) *Harness {
 	if hs.keeper, err = hs.newKeeper(); err != nil {
 		t.Fatalf("kfpipetest: %v", err)
 	}
-	oc, err := once.New(context.Background(), "kfpipetest", once.Config{Client: rdb, KeyPrefix: "kfpipetest:reply:"})
-	if err != nil {
-		t.Fatalf("kfpipetest: %v", err)
-	}
-	t.Cleanup(func() { _ = oc.Close() })
-	hs.fx = reply.New(oc, kc, nil, reply.WithObserver(hs.observe),
+	hs.fx = reply.New(kc, nil, reply.WithObserver(hs.observe),
 		reply.WithSessions(reply.NewSessions(rdb, "kfpipetest:", 0)))
 	return hs
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/consumer"
-	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
@@ -53,13 +52,7 @@ func Replies(e *Env, o ConsumerOptions) (Result, error) {
 		if err != nil {
 			return run{}, err
 		}
-		oc, err := once.New(context.Background(), "bench-replies", once.Config{Client: e.Redis,
-			KeyPrefix: e.Prefix + ":" + name + ":reply:", Batch: once.BatchConfig{Enabled: true}})
-		if err != nil {
-			return run{}, err
-		}
-		defer oc.Close()
-		fx := reply.New(oc, kc, nil)
+		fx := reply.New(kc, nil)
 		h := &counter{target: int64(o.Msgs)}
 		send := func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
 			_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, kf.Text{Content: "Thanks, we got your message."})

@@ -163,10 +163,11 @@ func (s *redisState) Acquire(ctx context.Context, topic string, partition int32)
 	if err != nil {
 		return nil, err
 	}
-	return &redisLease{s: s, key: key, owner: owner, token: tok, lost: make(chan struct{})}, nil
+	return &redisLease{MemReplyLog: NewMemReplyLog(), s: s, key: key, owner: owner, token: tok, lost: make(chan struct{})}, nil
 }
 
 type redisLease struct {
+	*MemReplyLog
 	s          *redisState
 	key, owner string
 	token      int64

@@ -215,7 +215,7 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 		case <-watched:
 		}
 	}()
-	err = run(context.WithValue(c.runCtx, fencingKey{}, l.Token()), g)
+	err = run(withLease(c.runCtx, l), g)
 	close(watched)
 	if err != nil {
 		return false, err

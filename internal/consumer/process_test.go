@@ -46,7 +46,7 @@ func (s *memState) Acquire(context.Context, string, int32) (Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.token++
-	s.cur = &memLease{s: s, token: s.token, lost: make(chan struct{})}
+	s.cur = &memLease{MemReplyLog: NewMemReplyLog(), s: s, token: s.token, lost: make(chan struct{})}
 	return s.cur, nil
 }
 
@@ -71,6 +71,7 @@ func (s *memState) loseLease() {
 }
 
 type memLease struct {
+	*MemReplyLog
 	s     *memState
 	token int64
 	lost  chan struct{}

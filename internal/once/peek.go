@@ -2,6 +2,7 @@ package once
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -34,6 +35,20 @@ func Done(ctx context.Context, rdb redis.UniversalClient, prefix string, keys []
 		}
 	}
 	return out, nil
+}
+
+// DoneValue returns the value stored with key's done marker under prefix
+// (ok false when key is not done): what the call's result was.
+func DoneValue(ctx context.Context, rdb redis.UniversalClient, prefix, key string) (value string, ok bool, err error) {
+	v, err := rdb.Get(ctx, prefix+key).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("once: reading a done marker: %w", err)
+	}
+	value, ok = strings.CutPrefix(v, donePrefix)
+	return value, ok, nil
 }
 
 // UserItem is a message of the leases store: its idempotency key and

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
@@ -88,9 +89,13 @@ func routine(err error) error {
 // within the DLQ's 7 — never sends it again.
 const TTL = 7 * 24 * time.Hour
 
-// Effects sends replies through one WeChat client under one claim store.
+// Effects sends replies through one WeChat client. Each reply is recorded
+// in the reply log of the handler's context (consumer.ReplyLogOf: the
+// partition's lease, beside the message's done marks), or in a log of its
+// own when the handler runs without one.
 type Effects struct {
-	once       *once.Client
+	own        *consumer.MemReplyLog // the log of calls whose context has none
+	legacy     *legacyReplies        // the old reply claims, read during the switch-over
 	kf         *kf.Client
 	outcome    *prometheus.CounterVec
 	counts     [len(outcomes)]atomic.Int64
@@ -141,10 +146,10 @@ func (fx *Effects) count(i int) {
 	fx.outcome.WithLabelValues(outcomes[i]).Inc()
 }
 
-// New builds Effects on the given claim store and client; reg (nil: none)
-// gets kfpipe_replies_total{outcome} and kfpipe_reply_mismatch_total.
-func New(oc *once.Client, kc *kf.Client, reg prometheus.Registerer, opts ...Option) *Effects {
-	fx := &Effects{once: oc, kf: kc, outcome: prometheus.NewCounterVec(prometheus.CounterOpts{
+// New builds Effects on the given client; reg (nil: none) gets
+// kfpipe_replies_total{outcome} and kfpipe_reply_mismatch_total.
+func New(kc *kf.Client, reg prometheus.Registerer, opts ...Option) *Effects {
+	fx := &Effects{own: consumer.NewMemReplyLog(), kf: kc, outcome: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kfpipe_replies_total",
 		Help: "Replies (send_msg, welcome messages, session transfers) by outcome: sent, skipped (already sent for this message: a re-run handler), refused (a WeChat refusal that retrying cannot fix), failed (retried with the message), servicer_session (refused with 95018: a human servicer holds the session).",
 	}, []string{"outcome"}), mismatch: prometheus.NewCounter(prometheus.CounterOpts{
@@ -181,13 +186,13 @@ func FromConfig(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (*
 	if err != nil {
 		return nil, nil, fmt.Errorf("wecom: %w", err)
 	}
-	oc, err := once.New(ctx, "replies", once.Config{Client: base.Redis, KeyPrefix: cfg.Redis.KeyPrefix + "reply:",
-		Lease: cfg.Dedup.Lease, Batch: once.BatchConfig{Enabled: true}}, once.WithLogger(base.Log))
-	if err != nil {
-		return nil, nil, fmt.Errorf("replies: %w", err)
+	opts := []Option{WithLogger(base.Log), WithSessions(NewSessions(base.Redis, cfg.Redis.KeyPrefix, 0))}
+	if cfg.Dedup.Legacy == "read" {
+		// For one dedup.ttl after the switch to the per-partition store:
+		// the replies the old claims recorded (docs/operations.md).
+		opts = append(opts, WithLegacyClaims(base.Redis, cfg.Redis.KeyPrefix+"reply:"))
 	}
-	sessions := NewSessions(base.Redis, cfg.Redis.KeyPrefix, 0)
-	return New(oc, kc, base.Registry, WithLogger(base.Log), WithSessions(sessions)), func() { _ = oc.Close() }, nil
+	return New(kc, base.Registry, opts...), func() {}, nil
 }
 
 // Counts returns the replies counted so far by outcome.
@@ -206,13 +211,16 @@ func (fx *Effects) Mismatches() int { return int(fx.mismatches.Load()) }
 // Target is the message being answered.
 type Target struct {
 	OpenKfID, UpstreamMsgID, User string
+	// SendTime is the message's send_time (Unix seconds): its replies are
+	// kept with its done mark, by send time.
+	SendTime int64
 	// WelcomeCode is an enter_session event's code ("" otherwise).
 	WelcomeCode string
 }
 
 // TargetOf returns the Target of a consumed message.
 func TargetOf(c *chatmsg.ChatMessage) Target {
-	t := Target{OpenKfID: c.OpenKfID, UpstreamMsgID: c.UpstreamMsgID, User: c.ExternalUserID}
+	t := Target{OpenKfID: c.OpenKfID, UpstreamMsgID: c.UpstreamMsgID, User: c.ExternalUserID, SendTime: c.SendTime}
 	if c.MsgType == "event" {
 		t.WelcomeCode = welcomeCode(c.Content)
 	}
@@ -322,23 +330,41 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 	s.mu.Unlock()
 	to := s.to
 	fx := s.fx
-	key := to.OpenKfID + ":" + to.UpstreamMsgID + ":" + strconv.Itoa(n)
+	it := consumer.StateItem{Key: to.OpenKfID + ":" + to.UpstreamMsgID + ":" + strconv.Itoa(n), SendTime: to.SendTime, User: to.User}
 	fp := Fingerprint(what, content)
+	log, ok := consumer.ReplyLogOf(ctx)
+	if !ok {
+		log = fx.own
+	}
+	mark, done, err := log.Replied(ctx, it)
+	if err == nil && !done && fx.legacy != nil {
+		mark, done, err = fx.legacy.replied(ctx, it.Key)
+	}
+	if err != nil {
+		// The store, not WeChat: the message is retried.
+		return "", fmt.Errorf("%s: %w", what, err)
+	}
 	var result string
-	mark, st, err := fx.once.ExecuteStatus(ctx, key, TTL, func(ctx context.Context) ([]byte, error) {
-		r, err := send(ctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
-		result = r
-		if r != "" {
-			return []byte(fp + markSep + r), err
+	if !done {
+		result, err = send(ctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
+		if err == nil {
+			record := fp
+			if result != "" {
+				record = fp + markSep + result
+			}
+			if rerr := log.RecordReply(ctx, it, record); rerr != nil {
+				// Sent but not recorded: the message is retried and the
+				// reply sent again with the same msgid.
+				err = fmt.Errorf("reply sent, not recorded: %w", rerr)
+			}
 		}
-		return []byte(fp), err
-	})
+	}
 	a := Attempt{Target: to, What: what, N: n, Content: content, Fingerprint: fp}
 	switch {
-	case err == nil && st == once.StatusDuplicate:
+	case err == nil && done:
 		fx.count(1)
 		a.Outcome = "skipped"
-		earlier, r, _ := strings.Cut(string(mark), markSep)
+		earlier, r, _ := strings.Cut(mark, markSep)
 		result = r
 		if e := earlier; e != "" && fp != "" && e != fp {
 			a.Earlier = e
@@ -378,6 +404,31 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 		fx.observe(a)
 	}
 	return result, err
+}
+
+// legacyReplies reads the replies the old claims store recorded (done
+// markers under prefix), for one dedup.ttl after the switch to the
+// per-partition store.
+type legacyReplies struct {
+	rdb    redis.UniversalClient
+	prefix string
+}
+
+func (l *legacyReplies) replied(ctx context.Context, key string) (string, bool, error) {
+	v, ok, err := once.DoneValue(ctx, l.rdb, l.prefix, key)
+	if err != nil {
+		return "", false, fmt.Errorf("read the old reply claims: %w", err)
+	}
+	return v, ok, nil
+}
+
+// WithLegacyClaims makes a reply the reply log has not recorded also be
+// looked up among the old claims store's done markers under prefix (the
+// consumer's key prefix + "reply:"): a handler that runs again after the
+// switch to the per-partition store does not send again what it sent
+// before it.
+func WithLegacyClaims(rdb redis.UniversalClient, prefix string) Option {
+	return func(fx *Effects) { fx.legacy = &legacyReplies{rdb: rdb, prefix: prefix} }
 }
 
 // markSep separates a done mark's fingerprint from the reply's result.

@@ -99,6 +99,16 @@ func (pl *partitionLease) Mark(it consumer.StateItem, offset int64, done func(bo
 	})
 }
 
+// Replied implements consumer.ReplyLog.
+func (pl *partitionLease) Replied(ctx context.Context, it consumer.StateItem) (string, bool, error) {
+	return pl.l.Replied(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User})
+}
+
+// RecordReply implements consumer.ReplyLog.
+func (pl *partitionLease) RecordReply(ctx context.Context, it consumer.StateItem, record string) error {
+	return pl.l.RecordReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, record)
+}
+
 // markRetryFor is how long a done mark the lease's marker could not take
 // is retried (through a Redis outage).
 const markRetryFor = 10 * time.Minute

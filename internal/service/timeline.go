@@ -15,6 +15,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/reply"
+	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
@@ -154,28 +155,40 @@ func timelineRecord(m *kafka.Message) admin.TopicRecord {
 	return r
 }
 
-// Effects reads, for each message, its dedup mark (either dedup store) and
-// its reply marks: MGETs and SMISMEMBERs, nothing claimed.
+// Effects reads, for each message, its done mark and its replies (in the
+// state store, and the old stores' keys while they live): nothing claimed.
 func (p pipelineView) Effects(ctx context.Context, user string, msgs []admin.MessageRef) ([]admin.MessageEffects, error) {
 	keys := make([]string, len(msgs))
 	qs := make([]once.UserDone, len(msgs))
 	var replyKeys []string
+	var replyItems []state.Item
 	for i, m := range msgs {
 		if m.OpenKfID != "" && m.UpstreamMsgID != "" {
 			keys[i] = (&chatmsg.ChatMessage{OpenKfID: m.OpenKfID, UpstreamMsgID: m.UpstreamMsgID}).DedupKey()
 		}
 		qs[i] = once.UserDone{User: user, UserItem: once.UserItem{Key: keys[i], SendTime: m.SendTime}}
 		for n := range timelineReplies {
-			replyKeys = append(replyKeys, m.OpenKfID+":"+m.UpstreamMsgID+":"+strconv.Itoa(n))
+			k := m.OpenKfID + ":" + m.UpstreamMsgID + ":" + strconv.Itoa(n)
+			replyKeys = append(replyKeys, k)
+			replyItems = append(replyItems, state.Item{Key: k, SendTime: m.SendTime})
 		}
 	}
 	done, err := dlqStore{rdb: p.rdb, prefix: p.prefix}.doneKeys(ctx, qs)
 	if err != nil {
 		return nil, err
 	}
-	sent, err := once.Done(ctx, p.rdb, p.prefix+"reply:", replyKeys)
+	// The replies are kept beside the marks; the old claims' reply marks
+	// are read too, for as long as they live.
+	sent, err := state.RepliedAnywhere(ctx, p.rdb, p.prefix, replyItems)
 	if err != nil {
 		return nil, err
+	}
+	sentBefore, err := once.Done(ctx, p.rdb, p.prefix+"reply:", replyKeys)
+	if err != nil {
+		return nil, err
+	}
+	for i := range sent {
+		sent[i] = sent[i] || sentBefore[i]
 	}
 	okfs, ups := make([]string, len(msgs)), make([]string, len(msgs))
 	for i, m := range msgs {

@@ -265,6 +265,20 @@ func scanAll(ctx context.Context, client redis.UniversalClient, match string) ([
 	return keys, scan(ctx, client)
 }
 
+// partitionTags lists the hash tags of every partition with an ownership
+// record under keyPrefix.
+func partitionTags(ctx context.Context, client redis.UniversalClient, keyPrefix string) ([]string, error) {
+	owns, err := scanAll(ctx, client, keyPrefix+"st:{*}:own")
+	if err != nil {
+		return nil, fmt.Errorf("state: list partitions: %w", err)
+	}
+	tags := make([]string, len(owns))
+	for i, k := range owns {
+		tags[i] = k[:len(k)-len(":own")]
+	}
+	return tags, nil
+}
+
 // DoneAnywhere reports which items are marked done in any partition of
 // any topic of the store under keyPrefix, with the default Slot and
 // Buckets, for readers that know a message but not its partition (the
@@ -274,16 +288,9 @@ func scanAll(ctx context.Context, client redis.UniversalClient, match string) ([
 // marked message.
 func DoneAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefix string, items []Item) ([]bool, error) {
 	out := make([]bool, len(items))
-	owns, err := scanAll(ctx, client, keyPrefix+"st:{*}:own")
-	if err != nil {
-		return nil, fmt.Errorf("state: list partitions: %w", err)
-	}
-	tags := make([]string, len(owns))
-	for i, k := range owns {
-		tags[i] = k[:len(k)-len(":own")]
-	}
-	if len(tags) == 0 || len(items) == 0 {
-		return out, nil
+	tags, err := partitionTags(ctx, client, keyPrefix)
+	if err != nil || len(tags) == 0 || len(items) == 0 {
+		return out, err
 	}
 	s := &Store{cfg: Config{Buckets: DefaultBuckets}, slotSec: int64(DefaultSlot / time.Second)}
 	pipe := client.Pipeline()

@@ -624,3 +624,39 @@ func TestDoneAnywhere(t *testing.T) {
 		})
 	}
 }
+
+// TestRepliesBesideMarks: a message's replies are recorded under the
+// partition's hash tag with the value the reply path keeps, read back by
+// the next owner, found by RepliedAnywhere (the timeline), and expire with
+// the marks.
+func TestRepliesBesideMarks(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newStore(t, rdb, prefix, "a", nil)
+	l := acquire(t, a, "topic", 3, 5*time.Second)
+	ctx := ctxT(t, 10*time.Second)
+	sent := Item{Key: "wk:m1:0", SendTime: 1_700_000_123}
+	if _, found, err := l.Replied(ctx, sent); err != nil || found {
+		t.Fatalf("Replied before RecordReply: found %v, err %v", found, err)
+	}
+	if err := l.RecordReply(ctx, sent, "fp\x00msgcode"); err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Release(ctx)
+	b := newStore(t, rdb, prefix, "b", nil)
+	lb := acquire(t, b, "topic", 3, 5*time.Second)
+	if rec, found, err := lb.Replied(ctx, sent); err != nil || !found || rec != "fp\x00msgcode" {
+		t.Fatalf("the next owner reads (%q, %v, %v), want the record", rec, found, err)
+	}
+	other := Item{Key: "wk:m1:1", SendTime: sent.SendTime}
+	got, err := RepliedAnywhere(ctx, rdb, prefix, []Item{sent, other})
+	if err != nil || !got[0] || got[1] {
+		t.Fatalf("RepliedAnywhere = %v, %v; want [true false]", got, err)
+	}
+	k := b.replyKey(b.tag("topic", 3), sent.SendTime)
+	if !strings.Contains(k, "{topic:3}") {
+		t.Fatalf("reply key %q lacks the partition's hash tag", k)
+	}
+	if ttl := rdb.PTTL(ctx, k).Val(); ttl < b.cfg.TTL || ttl > b.cfg.TTL+b.cfg.TTL/64 {
+		t.Fatalf("reply hash TTL %s, want the marks' %s (+1/64)", ttl, b.cfg.TTL)
+	}
+}
