@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/once"
+	"github.com/kfpipe/kfpipe/internal/state"
 )
 
 // Consumer is the schedule-consumer daemon's configuration.
@@ -259,8 +259,8 @@ func (c *Consumer) Validate() error {
 	v.durationBetween("processor.attempt_timeout", p.AttemptTimeout, time.Millisecond, time.Hour)
 	v.between("processor.max_message_bytes", p.MaxMessageBytes, 1024, 100<<20)
 	// Mapped onto the once client's batch: its bounds.
-	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, once.MaxFlushInterval)
-	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, once.MaxBatchLimit)
+	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, state.MaxFlush)
+	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, state.MaxBatch)
 	// Above processor.max_in_flight it never pauses: the in-flight cap,
 	// which counts the same letters, pauses first.
 	v.between("processor.dead_letter_queue", p.DeadLetterQueue, 1, 1<<20)
@@ -290,7 +290,7 @@ func (c *Consumer) Validate() error {
 	}
 	// Stricter than the once client's own minimum (short leases are for
 	// its tests): a claim renewed every lease/4 must survive a GC pause.
-	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, once.MaxLease)
+	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, state.MaxLease)
 	if c.Dedup.Store != "" {
 		v.addf("dedup.store", "is set (%q), but there is one consumer-state store now (per partition) and no choice: delete the key; "+
 			"a deployment of the claims or leases store switches as docs/operations.md says (\"Switching to the per-partition store\")", c.Dedup.Store)

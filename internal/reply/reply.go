@@ -29,7 +29,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
-	"github.com/kfpipe/kfpipe/internal/once"
+	statestore "github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/kf"
 )
@@ -415,7 +415,7 @@ type legacyReplies struct {
 }
 
 func (l *legacyReplies) replied(ctx context.Context, key string) (string, bool, error) {
-	v, ok, err := once.DoneValue(ctx, l.rdb, l.prefix, key)
+	v, ok, err := statestore.LegacyDoneValue(ctx, l.rdb, l.prefix, key)
 	if err != nil {
 		return "", false, fmt.Errorf("read the old reply claims: %w", err)
 	}

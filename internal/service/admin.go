@@ -17,7 +17,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
-	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 	"github.com/kfpipe/kfpipe/internal/state"
@@ -163,9 +162,9 @@ func explainSkip(skip string) string {
 // due from `from` on, by the index's RetrySelected in one script.
 func (s dlqStore) decide(ctx context.Context, ls []admin.Letter, from time.Time, o admin.RetryOptions) ([]string, error) {
 	out := make([]string, len(ls))
-	qs := make([]once.UserDone, len(ls))
+	qs := make([]state.Item, len(ls))
 	for i, l := range ls {
-		qs[i] = once.UserDone{User: l.User, UserItem: once.UserItem{Key: l.Key, SendTime: l.SendTime}}
+		qs[i] = state.Item{Key: l.Key, SendTime: l.SendTime, User: l.User}
 	}
 	done, err := s.doneKeys(ctx, qs)
 	if err != nil {
@@ -282,8 +281,8 @@ func dedupKey(dl *dlq.DeadLetterMessage) string {
 // userDone is the dedup question for a letter: its message's key ("" when
 // the letter does not say), its routing user and its send time, which a
 // per-user store (dedup.store leases) needs as well.
-func userDone(dl *dlq.DeadLetterMessage) once.UserDone {
-	q := once.UserDone{User: dl.UserID, UserItem: once.UserItem{Key: dedupKey(dl)}}
+func userDone(dl *dlq.DeadLetterMessage) state.Item {
+	q := state.Item{Key: dedupKey(dl), User: dl.UserID}
 	if dl.Original != nil {
 		q.SendTime = dl.Original.SendTime
 	}
@@ -293,24 +292,20 @@ func userDone(dl *dlq.DeadLetterMessage) once.UserDone {
 // doneKeys asks the state store which letters' messages are done (a
 // letter without a key never is), and the old dedup stores' keys, which
 // hold marks for one dedup.ttl after the switch.
-func (s dlqStore) doneKeys(ctx context.Context, qs []once.UserDone) ([]bool, error) {
+func (s dlqStore) doneKeys(ctx context.Context, qs []state.Item) ([]bool, error) {
 	keys := make([]string, len(qs))
 	for i, q := range qs {
 		keys[i] = q.Key
 	}
-	done, err := once.Done(ctx, s.rdb, dedupPrefix(s.prefix), keys)
+	done, err := state.LegacyDone(ctx, s.rdb, dedupPrefix(s.prefix), keys)
 	if err != nil {
 		return nil, err
 	}
-	byUser, err := once.DoneUsers(ctx, s.rdb, dedupPrefix(s.prefix), qs)
+	byUser, err := state.LegacyDoneUsers(ctx, s.rdb, dedupPrefix(s.prefix), qs)
 	if err != nil {
 		return nil, err
 	}
-	items := make([]state.Item, len(qs))
-	for i, q := range qs {
-		items[i] = state.Item{Key: q.Key, SendTime: q.SendTime, User: q.User}
-	}
-	marked, err := state.DoneAnywhere(ctx, s.rdb, s.prefix, items)
+	marked, err := state.DoneAnywhere(ctx, s.rdb, s.prefix, qs)
 	if err != nil {
 		return nil, err
 	}

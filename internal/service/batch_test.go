@@ -17,7 +17,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
-	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -78,10 +77,11 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 		t.Fatal(err)
 	}
 	sent := make(chan error, total)
+	sendTime := time.Now().Unix()
 	for i := range total {
 		user := fmt.Sprintf("bu-%03d", i%users)
 		b, err := chatmsg.Encode(&chatmsg.ChatMessage{MessageID: int64(i), UpstreamMsgID: fmt.Sprintf("up-%05d", i), OpenKfID: "wk-batch",
-			ExternalUserID: user, MsgType: "text", SendTime: time.Now().Unix(), Content: []byte(`{"text":{"content":"hi"}}`)})
+			ExternalUserID: user, MsgType: "text", SendTime: sendTime, Content: []byte(`{"text":{"content":"hi"}}`)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,20 +103,14 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 	})
 
 	// Every 10th message was processed after all (its dedup mark is done).
-	oc, err := once.New(ctx, "test", once.Config{Client: rdb, KeyPrefix: dedupPrefix(prefix)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = oc.Close() })
 	done := map[string]bool{}
+	var marks []chatmsg.ChatMessage
 	for i := 0; i < total; i += 10 {
 		up := fmt.Sprintf("up-%05d", i)
-		m := chatmsg.ChatMessage{OpenKfID: "wk-batch", UpstreamMsgID: up}
-		if err := oc.Do(ctx, m.DedupKey(), time.Hour, func(context.Context) error { return nil }); err != nil {
-			t.Fatal(err)
-		}
+		marks = append(marks, chatmsg.ChatMessage{OpenKfID: "wk-batch", UpstreamMsgID: up, SendTime: sendTime})
 		done[up] = true
 	}
+	markDone(t, rdb, prefix, marks...)
 
 	post := func(body string) admin.BatchPlan {
 		t.Helper()

@@ -21,8 +21,8 @@ import (
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
-	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
+	"github.com/kfpipe/kfpipe/internal/state"
 )
 
 // blockLookup adapts the rate-limit admin to the DLQ's BlockLookup, so a
@@ -169,7 +169,7 @@ func settle(ctx context.Context, s dlqStore, now time.Time) (int, error) {
 	if err := s.x.Whole(ctx, es); err != nil {
 		return 0, fmt.Errorf("reading letters for their dedup keys: %w", err)
 	}
-	qs := make([]once.UserDone, len(es))
+	qs := make([]state.Item, len(es))
 	for i, e := range es {
 		qs[i] = userDone(e.DeadLetterMessage)
 	}

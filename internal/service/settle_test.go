@@ -6,11 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/once"
+	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -52,9 +54,10 @@ func TestSettleMarksRetriedLettersDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ids []string
+	sendTime := time.Now().Unix()
 	for i := range 2 {
 		m := &chatmsg.ChatMessage{MessageID: int64(i), UpstreamMsgID: fmt.Sprintf("up-settle-%d", i), OpenKfID: "wk-s",
-			ExternalUserID: "su", MsgType: "text", SendTime: time.Now().Unix(), Content: []byte(`{}`)}
+			ExternalUserID: "su", MsgType: "text", SendTime: sendTime, Content: []byte(`{}`)}
 		b, _ := chatmsg.Encode(m)
 		dl := dlq.New(dlq.Source{Topic: mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte("su"), Value: b},
 			dlq.ReasonDownstreamError, "test failure", time.Now())
@@ -77,15 +80,7 @@ func TestSettleMarksRetriedLettersDone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	oc, err := once.New(ctx, "test", once.Config{Client: rdb, KeyPrefix: dedupPrefix(prefix)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = oc.Close() })
-	m := chatmsg.ChatMessage{OpenKfID: "wk-s", UpstreamMsgID: "up-settle-0"}
-	if err := oc.Do(ctx, m.DedupKey(), time.Hour, func(context.Context) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
+	markDone(t, rdb, prefix, chatmsg.ChatMessage{OpenKfID: "wk-s", UpstreamMsgID: "up-settle-0", SendTime: sendTime})
 	s := dlqStore{x: d.Index, rdb: rdb, prefix: prefix}
 	later := time.Now().Add(time.Minute)
 	if n, err := settle(ctx, s, later); err != nil || n != 1 {
@@ -101,5 +96,29 @@ func TestSettleMarksRetriedLettersDone(t *testing.T) {
 	}
 	if st, err := d.Index.Stats(ctx); err != nil || st.Done != 1 || st.Retried != 1 {
 		t.Fatalf("stats %+v %v, want 1 done, 1 retried", st, err)
+	}
+}
+
+// markDone marks msgs done as a schedule-consumer does: in the state
+// store, under the lease of a partition.
+func markDone(t *testing.T, rdb redis.UniversalClient, prefix string, msgs ...chatmsg.ChatMessage) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := state.New(ctx, state.Config{Client: rdb, KeyPrefix: prefix, Lease: 2 * time.Second, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := st.Acquire(ctx, "main", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(ctx) }()
+	items := make([]state.Item, len(msgs))
+	for i, m := range msgs {
+		items[i] = state.Item{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID}
+	}
+	if err := l.Mark(ctx, 0, items); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
-	"github.com/kfpipe/kfpipe/internal/once"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/kf"
@@ -159,14 +158,14 @@ func timelineRecord(m *kafka.Message) admin.TopicRecord {
 // state store, and the old stores' keys while they live): nothing claimed.
 func (p pipelineView) Effects(ctx context.Context, user string, msgs []admin.MessageRef) ([]admin.MessageEffects, error) {
 	keys := make([]string, len(msgs))
-	qs := make([]once.UserDone, len(msgs))
+	qs := make([]state.Item, len(msgs))
 	var replyKeys []string
 	var replyItems []state.Item
 	for i, m := range msgs {
 		if m.OpenKfID != "" && m.UpstreamMsgID != "" {
 			keys[i] = (&chatmsg.ChatMessage{OpenKfID: m.OpenKfID, UpstreamMsgID: m.UpstreamMsgID}).DedupKey()
 		}
-		qs[i] = once.UserDone{User: user, UserItem: once.UserItem{Key: keys[i], SendTime: m.SendTime}}
+		qs[i] = state.Item{Key: keys[i], SendTime: m.SendTime, User: user}
 		for n := range timelineReplies {
 			k := m.OpenKfID + ":" + m.UpstreamMsgID + ":" + strconv.Itoa(n)
 			replyKeys = append(replyKeys, k)
@@ -183,7 +182,7 @@ func (p pipelineView) Effects(ctx context.Context, user string, msgs []admin.Mes
 	if err != nil {
 		return nil, err
 	}
-	sentBefore, err := once.Done(ctx, p.rdb, p.prefix+"reply:", replyKeys)
+	sentBefore, err := state.LegacyDone(ctx, p.rdb, p.prefix+"reply:", replyKeys)
 	if err != nil {
 		return nil, err
 	}

@@ -79,11 +79,7 @@ func (s *Store) legacyLook(ctx context.Context, items []Item, st []Status) error
 			e.claim = pipe.Get(ctx, lg.Prefix+it.Key)
 		}
 		if lg.Leases && it.User != "" {
-			day := int64(0)
-			if it.SendTime > 0 {
-				day = it.SendTime / 86400
-			}
-			e.day = pipe.SIsMember(ctx, lg.Prefix+"u:D:"+it.User+":"+strconv.FormatInt(day, 10), fnvDigest(it.Key))
+			e.day = pipe.SIsMember(ctx, lg.Prefix+"u:D:"+it.User+":"+strconv.FormatInt(dayOf(it.SendTime), 10), fnvDigest(it.Key))
 			e.lease = pipe.Get(ctx, lg.Prefix+"u:L:"+it.User)
 		}
 		qs = append(qs, e)

@@ -56,6 +56,15 @@ var ErrFenced = errors.New("state: partition lease held by another owner (fenced
 // most of a lease, or another owner took it).
 var ErrLost = errors.New("state: partition lease lost")
 
+// Bounds of the settings the consumer's configuration maps onto the store
+// (dedup.lease, processor.pipeline_flush, processor.pipeline_max_batched):
+// the one definition, which internal/config's validation uses.
+const (
+	MaxLease = 24 * time.Hour
+	MaxFlush = 100 * time.Millisecond
+	MaxBatch = 10000
+)
+
 // Config configures a Store.
 type Config struct {
 	// Client is the Redis client (required).
