@@ -1,0 +1,119 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"testing"
+	"time"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestSwitchOverFromOldStores is the upgrade of a running deployment
+// (docs/operations.md, "Switching to the per-partition store"): Redis
+// holds what consumers of the old stores left — claims done markers, a
+// claim still in force, the leases store's per-user day sets — and the
+// topic is read again from the start by the new consumer with the shipped
+// dedup.legacy (read). A message an old consumer handled, under either
+// store, is not run again; the one an old consumer is still running runs
+// only after its claim ran out, once; the rest run once, each user's in
+// order.
+func TestSwitchOverFromOldStores(t *testing.T) {
+	testenv.KafkaBrokers(t)
+	rdb, prefix := testenv.Redis(t)
+	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg, err := config.LoadConsumer("../../config/test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
+	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	if cfg.Dedup.Legacy != "read" {
+		t.Fatalf("the test assumes the shipped dedup.legacy read, got %q", cfg.Dedup.Legacy)
+	}
+
+	sent := time.Now().Add(-time.Hour).Unix()
+	var msgs []*chatmsg.ChatMessage
+	for u := range 4 {
+		for i := range 5 {
+			user := fmt.Sprintf("sw-user-%d", u)
+			msgs = append(msgs, &chatmsg.ChatMessage{MessageID: int64(len(msgs) + 1), UpstreamMsgID: fmt.Sprintf("%s-%d", user, i),
+				OpenKfID: "wk-switch", ExternalUserID: user, MsgType: "text", SendTime: sent + int64(i), ProducedAt: time.Now().UnixMilli()})
+		}
+	}
+	old := dedupPrefix(prefix)
+	doneBefore := map[string]bool{}
+	// User 0: messages 0-1 done under claims; user 1: messages 0-2 done
+	// under leases (FNV-1a 64 digests in the user's day set); user 2:
+	// message 0 claimed by a consumer of the old store that still runs
+	// (the claim ends in 3 s); user 3: nothing.
+	for _, m := range msgs[0:2] {
+		rdb.Set(ctx, old+m.DedupKey(), "d:", time.Hour)
+		doneBefore[m.UpstreamMsgID] = true
+	}
+	for _, m := range msgs[5:8] {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(m.DedupKey()))
+		rdb.SAdd(ctx, fmt.Sprintf("%su:D:%s:%d", old, m.ExternalUserID, m.SendTime/86400), int64(h.Sum64()))
+		doneBefore[m.UpstreamMsgID] = true
+	}
+	held := msgs[10]
+	rdb.Set(ctx, old+held.DedupKey(), "p:old-consumer", 3*time.Second)
+	produceWithHeaders(t, mainTopic, msgs)
+
+	b, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}, attempts: map[string]int{}}
+	start := time.Now()
+	cons, err := StartConsumer(ctx, cfg, b, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := len(msgs) - len(doneBefore)
+	waitFor(t, time.Minute, "every message not done before handled", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.byKey) >= want
+	})
+	heldAt := time.Since(start)
+	time.Sleep(2 * time.Second) // room for a second effect
+	sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
+	defer c()
+	if err := cons.Close(sctx); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, m := range msgs {
+		n := rec.byKey[m.UpstreamMsgID]
+		switch {
+		case doneBefore[m.UpstreamMsgID] && n != 0:
+			t.Errorf("%s was handled by a consumer of the old store and ran again (%d times)", m.UpstreamMsgID, n)
+		case !doneBefore[m.UpstreamMsgID] && n != 1:
+			t.Errorf("%s ran %d times, want once", m.UpstreamMsgID, n)
+		}
+	}
+	if heldAt < 2*time.Second {
+		t.Errorf("the message an old consumer still held ran after %s, before its claim (3 s) ran out", heldAt.Round(time.Millisecond))
+	}
+	for u, order := range rec.order {
+		for i := 1; i < len(order); i++ {
+			if order[i] < order[i-1] {
+				t.Errorf("%s: handled out of order: %v", u, order)
+				break
+			}
+		}
+	}
+}
