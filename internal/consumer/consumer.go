@@ -426,7 +426,7 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	}
 	if max := c.cfg.Processor.MaxMessageBytes; len(km.Value) > max {
 		env.user = string(km.Key)
-		c.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), false, 0)
+		c.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), 0)
 		return nil
 	}
 	if len(km.Key) > 0 {
@@ -435,7 +435,7 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	}
 	msg, err := chatmsg.Decode(km.Value)
 	if err != nil {
-		c.deadLetter(env, ReasonInvalidMessage, err.Error(), false, 0)
+		c.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
 		return nil
 	}
 	env.msg, env.user = msg, msg.ExternalUserID
@@ -547,7 +547,7 @@ func (c *Consumer) route(env *envelope) {
 	if c.breaker != nil {
 		done, err := c.breaker.Allow(user)
 		if err != nil {
-			c.deadLetter(env, ReasonCircuitOpen, err.Error(), true, 0)
+			c.deadLetter(env, ReasonCircuitOpen, err.Error(), 0)
 			return
 		}
 		env.breakerDone = done
@@ -558,7 +558,7 @@ func (c *Consumer) route(env *envelope) {
 			if reason == "" {
 				reason = ReasonRateLimited
 			}
-			c.deadLetter(env, reason, v.Details, true, 0)
+			c.deadLetter(env, reason, v.Details, 0)
 			return
 		}
 	}
@@ -566,7 +566,7 @@ func (c *Consumer) route(env *envelope) {
 		if env.breakerDone != nil {
 			env.breakerDone(false)
 		}
-		c.deadLetter(env, ReasonQueueFull, fmt.Sprintf("mailbox of %d messages is full", c.cfg.Processor.MailboxSize), true, 0)
+		c.deadLetter(env, ReasonQueueFull, fmt.Sprintf("mailbox of %d messages is full", c.cfg.Processor.MailboxSize), 0)
 	}
 }
 

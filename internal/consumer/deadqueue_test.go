@@ -118,7 +118,7 @@ func deadLetterAll(t *testing.T, c *Consumer, p *partition, n int) {
 		for off := range n {
 			p.tracker.Add(int64(off))
 			env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: kafka.Offset(off)}}, part: p, user: "u"}
-			c.deadLetter(env, ReasonInvalidMessage, "poison", false, 0)
+			c.deadLetter(env, ReasonInvalidMessage, "poison", 0)
 		}
 	}()
 	select {
@@ -228,7 +228,7 @@ func TestHaltedDeadQueueLeavesMessagesUnfinished(t *testing.T) {
 		t.Fatalf("committable %d %v, want 1 (only the letter that was in Send is durable)", next, ok)
 	}
 	c.deadLetter(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 20}}, part: ps[0]},
-		ReasonInvalidMessage, "late", false, 0)
+		ReasonInvalidMessage, "late", 0)
 	if n := dlq.calls.Load(); n != 1 {
 		t.Fatal("a letter pushed after halt was sent")
 	}
@@ -444,7 +444,7 @@ func BenchmarkDeadLetter(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for _, env := range envs {
-				c.deadLetter(env, ReasonRateLimited, "over the limit", true, 0)
+				c.deadLetter(env, ReasonRateLimited, "over the limit", 0)
 			}
 			for p.tracker.InFlight() > 0 {
 				time.Sleep(10 * time.Microsecond)

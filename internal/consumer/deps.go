@@ -193,9 +193,6 @@ type Forgetter interface {
 type DeadLetter struct {
 	Reason  string
 	Details string
-	// Recoverable is false for reasons a retry cannot fix (invalid_message,
-	// permanent handler errors).
-	Recoverable bool
 	// Msg is the decoded record, nil when it could not be decoded.
 	Msg *chatmsg.ChatMessage
 	// Raw, Key and Headers are the Kafka record as read.

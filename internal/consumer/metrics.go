@@ -1,6 +1,10 @@
 package consumer
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kfpipe/kfpipe/internal/deadletter"
+)
 
 // metrics are the consumer's Prometheus series (kfpipe_ names; the alerts of
 // docs/operations.md read them).
@@ -112,8 +116,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.attempts[o] = m.attemptsV.WithLabelValues(o)
 	}
 	m.results = map[string]prometheus.Counter{}
-	for _, r := range []string{resultOK, resultDuplicate, ReasonInvalidMessage, ReasonCircuitOpen, ReasonRateLimited,
-		ReasonUserBlocked, ReasonQueueFull, ReasonDownstreamError, ReasonProcessTimeout} {
+	for _, r := range append([]string{resultOK, resultDuplicate}, deadletter.Names()...) {
 		m.results[r] = m.processed.WithLabelValues(r)
 	}
 	if reg != nil {

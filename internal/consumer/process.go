@@ -101,7 +101,7 @@ func (c *Consumer) process(env *envelope) {
 			// releases a half-open trial slot like a success instead of
 			// opening the breaker for the user's good messages.
 			c.breakerOutcome(env, true)
-			c.deadLetter(env, ReasonInvalidMessage, err.Error(), false, 0)
+			c.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
 			return
 		}
 		env.msg = msg
@@ -146,14 +146,14 @@ func (c *Consumer) process(env *envelope) {
 		c.finish(env)
 	case errors.As(err, &hf):
 		c.breakerOutcome(env, false)
-		reason, recoverable := ReasonDownstreamError, true
+		reason := ReasonDownstreamError
 		switch {
 		case IsPermanent(hf.err):
-			reason, recoverable = ReasonInvalidMessage, false
+			reason = ReasonInvalidMessage
 		case hf.timedOut:
 			reason = ReasonProcessTimeout
 		}
-		c.deadLetter(env, reason, hf.err.Error(), recoverable, hf.attempts)
+		c.deadLetter(env, reason, hf.err.Error(), hf.attempts)
 	}
 }
 
@@ -392,10 +392,10 @@ func (c *Consumer) safeHandle(ctx context.Context, m *chatmsg.ChatMessage) (err 
 // repeated after a backoff until it succeeds or the consumer stops, or the
 // partition goes (then the offset stays uncommitted and the record is read
 // again).
-func (c *Consumer) deadLetter(env *envelope, reason, details string, recoverable bool, attempts int) {
+func (c *Consumer) deadLetter(env *envelope, reason, details string, attempts int) {
 	km := env.km
 	dl := &DeadLetter{
-		Reason: reason, Details: details, Recoverable: recoverable, Msg: env.msg,
+		Reason: reason, Details: details, Msg: env.msg,
 		Raw: km.Value, Key: km.Key, Headers: km.Headers,
 		Topic: env.part.topic, Partition: env.part.id, Offset: int64(km.TopicPartition.Offset),
 		Timestamp: km.Timestamp, Attempts: attempts, FailedAt: c.clock.Now(),

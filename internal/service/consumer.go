@@ -175,9 +175,6 @@ func (d deadLetters) Send(cdl *consumer.DeadLetter, done func(error)) {
 	if cdl.UserID != "" {
 		dl.UserID = cdl.UserID
 	}
-	if !cdl.Recoverable {
-		dl.Recoverable, dl.ManualReview = false, true
-	}
 	dl.NodeID = d.node
 	d.p.Send(dl, done)
 }
