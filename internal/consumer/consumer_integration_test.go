@@ -94,61 +94,39 @@ func TestRoundTrip(t *testing.T) {
 // slow user A's message sits at offset 0, fast user B's messages follow in
 // the same partition and finish first. The consumer "crashes" (no drain, no
 // final commit) while A is in flight; a new consumer in the group must
-// handle A. With the seed's per-message commit the committed offset is
-// already past A, and A is lost.
+// handle A. With the seed's per-message commit (each finished message
+// commits its own offset) the committed offset would already be past A,
+// and A lost: the check that the commit stays at A fails without the
+// offset tracker.
 func TestCrashDoesNotLoseSlowMessage(t *testing.T) {
-	for _, tc := range []struct {
-		name       string
-		perMessage bool
-		wantLoss   bool
-	}{
-		{"offset tracker", false, false},
-		{"seed per-message commit loses A", true, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg, first, aStarted, bDone := stuckBehindA(t)
-			c1, err := New(cfg, first, &memDLQ{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.perMessage {
-				c1.onFinish = commitOwnOffset
-			}
-			if err := c1.Start(); err != nil {
-				t.Fatal(err)
-			}
-			<-aStarted
-			waitFor(t, 30*time.Second, func() bool { return bDone.Load() == 10 })
-			time.Sleep(3 * cfg.Kafka.Consumer.CommitInterval) // periodic commits happen
-			c1.abort()
-
-			got := committed(t, cfg.Kafka.Consumer.GroupID, cfg.Kafka.Topics.Main.Name, 1)[0]
-			t.Logf("committed offset after crash: %d (A is at 0)", got)
-
-			var aHandled atomic.Bool
-			second := HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
-				if m.ExternalUserID == "A" {
-					aHandled.Store(true)
-				}
-				return nil
-			})
-			startConsumer(t, cfg, second, &memDLQ{})
-			if tc.wantLoss {
-				if got <= 0 {
-					t.Fatalf("seed strategy should have committed past A, committed %d", got)
-				}
-				time.Sleep(5 * time.Second)
-				if aHandled.Load() {
-					t.Fatalf("A was redelivered although the seed strategy committed past it")
-				}
-				return
-			}
-			if got > 0 {
-				t.Fatalf("committed offset %d passes unfinished A at 0 (I2)", got)
-			}
-			waitFor(t, 30*time.Second, aHandled.Load)
-		})
+	cfg, first, aStarted, bDone := stuckBehindA(t)
+	c1, err := New(cfg, first, &memDLQ{})
+	if err != nil {
+		t.Fatal(err)
 	}
+	if err := c1.Start(); err != nil {
+		t.Fatal(err)
+	}
+	<-aStarted
+	waitFor(t, 30*time.Second, func() bool { return bDone.Load() == 10 })
+	time.Sleep(3 * cfg.Kafka.Consumer.CommitInterval) // periodic commits happen
+	c1.abort()
+
+	got := committed(t, cfg.Kafka.Consumer.GroupID, cfg.Kafka.Topics.Main.Name, 1)[0]
+	t.Logf("committed offset after crash: %d (A is at 0)", got)
+
+	var aHandled atomic.Bool
+	second := HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		if m.ExternalUserID == "A" {
+			aHandled.Store(true)
+		}
+		return nil
+	})
+	startConsumer(t, cfg, second, &memDLQ{})
+	if got > 0 {
+		t.Fatalf("committed offset %d passes unfinished A at 0 (I2)", got)
+	}
+	waitFor(t, 30*time.Second, aHandled.Load)
 }
 
 // stuckBehindA produces, on a one-partition topic, a message of user A and
@@ -424,17 +402,6 @@ func TestPausedPartitionRevokedAndReassignedResumes(t *testing.T) {
 		}
 		return true
 	})
-}
-
-// commitOwnOffset is the seed's commit strategy, which TestCrashDoesNotLoseSlowMessage
-// shows to lose messages (I2): each finished message commits its own
-// offset, whatever is still in flight before it.
-func commitOwnOffset(c *Consumer, p *partition, off int64) {
-	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
-	if !c.aborted {
-		_, _ = c.kc.CommitOffsets([]kafka.TopicPartition{{Topic: &p.topic, Partition: p.id, Offset: kafka.Offset(off + 1)}})
-	}
 }
 
 // TestNewOwnerSkipsWhatThePreviousOwnerFinished: messages finished behind

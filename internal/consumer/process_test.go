@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/offsets"
 )
 

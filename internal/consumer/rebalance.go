@@ -1,0 +1,173 @@
+package consumer
+
+// Rebalances: reading what the group committed on assignment, draining
+// and committing on revoke.
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/offsets"
+)
+
+// committedReadTimeout bounds the read of the committed offsets on an
+// assignment (inside the rebalance callback).
+const committedReadTimeout = 5 * time.Second
+
+// committedState is what the group's last commit of a partition says.
+type committedState struct {
+	base     int64   // the committed offset; -1 none
+	finished []int64 // finished behind it (the commit's metadata)
+}
+
+// readPrior reads, in one request, the committed offsets of newly assigned
+// partitions with their metadata: the finished offsets the previous owner
+// listed behind its committed one, which this consumer then does not run
+// again. When the read fails the partitions start without the list (every
+// record from the committed offset on is read again, as dedup expects).
+func (c *Consumer) readPrior(kc *kafka.Consumer, tps []kafka.TopicPartition) map[tpKey]committedState {
+	req := make([]kafka.TopicPartition, len(tps))
+	for i, tp := range tps {
+		req[i] = kafka.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}
+	}
+	got, err := kc.Committed(req, int(committedReadTimeout.Milliseconds()))
+	if err != nil {
+		c.log.Warn("read committed offsets on assignment; the previous owner's finished offsets are read again", zap.Error(err))
+		return nil
+	}
+	out := make(map[tpKey]committedState, len(got))
+	for _, tp := range got {
+		if tp.Error != nil || tp.Topic == nil {
+			continue
+		}
+		st := committedState{base: int64(tp.Offset)}
+		if st.base < 0 {
+			st.base = -1
+		} else if tp.Metadata != nil {
+			if st.finished, err = offsets.DecodeFinished(st.base, *tp.Metadata); err != nil {
+				c.log.Warn("offset commit metadata not understood; its finished offsets are read again",
+					zap.Int32("partition", tp.Partition), zap.Error(err))
+			} else if len(st.finished) > 0 {
+				c.log.Info("the previous owner finished records behind its committed offset; they are not run again",
+					zap.Int32("partition", tp.Partition), zap.Int64("committed", st.base), zap.Int("finished", len(st.finished)))
+			}
+		}
+		out[tpKey{*tp.Topic, tp.Partition}] = st
+	}
+	return out
+}
+
+// finishedBefore reports whether the previous owner of p finished off
+// (poll goroutine; offsets come in ascending order).
+func (c *Consumer) finishedBefore(p *partition, off int64) bool {
+	for p.priorAt < len(p.prior) && p.prior[p.priorAt] < off {
+		p.priorAt++
+	}
+	return p.priorAt < len(p.prior) && p.prior[p.priorAt] == off
+}
+
+// rebalance handles cooperative assign and revoke (called inside Poll, on
+// the poll goroutine, or inside kafka.Consumer.Close).
+func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
+	switch e := ev.(type) {
+	case kafka.AssignedPartitions:
+		var prior map[tpKey]committedState
+		if !c.closing.Load() {
+			// Not while closing: nothing will be consumed from them, and
+			// the group may not answer a member on its way out (the read
+			// then held the close up for its whole timeout).
+			prior = c.readPrior(kc, e.Partitions)
+		}
+		c.mu.Lock()
+		for _, tp := range e.Partitions {
+			k := tpKey{*tp.Topic, tp.Partition}
+			p := &partition{topic: k.topic, id: k.id, tracker: offsets.NewTracker(k.id), committed: -1,
+				base: baseUnknown, label: strconv.Itoa(int(k.id))}
+			if pr, ok := prior[k]; ok {
+				p.base, p.prior = pr.base, pr.finished
+			}
+			c.startDeadQueue(p)
+			c.startLease(p)
+			c.parts[k] = p
+		}
+		c.m.assigned.Set(float64(len(c.parts)))
+		c.mu.Unlock()
+		c.m.rebalances.WithLabelValues("assign").Inc()
+		c.log.Info("partitions assigned", zap.Any("partitions", e.Partitions))
+		if err := kc.IncrementalAssign(e.Partitions); err != nil {
+			c.log.Error("incremental assign", zap.Error(err))
+			return err
+		}
+	case kafka.RevokedPartitions:
+		var ps []*partition
+		for _, tp := range e.Partitions {
+			if p := c.parts[tpKey{*tp.Topic, tp.Partition}]; p != nil {
+				ps = append(ps, p)
+			}
+		}
+		if kc.AssignmentLost() {
+			// Someone else may own them already: committing now could move
+			// their offsets backwards. Drop without committing.
+			c.m.rebalances.WithLabelValues("lost").Inc()
+			c.log.Warn("partitions lost", zap.Any("partitions", e.Partitions))
+		} else {
+			c.m.rebalances.WithLabelValues("revoke").Inc()
+			c.log.Info("partitions revoked", zap.Any("partitions", e.Partitions))
+			// On standby (Redis lost) nothing in flight can finish: hand
+			// the partitions over at once.
+			if !c.closing.Load() && !c.sb.on {
+				c.drain(ps, c.cfg.Kafka.Consumer.RevokeDrainLimit)
+			}
+			if err := c.commit(ps); err != nil {
+				c.log.Warn("commit on revoke", zap.Error(err))
+			}
+		}
+		// After the last commit: the next owner, waiting for the leases,
+		// starts where this one ended.
+		c.releaseLeases(ps)
+		// A paused partition must be resumed before it goes: librdkafka
+		// keeps the application's pause across an unassign and a later
+		// assign of the same partition, which would then never be fetched
+		// again on this member.
+		c.resumeForRevoke(kc, ps)
+		c.mu.Lock()
+		for _, p := range ps {
+			// Its letters not durable yet stay uncommitted: the next owner
+			// reads their records again.
+			c.stopDeadQueue(p)
+			p.dropped.Store(true)
+			delete(c.parts, tpKey{p.topic, p.id})
+			c.m.lag.DeleteLabelValues(p.label)
+		}
+		c.m.assigned.Set(float64(len(c.parts)))
+		c.mu.Unlock()
+		if err := kc.IncrementalUnassign(e.Partitions); err != nil {
+			c.log.Error("incremental unassign", zap.Error(err))
+			return err
+		}
+	}
+	return nil
+}
+
+// drain waits until ps have no in-flight messages or limit passes.
+func (c *Consumer) drain(ps []*partition, limit time.Duration) bool {
+	deadline := c.clock.Now().Add(limit)
+	for {
+		n := 0
+		for _, p := range ps {
+			n += p.tracker.InFlight()
+		}
+		if n == 0 {
+			return true
+		}
+		if !c.clock.Now().Before(deadline) {
+			c.log.Warn("drain limit reached; unfinished messages will be read again by the next owner", zap.Int("in_flight", n))
+			return false
+		}
+		sleep(context.Background(), c.clock, 5*time.Millisecond)
+	}
+}
