@@ -34,7 +34,9 @@ type BatchHandler interface {
 type BatchHandlerFunc func(ctx context.Context, msgs []*Message) error
 
 // HandleBatch calls f.
-func (f BatchHandlerFunc) HandleBatch(ctx context.Context, msgs []*Message) error { return f(ctx, msgs) }
+func (f BatchHandlerFunc) HandleBatch(ctx context.Context, msgs []*Message) error {
+	return f(ctx, msgs)
+}
 
 // batchRun is NewBatchConsumer's handler and bounds.
 type batchRun struct {
