@@ -270,3 +270,35 @@ func (l *orderLease) Mark(it StateItem, off int64, done func(bool)) {
 	l.s.mu.Unlock()
 	l.memLease.Mark(it, off, done)
 }
+
+// TestBatchActorOnePartitionPerBatch: a batch never mixes partitions (a
+// user's records keyed differently); it ends where the partition changes.
+func TestBatchActorOnePartitionPerBatch(t *testing.T) {
+	p1, p2 := &partition{id: 1}, &partition{id: 2}
+	got := make(chan []int64, 10)
+	r := newRegistry(100, time.Minute, nil, func(*envelope) { t.Error("single-message path used in batch mode") }, nil)
+	r.batch = batchMode{max: 5, wait: 200 * time.Millisecond, handle: func(envs []*envelope) {
+		var offs []int64
+		for _, e := range envs {
+			if e.part != envs[0].part {
+				t.Errorf("a batch with two partitions")
+			}
+			offs = append(offs, int64(e.km.TopicPartition.Offset))
+		}
+		got <- offs
+	}}
+	defer r.close()
+	for i, p := range []*partition{p1, p1, p2} {
+		r.send("u", &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: kafka.Offset(i)}}, part: p})
+	}
+	for _, want := range [][]int64{{0, 1}, {2}} {
+		select {
+		case b := <-got:
+			if !slices.Equal(b, want) {
+				t.Fatalf("batch %v, want %v", b, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no batch %v after 5s", want)
+		}
+	}
+}
