@@ -158,3 +158,36 @@ func TestBatchConsumerRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestNewBatchConsumerChecks: bad arguments are clear errors, before
+// anything connects.
+func TestNewBatchConsumerChecks(t *testing.T) {
+	cfg, err := kfpipe.LoadConfig(filepath.Join(testenv.RepoRoot(t), "config", "test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bh := kfpipe.BatchHandlerFunc(func(context.Context, []*kfpipe.Message) error { return nil })
+	for _, tt := range []struct {
+		name string
+		make func() (*kfpipe.Consumer, error)
+		want string
+	}{
+		{"no config", func() (*kfpipe.Consumer, error) { return kfpipe.NewBatchConsumer(nil, bh, 3, 0) }, "configuration"},
+		{"no handler", func() (*kfpipe.Consumer, error) { return kfpipe.NewBatchConsumer(cfg, nil, 3, 0) }, "batch handler"},
+		{"size 1", func() (*kfpipe.Consumer, error) { return kfpipe.NewBatchConsumer(cfg, bh, 1, 0) }, "size"},
+		{"size above the mailbox", func() (*kfpipe.Consumer, error) {
+			return kfpipe.NewBatchConsumer(cfg, bh, cfg.Processor.MailboxSize+1, 0)
+		}, "processor.mailbox_size"},
+		{"negative wait", func() (*kfpipe.Consumer, error) { return kfpipe.NewBatchConsumer(cfg, bh, 3, -time.Second) }, "wait"},
+		{"middleware", func() (*kfpipe.Consumer, error) {
+			return kfpipe.NewBatchConsumer(cfg, bh, 3, 0, kfpipe.WithMiddleware(kfpipe.Timeout(time.Second)))
+		}, "WithMiddleware"},
+	} {
+		if _, err := tt.make(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an error naming %q", tt.name, err, tt.want)
+		}
+	}
+	if _, err := kfpipe.NewBatchConsumer(cfg, bh, 3, time.Second); err != nil {
+		t.Fatalf("good arguments: %v", err)
+	}
+}
