@@ -68,8 +68,9 @@ func LoadConfig(path string) (*Config, error) { return config.LoadConsumer(path)
 // Consumer is a schedule-consumer running a Go handler, built in code
 // (NewConsumer) instead of from the command line (RunConsumer).
 type Consumer struct {
-	cfg Config
-	h   Handler
+	cfg   Config
+	h     Handler
+	batch *batchRun // NewBatchConsumer's (batch.go); nil for NewConsumer's
 }
 
 // ConsumerOption configures a Consumer.
@@ -113,10 +114,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		_ = base.Close(context.Background())
 		return err
 	}
-	ch, err := keepMedia(ctx, &cfg, base, reply.Wrap(adapt(c.h), fx))
+	h, copts := c.handler()
+	ch, err := keepMedia(ctx, &cfg, base, reply.Wrap(h, fx))
 	var s *service.Consumer
 	if err == nil {
-		s, err = service.StartConsumer(ctx, &cfg, base, ch)
+		s, err = service.StartConsumer(ctx, &cfg, base, ch, copts...)
 	}
 	if err != nil {
 		closeFx()

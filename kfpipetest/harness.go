@@ -124,7 +124,10 @@ const (
 
 // Result is what one Run did with a message.
 type Result struct {
+	// Message is the message Run handled; for RunBatch, the batch's
+	// first message (the key of its replies), and Batch the whole batch.
 	Message *kfpipe.Message
+	Batch   []*kfpipe.Message
 	// Outcome is Done or DeadLettered; Reason says why it was
 	// dead-lettered.
 	Outcome Outcome
@@ -252,6 +255,7 @@ func AttemptTimeout(d time.Duration) Option { return func(h *Harness) { h.timeou
 type Harness struct {
 	t        TB
 	h        kfpipe.Handler
+	bh       kfpipe.BatchHandler // NewBatch's
 	attempts int
 	timeout  time.Duration
 	fake     *wecomtest.Server
@@ -366,13 +370,62 @@ func (hs *Harness) SetSessionState(user string, state kf.State, servicer string)
 // enter_session event's welcome_code becomes valid).
 func (hs *Harness) Run(m *kfpipe.Message) *Result {
 	hs.t.Helper()
-	if m == nil || len(m.Raw) == 0 || m.UpstreamMsgID == "" {
-		hs.t.Fatalf("kfpipetest: Run needs a message with Raw and UpstreamMsgID: build it with kfpipetest.Text, EnterSession, …")
+	return hs.run([]*kfpipe.Message{m})
+}
+
+// NewBatch returns a Harness that runs the batch handler bh
+// (kfpipe.NewBatchConsumer) with RunBatch; Run hands it a batch of one.
+func NewBatch(t TB, bh kfpipe.BatchHandler, opts ...Option) *Harness {
+	t.Helper()
+	if bh == nil {
+		t.Fatalf("kfpipetest: NewBatch needs a batch handler")
 	}
+	hs := New(t, nil, opts...)
+	hs.bh = bh
+	return hs
+}
+
+// RunBatch handles msgs, one user's consecutive messages, as a batch
+// consumer does: the batch handler is called with them, an error is
+// retried in place up to Attempts times, then every message is
+// dead-lettered (Permanent: at once). The replies are keyed by the first
+// message, as in the consumer: a RunBatch again with the same first
+// message (a re-run after a crash) skips the replies already sent.
+func (hs *Harness) RunBatch(msgs ...*kfpipe.Message) *Result {
+	hs.t.Helper()
+	if hs.bh == nil {
+		hs.t.Fatalf("kfpipetest: RunBatch needs a Harness made by NewBatch")
+	}
+	if len(msgs) == 0 {
+		hs.t.Fatalf("kfpipetest: RunBatch needs at least one message")
+	}
+	return hs.run(msgs)
+}
+
+func (hs *Harness) run(msgs []*kfpipe.Message) *Result {
+	hs.t.Helper()
+	for _, m := range msgs {
+		if m == nil || len(m.Raw) == 0 || m.UpstreamMsgID == "" {
+			hs.t.Fatalf("kfpipetest: Run needs a message with Raw and UpstreamMsgID: build it with kfpipetest.Text, EnterSession, …")
+		}
+		if m.ExternalUserID != msgs[0].ExternalUserID {
+			hs.t.Fatalf("kfpipetest: a batch is one user's messages: %s and %s", msgs[0].ExternalUserID, m.ExternalUserID)
+		}
+	}
+	hs.mu.Lock()
+	hs.cur = nil
+	hs.mu.Unlock()
+	for _, m := range msgs {
+		hs.show(m)
+	}
+	return hs.handle(msgs)
+}
+
+// show shows m to the fake WeChat the first time it is run.
+func (hs *Harness) show(m *kfpipe.Message) {
 	hs.mu.Lock()
 	first := !hs.seen[m.UpstreamMsgID]
 	hs.seen[m.UpstreamMsgID] = true
-	hs.cur = nil
 	hs.mu.Unlock()
 	if first {
 		hs.fake.Append(m.OpenKfID, wecom.Message{Raw: m.Raw})
@@ -386,18 +439,34 @@ func (hs *Harness) Run(m *kfpipe.Message) *Result {
 			}
 		}
 	}
-	c := &chatmsg.ChatMessage{MessageID: m.ID, UpstreamMsgID: m.UpstreamMsgID, OpenKfID: m.OpenKfID,
+}
+
+// chatOf is m as the consumer reads it.
+func chatOf(m *kfpipe.Message) *chatmsg.ChatMessage {
+	return &chatmsg.ChatMessage{MessageID: m.ID, UpstreamMsgID: m.UpstreamMsgID, OpenKfID: m.OpenKfID,
 		ExternalUserID: m.ExternalUserID, MsgType: m.MsgType, Origin: m.Origin, ServicerUserID: m.ServicerUserID,
 		SendTime: m.SendTime.Unix(), Content: m.Raw}
+}
+
+// handle calls the handler for msgs until it succeeds, fails for good
+// or runs out of attempts.
+func (hs *Harness) handle(msgs []*kfpipe.Message) *Result {
+	m := msgs[0]
+	c := chatOf(m)
 	res := &Result{Message: m, t: hs.t}
+	if hs.bh != nil {
+		res.Batch = msgs
+	}
 	for res.Attempts < hs.attempts {
 		res.Attempts++
 		hs.mu.Lock()
 		hs.attempt = res.Attempts
 		hs.mu.Unlock()
 		to := reply.TargetOf(c)
-		hs.fx.Observe(context.Background(), c) // a session_status_change drops the cached state
-		err, timedOut := hs.call(media.WithKeeper(reply.With(context.Background(), hs.fx, to), hs.keeper), m)
+		for _, b := range msgs {
+			hs.fx.Observe(context.Background(), chatOf(b)) // a session_status_change drops the cached state
+		}
+		err, timedOut := hs.call(media.WithKeeper(reply.With(context.Background(), hs.fx, to), hs.keeper), msgs)
 		// A routine refusal of a reply (kfpipe.ErrReplyWindow, …) the
 		// handler returns finishes the message, as in the consumer.
 		err = hs.fx.Settle(to, err)
@@ -426,7 +495,7 @@ func (hs *Harness) Run(m *kfpipe.Message) *Result {
 
 // call runs one attempt, bounded by the attempt timeout; a panic is a
 // failed attempt, as in the consumer.
-func (hs *Harness) call(ctx context.Context, m *kfpipe.Message) (err error, timedOut bool) {
+func (hs *Harness) call(ctx context.Context, msgs []*kfpipe.Message) (err error, timedOut bool) {
 	ctx, cancel := context.WithTimeout(ctx, hs.timeout)
 	defer cancel()
 	defer func() {
@@ -435,10 +504,15 @@ func (hs *Harness) call(ctx context.Context, m *kfpipe.Message) (err error, time
 		}
 		timedOut = err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
 	}()
-	if err := hs.keepMedia(ctx, m); err != nil {
-		return err, false
+	for _, m := range msgs {
+		if err := hs.keepMedia(ctx, m); err != nil {
+			return err, false
+		}
 	}
-	return hs.h.Handle(ctx, m), false
+	if hs.bh != nil {
+		return hs.bh.HandleBatch(ctx, msgs), false
+	}
+	return hs.h.Handle(ctx, msgs[0]), false
 }
 
 // RunTwice runs m, then runs it again as the consumer would after a crash

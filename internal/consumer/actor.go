@@ -65,6 +65,10 @@ type actor struct {
 	head    int
 	idleAt  time.Time // when the mailbox last became empty
 	timer   Timer     // idle expiry; nil until the first message is done
+	// full, in batch mode, is signalled while the actor waits for a
+	// batch to fill (batch.go): by enqueue when the batch is full, by the
+	// wait's timer and by kill.
+	full chan struct{}
 }
 
 type enqueueResult int
@@ -87,6 +91,9 @@ func (a *actor) enqueue(env *envelope) enqueueResult {
 		return mailboxFull
 	}
 	a.queue = append(a.queue, env)
+	if a.full != nil && len(a.queue)-a.head >= a.reg.batch.max {
+		a.wake()
+	}
 	if !a.running {
 		a.running = true
 		a.reg.wg.Add(1)
@@ -122,6 +129,10 @@ func (a *actor) run() {
 			}
 			a.mu.Unlock()
 			return
+		}
+		if a.reg.batch.max > 1 {
+			a.runBatch() // unlocks
+			continue
 		}
 		env := a.queue[a.head]
 		if a.reg.prepare != nil && !env.prepared {
@@ -181,5 +192,6 @@ func (a *actor) kill() {
 		a.timer.Stop()
 	}
 	a.state.Store(stateDead)
+	a.wake()
 	a.reg.died()
 }

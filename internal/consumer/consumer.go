@@ -196,6 +196,9 @@ type Consumer struct {
 
 	// deadWG counts the partitions' dead-letter goroutines (deadqueue.go).
 	deadWG sync.WaitGroup
+
+	// batchMode is WithBatch's (batch.go).
+	batchMode batchMode
 }
 
 // New creates the consumer and its Kafka client; it does not consume until
@@ -233,6 +236,7 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
 		func(d int) { c.m.active.Add(float64(d)) })
 	c.acts.onIdle = c.forget
+	c.installBatch()
 	kc, err := kafka.NewConsumer(kafkaclient.Consumer(cfg.Kafka, c.group))
 	if err != nil {
 		c.cancelRun()

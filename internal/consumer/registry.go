@@ -24,6 +24,9 @@ type registry struct {
 	// called for the first of them (claim ahead).
 	prepare func([]*envelope)
 	ahead   int
+	// batch, when batch.max > 1, makes the actors hand their users'
+	// consecutive messages to batch.handle together (batch.go).
+	batch batchMode
 
 	workers *workers       // goroutines that drain mailboxes
 	wg      sync.WaitGroup // running drains

@@ -25,9 +25,19 @@ func Wrap(h consumer.Handler, k *Keeper) consumer.Handler {
 	}
 	return consumer.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
 		ctx = WithKeeper(ctx, k)
-		if ref, ok := k.RefOf(m); ok {
-			if _, err := k.Keep(ctx, "consumer", ref); err != nil && !errors.Is(err, ErrExpired) {
-				return fmt.Errorf("keep the message's media before the handler: %w", err)
+		msgs := []*chatmsg.ChatMessage{m}
+		if b := consumer.BatchFrom(ctx); len(b) > 0 {
+			// A batch (consumer.WithBatch): every message's media.
+			msgs = msgs[:0]
+			for _, it := range b {
+				msgs = append(msgs, it.Msg)
+			}
+		}
+		for _, m := range msgs {
+			if ref, ok := k.RefOf(m); ok {
+				if _, err := k.Keep(ctx, "consumer", ref); err != nil && !errors.Is(err, ErrExpired) {
+					return fmt.Errorf("keep the message's media before the handler: %w", err)
+				}
 			}
 		}
 		return h.Handle(ctx, m)

@@ -247,7 +247,15 @@ func With(ctx context.Context, fx *Effects, to Target) context.Context {
 func Wrap(h consumer.Handler, fx *Effects) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
 		to := TargetOf(c)
-		fx.Observe(ctx, c)
+		if b := consumer.BatchFrom(ctx); len(b) > 0 {
+			// A batch (consumer.WithBatch): its replies are keyed by its
+			// first message, c; every message is observed.
+			for _, it := range b {
+				fx.Observe(ctx, it.Msg)
+			}
+		} else {
+			fx.Observe(ctx, c)
+		}
 		return fx.Settle(to, h.Handle(With(ctx, fx, to), c))
 	})
 }

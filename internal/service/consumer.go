@@ -195,8 +195,9 @@ type Consumer struct {
 }
 
 // StartConsumer starts the schedule-consumer's parts on base's clients
-// with handler h (nil: the one selected by handler.type).
-func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h consumer.Handler) (*Consumer, error) {
+// with handler h (nil: the one selected by handler.type) and the extra
+// consumer options (a batch consumer's).
+func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h consumer.Handler, extra ...consumer.Option) (*Consumer, error) {
 	log, reg := base.Log, base.Registry
 	logConsumerSettings(log, cfg)
 	prefix := cfg.Redis.KeyPrefix
@@ -240,7 +241,7 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		_ = s.close(ctx)
 		return nil, fmt.Errorf("dlq producer: %w", err)
 	}
-	s.C, err = consumer.New(*cfg, h, deadLetters{p: s.producer, node: nodeName()}, opts...)
+	s.C, err = consumer.New(*cfg, h, deadLetters{p: s.producer, node: nodeName()}, append(opts, extra...)...)
 	if err != nil {
 		_ = s.close(ctx)
 		return nil, err
