@@ -138,7 +138,7 @@ func (c *Consumer) processBatch(envs []*envelope) {
 			msg, err := chatmsg.Decode(env.km.Value)
 			if err != nil {
 				c.breakerOutcome(env, true)
-				c.deadLetter(env, ReasonInvalidMessage, err.Error(), false, 0)
+				c.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
 				continue
 			}
 			env.msg = msg
@@ -187,14 +187,14 @@ func (c *Consumer) processBatch(envs []*envelope) {
 			c.finish(env)
 		default:
 			c.breakerOutcome(env, false)
-			reason, recoverable := ReasonDownstreamError, true
+			reason := ReasonDownstreamError
 			switch {
 			case IsPermanent(hf.err):
-				reason, recoverable = ReasonInvalidMessage, false
+				reason = ReasonInvalidMessage
 			case hf.timedOut:
 				reason = ReasonProcessTimeout
 			}
-			c.deadLetter(env, reason, fmt.Sprintf("batch of %d: %s", len(live), hf.err.Error()), recoverable, hf.attempts)
+			c.deadLetter(env, reason, fmt.Sprintf("batch of %d: %s", len(live), hf.err.Error()), hf.attempts)
 		}
 	}
 }
@@ -268,7 +268,7 @@ func (c *Consumer) handleBatchOnce(live []*envelope) (dup []bool, err error) {
 		case <-watched:
 		}
 	}()
-	err = run(context.WithValue(c.runCtx, fencingKey{}, l.Token()), g, todo)
+	err = run(withLease(c.runCtx, l), g, todo)
 	close(watched)
 	if err != nil {
 		return dup, err

@@ -11,6 +11,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
 // TestBatchActorTakesQueuedMessages: a user's messages sent quickly reach
@@ -202,7 +203,7 @@ func TestProcessBatchFailureDeadLettersEachMessage(t *testing.T) {
 				t.Fatalf("%d dead letters, want one per message", len(letters))
 			}
 			for i, l := range letters {
-				if l.Offset != int64(i) || l.Reason != tt.reason || l.Recoverable != tt.recoverable ||
+				if l.Offset != int64(i) || l.Reason != tt.reason || deadletter.IsRecoverable(deadletter.Reason(l.Reason)) != tt.recoverable ||
 					l.Attempts != tt.wantAttempts || l.Msg.UpstreamMsgID != envs[i].msg.UpstreamMsgID {
 					t.Fatalf("letter %d: %+v", i, l)
 				}
