@@ -240,8 +240,11 @@ func TestChaosClusterFailover(t *testing.T) {
 // TestChaosClusterReshard (full suite only): every daemon runs on a Redis
 // Cluster of the scenario's own. Under load the slots of the consumer
 // state store's partitions (the live users' leases, marks and queues) are
-// moved to another master with redis-cli --cluster reshard, key by key
-// (MIGRATE); the clients follow MOVED and ASK. lost=0 dup=0 reordered=0,
+// moved to another master as redis-cli --cluster reshard moves a slot
+// (MIGRATE of its keys, one at a time with 400 ms between, so the clients
+// work against half-moved slots for seconds; the redirections the nodes
+// answered are reported: asked, moved, tryagain); the clients follow MOVED and
+// ASK and retry TRYAGAIN. lost=0 dup=0 reordered=0,
 // and every message sent from 5 s before the move to 30 s after it takes
 // effect within 30 s (max_effect_wait).
 func TestChaosClusterReshard(t *testing.T) {
@@ -266,8 +269,15 @@ func TestChaosClusterReshard(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		before := redirections(ctx, rc.Seeds)
+		defer func() {
+			after := redirections(ctx, rc.Seeds)
+			for _, k := range []string{"ASK", "MOVED", "TRYAGAIN"} {
+				rec.Extra(strings.ToLower(k), after[k]-before[k])
+			}
+		}()
 		moved = time.Now()
-		n := 0
+		n, keys := 0, 0
 		for _, s := range partitionSlots(p) {
 			from := masterOf(ctx, rc.Seeds, "", s)
 			to := ""
@@ -285,7 +295,9 @@ func TestChaosClusterReshard(t *testing.T) {
 			if from == "" || to == "" {
 				return fmt.Errorf("slot %d: no master to move it from (%q) or to", s, from)
 			}
-			if err := moveSlot(ctx, ids, s, from, to); err != nil {
+			k, err := moveSlot(ctx, ids, s, from, to, 1, 400*time.Millisecond)
+			keys += k
+			if err != nil {
 				return fmt.Errorf("move slot %d %s -> %s: %w", s, from, to, err)
 			}
 			if got := masterOf(ctx, rc.Seeds, "", s); got != to {
@@ -294,9 +306,36 @@ func TestChaosClusterReshard(t *testing.T) {
 			n++
 		}
 		rec.Extra("slots_moved", n)
+		rec.Extra("keys_moved", keys)
+		if keys == 0 {
+			rec.Problem("the partitions' slots held no keys: nothing was moved under load")
+		}
 		rec.Extra("move_took", time.Since(moved).Round(100*time.Millisecond))
 		return nil
 	})
+}
+
+// redirections sums the redirections and retries the nodes answered
+// (INFO errorstats: ASK, MOVED, TRYAGAIN) over every node.
+func redirections(ctx context.Context, nodes []string) map[string]int {
+	out := map[string]int{}
+	for _, a := range nodes {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		info, err := c.Info(ctx, "errorstats").Result()
+		_ = c.Close()
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(l, "errorstat_")), ":count=")
+			if !ok {
+				continue
+			}
+			n, _ := strconv.Atoi(rest)
+			out[name] += n
+		}
+	}
+	return out
 }
 
 // nodeIDs maps the address of every master of the cluster to its node ID.
@@ -332,22 +371,28 @@ func nodeIDs(ctx context.Context, seed string) (map[string]string, error) {
 // slot's keys in batches (meanwhile the source answers ASK for a key it no
 // longer has), then SETSLOT NODE on the target, the source and the other
 // masters (then every node answers MOVED).
-func moveSlot(ctx context.Context, ids map[string]string, slot int, from, to string) error {
+//
+// The keys go batch at a time with pause between batches, so that the
+// clients work against a half-moved slot for a while: ASK for the keys
+// already moved, TRYAGAIN for a script whose keys are on both sides. It
+// returns the number of keys moved.
+func moveSlot(ctx context.Context, ids map[string]string, slot int, from, to string, batch int, pause time.Duration) (int, error) {
 	client := func(a string) *redis.Client { return redis.NewClient(&redis.Options{Addr: a}) }
 	src, dst := client(from), client(to)
 	defer src.Close()
 	defer dst.Close()
 	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from]).Err(); err != nil {
-		return fmt.Errorf("importing: %w", err)
+		return 0, fmt.Errorf("importing: %w", err)
 	}
 	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to]).Err(); err != nil {
-		return fmt.Errorf("migrating: %w", err)
+		return 0, fmt.Errorf("migrating: %w", err)
 	}
 	host, port, _ := net.SplitHostPort(to)
+	moved := 0
 	for {
-		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, batch).Result()
 		if err != nil {
-			return fmt.Errorf("getkeysinslot: %w", err)
+			return moved, fmt.Errorf("getkeysinslot: %w", err)
 		}
 		if len(keys) == 0 {
 			break
@@ -357,14 +402,18 @@ func moveSlot(ctx context.Context, ids map[string]string, slot int, from, to str
 			args = append(args, k)
 		}
 		if err := src.Do(ctx, args...).Err(); err != nil {
-			return fmt.Errorf("migrate %d keys: %w", len(keys), err)
+			return moved, fmt.Errorf("migrate %d keys: %w", len(keys), err)
+		}
+		moved += len(keys)
+		if !Pause(ctx, pause, pause) {
+			return moved, ctx.Err()
 		}
 	}
 	if err := dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err(); err != nil {
-		return fmt.Errorf("node on target: %w", err)
+		return moved, fmt.Errorf("node on target: %w", err)
 	}
 	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err(); err != nil {
-		return fmt.Errorf("node on source: %w", err)
+		return moved, fmt.Errorf("node on source: %w", err)
 	}
 	for a := range ids {
 		if a == from || a == to {
@@ -374,8 +423,8 @@ func moveSlot(ctx context.Context, ids map[string]string, slot int, from, to str
 		err := c.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err()
 		_ = c.Close()
 		if err != nil {
-			return fmt.Errorf("node on %s: %w", a, err)
+			return moved, fmt.Errorf("node on %s: %w", a, err)
 		}
 	}
-	return nil
+	return moved, nil
 }
