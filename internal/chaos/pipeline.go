@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/redisconn"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
@@ -61,6 +62,10 @@ type Options struct {
 	// the address the shared defaults name.
 	SentinelAddrs  []string
 	SentinelMaster string
+	// ClusterAddrs, when set, puts every daemon (and the suite's own Redis
+	// client) on the Redis Cluster with these seed nodes (redis.mode
+	// cluster); Redis is then only the address the shared defaults name.
+	ClusterAddrs []string
 	// FailoverWindow: see Pipeline.RecordFailover; default 1s.
 	FailoverWindow time.Duration
 	// Env is applied to every daemon after the defaults (KFPIPE_… keys).
@@ -123,7 +128,7 @@ type Pipeline struct {
 	feeder *Feeder
 
 	sender *wecomtest.CallbackSender
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 
 	mu        sync.Mutex
 	kills     []Kill
@@ -171,10 +176,13 @@ func Start(t *testing.T, o Options) *Pipeline {
 	p.Sink = NewSink(o.SinkSleep)
 	p.Sink.Reply(o.Replies)
 	t.Cleanup(p.Sink.Close)
-	if len(o.SentinelAddrs) > 0 {
+	switch {
+	case len(o.ClusterAddrs) > 0:
+		p.rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: o.ClusterAddrs, MaxRetries: -1})
+	case len(o.SentinelAddrs) > 0:
 		p.rdb = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: o.SentinelMaster,
 			SentinelAddrs: o.SentinelAddrs, MaxRetries: -1})
-	} else {
+	default:
 		p.rdb = redis.NewClient(&redis.Options{Addr: o.Redis, MaxRetries: -1})
 	}
 	t.Cleanup(func() { _ = p.rdb.Close() })
@@ -201,6 +209,10 @@ func Start(t *testing.T, o Options) *Pipeline {
 		common["KFPIPE_REDIS_MODE"] = "sentinel"
 		common["KFPIPE_REDIS_MASTER_NAME"] = o.SentinelMaster
 		common["KFPIPE_REDIS_SENTINEL_ADDRS"] = strings.Join(o.SentinelAddrs, ",")
+	}
+	if len(o.ClusterAddrs) > 0 {
+		common["KFPIPE_REDIS_MODE"] = "cluster"
+		common["KFPIPE_REDIS_CLUSTER_ADDRS"] = strings.Join(o.ClusterAddrs, ",")
 	}
 	producerEnv := map[string]string{
 		"KFPIPE_CALLBACK_ADDR":             fmt.Sprintf("127.0.0.1:%d", cbPort),
@@ -430,7 +442,7 @@ func (p *Pipeline) StopAll(timeout time.Duration) []string {
 // Cursor returns the producer's stored sync cursor of openKfID ("" when
 // none or Redis is unreachable).
 func (p *Pipeline) Cursor(ctx context.Context, openKfID string) (string, error) {
-	v, err := p.rdb.Get(ctx, p.Prefix+"cursor:"+openKfID).Result()
+	v, err := p.rdb.Get(ctx, p.Prefix+"cursor:"+redisconn.Tag(p.rdb, openKfID)).Result()
 	if err == redis.Nil {
 		return "", nil
 	}
@@ -451,18 +463,17 @@ func (p *Pipeline) deleteTopics() {
 func (p *Pipeline) deleteKeys() {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	iter := p.rdb.Scan(ctx, 0, p.Prefix+"*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			p.rdb.Unlink(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		p.rdb.Unlink(ctx, batch...)
-	}
+	// One UNLINK a key, pipelined: on a Cluster the keys of one batch lie
+	// in many slots (every master is scanned).
+	_ = redisconn.ScanKeys(ctx, p.rdb, p.Prefix+"*", 1000, func(keys []string) error {
+		_, err := p.rdb.Pipelined(ctx, func(pp redis.Pipeliner) error {
+			for _, k := range keys {
+				pp.Unlink(ctx, k)
+			}
+			return nil
+		})
+		return err
+	})
 }
 
 func envList(m map[string]string) []string {
@@ -484,14 +495,16 @@ func randomAESKey() string {
 // memory Redis reports for them (MEMORY USAGE, summed): what the run costs
 // Redis, apart from anything else sharing the server.
 func (p *Pipeline) KeyMemory(ctx context.Context) (keys int, bytes int64, err error) {
-	iter := p.rdb.Scan(ctx, 0, p.Prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		n, err := p.rdb.MemoryUsage(ctx, iter.Val()).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return keys, bytes, err
+	err = redisconn.ScanKeys(ctx, p.rdb, p.Prefix+"*", 1000, func(batch []string) error {
+		for _, k := range batch {
+			n, err := p.rdb.MemoryUsage(ctx, k).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return err
+			}
+			keys++
+			bytes += n
 		}
-		keys++
-		bytes += n
-	}
-	return keys, bytes, iter.Err()
+		return nil
+	})
+	return keys, bytes, err
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,8 +17,10 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/redisconn"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
+	"github.com/redis/go-redis/v9"
 )
 
 // common points a loaded config at the test services with fresh names.
@@ -28,6 +31,14 @@ func common(t *testing.T, c *config.Common, mainTopic, dlqTopic, prefix, group s
 	c.Redis.Addr = testenv.RedisAddr(t)
 	c.Redis.KeyPrefix = prefix
 	c.Ops.Addr = testenv.FreeAddr(t)
+}
+
+// onCluster points c's Redis (every Redis user of the daemon) at the test
+// Redis Cluster.
+func onCluster(t *testing.T, c *config.Common) {
+	c.Redis.Mode = "cluster"
+	c.Redis.ClusterAddrs = testenv.RedisClusterAddrs(t)
+	c.Redis.DB = 0
 }
 
 type recorder struct {
@@ -60,9 +71,27 @@ func (r *recorder) Handle(_ context.Context, m *chatmsg.ChatMessage) error {
 // and the fake WeChat, and checks: every message handled once and in
 // order per user; a flooding user's excess dead-lettered and indexed by
 // the dlq-consumer; the admin API answers with the operator token only.
+// It runs on the single test Redis and on the test Redis Cluster (every
+// Redis user of the three daemons in redis.mode cluster, the consumer's
+// state store included, whose partitions then live on several masters).
 func TestPipelineEndToEnd(t *testing.T) {
+	t.Run("single", func(t *testing.T) { pipelineEndToEnd(t, false) })
+	t.Run("cluster", func(t *testing.T) { pipelineEndToEnd(t, true) })
+}
+
+func pipelineEndToEnd(t *testing.T, cluster bool) {
 	testenv.KafkaBrokers(t)
-	_, prefix := testenv.Redis(t)
+	var (
+		rdb    redis.UniversalClient
+		prefix string
+		cc     *redis.ClusterClient
+	)
+	if cluster {
+		cc, prefix = testenv.RedisCluster(t)
+		rdb = cc
+	} else {
+		rdb, prefix = testenv.Redis(t)
+	}
 	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
 	t.Cleanup(func() {
 		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
@@ -78,7 +107,13 @@ func TestPipelineEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cluster {
+		mainTopic = spreadTopic(t, cc, mainTopic, pcfg.Kafka.Topics.Main.Partitions)
+	}
 	common(t, &pcfg.Common, mainTopic, dlqTopic, prefix, "unused")
+	if cluster {
+		onCluster(t, &pcfg.Common)
+	}
 	pcfg.WeCom.BaseURL = fake.URL()
 	pcfg.WeCom.OpenKfIDs = []string{kf}
 	pcfg.Callback.Addr = testenv.FreeAddr(t)
@@ -88,6 +123,9 @@ func TestPipelineEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	common(t, &ccfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
+	if cluster {
+		onCluster(t, &ccfg.Common)
+	}
 	ccfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
 	// The seed's rule, so that the flooder's 12 messages are refused (the
 	// shipped normal group lets a burst of 12 through).
@@ -98,6 +136,9 @@ func TestPipelineEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	common(t, &dcfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
+	if cluster {
+		onCluster(t, &dcfg.Common)
+	}
 	dcfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
 	dcfg.Admin.Addr = testenv.FreeAddr(t)
 	dcfg.Recovery.MaxRetries["downstream_error"] = 1
@@ -266,6 +307,10 @@ func TestPipelineEndToEnd(t *testing.T) {
 	t.Setenv("KFPIPE_KAFKA_TOPICS_MAIN_NAME", mainTopic)
 	t.Setenv("KFPIPE_KAFKA_TOPICS_DLQ_NAME", dlqTopic)
 	t.Setenv("KFPIPE_REDIS_ADDR", dcfg.Redis.Addr)
+	if cluster {
+		t.Setenv("KFPIPE_REDIS_MODE", "cluster")
+		t.Setenv("KFPIPE_REDIS_CLUSTER_ADDRS", strings.Join(dcfg.Redis.ClusterAddrs, ","))
+	}
 	t.Setenv("KFPIPE_REDIS_KEY_PREFIX", prefix)
 	t.Setenv("KFPIPE_RECOVERY_MAX_RETRIES_DOWNSTREAM_ERROR", "1")
 	if code, b := adminGet(t, d.AdminURL+"/admin/dlq/stats", viewer); code != 200 || json.Unmarshal(b, &stats) != nil {
@@ -284,10 +329,73 @@ func TestPipelineEndToEnd(t *testing.T) {
 	}
 
 	// The cursor was stored only after delivery: it equals the fake's last.
-	rdb, _ := testenv.Redis(t)
 	waitFor(t, 10*time.Second, "cursor stored", func() bool {
-		return rdb.Get(ctx, prefix+"cursor:"+kf).Val() == fake.LastCursor(kf)
+		return rdb.Get(ctx, prefix+"cursor:"+redisconn.Tag(rdb, kf)).Val() == fake.LastCursor(kf)
 	})
+
+	if cluster {
+		// The consumer's state store ran on the cluster, its partitions'
+		// keys on more than one master.
+		masters := map[string]int{}
+		var mu sync.Mutex
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			keys, _, err := m.Scan(ctx, 0, prefix+"st:*", 10000).Result()
+			mu.Lock()
+			masters[m.Options().Addr] += len(keys)
+			mu.Unlock()
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		with := 0
+		for _, n := range masters {
+			if n > 0 {
+				with++
+			}
+		}
+		t.Logf("state keys by master: %v", masters)
+		if with < 2 {
+			t.Errorf("state keys by master %v: want keys on at least 2 masters", masters)
+		}
+	}
+}
+
+// spreadTopic returns name, or name with a suffix, such that the hash slots
+// of the state store's partitions of the topic ("{topic:p}", p <
+// partitions) are served by at least two masters of the cluster: a random
+// name leaves all of them on one master now and then.
+func spreadTopic(t *testing.T, cc *redis.ClusterClient, name string, partitions int) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := func(slot int) string {
+		for _, r := range slots {
+			if slot >= r.Start && slot <= r.End && len(r.Nodes) > 0 {
+				return r.Nodes[0].Addr
+			}
+		}
+		return ""
+	}
+	for i := 0; i < 100; i++ {
+		n := name
+		if i > 0 {
+			n = fmt.Sprintf("%s-%d", name, i)
+		}
+		seen := map[string]bool{}
+		for p := 0; p < partitions; p++ {
+			seen[master(redisconn.Slot("{"+n+":"+strconv.Itoa(p)+"}"))] = true
+		}
+		if len(seen) >= 2 {
+			return n
+		}
+	}
+	t.Fatalf("no topic name near %s spreads its partitions over 2 masters", name)
+	return ""
 }
 
 // flooderRefused counts the distinct messages of wm-flooder in the DLQ
