@@ -100,6 +100,15 @@ type Dedup struct {
 	// read for one dedup.ttl after switching from either
 	// (docs/operations.md, "Switching to the per-partition store").
 	Legacy string `mapstructure:"legacy"`
+	// Buckets is how many digest sets a partition's done marks of one
+	// 10-second send-time slot are spread over, so that each stays a Redis
+	// intset (at most ~400 members: 8 B a mark; beyond 512 Redis converts
+	// it to a hash table, ~70 B a mark). Size it as messages a second per
+	// partition × 10 / 400, rounded up to a power of two: 1 up to ~40 msg/s
+	// a partition, 16 for the seeds' 5,000 msg/s over 12 partitions. A
+	// change applies from the next slot, at most once per dedup.ttl (the
+	// marks written before stay found; docs/operations.md).
+	Buckets int `mapstructure:"buckets"`
 }
 
 // RateLimit configures the per-user sliding-window limiter (package ratelimit).
@@ -233,7 +242,7 @@ func defaultConsumer(env string) Consumer {
 			DeadLetterQueue:       1024,
 			StandbyAfterRedisLost: DefaultStandbyAfterRedisLost},
 		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
-		Dedup:     Dedup{TTL: DefaultRecoveryTTL, Lease: DefaultDedupLease, Legacy: "read"},
+		Dedup:     Dedup{TTL: DefaultRecoveryTTL, Lease: DefaultDedupLease, Legacy: "read", Buckets: 1},
 		RateLimit: DefaultRateLimit(),
 		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
 		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
@@ -296,6 +305,7 @@ func (c *Consumer) Validate() error {
 			"a deployment of the claims or leases store switches as docs/operations.md says (\"Switching to the per-partition store\")", c.Dedup.Store)
 	}
 	v.oneOf("dedup.legacy", c.Dedup.Legacy, "off", "read")
+	v.between("dedup.buckets", c.Dedup.Buckets, 1, 1<<16)
 	c.RateLimit.validate(v, c.Coord.Enabled)
 	b := c.Breaker
 	v.atLeast("breaker.failure_threshold", b.FailureThreshold, 1)

@@ -152,6 +152,7 @@ var outOfRange = map[string]struct {
 	"dedup.ttl":                          {bad: "1h", readBy: rC},
 	"dedup.store":                        {bad: "claims", readBy: rC},
 	"dedup.legacy":                       {bad: "write", readBy: rC},
+	"dedup.buckets":                      {bad: "0", readBy: rC},
 	"breaker.failure_threshold":          {bad: 0, readBy: rC},
 	"breaker.half_open_max":              {bad: 0, readBy: rC},
 	"breaker.open_timeout":               {bad: "1ms", readBy: rC},

@@ -214,7 +214,7 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		legacy = &state.Legacy{Prefix: dedupPrefix(prefix), Claims: true, Leases: true}
 	}
 	st, err := state.New(ctx, state.Config{Client: base.Redis, KeyPrefix: prefix, Owner: nodeName(),
-		Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Legacy: legacy})
+		Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Buckets: cfg.Dedup.Buckets, Legacy: legacy})
 	if err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}

@@ -32,6 +32,7 @@ type Lease struct {
 	tokenS    string
 	prevHW    int64
 	prevOwner string
+	layout    layout
 
 	mu       sync.Mutex
 	deadline time.Time
@@ -62,16 +63,18 @@ func (s *Store) Acquire(ctx context.Context, topic string, partition int32) (*Le
 	poll := min(s.cfg.Lease/20, 200*time.Millisecond)
 	for {
 		t0 := time.Now()
-		res, err := acquireScript.Run(ctx, s.cfg.Client, []string{key}, s.owner, leaseUs, s.grace().Microseconds()).Slice()
+		res, err := acquireScript.Run(ctx, s.cfg.Client, []string{key}, s.owner, leaseUs, s.grace().Microseconds(),
+			s.cfg.Buckets, s.slotSec, int64(s.cfg.TTL/time.Second)).Slice()
 		if err != nil {
 			return nil, fmt.Errorf("state: acquire %s/%d: %w", topic, partition, err)
 		}
-		if len(res) < 3 {
+		if len(res) < 3 || toInt(res[0]) == 1 && len(res) < 7 {
 			return nil, fmt.Errorf("state: acquire %s/%d: unexpected reply %v", topic, partition, res)
 		}
 		if toInt(res[0]) == 1 {
 			l := &Lease{s: s, topic: topic, partition: partition, tag: s.tag(topic, partition), key: key,
 				tokenS: toStr(res[1]), prevHW: toInt(res[2]), prevOwner: toStr(res[3]),
+				layout:   layoutOf(res[4], res[5], res[6], s.cfg.Buckets),
 				deadline: t0.Add(s.cfg.Lease), expires: map[string]time.Time{},
 				lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 			l.token, _ = strconv.ParseInt(l.tokenS, 10, 64)
@@ -248,7 +251,7 @@ func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 	var groups []group
 	for _, it := range items {
 		d := Digest(it.Key)
-		k := l.s.bucketKey(l.tag, it.SendTime, d)
+		k := l.s.bucketKey(l.tag, l.layout, it.SendTime, d)
 		i, ok := idx[k]
 		if !ok {
 			i = len(groups)
@@ -304,12 +307,20 @@ func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 
 // Seen is Store.Seen on the lease's partition.
 func (l *Lease) Seen(ctx context.Context, items []Item) ([]bool, error) {
-	return l.s.Seen(ctx, l.topic, l.partition, items)
+	st, err := l.Look(ctx, items)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(st))
+	for i, v := range st {
+		out[i] = v == Done
+	}
+	return out, nil
 }
 
 // Look is Store.Look on the lease's partition.
 func (l *Lease) Look(ctx context.Context, items []Item) ([]Status, error) {
-	return l.s.Look(ctx, l.topic, l.partition, items)
+	return l.s.look(ctx, l.tag, l.layout, items)
 }
 
 // SetLogEnd tells a lease whose partition was never owned under this

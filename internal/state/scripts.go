@@ -12,12 +12,18 @@ import "github.com/redis/go-redis/v9"
 // not behind the old one's by more than the time between the two
 // acquisitions (seconds: the failover and the lease).
 
-// acquireScript: ARGV owner, lease µs, grace µs. The record is free when
-// it has no owner, when it is ours, or when its lease ran out grace ago.
-// Returns {1, token, hw, previous owner, empty when released} when taken,
-// {0, µs to wait, owner} when held by another owner.
+// acquireScript: ARGV owner, lease µs, grace µs, configured buckets, slot
+// seconds, TTL seconds. The record is free when it has no owner, when it
+// is ours, or when its lease ran out grace ago. The bucket layout (bk,
+// bk0, bkfrom) is set by the first owner; a different configured count
+// takes effect from the next slot on Redis's clock (bkfrom), the slots
+// before keep theirs — unless the last change is younger than the TTL
+// (its earlier slots still live): then the recorded layout stays, so
+// owners with different configurations during a rolling restart agree.
+// Returns {1, token, hw, previous owner (empty when released), bk, bk0,
+// bkfrom} when taken, {0, µs to wait, owner} when held by another owner.
 var acquireScript = redis.NewScript(`
-local o = redis.call('HMGET', KEYS[1], 'owner', 'token', 'until', 'hw')
+local o = redis.call('HMGET', KEYS[1], 'owner', 'token', 'until', 'hw', 'bk', 'bk0', 'bkfrom')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local owner = o[1] or ''
@@ -28,7 +34,16 @@ end
 local tok = math.max(tonumber(o[2] or '0') + 1, now)
 local tokS = string.format('%.0f', tok)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', tokS, 'until', string.format('%.0f', now + tonumber(ARGV[2])))
-return {1, tokS, o[4] or '-1', owner}
+local bk, bk0, from = o[5], o[6], o[7]
+if not bk then
+  bk, bk0, from = ARGV[4], ARGV[4], '0'
+  redis.call('HSET', KEYS[1], 'bk', bk, 'bk0', bk0, 'bkfrom', from)
+elseif bk ~= ARGV[4] and tonumber(t[1]) >= (tonumber(from) + 1) * tonumber(ARGV[5]) + tonumber(ARGV[6]) then
+  bk0, bk = bk, ARGV[4]
+  from = string.format('%.0f', math.floor(tonumber(t[1]) / tonumber(ARGV[5])) + 1)
+  redis.call('HSET', KEYS[1], 'bk', bk, 'bk0', bk0, 'bkfrom', from)
+end
+return {1, tokS, o[4] or '-1', owner, bk, bk0 or bk, from or '0'}
 `)
 
 // renewScript: ARGV owner, token, lease µs. 1 when the lease is still

@@ -181,13 +181,58 @@ func (s *Store) tag(topic string, partition int32) string {
 
 func (s *Store) ownKey(topic string, partition int32) string { return s.tag(topic, partition) + ":own" }
 
-// bucketKey returns the bucket of a message of the partition.
-func (s *Store) bucketKey(tag string, sendTime, digest int64) string {
-	slot := sendTime / s.slotSec
-	if sendTime < 0 {
-		slot = 0
+// layout is how a partition's marks are bucketed: slots from `from` on
+// have bk buckets, earlier ones bk0. It is kept in the partition's
+// ownership record (fields bk, bk0, bkfrom), set by the first owner from
+// its configured Buckets; a different configured value takes effect from
+// the slot after the acquisition that brings it, so every mark already
+// written is still found by owners and readers alike.
+type layout struct {
+	bk, bk0 int64
+	from    int64
+}
+
+// fixed is the layout of a partition with one bucket count throughout.
+func fixed(buckets int) layout { return layout{bk: int64(buckets), bk0: int64(buckets)} }
+
+// layoutOf reads a layout from the record's bk, bk0, bkfrom values
+// (def when the record has none: a partition no owner took yet).
+func layoutOf(bk, bk0, from any, def int) layout {
+	ly := layout{bk: toInt(bk), bk0: toInt(bk0), from: toInt(from)}
+	if ly.bk < 1 {
+		return fixed(def)
 	}
-	return tag + ":d:" + strconv.FormatInt(slot, 10) + ":" + strconv.FormatInt(digest%int64(s.cfg.Buckets), 10)
+	if ly.bk0 < 1 {
+		ly.bk0 = ly.bk
+	}
+	return ly
+}
+
+// slotOf is the send-time slot of sendTime (Unix seconds).
+func (s *Store) slotOf(sendTime int64) int64 {
+	if sendTime < 0 {
+		return 0
+	}
+	return sendTime / s.slotSec
+}
+
+// bucketKey returns the bucket of a message of the partition.
+func (s *Store) bucketKey(tag string, ly layout, sendTime, digest int64) string {
+	slot := s.slotOf(sendTime)
+	b := ly.bk
+	if slot < ly.from {
+		b = ly.bk0
+	}
+	return tag + ":d:" + strconv.FormatInt(slot, 10) + ":" + strconv.FormatInt(digest%b, 10)
+}
+
+// layout reads the partition's layout from its ownership record.
+func (s *Store) layout(ctx context.Context, topic string, partition int32) (layout, error) {
+	v, err := s.cfg.Client.HMGet(ctx, s.ownKey(topic, partition), "bk", "bk0", "bkfrom").Result()
+	if err != nil {
+		return layout{}, fmt.Errorf("state: read the layout of %s/%d: %w", topic, partition, err)
+	}
+	return layoutOf(v[0], v[1], v[2], s.cfg.Buckets), nil
 }
 
 // Seen reports which items of the partition are done: Look without the
@@ -210,7 +255,15 @@ func (s *Store) Seen(ctx context.Context, topic string, partition int32, items [
 // never a copy: one pipeline of SMISMEMBER, one per bucket, and with
 // Legacy a second one for the items not found.
 func (s *Store) Look(ctx context.Context, topic string, partition int32, items []Item) ([]Status, error) {
-	tag := s.tag(topic, partition)
+	ly, err := s.layout(ctx, topic, partition)
+	if err != nil {
+		return nil, err
+	}
+	return s.look(ctx, s.tag(topic, partition), ly, items)
+}
+
+// look is Look with the partition's tag and layout known.
+func (s *Store) look(ctx context.Context, tag string, ly layout, items []Item) ([]Status, error) {
 	type q struct {
 		idx     []int
 		members []any
@@ -219,7 +272,7 @@ func (s *Store) Look(ctx context.Context, topic string, partition int32, items [
 	var order []string
 	for i, it := range items {
 		d := Digest(it.Key)
-		k := s.bucketKey(tag, it.SendTime, d)
+		k := s.bucketKey(tag, ly, it.SendTime, d)
 		e := byKey[k]
 		if e == nil {
 			e = &q{}
@@ -288,9 +341,32 @@ func partitionTags(ctx context.Context, client redis.UniversalClient, keyPrefix 
 	return tags, nil
 }
 
+// readLayouts reads the layout of each partition (by its tag): one
+// pipeline of HMGET.
+func readLayouts(ctx context.Context, client redis.UniversalClient, tags []string) ([]layout, error) {
+	pipe := client.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(tags))
+	for i, tag := range tags {
+		cmds[i] = pipe.HMGet(ctx, tag+":own", "bk", "bk0", "bkfrom")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("state: read the partitions' layouts: %w", err)
+	}
+	out := make([]layout, len(tags))
+	for i, c := range cmds {
+		v := c.Val()
+		if len(v) < 3 {
+			out[i] = fixed(DefaultBuckets)
+			continue
+		}
+		out[i] = layoutOf(v[0], v[1], v[2], DefaultBuckets)
+	}
+	return out, nil
+}
+
 // DoneAnywhere reports which items are marked done in any partition of
-// any topic of the store under keyPrefix, with the default Slot and
-// Buckets, for readers that know a message but not its partition (the
+// any topic of the store under keyPrefix, with the default Slot and each
+// partition's recorded bucket layout, for readers that know a message but not its partition (the
 // admin, the DLQ's settling): one SCAN of the ownership records (on every master of a Redis Cluster), then one
 // pipeline of SMISMEMBER per partition. A digest is 63 bits, so asking
 // every partition adds a false "done" at a rate of partitions × 2⁻⁶³ per
@@ -302,6 +378,10 @@ func DoneAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefix s
 		return out, err
 	}
 	s := &Store{cfg: Config{Buckets: DefaultBuckets}, slotSec: int64(DefaultSlot / time.Second)}
+	layouts, err := readLayouts(ctx, client, tags)
+	if err != nil {
+		return nil, err
+	}
 	pipe := client.Pipeline()
 	type q struct {
 		i   int
@@ -313,8 +393,8 @@ func DoneAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefix s
 			continue
 		}
 		d := Digest(it.Key)
-		for _, tag := range tags {
-			qs = append(qs, q{i, pipe.SIsMember(ctx, s.bucketKey(tag, it.SendTime, d), d)})
+		for j, tag := range tags {
+			qs = append(qs, q{i, pipe.SIsMember(ctx, s.bucketKey(tag, layouts[j], it.SendTime, d), d)})
 		}
 	}
 	if len(qs) == 0 {

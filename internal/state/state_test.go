@@ -371,7 +371,7 @@ func TestHole6OldLetterRecognised(t *testing.T) {
 	if err := l.Mark(ctxT(t, time.Second), 5, msgs(sent, "old")); err != nil {
 		t.Fatal(err)
 	}
-	k := s.bucketKey(s.tag("t", 0), sent, Digest("old"))
+	k := s.bucketKey(s.tag("t", 0), l.layout, sent, Digest("old"))
 	ttl, err := rdb.TTL(context.Background(), k).Result()
 	if err != nil || ttl < 168*time.Hour {
 		t.Fatalf("bucket TTL = %s %v, want >= 168h (the DLQ's retry horizon)", ttl, err)
@@ -394,7 +394,7 @@ func TestBucketsAreIntsets(t *testing.T) {
 	if err := l.Mark(ctxT(t, time.Second), 399, items); err != nil {
 		t.Fatal(err)
 	}
-	k := s.bucketKey(s.tag("t", 0), 2000, 0)
+	k := s.bucketKey(s.tag("t", 0), l.layout, 2000, 0)
 	enc, err := rdb.ObjectEncoding(context.Background(), k).Result()
 	if err != nil || enc != "intset" {
 		t.Fatalf("bucket encoding %q %v, want intset", enc, err)
@@ -658,5 +658,77 @@ func TestRepliesBesideMarks(t *testing.T) {
 	}
 	if ttl := rdb.PTTL(ctx, k).Val(); ttl < b.cfg.TTL || ttl > b.cfg.TTL+b.cfg.TTL/64 {
 		t.Fatalf("reply hash TTL %s, want the marks' %s (+1/64)", ttl, b.cfg.TTL)
+	}
+}
+
+// TestBucketsChangeKeepsMarksFound: the first owner records its bucket
+// count in the partition's record; an owner configured with another count
+// applies it from the next slot on, so the marks written before are still
+// found — by the new owner and by DoneAnywhere. An owner with the old
+// count that takes the partition while that change is younger than the
+// TTL (a rolling restart) keeps the recorded layout instead of flipping it
+// back, which would hide the marks written since.
+func TestBucketsChangeKeepsMarksFound(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	ctx := ctxT(t, 20*time.Second)
+	now := time.Now().Unix()
+	var before []Item
+	for i := range 64 {
+		before = append(before, Item{Key: fmt.Sprintf("wk:before-%d", i), SendTime: now - 3600})
+	}
+	one := newStore(t, rdb, prefix, "one", func(c *Config) { c.Buckets = 1 })
+	l1 := acquire(t, one, "t", 0, 5*time.Second)
+	if err := l1.Mark(ctx, 10, before); err != nil {
+		t.Fatal(err)
+	}
+	_ = l1.Release(ctx)
+
+	eight := newStore(t, rdb, prefix, "eight", func(c *Config) { c.Buckets = 8 })
+	l8 := acquire(t, eight, "t", 0, 5*time.Second)
+	if l8.layout.bk != 8 || l8.layout.bk0 != 1 || l8.layout.from <= eight.slotOf(now) {
+		t.Fatalf("layout after the change %+v: want 8 buckets from the next slot, 1 before", l8.layout)
+	}
+	var after []Item
+	for i := range 64 {
+		after = append(after, Item{Key: fmt.Sprintf("wk:after-%d", i), SendTime: now + 3600})
+	}
+	if err := l8.Mark(ctx, 20, after); err != nil {
+		t.Fatal(err)
+	}
+	all := append(append([]Item(nil), before...), after...)
+	seen, err := l8.Seen(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ok := range seen {
+		if !ok {
+			t.Fatalf("%s not found by the owner with 8 buckets", all[i].Key)
+		}
+	}
+	n, err := rdb.Keys(ctx, prefix+"st:{t:0}:d:"+strconv.FormatInt(eight.slotOf(now+3600), 10)+":*").Result()
+	if err != nil || len(n) != 8 {
+		t.Fatalf("the slot after the change has %d buckets (%v), want 8", len(n), err)
+	}
+	_ = l8.Release(ctx)
+
+	// A consumer still configured with 1 (a rolling restart) takes it.
+	again := newStore(t, rdb, prefix, "one-again", func(c *Config) { c.Buckets = 1 })
+	l1b := acquire(t, again, "t", 0, 5*time.Second)
+	if l1b.layout != l8.layout {
+		t.Fatalf("an owner with the old count flipped the layout back: %+v, recorded %+v", l1b.layout, l8.layout)
+	}
+	for _, look := range []func() ([]bool, error){
+		func() ([]bool, error) { return l1b.Seen(ctx, all) },
+		func() ([]bool, error) { return DoneAnywhere(ctx, rdb, prefix, all) },
+	} {
+		got, err := look()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, ok := range got {
+			if !ok {
+				t.Fatalf("%s not found after the rolling restart", all[i].Key)
+			}
+		}
 	}
 }
