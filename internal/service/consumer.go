@@ -20,6 +20,7 @@ import (
 // partitionState adapts state.Store to consumer.State.
 type partitionState struct {
 	s     *state.Store
+	look  *state.Looker
 	flush time.Duration
 	batch int
 }
@@ -32,13 +33,14 @@ func (ps partitionState) Acquire(ctx context.Context, topic string, partition in
 	if err != nil {
 		return nil, err
 	}
-	return &partitionLease{l: l, m: l.NewMarker(ps.flush, ps.batch)}, nil
+	return &partitionLease{l: l, m: l.NewMarker(ps.flush, ps.batch), look: ps.look}, nil
 }
 
 // partitionLease adapts state.Lease and its Marker to consumer.Lease.
 type partitionLease struct {
-	l *state.Lease
-	m *state.Marker
+	l    *state.Lease
+	m    *state.Marker
+	look *state.Looker // the consumer's look-ups, batched across partitions
 }
 
 func (pl *partitionLease) Token() int64          { return pl.l.Token() }
@@ -56,7 +58,7 @@ func stateItems(items []consumer.StateItem) []state.Item {
 // holds (while the old keys are read) is not done yet, and not fresh
 // either: the look-up fails and is made again.
 func (pl *partitionLease) Seen(ctx context.Context, items []consumer.StateItem) ([]bool, error) {
-	st, err := pl.l.Look(ctx, stateItems(items))
+	st, err := pl.look.Look(ctx, pl.l, stateItems(items))
 	if err != nil {
 		return nil, err
 	}
@@ -182,6 +184,7 @@ func (d deadLetters) Send(cdl *consumer.DeadLetter, done func(error)) {
 // Consumer is a running schedule-consumer.
 type Consumer struct {
 	C        *consumer.Consumer
+	looker   *state.Looker
 	limiter  *ratelimit.Limiter
 	producer *dlq.Producer
 	// stopWatch ends the Redis watch (nil when standby is off);
@@ -218,9 +221,9 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 	if err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
-	s := &Consumer{}
+	s := &Consumer{looker: st.NewLooker(cfg.Processor.PipelineMaxBatched)}
 	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg),
-		consumer.WithState(partitionState{s: st, flush: max(cfg.Processor.PipelineFlush, time.Millisecond), batch: cfg.Processor.PipelineMaxBatched})}
+		consumer.WithState(partitionState{s: st, look: s.looker, flush: max(cfg.Processor.PipelineFlush, time.Millisecond), batch: cfg.Processor.PipelineMaxBatched})}
 	if cfg.RateLimit.Enabled {
 		s.limiter, err = ratelimit.New(cfg.RateLimit, ratelimit.NewStore(base.Redis, prefix),
 			append(rulesOption(cfg.RateLimit, base), ratelimit.WithLogger(log), ratelimit.WithRegisterer(reg))...)
@@ -401,6 +404,9 @@ func (s *Consumer) Close(ctx context.Context) error {
 
 func (s *Consumer) close(ctx context.Context) error {
 	var errs []error
+	if s.looker != nil {
+		s.looker.Close()
+	}
 	if s.producer != nil {
 		errs = append(errs, s.producer.Close(ctx))
 	}

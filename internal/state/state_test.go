@@ -732,3 +732,68 @@ func TestBucketsChangeKeepsMarksFound(t *testing.T) {
 		}
 	}
 }
+
+// TestLookerBatches: concurrent look-ups of two partitions go together in
+// few pipelines and each gets what Look would answer; a look-up asked
+// after a mark landed sees it (the Looker reads Redis, never a copy).
+func TestLookerBatches(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Buckets = 4 })
+	ctx := ctxT(t, 20*time.Second)
+	l0, l1 := acquire(t, s, "t", 0, 5*time.Second), acquire(t, s, "t", 1, 5*time.Second)
+	lk := s.NewLooker(256)
+	defer lk.Close()
+	if err := l0.Mark(ctx, 1, msgs(100, "done-0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.Mark(ctx, 1, msgs(100, "done-1")); err != nil {
+		t.Fatal(err)
+	}
+	before := rdb.Info(ctx, "commandstats").Val()
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, key := l0, fmt.Sprintf("fresh-%d", i)
+			if i%2 == 1 {
+				l = l1
+			}
+			if i%10 == 0 {
+				key = "done-" + strconv.Itoa(i%2)
+			}
+			st, err := lk.Look(ctx, l, msgs(100, key))
+			switch {
+			case err != nil:
+				errs <- err
+			case (st[0] == Done) != strings.HasPrefix(key, "done-"):
+				errs <- fmt.Errorf("%s on partition %d: %v", key, i%2, st[0])
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	after := rdb.Info(ctx, "commandstats").Val()
+	calls := func(info string) int {
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_smismember:calls="); ok {
+				n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+				return n
+			}
+		}
+		return 0
+	}
+	if n := calls(after) - calls(before); n >= 200 {
+		t.Errorf("200 concurrent look-ups made %d SMISMEMBER calls: not batched", n)
+	}
+	if err := l0.Mark(ctx, 2, msgs(100, "late")); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := lk.Look(ctx, l0, msgs(100, "late")); err != nil || st[0] != Done {
+		t.Fatalf("a look-up after the mark landed: %v %v, want done", st, err)
+	}
+}
