@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What `make test` runs: start the services (those not already running), run
-# `go vet ./...` and the Go tests against them, stop what this script started.
+# `go vet ./...`, staticcheck and the Go tests against them, stop what this
+# script started.
 #
 #   scripts/test.sh                  go test -race -count=1 -timeout 15m ./...
 #   scripts/test.sh ./internal/foo/  go test $GO_TEST_FLAGS ./internal/foo/
 #   GO_TEST_FLAGS='-count=1 -run TestX' scripts/test.sh ./...
-#   KFPIPE_SKIP_VET=1                skip go vet
+#   KFPIPE_SKIP_VET=1                skip go vet and staticcheck
 #   KFPIPE_KEEP_SERVICES=1           leave the services running afterwards
 #   KFPIPE_SKIP_IMAGE=1              skip the image and package check (scripts/image-check.sh)
 #   KFPIPE_FUZZ=BUDGET               fuzz each target after the tests: Nx inputs or N s
@@ -24,6 +25,10 @@ log "KFPIPE_TEST_KAFKA=$KFPIPE_TEST_KAFKA KFPIPE_TEST_REDIS=$KFPIPE_TEST_REDIS K
 if [[ ${KFPIPE_SKIP_VET:-} != 1 ]]; then
   log "go vet ./..."
   go vet ./...
+  # staticcheck is a tool of the module (go.mod's tool directive): the
+  # version is pinned there and go.sum, and its cache makes a rerun quick.
+  log "staticcheck ./..."
+  go tool staticcheck ./...
 fi
 
 # shellcheck disable=SC2206

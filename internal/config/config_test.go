@@ -275,8 +275,8 @@ func mergeYAML(base, extra string) string {
 				cur = line
 				if _, ok := sections[cur]; !ok {
 					order = append(order, cur)
+					sections[cur] = nil
 				}
-				sections[cur] = sections[cur]
 				continue
 			}
 			key := strings.SplitN(strings.TrimSpace(line), ":", 2)[0]

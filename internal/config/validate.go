@@ -29,12 +29,6 @@ func (v *validator) between(key string, got, min, max int) {
 	}
 }
 
-func (v *validator) positiveFloat(key string, got float64) {
-	if got <= 0 {
-		v.addf(key, "must be > 0, got %g", got)
-	}
-}
-
 func (v *validator) durationAtLeast(key string, got, min time.Duration) {
 	if got < min {
 		v.addf(key, "must be >= %s, got %s", min, got)

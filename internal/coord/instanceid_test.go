@@ -202,7 +202,7 @@ func TestInstanceIDLostLeaseEndsID(t *testing.T) {
 	case <-time.After(wait):
 		t.Fatal("Done not closed after the lease was lost")
 	}
-	if n := counter(t, p.m.lost.WithLabelValues(kindInstanceID)); n != 1 {
+	if n := testenv.MetricValue(p.m.lost.WithLabelValues(kindInstanceID)); n != 1 {
 		t.Fatalf("instance-id lease losses = %v, want 1", n)
 	}
 	if again := acquire(t, a); again.ID() != 1 {

@@ -183,7 +183,7 @@ func TestLockStaleHolderIsFenced(t *testing.T) {
 	if err := a.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("Unlock after the loss: %v, want ErrNotHeld", err)
 	}
-	if n := counter(t, p1.m.lost.WithLabelValues(kindLock)); n != 1 {
+	if n := testenv.MetricValue(p1.m.lost.WithLabelValues(kindLock)); n != 1 {
 		t.Fatalf("lock lease losses = %v, want 1", n)
 	}
 }

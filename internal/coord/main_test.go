@@ -11,7 +11,6 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
@@ -88,17 +87,6 @@ func awaitClosed[E any](t *testing.T, ch <-chan E) {
 			t.Fatalf("channel not closed within %s", wait)
 		}
 	}
-}
-
-// counter reads a counter without prometheus/testutil (which would add a
-// module to go.sum).
-func counter(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatalf("read counter: %v", err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 // cutWatcher wraps a Provider's etcd Watcher to interrupt its watches the

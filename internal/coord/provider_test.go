@@ -114,7 +114,7 @@ func TestMetricsShareRegistry(t *testing.T) {
 	}
 	m1.resyncs.Inc()
 	m2.lost.WithLabelValues(kindLock).Inc()
-	if counter(t, m2.resyncs) != 1 || counter(t, m1.lost.WithLabelValues(kindLock)) != 1 {
+	if testenv.MetricValue(m2.resyncs) != 1 || testenv.MetricValue(m1.lost.WithLabelValues(kindLock)) != 1 {
 		t.Fatal("the second Provider's metrics are not the registered ones")
 	}
 }

@@ -140,7 +140,7 @@ func TestRegistryRegistersAgainAfterLeaseLoss(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 || clientv3.LeaseID(resp.Kvs[0].Lease) == lease {
 		t.Fatalf("registration after the loss: %v %+v, want a key on a new lease", err, resp)
 	}
-	if n := counter(t, p.m.lost.WithLabelValues(kindRegistry)); n != 1 {
+	if n := testenv.MetricValue(p.m.lost.WithLabelValues(kindRegistry)); n != 1 {
 		t.Fatalf("registry lease losses = %v, want 1", n)
 	}
 }

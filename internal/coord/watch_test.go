@@ -87,7 +87,7 @@ func TestWatchResumesFromLastDeliveredRevision(t *testing.T) {
 	expect(t, ch, during)
 	// Nothing repeated: the next event is the next write.
 	expect(t, ch, write(t, raw, ns, []change{{typ: EventPut, key: "w/end", val: `"5"`}}))
-	if n := counter(t, p.m.restarts); n != 1 {
+	if n := testenv.MetricValue(p.m.restarts); n != 1 {
 		t.Fatalf("watch restarts = %v, want 1", n)
 	}
 }
@@ -142,7 +142,7 @@ func TestWatchCompactedRevisionResyncs(t *testing.T) {
 	if strings.Join(got, ",") != "c/a,c/b,c/d" {
 		t.Fatalf("snapshot keys = %v, want c/a,c/b,c/d", got)
 	}
-	if n := counter(t, p.m.resyncs); n != 1 {
+	if n := testenv.MetricValue(p.m.resyncs); n != 1 {
 		t.Fatalf("resyncs = %v, want 1", n)
 	}
 	expect(t, ch, write(t, raw, ns, []change{{typ: EventPut, key: "c/end", val: `"5"`}}))

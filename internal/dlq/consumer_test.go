@@ -84,9 +84,9 @@ func TestConsumerIndexesAndRebuild(t *testing.T) {
 			t.Errorf("run: %v", err)
 		}
 	}()
-	waitFor(t, "indexed", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		s, _ := idx.Stats(ctx)
-		return s.Total == n+1
+		return testenv.Check(s.Total == n+1, "indexed: total %d, want %d", s.Total, n+1)
 	})
 	st, _ := idx.Stats(ctx)
 	// 5 invalid_message + the undecodable record go to review.
@@ -103,8 +103,8 @@ func TestConsumerIndexesAndRebuild(t *testing.T) {
 		whole.State != StateReview {
 		t.Fatalf("undecodable entry %+v %v", whole, err)
 	}
-	if metricValue(c.m.undecodable) != 1 || metricValue(c.m.unrecoverable) != 6 {
-		t.Errorf("undecodable %v unrecoverable %v", metricValue(c.m.undecodable), metricValue(c.m.unrecoverable))
+	if testenv.MetricValue(c.m.undecodable) != 1 || testenv.MetricValue(c.m.unrecoverable) != 6 {
+		t.Errorf("undecodable %v unrecoverable %v", testenv.MetricValue(c.m.undecodable), testenv.MetricValue(c.m.unrecoverable))
 	}
 
 	// Retry the due ones; their events go to the DLQ topic in the
@@ -115,9 +115,9 @@ func TestConsumerIndexesAndRebuild(t *testing.T) {
 	if err != nil || sent == 0 {
 		t.Fatalf("scan sent %d %v", sent, err)
 	}
-	waitFor(t, "events consumed", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		s, _ := idx.Stats(ctx)
-		return s.Retried == int64(sent)
+		return testenv.Check(s.Retried == int64(sent), "events consumed: retried %d, want %d", s.Retried, sent)
 	})
 	before, _ := idx.Stats(ctx)
 	retried := map[string]bool{}
@@ -179,9 +179,9 @@ func TestOperatorActionsSurviveRebuild(t *testing.T) {
 	runCtx, stopRun := context.WithCancel(ctx)
 	runDone := make(chan error, 1)
 	go func() { runDone <- c.Run(runCtx) }()
-	waitFor(t, "indexed", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		s, _ := idx.Stats(ctx)
-		return s.Total == n
+		return testenv.Check(s.Total == n, "indexed: total %d, want %d", s.Total, n)
 	})
 
 	purged, err := idx.Purge(ctx, Filter{User: "u1"})
@@ -222,11 +222,11 @@ func TestOperatorActionsSurviveRebuild(t *testing.T) {
 	// The running consumer applies the events it reads back from the topic
 	// too (moved to review, then requeued): wait until it applied both, or
 	// the check can catch the index between them.
-	waitFor(t, "the consumer applied the move events", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		r, err1 := idx.Get(ctx, reviewed)
 		q, err2 := idx.Get(ctx, requeued)
-		return err1 == nil && err2 == nil && r.State == StateReview && q.State == StateDue &&
-			q.NextRetryTime != nil && q.NextRetryTime.Equal(requeueAt)
+		return testenv.Check(err1 == nil && err2 == nil && r.State == StateReview && q.State == StateDue &&
+			q.NextRetryTime != nil && q.NextRetryTime.Equal(requeueAt), "the consumer applied the move events")
 	})
 	checkMoved("before the rebuild")
 	stopRun()
@@ -288,7 +288,7 @@ func TestFullIndexHoldsLettersInTheTopic(t *testing.T) {
 			seen[en.ID] = true
 		}
 	}
-	waitFor(t, "index full", 30*time.Second, func() bool { return metricValue(c.m.indexFull) == 1 })
+	testenv.Eventually(t, 30*time.Second, func() error { return testenv.Check(testenv.MetricValue(c.m.indexFull) == 1, "index full") })
 	time.Sleep(500 * time.Millisecond) // would index more if it did not hold
 	if n, _ := idx.Size(ctx); n != 5 {
 		t.Fatalf("index holds %d entries, want its 5", n)
@@ -300,9 +300,9 @@ func TestFullIndexHoldsLettersInTheTopic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the held letters indexed", 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		note()
-		return len(seen) == 8 && metricValue(c.m.indexFull) == 0
+		return testenv.Check(len(seen) == 8 && testenv.MetricValue(c.m.indexFull) == 0, "the held letters indexed")
 	})
 	for id := range want {
 		if !seen[id] {

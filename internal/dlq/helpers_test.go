@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -92,17 +89,6 @@ func closeProducer(t *testing.T, p *Producer) {
 	}
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // sinkWaiter is an EventSink that forwards to the producer and lets the
 // test wait until every event is durable.
 type sinkWaiter struct {
@@ -113,18 +99,6 @@ type sinkWaiter struct {
 func (s *sinkWaiter) Send(dl *DeadLetterMessage, done func(error)) {
 	s.wg.Add(1)
 	s.p.Send(dl, func(err error) { done(err); s.wg.Done() })
-}
-
-// metricValue reads a counter or gauge.
-func metricValue(m prometheus.Metric) float64 {
-	var d dto.Metric
-	if err := m.Write(&d); err != nil {
-		return -1
-	}
-	if d.Counter != nil {
-		return d.Counter.GetValue()
-	}
-	return d.Gauge.GetValue()
 }
 
 // memLetters is the Letters of tests that index letters directly rather

@@ -38,10 +38,10 @@ func TestSendDurableInTopic(t *testing.T) {
 		sendSync(t, p, dl)
 	}
 	closeProducer(t, p)
-	if got := metricValue(p.m.produced.WithLabelValues("rate_limited")); got != 1 {
+	if got := testenv.MetricValue(p.m.produced.WithLabelValues("rate_limited")); got != 1 {
 		t.Errorf("produced{rate_limited} = %v, want 1", got)
 	}
-	if got := metricValue(p.m.emergencyWrites); got != 0 {
+	if got := testenv.MetricValue(p.m.emergencyWrites); got != 0 {
 		t.Errorf("emergency writes = %v, want 0", got)
 	}
 	msgs := readTopic(t, brokers, topic, 3, 200*time.Millisecond)
@@ -101,10 +101,10 @@ func TestEmergencyFileAndReplay(t *testing.T) {
 		dls = append(dls, dl)
 		sendSync(t, down, dl) // done(nil) only after fsync
 	}
-	if got := metricValue(down.m.emergencyWrites); got != 5 {
+	if got := testenv.MetricValue(down.m.emergencyWrites); got != 5 {
 		t.Errorf("emergency writes = %v, want 5", got)
 	}
-	if got := metricValue(down.m.produced.WithLabelValues("queue_full")); got != 0 {
+	if got := testenv.MetricValue(down.m.produced.WithLabelValues("queue_full")); got != 0 {
 		t.Errorf("produced = %v, want 0", got)
 	}
 	closeProducer(t, down)
@@ -139,9 +139,9 @@ func TestEmergencyFileAndReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeProducer(t, up)
-	waitFor(t, "emergency file replayed", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		pending, err := up.EmergencyPending()
-		return err == nil && !pending
+		return testenv.Check(err == nil && !pending, "emergency file replayed")
 	})
 	if st, _ := os.Stat(cfg.DLQ.EmergencyFile); st.Size() != 0 {
 		t.Errorf("emergency file not truncated: %d bytes", st.Size())
@@ -201,7 +201,7 @@ func TestEmergencyTornLine(t *testing.T) {
 	if n != 2 {
 		t.Errorf("replayed %d, want 2", n)
 	}
-	if got := metricValue(p.m.tornLines); got != 1 {
+	if got := testenv.MetricValue(p.m.tornLines); got != 1 {
 		t.Errorf("torn lines = %v, want 1", got)
 	}
 	msgs := readTopic(t, brokers, topic, 2, 200*time.Millisecond)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // slowIndex is a go-redis hook that delays each index write, so a Rebuild
@@ -171,10 +172,10 @@ func TestUndecodableIndexEntrySkipped(t *testing.T) {
 			t.Fatalf("entry %s: %+v %v, want review", id, en, err)
 		}
 	}
-	if v := metricValue(idx.m.undecodableEntries); v != 1 {
+	if v := testenv.MetricValue(idx.m.undecodableEntries); v != 1 {
 		t.Fatalf("undecodable entries = %v", v)
 	}
-	if v := metricValue(idx.m.gone); v != 1 {
+	if v := testenv.MetricValue(idx.m.gone); v != 1 {
 		t.Fatalf("letters gone = %v", v)
 	}
 }

@@ -191,9 +191,9 @@ func eachTwoSchedulersSendOnce(t *testing.T, rdb redis.UniversalClient, prefix s
 	a.Start()
 	b.Start()
 	clk.Add(time.Minute)
-	waitFor(t, "all retried", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		st, _ := idx.Stats(ctx)
-		return st.Retried == n
+		return testenv.Check(st.Retried == n, "all retried: %d of %d", st.Retried, n)
 	})
 	// Both also scan directly, racing the loops: claims are leased.
 	_, _ = a.ScanOnce(ctx)
@@ -234,9 +234,9 @@ func TestSchedulerRestartLosesNothing(t *testing.T) {
 	clk.Add(time.Minute)
 	second := newScheduler(t, brokers, mainTopic, NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem)), clk)
 	second.Start()
-	waitFor(t, "retried by the second scheduler", 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		e, err := idx.Get(ctx, dl.ID)
-		return err == nil && e.State == StateRetried
+		return testenv.Check(err == nil && e.State == StateRetried, "retried by the second scheduler")
 	})
 	readTopic(t, brokers, mainTopic, 1, 0)
 }
@@ -333,7 +333,7 @@ func TestCommittedRetryIsNotSentAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	runConsumer(t, c)
-	waitFor(t, "indexed", 20*time.Second, func() bool { n, _ := idx.Size(ctx); return n == 1 })
+	testenv.Eventually(t, 20*time.Second, func() error { n, _ := idx.Size(ctx); return testenv.Check(n == 1, "indexed: size %d, want 1", n) })
 
 	broken := redis.NewClient(e.rdb.Options())
 	broken.AddHook(failRetriedMarks{})
@@ -343,9 +343,9 @@ func TestCommittedRetryIsNotSentAgain(t *testing.T) {
 	if n, err := first.ScanOnce(ctx); n != 1 || err == nil {
 		t.Fatalf("first scan: sent %d, %v; want 1 and the lost index update", n, err)
 	}
-	waitFor(t, "the retried event indexed from the DLQ topic", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		en, err := idx.Get(ctx, dl.ID)
-		return err == nil && en.State == StateRetried && en.Attempts == 1
+		return testenv.Check(err == nil && en.State == StateRetried && en.Attempts == 1, "the retried event indexed from the DLQ topic")
 	})
 	e.clk.Add(10 * time.Minute) // far past the claim lease
 	second := schedulerWith(t, e.cfg, idx, e.clk)

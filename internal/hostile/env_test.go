@@ -228,28 +228,12 @@ func firstLine(s string) string {
 // only those with label=value.
 func counterSum(t *testing.T, reg prometheus.Gatherer, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	var labels []string
+	if label != "" {
+		labels = []string{label, value}
 	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			match := label == ""
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					match = true
-				}
-			}
-			if match {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+	v, _ := testenv.Gathered(t, reg, name, labels...)
+	return v
 }
 
 // snapshot is the admin API's state in Redis: every key under the

@@ -101,17 +101,6 @@ func (r *keeperRig) handedOut() int {
 	return len(r.allocs)
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // A lost worker ID pauses (Lost), frees the old key, and is re-allocated
 // with the shipped backoff (1 s, doubling, at most 5 s) on the keeper's
 // clock until the store answers; then Regained. Close waits for the
@@ -146,7 +135,9 @@ func TestKeeperReallocatesWithBackoff(t *testing.T) {
 	// The first attempt is immediate, then waits of 1 s, 2 s, 4 s.
 	for i, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
 		attempts := 2 + i
-		waitUntil(t, "keeper waiting", func() bool { return rig.handedOut() == attempts && clk.Waiters() == 1 })
+		testenv.Eventually(t, 10*time.Second, func() error {
+			return testenv.Check(rig.handedOut() == attempts && clk.Waiters() == 1, "keeper waiting")
+		})
 		clk.Advance(wait - time.Millisecond)
 		time.Sleep(20 * time.Millisecond)
 		if n := rig.handedOut(); n != attempts {
@@ -161,9 +152,9 @@ func TestKeeperReallocatesWithBackoff(t *testing.T) {
 		t.Fatal("the lost allocator was not stopped")
 	}
 	// The fourth failure waits 5 s (8 s capped), then the store answers.
-	waitUntil(t, "keeper waiting", func() bool { return rig.handedOut() == 5 && clk.Waiters() == 1 })
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Check(rig.handedOut() == 5 && clk.Waiters() == 1, "keeper waiting") })
 	clk.Advance(5 * time.Second)
-	waitUntil(t, "regained", func() bool { return k.Err() == nil })
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Check(k.Err() == nil, "regained: %v", k.Err()) })
 
 	rig.mu.Lock()
 	installed, lost, regained := append([]int(nil), rig.installed...), append([]error(nil), rig.lost...), rig.regained
@@ -197,7 +188,9 @@ func TestKeeperCloseWhileWaiting(t *testing.T) {
 	}
 	k.Start(context.Background())
 	first.ka <- ErrLeaseExpired
-	waitUntil(t, "keeper waiting", func() bool { return clk.Waiters() == 1 })
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Check(clk.Waiters() == 1, "keeper waiting: %d waiters, want 1", clk.Waiters())
+	})
 	done := make(chan error, 1)
 	go func() { done <- k.Close(context.Background()) }()
 	select {
@@ -251,7 +244,7 @@ func TestKeeperRedisStolenIDReplaced(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the stolen ID was not noticed")
 	}
-	waitUntil(t, "a new worker ID", func() bool { return k.Err() == nil })
+	testenv.Eventually(t, 10*time.Second, func() error { return testenv.Check(k.Err() == nil, "a new worker ID: %v", k.Err()) })
 	mu.Lock()
 	defer mu.Unlock()
 	if len(installed) != 2 || installed[1] == first {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 var testEpoch = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -153,7 +154,7 @@ func TestSequenceExhaustionWaitsForNextMillisecond(t *testing.T) {
 	if d := clk.Slept(); d != 700*time.Microsecond {
 		t.Fatalf("slept %s, want 700µs", d)
 	}
-	if v := counterValue(t, g.m.waits.WithLabelValues(reasonSequenceExhausted)); v != 1 {
+	if v := testenv.MetricValue(g.m.waits.WithLabelValues(reasonSequenceExhausted)); v != 1 {
 		t.Fatalf("sequence_exhausted waits = %v, want 1", v)
 	}
 }
@@ -185,7 +186,7 @@ func TestClockRollbackTiers(t *testing.T) {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("Next error = %v, want %v", err, tt.wantErr)
 				}
-				if v := counterValue(t, g.m.errors.WithLabelValues(reasonClockBackwards)); v != 1 {
+				if v := testenv.MetricValue(g.m.errors.WithLabelValues(reasonClockBackwards)); v != 1 {
 					t.Fatalf("kfpipe_idgen_errors_total{reason=clock_backwards} = %v, want 1", v)
 				}
 				if s, err := g.NextString(); err == nil || s != "" {
@@ -237,7 +238,7 @@ func TestClockPastLayoutFails(t *testing.T) {
 	if _, err := g.Next(); !errors.Is(err, ErrClockOutOfRange) {
 		t.Fatalf("Next error = %v, want ErrClockOutOfRange", err)
 	}
-	if v := counterValue(t, g.m.errors.WithLabelValues(reasonClockOutOfRange)); v != 1 {
+	if v := testenv.MetricValue(g.m.errors.WithLabelValues(reasonClockOutOfRange)); v != 1 {
 		t.Fatalf("clock_out_of_range errors = %v, want 1", v)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -250,7 +249,7 @@ func TestLostWhenKeyDeletedOrStolen(t *testing.T) {
 			case <-time.After(2 * time.Second):
 				t.Fatal("Lost not closed")
 			}
-			if got := counterValue(t, l.lost); got != 1 {
+			if got := testenv.MetricValue(l.lost); got != 1 {
 				t.Fatalf("kfpipe_lock_lost_total = %v", got)
 			}
 			if err := m.SetIfHeld(ctx, "x", "y", 0); !errors.Is(err, ErrNotHeld) {
@@ -274,13 +273,4 @@ func TestTTLTooShort(t *testing.T) {
 	if _, err := l.Lock(context.Background(), "x", time.Millisecond); err == nil {
 		t.Fatal("1ms ttl accepted")
 	}
-}
-
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }

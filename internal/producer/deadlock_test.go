@@ -115,13 +115,13 @@ func TestIntegrationDeadHoldersLockRetriedWhenItExpires(t *testing.T) {
 				}
 				if time.Now().After(deadline) {
 					t.Fatalf("not synced %s after the kill (lock busy %v times; the safety tick is an hour away)",
-						tc.within, counterValue(s.m.busy))
+						tc.within, testenv.MetricValue(s.m.busy))
 				}
 			}
 			took := time.Since(killed)
 			t.Logf("synced %s after the kill, %s after the trigger that found the dead holder's lock", took, time.Since(start))
-			if counterValue(s.m.busy) < 1 || took < deadTTL-100*time.Millisecond {
-				t.Fatalf("synced after %s with %v busy locks: the dead holder's lock was not in the way", took, counterValue(s.m.busy))
+			if testenv.MetricValue(s.m.busy) < 1 || took < deadTTL-100*time.Millisecond {
+				t.Fatalf("synced after %s with %v busy locks: the dead holder's lock was not in the way", took, testenv.MetricValue(s.m.busy))
 			}
 			if logs.FilterMessageSnippet("retrying when it expires").Len() == 0 {
 				t.Fatal("no log says the sync waits for the held lock")

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom"
@@ -19,30 +18,7 @@ import (
 // the series exists.
 func gaugeOf(t *testing.T, reg *prometheus.Registry, name, kf string) (float64, bool) {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if labelOf(m, "open_kfid") == kf {
-				return m.GetGauge().GetValue(), true
-			}
-		}
-	}
-	return 0, false
-}
-
-func labelOf(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
+	return testenv.Gathered(t, reg, name, "open_kfid", kf)
 }
 
 // fakeWeChat is the fake WeChat with account kf on clock, and a client of
@@ -104,7 +80,9 @@ func TestHorizonMetrics(t *testing.T) {
 	if err := s.Trigger(kf, ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a failed produce", func() bool { return counterValue(s.m.runs.WithLabelValues("produce_error")) >= 1 })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(testenv.MetricValue(s.m.runs.WithLabelValues("produce_error")) >= 1, "a failed produce")
+	})
 	if v, ok := gaugeOf(t, reg, oldest, kf); !ok || v != float64(t0.Unix()) {
 		t.Fatalf("oldest waiting = %v (exported %v), want the send_time %d of the unacknowledged messages", v, ok, t0.Unix())
 	}
@@ -114,10 +92,15 @@ func TestHorizonMetrics(t *testing.T) {
 
 	// Kafka back: the retry (after the backoff on the clock) succeeds.
 	down.Store(false)
-	waitFor(t, "the retry waiting on the clock", func() bool { return clock.Waiters() > 0 })
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(clock.Waiters() > 0, "the retry waiting on the clock") })
 	clock.Advance(time.Second)
-	waitFor(t, "a successful pass", func() bool { return counterValue(s.m.runs.WithLabelValues("ok")) >= 1 })
-	waitFor(t, "the oldest waiting series removed", func() bool { _, ok := gaugeOf(t, reg, oldest, kf); return !ok })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(testenv.MetricValue(s.m.runs.WithLabelValues("ok")) >= 1, "a successful pass")
+	})
+	testenv.Eventually(t, 5*time.Second, func() error {
+		_, ok := gaugeOf(t, reg, oldest, kf)
+		return testenv.Check(!ok, "the oldest waiting series removed")
+	})
 	okAt := clock.Now()
 	if v, ok := gaugeOf(t, reg, last, kf); !ok || v != float64(okAt.UnixNano())/1e9 {
 		t.Fatalf("last success = %v (exported %v), want %v", v, ok, okAt.Unix())
@@ -125,7 +108,7 @@ func TestHorizonMetrics(t *testing.T) {
 	if got := pub.ids(); len(got) != 2 {
 		t.Fatalf("produced %v, want the 2 messages", got)
 	}
-	waitFor(t, "the syncer idle", s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(s.idle(), "the syncer idle") })
 
 	// sync_msg failing: nothing fetched, the oldest unserved trigger counts.
 	fake.FailNext(1000, -1)
@@ -134,11 +117,13 @@ func TestHorizonMetrics(t *testing.T) {
 	if err := s.Trigger(kf, ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a failed sync_msg", func() bool { return counterValue(s.m.runs.WithLabelValues("source_error")) >= 1 })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(testenv.MetricValue(s.m.runs.WithLabelValues("source_error")) >= 1, "a failed sync_msg")
+	})
 	// Time passes, the retries keep failing, more triggers come: the
 	// oldest unserved one stays.
 	for range 3 {
-		waitFor(t, "the retry waiting on the clock", func() bool { return clock.Waiters() > 0 })
+		testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(clock.Waiters() > 0, "the retry waiting on the clock") })
 		clock.Advance(time.Minute)
 		_ = s.Trigger(kf, "")
 	}
@@ -182,16 +167,18 @@ func TestSyncStatusPublished(t *testing.T) {
 	if err := s.Trigger(kf, ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a successful pass", func() bool { return counterValue(s.m.runs.WithLabelValues("ok")) >= 1 })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(testenv.MetricValue(s.m.runs.WithLabelValues("ok")) >= 1, "a successful pass")
+	})
 	okAt := clock.Now()
 	// The write at start may already carry the pass (reported at okAt, the
 	// clock not advanced yet); the next one is due a minute later on the
 	// clock, so wait for a status reported after the pass.
 	var got []SyncStatus
-	waitFor(t, "the published status", func() bool {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		clock.Advance(time.Minute)
 		got, err = state.SyncStatuses(context.Background())
-		return err == nil && len(got) == 1 && got[0].LastSuccess.Equal(okAt) && got[0].Reported.After(okAt)
+		return testenv.Check(err == nil && len(got) == 1 && got[0].LastSuccess.Equal(okAt) && got[0].Reported.After(okAt), "the published status")
 	})
 	if got[0].OpenKfID != kf || !got[0].OldestWaiting.IsZero() || !got[0].Reported.After(okAt) {
 		t.Fatalf("published %+v, want %s synced at %v, nothing waiting, reported after", got[0], kf, okAt)
@@ -207,7 +194,9 @@ func TestHorizonLeftToTheLockHolder(t *testing.T) {
 	if err := r.s.Trigger("wk-1", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the busy lock handed over", func() bool { return counterValue(r.s.m.busy) == 1 && r.s.idle() })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(testenv.MetricValue(r.s.m.busy) == 1 && r.s.idle(), "the busy lock handed over")
+	})
 	if w := r.s.oldestWaiting(); len(w) != 0 {
 		t.Fatalf("oldest waiting %v after the lock was busy, want none", w)
 	}

@@ -139,7 +139,7 @@ func TestIntegrationSyncExactlyOnceInOrder(t *testing.T) {
 		t.Fatalf("Ready() = %v", err)
 	}
 	checkRecords(t, readTopic(t, brokers, topic), logs(fake, kfs), true)
-	if n := counterValue(in.s.m.messages); n != 20000 {
+	if n := testenv.MetricValue(in.s.m.messages); n != 20000 {
 		t.Fatalf("kfpipe_sync_messages_total = %v, want 20000", n)
 	}
 	var calls []wecomtest.SyncCall
@@ -195,10 +195,10 @@ func TestIntegrationTwoInstances(t *testing.T) {
 	}
 	waitCaughtUp(t, st, fake, kfs, 60*time.Second, nil)
 	checkRecords(t, readTopic(t, brokers, topic), logs(fake, kfs), true)
-	busy := counterValue(a.s.m.busy) + counterValue(b.s.m.busy)
-	both := counterValue(a.s.m.messages) > 0 && counterValue(b.s.m.messages) > 0
-	t.Logf("lock busy %v/%v, pending passes %v/%v, messages %v/%v", counterValue(a.s.m.busy), counterValue(b.s.m.busy),
-		counterValue(a.s.m.pending), counterValue(b.s.m.pending), counterValue(a.s.m.messages), counterValue(b.s.m.messages))
+	busy := testenv.MetricValue(a.s.m.busy) + testenv.MetricValue(b.s.m.busy)
+	both := testenv.MetricValue(a.s.m.messages) > 0 && testenv.MetricValue(b.s.m.messages) > 0
+	t.Logf("lock busy %v/%v, pending passes %v/%v, messages %v/%v", testenv.MetricValue(a.s.m.busy), testenv.MetricValue(b.s.m.busy),
+		testenv.MetricValue(a.s.m.pending), testenv.MetricValue(b.s.m.pending), testenv.MetricValue(a.s.m.messages), testenv.MetricValue(b.s.m.messages))
 	if busy == 0 || !both {
 		t.Fatalf("lock busy %v, both produced %v: the test did not exercise a handover under contention", busy, both)
 	}
@@ -239,7 +239,7 @@ func TestIntegrationKafkaDownHoldsCursor(t *testing.T) {
 		_ = in.s.Trigger(kf, "")
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for in.s.Healthy() == nil || counterValue(in.s.m.runs.WithLabelValues("produce_error")) < 2 {
+	for in.s.Healthy() == nil || testenv.MetricValue(in.s.m.runs.WithLabelValues("produce_error")) < 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("Healthy() never reported the produce failures")
 		}

@@ -10,21 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/testenv"
+
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 func unitCfg() SyncerConfig {
@@ -69,17 +62,6 @@ func (s *Syncer) idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.kfs) == 0
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func ids(ms []UpstreamMessage) []string {
@@ -135,7 +117,7 @@ func TestSyncPaging(t *testing.T) {
 			if err := r.s.Trigger("kf", ""); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "sync done", r.s.idle)
+			testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
 			if got := r.pub.ids(); !slices.Equal(got, tt.wantIDs) {
 				t.Errorf("produced %v, want %v", got, tt.wantIDs)
 			}
@@ -171,10 +153,10 @@ func TestProduceFailureKeepsCursor(t *testing.T) {
 	if err := r.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "three failed produce attempts", func() bool {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		r.pub.mu.Lock()
 		defer r.pub.mu.Unlock()
-		return r.pub.calls >= 3
+		return testenv.Check(r.pub.calls >= 3, "three failed produce attempts: %d", r.pub.calls)
 	})
 	if c := r.st.cursor("kf"); c != "" {
 		t.Fatalf("cursor advanced to %q although nothing was acknowledged", c)
@@ -188,7 +170,7 @@ func TestProduceFailureKeepsCursor(t *testing.T) {
 		}
 	}
 	failing.Store(false)
-	waitFor(t, "sync done", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
 	if c := r.st.cursor("kf"); c != "c2" {
 		t.Fatalf("cursor = %q, want c2", c)
 	}
@@ -220,7 +202,7 @@ func TestInvalidTokenRetriesWithoutToken(t *testing.T) {
 			if err := r.s.Trigger("kf", "tok"); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "sync done", r.s.idle)
+			testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
 			reqs := src.requests()
 			if len(reqs) != 2 || reqs[0].Token != "tok" || reqs[1].Token != "" || reqs[1].Cursor != "" {
 				t.Fatalf("requests %+v: want the token once, then the same cursor without it", reqs)
@@ -228,7 +210,7 @@ func TestInvalidTokenRetriesWithoutToken(t *testing.T) {
 			if c := r.st.cursor("kf"); c != "c1" {
 				t.Fatalf("cursor = %q, want c1", c)
 			}
-			if n := counterValue(r.s.m.runs.WithLabelValues("source_error")); n != 0 {
+			if n := testenv.MetricValue(r.s.m.runs.WithLabelValues("source_error")); n != 0 {
 				t.Fatalf("95007 counted as %v source errors; it must be retried at once", n)
 			}
 		})
@@ -243,7 +225,7 @@ func TestTokenOnlyOnFirstPage(t *testing.T) {
 	if err := r.s.Trigger("kf", "tok"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "sync done", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
 	reqs := src.requests()
 	if len(reqs) != 2 || reqs[0].Token != "tok" || reqs[1].Token != "" {
 		t.Fatalf("requests %+v", reqs)
@@ -263,8 +245,8 @@ func TestRateLimitedBacksOff(t *testing.T) {
 	if err := r.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "sync done", r.s.idle)
-	if n := counterValue(r.s.m.runs.WithLabelValues("rate_limited")); n != 2 {
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
+	if n := testenv.MetricValue(r.s.m.runs.WithLabelValues("rate_limited")); n != 2 {
 		t.Fatalf("rate_limited runs = %v, want 2", n)
 	}
 	if c := r.st.cursor("kf"); c != "c1" {
@@ -300,15 +282,15 @@ func TestPendingFlagMakesHolderLoop(t *testing.T) {
 	if err := other.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "other instance gave up", other.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(other.s.idle(), "other instance gave up") })
 	if p, _ := st.HasPending(context.Background(), "kf"); !p {
 		t.Fatal("busy trigger did not leave the pending flag")
 	}
-	if n := counterValue(other.s.m.busy); n != 1 {
+	if n := testenv.MetricValue(other.s.m.busy); n != 1 {
 		t.Fatalf("lock_busy = %v, want 1", n)
 	}
 	close(release)
-	waitFor(t, "holder done", holder.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(holder.s.idle(), "holder done") })
 	if got, want := holder.pub.ids(), []string{"a-0", "a-1", "b-0"}; !slices.Equal(got, want) {
 		t.Fatalf("holder produced %v, want %v", got, want)
 	}
@@ -318,7 +300,7 @@ func TestPendingFlagMakesHolderLoop(t *testing.T) {
 	if c := st.cursor("kf"); c != "c2" {
 		t.Fatalf("cursor = %q, want c2", c)
 	}
-	if n := counterValue(holder.s.m.pending); n != 1 {
+	if n := testenv.MetricValue(holder.s.m.pending); n != 1 {
 		t.Fatalf("pending passes = %v, want 1", n)
 	}
 	if p, _ := st.HasPending(context.Background(), "kf"); p {
@@ -336,7 +318,7 @@ func TestBusyThenFreeSyncsItself(t *testing.T) {
 	if err := r.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "sync done", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
 	if got := r.pub.ids(); !slices.Equal(got, []string{"a-0"}) {
 		t.Fatalf("produced %v", got)
 	}
@@ -366,11 +348,11 @@ func TestLostLockIsFenced(t *testing.T) {
 	if err := r.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "sync done", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
 	if !slices.Equal(r.st.writes, []string{"c1"}) {
 		t.Fatalf("cursor writes %v, want exactly one c1", r.st.writes)
 	}
-	if n := counterValue(r.s.m.runs.WithLabelValues("lock_lost")); n != 1 {
+	if n := testenv.MetricValue(r.s.m.runs.WithLabelValues("lock_lost")); n != 1 {
 		t.Fatalf("lock_lost runs = %v, want 1", n)
 	}
 	r.pub.mu.Lock()
@@ -431,7 +413,7 @@ func TestPauseResume(t *testing.T) {
 		t.Fatalf("Healthy() while paused = %v", err)
 	}
 	r.s.Resume()
-	waitFor(t, "sync after resume", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync after resume") })
 	if c := r.st.cursor("kf"); c != "c1" {
 		t.Fatalf("cursor = %q, want c1", c)
 	}
@@ -454,13 +436,15 @@ func TestPauseMidPassReleasesLock(t *testing.T) {
 	if err := r.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "lock released", func() bool { return r.st.cursor("kf") == "c1" && !r.lk.held("p:lock:sync:kf") })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(r.st.cursor("kf") == "c1" && !r.lk.held("p:lock:sync:kf"), "lock released")
+	})
 	time.Sleep(20 * time.Millisecond)
 	if c := r.st.cursor("kf"); c != "c1" {
 		t.Fatalf("cursor = %q while paused, want c1", c)
 	}
 	r.s.Resume()
-	waitFor(t, "sync done", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
 	if c := r.st.cursor("kf"); c != "c2" {
 		t.Fatalf("cursor = %q, want c2", c)
 	}
@@ -474,11 +458,13 @@ func TestSafetySync(t *testing.T) {
 	src.set("kf1", "", SyncResponse{NextCursor: "x1", MsgList: msgs("kf1", "a", 1)})
 	src.set("kf2", "", SyncResponse{NextCursor: "y1", MsgList: msgs("kf2", "b", 1)})
 	r := newRig(t, cfg, nil, src)
-	waitFor(t, "both synced without a callback", func() bool {
-		return r.st.cursor("kf1") == "x1" && r.st.cursor("kf2") == "y1"
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(r.st.cursor("kf1") == "x1" && r.st.cursor("kf2") == "y1", "both synced without a callback")
 	})
 	src.set("kf1", "x1", SyncResponse{NextCursor: "x2", MsgList: msgs("kf1", "c", 1)})
-	waitFor(t, "a later message picked up by the periodic sync", func() bool { return r.st.cursor("kf1") == "x2" })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(r.st.cursor("kf1") == "x2", "a later message picked up by the periodic sync: cursor %q, want x2", r.st.cursor("kf1"))
+	})
 }
 
 func TestBackoff(t *testing.T) {
@@ -545,7 +531,7 @@ func TestPermanentErrorNotRetriedInALoop(t *testing.T) {
 	if err := r.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "sync given up", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync given up") })
 	time.Sleep(100 * time.Millisecond) // 25x the ordinary retry_max
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("sync_msg called %d times after a permanent error, want 1", n)
@@ -553,14 +539,14 @@ func TestPermanentErrorNotRetriedInALoop(t *testing.T) {
 	if err := r.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "idle", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "idle") })
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("a trigger during the backoff synced again (%d calls)", n)
 	}
-	if v := counterValue(r.s.m.runs.WithLabelValues("permanent_error")); v != 1 {
+	if v := testenv.MetricValue(r.s.m.runs.WithLabelValues("permanent_error")); v != 1 {
 		t.Fatalf("permanent_error runs = %v", v)
 	}
-	if v := counterValue(r.s.m.triggers.WithLabelValues("suppressed")); v != 1 {
+	if v := testenv.MetricValue(r.s.m.triggers.WithLabelValues("suppressed")); v != 1 {
 		t.Fatalf("suppressed triggers = %v", v)
 	}
 	if d := r.s.Failing(); !strings.Contains(d, "open_kfid kf: WeChat errcode 95000") {
@@ -574,8 +560,10 @@ func TestPermanentErrorNotRetriedInALoop(t *testing.T) {
 	if err := r.s.Trigger("kf", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "synced", func() bool { return r.st.cursor("kf") == "c1" })
-	waitFor(t, "idle", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error {
+		return testenv.Check(r.st.cursor("kf") == "c1", "synced: cursor %q, want c1", r.st.cursor("kf"))
+	})
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "idle") })
 	if d := r.s.Failing(); d != "" {
 		t.Fatalf("Failing() = %q after a successful sync", d)
 	}
@@ -598,11 +586,11 @@ func TestUnknownOpenKfIDIgnored(t *testing.T) {
 	if err := r.s.Trigger("other", "tok"); !errors.Is(err, ErrUnknownOpenKfID) {
 		t.Fatalf("Trigger(other) = %v, want ErrUnknownOpenKfID", err)
 	}
-	waitFor(t, "idle", r.s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "idle") })
 	if other.Load() != 0 {
 		t.Fatal("synced an open_kfid that is not configured")
 	}
-	if v := counterValue(r.s.m.triggers.WithLabelValues("unknown_open_kfid")); v != 1 {
+	if v := testenv.MetricValue(r.s.m.triggers.WithLabelValues("unknown_open_kfid")); v != 1 {
 		t.Fatalf("unknown_open_kfid triggers = %v", v)
 	}
 }
@@ -627,7 +615,7 @@ func TestTriggerBeforeStart(t *testing.T) {
 		t.Fatalf("%d sync_msg calls before Start", n)
 	}
 	s.Start()
-	waitFor(t, "the queued trigger served after Start", s.idle)
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(s.idle(), "the queued trigger served after Start") })
 	if c := st.cursor("kf"); c != "c1" {
 		t.Fatalf("cursor = %q, want c1", c)
 	}

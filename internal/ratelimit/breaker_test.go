@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -50,7 +51,7 @@ func TestBreakerLifecycle(t *testing.T) {
 	allow()(false) // the 100th consecutive failure
 	wantState(StateOpen)
 	refused()
-	if v := counterValue(bs.m.open); v != 1 {
+	if v := testenv.MetricValue(bs.m.open); v != 1 {
 		t.Errorf("breakers_open = %v, want 1", v)
 	}
 	clock.Advance(30*time.Second - time.Nanosecond)
@@ -75,10 +76,10 @@ func TestBreakerLifecycle(t *testing.T) {
 		allow()(true)
 	}
 	wantState(StateClosed)
-	if v := counterValue(bs.m.open); v != 0 {
+	if v := testenv.MetricValue(bs.m.open); v != 0 {
 		t.Errorf("breakers_open = %v, want 0", v)
 	}
-	if o, h, c := counterValue(bs.m.toOpen), counterValue(bs.m.toHalfOpen), counterValue(bs.m.toClosed); o != 2 || h != 2 || c != 1 {
+	if o, h, c := testenv.MetricValue(bs.m.toOpen), testenv.MetricValue(bs.m.toHalfOpen), testenv.MetricValue(bs.m.toClosed); o != 2 || h != 2 || c != 1 {
 		t.Errorf("transitions open %v half-open %v closed %v, want 2 2 1", o, h, c)
 	}
 	// Other users never noticed.

@@ -7,8 +7,6 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -73,33 +71,7 @@ func newAdmin(t *testing.T, cfg config.RateLimit, store *Store, clock Clock) *Ad
 	return a
 }
 
-// eventually polls cond every 5ms for up to within (real time) and returns
-// how long it took.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 var bg = context.Background()
-
-// counterValue reads a counter or gauge.
-func counterValue(c prometheus.Metric) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
-}
 
 func seedBreaker() config.Breaker {
 	return config.Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5}

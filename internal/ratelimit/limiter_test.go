@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -194,26 +195,26 @@ func eachSeedScenarios(t *testing.T, store *Store) {
 				}
 			}
 			t.Logf("%d messages, %d refused", n, refused)
-			got := counterValue(l.m.decisions.WithLabelValues(resultAllowed))
+			got := testenv.MetricValue(l.m.decisions.WithLabelValues(resultAllowed))
 			if int(got) != n-refused {
 				t.Errorf("allowed counter %v, want %d", got, n-refused)
 			}
 			if tc.blockAt < 0 {
-				if v := counterValue(l.m.blocks.WithLabelValues("normal")); v != 0 {
+				if v := testenv.MetricValue(l.m.blocks.WithLabelValues("normal")); v != 0 {
 					t.Errorf("users_blocked_total = %v, want 0", v)
 				}
 				return
 			}
-			if v := counterValue(l.m.blocks.WithLabelValues("normal")); v != 1 {
+			if v := testenv.MetricValue(l.m.blocks.WithLabelValues("normal")); v != 1 {
 				t.Errorf("users_blocked_total = %v, want 1", v)
 			}
-			if v := counterValue(l.m.violations.WithLabelValues("normal")); v < 3 {
+			if v := testenv.MetricValue(l.m.violations.WithLabelValues("normal")); v < 3 {
 				t.Errorf("violations_total = %v, want >= 3", v)
 			}
 			// The block is in Redis with TTL = the block and its end as value.
 			until := t0.Add(tc.blockAt + time.Hour).UnixMilli()
-			eventually(t, 2*time.Second, "block written", func() bool {
-				return store.rdb.Exists(bg, store.blockKey(user)).Val() == 1
+			testenv.Eventually(t, 2*time.Second, func() error {
+				return testenv.Check(store.rdb.Exists(bg, store.blockKey(user)).Val() == 1, "block written")
 			})
 			if v := store.rdb.Get(bg, store.blockKey(user)).Val(); v != strconv.FormatInt(until, 10) {
 				t.Errorf("%s = %q, want %d", store.blockKey(user), v, until)
@@ -308,11 +309,11 @@ func eachGroups(t *testing.T, store *Store) {
 	if err := a.SetGroup(bg, "plain", "vip"); err != nil {
 		t.Fatal(err)
 	}
-	took := eventually(t, time.Second, "group event applied", func() bool {
+	took := testenv.Eventually(t, time.Second, func() error {
 		st := l.lookup("plain")
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		return st.group == "vip"
+		return testenv.Check(st.group == "vip", "group event applied: group %q, want vip", st.group)
 	})
 	t.Logf("group change applied after %s", took)
 	check("plain", 15, ok, -1, false, "vip", 0)
@@ -320,11 +321,11 @@ func eachGroups(t *testing.T, store *Store) {
 	if err := a.SetGroup(bg, "plain", "normal"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "group event applied", func() bool {
+	testenv.Eventually(t, time.Second, func() error {
 		st := l.lookup("plain")
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		return st.group == ""
+		return testenv.Check(st.group == "", "group event applied: group %q, want none", st.group)
 	})
 	check("plain", 1, ReasonRateLimited, -1, false, "normal", 0)
 	if err := a.RemoveWhitelist(bg, "plain"); err == nil {
@@ -333,8 +334,8 @@ func eachGroups(t *testing.T, store *Store) {
 	if err := a.RemoveWhitelist(bg, "wl"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "whitelist removed", func() bool {
-		return l.Allow(bg, "wl", t0).Reason == ReasonRateLimited
+	testenv.Eventually(t, time.Second, func() error {
+		return testenv.Check(l.Allow(bg, "wl", t0).Reason == ReasonRateLimited, "whitelist removed")
 	})
 }
 
@@ -357,9 +358,9 @@ func eachBlockSharedAcrossNodes(t *testing.T, store *Store) {
 	if !last.NewBlock {
 		t.Fatalf("8th message did not block: %+v", last)
 	}
-	eventually(t, 2*time.Second, "block written", func() bool {
+	testenv.Eventually(t, 2*time.Second, func() error {
 		st, err := admin.Status(bg, "bot")
-		return err == nil && st.Blocked
+		return testenv.Check(err == nil && st.Blocked, "block written")
 	})
 	st, _ := admin.Status(bg, "bot")
 	if !st.BlockedUntil.Equal(last.BlockedUntil) || st.Permanent || st.Group != "normal" {
@@ -379,8 +380,8 @@ func eachBlockSharedAcrossNodes(t *testing.T, store *Store) {
 		t.Fatal(err)
 	}
 	for name, l := range map[string]*Limiter{"A": nodeA, "B": nodeB} {
-		took := eventually(t, time.Second, "unblock on node "+name, func() bool {
-			return l.Allow(bg, "bot", later).Allowed
+		took := testenv.Eventually(t, time.Second, func() error {
+			return testenv.Check(l.Allow(bg, "bot", later).Allowed, "%s", "unblock on node "+name)
 		})
 		t.Logf("unblock reached node %s after %s", name, took)
 	}
@@ -389,9 +390,9 @@ func eachBlockSharedAcrossNodes(t *testing.T, store *Store) {
 	if err := admin.Block(bg, "bot", 0); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "permanent block on node B", func() bool {
+	testenv.Eventually(t, time.Second, func() error {
 		d := nodeB.Allow(bg, "bot", later.Add(100*24*time.Hour))
-		return d.Reason == ReasonUserBlocked && d.Permanent
+		return testenv.Check(d.Reason == ReasonUserBlocked && d.Permanent, "permanent block on node B")
 	})
 	if ttl := store.rdb.PTTL(bg, store.blockKey("bot")).Val(); ttl != -1 {
 		t.Errorf("permanent block has TTL %s", ttl)
@@ -409,9 +410,9 @@ func eachBlockSharedAcrossNodes(t *testing.T, store *Store) {
 	if st, _ := admin.Status(bg, "bot"); !st.Permanent {
 		t.Errorf("automatic block replaced a permanent one: %+v", st)
 	}
-	eventually(t, 2*time.Second, "three users listed", func() bool {
+	testenv.Eventually(t, 2*time.Second, func() error {
 		list, _, err := admin.ListBlocked(bg, 0, 10)
-		return err == nil && len(list) == 3
+		return testenv.Check(err == nil && len(list) == 3, "three users listed: %d (%v)", len(list), err)
 	})
 	page1, next, _ := admin.ListBlocked(bg, 0, 2)
 	page2, next2, _ := admin.ListBlocked(bg, next, 2)
@@ -433,8 +434,8 @@ func eachBlockSharedAcrossNodes(t *testing.T, store *Store) {
 		t.Fatal(err)
 	}
 	for name, l := range map[string]*Limiter{"A": nodeA, "B": nodeB} {
-		took := eventually(t, time.Second, "rules on node "+name, func() bool {
-			return l.rules.Load().lookup("normal").max == 2
+		took := testenv.Eventually(t, time.Second, func() error {
+			return testenv.Check(l.rules.Load().lookup("normal").max == 2, "%s", "rules on node "+name)
 		})
 		t.Logf("rules reached node %s after %s", name, took)
 		at := t0.Add(5 * time.Hour)
@@ -451,7 +452,7 @@ func eachBlockSharedAcrossNodes(t *testing.T, store *Store) {
 	if err := admin.ResetRules(bg); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "rules reset", func() bool { return nodeB.rules.Load().lookup("normal").max == 5 })
+	testenv.Eventually(t, time.Second, func() error { return testenv.Check(nodeB.rules.Load().lookup("normal").max == 5, "rules reset") })
 
 	// A node started later (a restart) picks the block up from Redis.
 	nodeC := newLimiter(t, cfg, store, WithClock(clock))
@@ -492,8 +493,8 @@ func eachProgressivePenalty(t *testing.T, store *Store) {
 			t.Fatalf("block %d lasted %s, want %s", i+1, got, w)
 		}
 	}
-	eventually(t, 2*time.Second, "history written", func() bool {
-		return store.rdb.ZCard(bg, store.historyKey("bot")).Val() == 3
+	testenv.Eventually(t, 2*time.Second, func() error {
+		return testenv.Check(store.rdb.ZCard(bg, store.historyKey("bot")).Val() == 3, "history written: %d entries, want 3", store.rdb.ZCard(bg, store.historyKey("bot")).Val())
 	})
 	// The user moves to node B (rebalance): the history comes along.
 	nodeA.Forget("bot")
@@ -627,7 +628,7 @@ func TestSeedScenariosAsBacklog(t *testing.T) {
 			t.Errorf("%s: blocked=%v, want %v", tc.name, blocked[tc.name], tc.blockAt >= 0)
 		}
 	}
-	if v := counterValue(l.m.blocks.WithLabelValues("normal")); v != 2 {
+	if v := testenv.MetricValue(l.m.blocks.WithLabelValues("normal")); v != 2 {
 		t.Errorf("users_blocked_total = %v, want 2 (the bot and the slow attacker)", v)
 	}
 }

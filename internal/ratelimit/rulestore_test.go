@@ -56,7 +56,9 @@ func TestRulesCompareAndSetAndLiveOnEtcd(t *testing.T) {
 				t.Fatalf("after the refused write: max %d at version %d, want 2 at %d", got["normal"].MaxMessages, v, v1)
 			}
 			for name, l := range map[string]*Limiter{"A": nodeA, "B": nodeB} {
-				took := eventually(t, time.Second, "rules on node "+name, func() bool { return l.rules.Load().lookup("normal").max == 2 })
+				took := testenv.Eventually(t, time.Second, func() error {
+					return testenv.Check(l.rules.Load().lookup("normal").max == 2, "%s", "rules on node "+name)
+				})
 				t.Logf("%s: rules reached node %s after %s", backend, name, took)
 			}
 
@@ -68,11 +70,11 @@ func TestRulesCompareAndSetAndLiveOnEtcd(t *testing.T) {
 			if err := admin.SetGroup(bg, "u1", "suspicious"); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, time.Second, "u1 in suspicious on node A", func() bool {
+			testenv.Eventually(t, time.Second, func() error {
 				st := nodeA.lookup("u1")
 				st.mu.Lock()
 				defer st.mu.Unlock()
-				return st.group == "suspicious"
+				return testenv.Check(st.group == "suspicious", "u1 in suspicious on node A")
 			})
 			if st, err := admin.Status(bg, "u1"); err != nil || st.Group != "suspicious" {
 				t.Fatalf("Status = %+v, %v", st, err)

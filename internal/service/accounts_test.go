@@ -32,8 +32,8 @@ func TestProducerDiscoversAccounts(t *testing.T) {
 	fake.AddAccount("wk-disc-denied")
 	// The first listing may race the denied account's creation: a second
 	// listing (the callback below) must drop it in any case.
-	waitFor(t, 10*time.Second, "the account listed at start", func() bool {
-		return slices.Contains(p.Syncer.Accounts(), first)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Check(slices.Contains(p.Syncer.Accounts(), first), "the account listed at start")
 	})
 
 	fake.AddAccount(added)
@@ -46,8 +46,8 @@ func TestProducerDiscoversAccounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	waitFor(t, 10*time.Second, "the new account's messages in Kafka (cursor advanced)", func() bool {
-		return rdb.Get(ctx, prefix+"cursor:"+added).Val() == fake.LastCursor(added)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Check(rdb.Get(ctx, prefix+"cursor:"+added).Val() == fake.LastCursor(added), "the new account's messages in Kafka (cursor advanced)")
 	})
 	t.Logf("new account synced %v after the auth change", time.Since(start).Round(time.Millisecond))
 	if accts := p.Syncer.Accounts(); !slices.Equal(accts, []string{added, first}) {
@@ -60,8 +60,8 @@ func TestProducerDiscoversAccounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	waitFor(t, 10*time.Second, "the removed account no longer synced", func() bool {
-		return !slices.Contains(p.Syncer.Accounts(), added)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Check(!slices.Contains(p.Syncer.Accounts(), added), "the removed account no longer synced")
 	})
 	if err := p.Syncer.Trigger(added, ""); !errors.Is(err, producer.ErrUnknownOpenKfID) {
 		t.Fatalf("a trigger of the removed account: %v, want ErrUnknownOpenKfID", err)

@@ -88,12 +88,12 @@ func TestBacklogJudgedBySendTime(t *testing.T) {
 		}
 		return out
 	}
-	waitFor(t, 2*time.Minute, "every message handled or dead-lettered", func() bool {
+	testenv.Eventually(t, 2*time.Minute, func() error {
 		n := 0.0
 		for _, v := range processed() {
 			n += v
 		}
-		return int(n) == len(msgs)
+		return testenv.Check(int(n) == len(msgs), "every message handled or dead-lettered: %v of %d", n, len(msgs))
 	})
 	sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
 	defer c()

@@ -97,9 +97,9 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 	sctx, c := context.WithTimeout(ctx, 20*time.Second)
 	_ = p.Close(sctx)
 	c()
-	waitFor(t, time.Minute, "every letter indexed", func() bool {
+	testenv.Eventually(t, time.Minute, func() error {
 		st, err := d.Index.Stats(ctx)
-		return err == nil && st.Total == total
+		return testenv.Check(err == nil && st.Total == total, "every letter indexed: total %d of %d (%v)", st.Total, total, err)
 	})
 
 	// Every 10th message was processed after all (its dedup mark is done).
@@ -151,15 +151,15 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 		t.Fatalf("batch answer %+v, want the dry run's count %d", plan, dry.Count)
 	}
 	var b admin.Batch
-	waitFor(t, 2*time.Minute, "the batch to end", func() bool {
+	testenv.Eventually(t, 2*time.Minute, func() error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.AdminURL+"/admin/dlq/batches/"+plan.Batch.ID, nil)
 		req.Header.Set("Authorization", "Bearer test-viewer-token-0001")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return false
+			return testenv.Check(false, "the batch to end")
 		}
 		defer resp.Body.Close()
-		return json.NewDecoder(resp.Body).Decode(&b) == nil && b.State != admin.BatchRunning
+		return testenv.Check(json.NewDecoder(resp.Body).Decode(&b) == nil && b.State != admin.BatchRunning, "the batch to end")
 	})
 	took := b.Finished.Sub(b.Created)
 	t.Logf("batch: %d retried, %d skipped (done), %d gone in %s at %d/s", b.Acted, b.SkippedDone, b.Gone, took, rate)

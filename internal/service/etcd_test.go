@@ -62,7 +62,9 @@ func TestEtcdOutageDegradesButKeepsTheDaemonReady(t *testing.T) {
 		t.Fatalf("before the cut: detail %q, reachable %v", d, reachable())
 	}
 	px.Stop()
-	waitFor(t, 20*time.Second, "etcd reported degraded", func() bool { return strings.Contains(etcdDetail(), "degraded") })
+	testenv.Eventually(t, 20*time.Second, func() error {
+		return testenv.Check(strings.Contains(etcdDetail(), "degraded"), "etcd reported degraded")
+	})
 	if fails := base.Ops.Ready(ctx); len(fails) != 0 {
 		t.Fatalf("not ready during the etcd outage: %v", fails)
 	}
@@ -72,7 +74,7 @@ func TestEtcdOutageDegradesButKeepsTheDaemonReady(t *testing.T) {
 	if err := px.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "etcd detail cleared", func() bool { return etcdDetail() == "" && reachable() == 1 })
+	testenv.Eventually(t, 20*time.Second, func() error { return testenv.Check(etcdDetail() == "" && reachable() == 1, "etcd detail cleared") })
 	resp, err := raw.Get(ctx, ns+"services/kfpipe/"+base.Fleet.Member().ID)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("fleet entry after the outage: %v %v", resp, err)

@@ -186,10 +186,10 @@ func TestDLQRetryAfterMediaExpired(t *testing.T) {
 	}
 	resp.Body.Close()
 
-	waitFor(t, 90*time.Second, "the image handled after its DLQ retry, the voice note and the refused file", func() bool {
+	testenv.Eventually(t, 90*time.Second, func() error {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		return h.read[imgMsg] != nil && h.read[voiceMsg] != nil && h.refused[bigMsg] != ""
+		return testenv.Check(h.read[imgMsg] != nil && h.read[voiceMsg] != nil && h.refused[bigMsg] != "", "the image handled after its DLQ retry, the voice note and the refused file")
 	})
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -29,10 +29,10 @@ func TestConsumerStatusPublished(t *testing.T) {
 		defer close(done)
 		publishNodeStatus(ctx, rdb, prefix, reg, zaptest.NewLogger(t))
 	}()
-	waitFor(t, 5*time.Second, "the status published", func() bool {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		st, err := consumerStatuses(context.Background(), rdb, prefix, time.Now())
-		return err == nil && len(st) == 1 && st[0].Actors == 17 && st[0].OpenBreakers == 2 && st[0].Partitions == 6 &&
-			st[0].OutageGateOpen && st[0].Node == nodeName() && time.Since(st[0].Reported) < 5*time.Second
+		return testenv.Check(err == nil && len(st) == 1 && st[0].Actors == 17 && st[0].OpenBreakers == 2 && st[0].Partitions == 6 &&
+			st[0].OutageGateOpen && st[0].Node == nodeName() && time.Since(st[0].Reported) < 5*time.Second, "the status published")
 	})
 	cancel()
 	<-done

@@ -47,19 +47,19 @@ func TestProducerReallocatesLostWorkerID(t *testing.T) {
 	}
 	rdb.Set(ctx, stolen, "another-producer", 0)
 
-	waitFor(t, 30*time.Second, "a new worker id", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		for k, v := range keys() {
 			if k != stolen && v == owner {
-				return true
+				return nil
 			}
 		}
-		return false
+		return testenv.Check(false, "a new worker id")
 	})
-	waitFor(t, 10*time.Second, "ready again", func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		fail := base.Ops.Ready(ctx)
 		_, lost := fail["worker_id"]
 		_, syncBad := fail["sync"]
-		return !lost && !syncBad
+		return testenv.Check(!lost && !syncBad, "ready again")
 	})
 	fake.AddText(kf, "wm-after", "still flowing")
 	sender := &wecomtest.CallbackSender{URL: p.CallbackURL, Token: cfg.Callback.Token,
@@ -69,8 +69,8 @@ func TestProducerReallocatesLostWorkerID(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	waitFor(t, 30*time.Second, "cursor advanced after re-allocation", func() bool {
-		return rdb.Get(ctx, prefix+"cursor:"+kf).Val() == fake.LastCursor(kf)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		return testenv.Check(rdb.Get(ctx, prefix+"cursor:"+kf).Val() == fake.LastCursor(kf), "cursor advanced after re-allocation")
 	})
 	if v := rdb.Get(ctx, stolen).Val(); !strings.Contains(v, "another-producer") {
 		t.Fatalf("the stolen key was overwritten: %q", v)
@@ -121,18 +121,18 @@ func TestProducerWorkerIDOnEtcd(t *testing.T) {
 	if _, err := raw.Put(ctx, taken, "another-producer"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "a new worker id", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		for k, v := range ids() {
 			if k != taken && v == owner {
-				return true
+				return nil
 			}
 		}
-		return false
+		return testenv.Check(false, "a new worker id")
 	})
-	waitFor(t, 10*time.Second, "ready again, the fleet entry showing the new id", func() bool {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		fail := base.Ops.Ready(ctx)
 		_, lost := fail["worker_id"]
-		return !lost && fleetWorkerID() >= 0 && fleetWorkerID() != first
+		return testenv.Check(!lost && fleetWorkerID() >= 0 && fleetWorkerID() != first, "ready again, the fleet entry showing the new id")
 	})
 	if v := ids()[taken]; v != "another-producer" {
 		t.Fatalf("the taken key was overwritten: %q", v)

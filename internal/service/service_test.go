@@ -204,15 +204,15 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 		t.Fatalf("callback answered %d %q", resp.StatusCode, body)
 	}
 
-	waitFor(t, 90*time.Second, "all messages handled", func() bool {
+	testenv.Eventually(t, 90*time.Second, func() error {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		for _, id := range want {
 			if rec.byKey[id] == 0 {
-				return false
+				return testenv.Check(false, "all messages handled")
 			}
 		}
-		return len(rec.order["wm-flooder"]) == 5 && rec.byKey[flaky] == 1
+		return testenv.Check(len(rec.order["wm-flooder"]) == 5 && rec.byKey[flaky] == 1, "all messages handled")
 	})
 	rec.mu.Lock()
 	for _, id := range want {
@@ -247,27 +247,27 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 			t.Logf("last stats %+v\nlast review list %s", stats, lastList)
 		}
 	}()
-	waitFor(t, 60*time.Second, "dead letters indexed", func() bool {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		code, b := adminGet(t, d.AdminURL+"/admin/dlq/stats", viewer)
 		if code != 200 || json.Unmarshal(b, &stats) != nil {
-			return false
+			return testenv.Check(false, "dead letters indexed")
 		}
 		// Lists carry summaries; the export reads whole letters from the
 		// DLQ topic.
 		code, b = adminGet(t, d.AdminURL+"/admin/dlq/export?format=json&user=wm-broken&review=true", viewer)
 		lastList = b
-		return code == 200 && strings.Contains(string(b), broken) && flooderRefused(t, d.AdminURL, viewer) == 7
+		return testenv.Check(code == 200 && strings.Contains(string(b), broken) && flooderRefused(t, d.AdminURL, viewer) == 7, "dead letters indexed")
 	})
 	// A rate_limited letter indexed before the limiter's block reached
 	// Redis (the block is written asynchronously) may be retried and
 	// refused again as user_blocked (unless the scheduler sees the block
 	// first and holds it): the same letter, updated (a message has one
 	// letter). Here wait until nothing changes.
-	waitFor(t, 30*time.Second, "dead letter stats settled", func() bool {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		before := stats
 		time.Sleep(1500 * time.Millisecond)
 		code, b := adminGet(t, d.AdminURL+"/admin/dlq/stats", viewer)
-		return code == 200 && json.Unmarshal(b, &stats) == nil && fmt.Sprint(stats) == fmt.Sprint(before)
+		return testenv.Check(code == 200 && json.Unmarshal(b, &stats) == nil && fmt.Sprint(stats) == fmt.Sprint(before), "dead letter stats settled")
 	})
 	// One letter a message: the broken message's retry that failed again
 	// is its letter's second failure, not a second letter.
@@ -329,8 +329,8 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 	}
 
 	// The cursor was stored only after delivery: it equals the fake's last.
-	waitFor(t, 10*time.Second, "cursor stored", func() bool {
-		return rdb.Get(ctx, prefix+"cursor:"+redisconn.Tag(rdb, kf)).Val() == fake.LastCursor(kf)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		return testenv.Check(rdb.Get(ctx, prefix+"cursor:"+redisconn.Tag(rdb, kf)).Val() == fake.LastCursor(kf), "cursor stored")
 	})
 
 	if cluster {
@@ -449,17 +449,6 @@ func adminGet(t *testing.T, url, token string) (int, []byte) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, b
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // A ping that does not come back (go-redis waiting on a new connection to

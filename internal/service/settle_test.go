@@ -71,9 +71,9 @@ func TestSettleMarksRetriedLettersDone(t *testing.T) {
 	sctx, c := context.WithTimeout(ctx, 20*time.Second)
 	_ = p.Close(sctx)
 	c()
-	waitFor(t, time.Minute, "both letters indexed", func() bool {
+	testenv.Eventually(t, time.Minute, func() error {
 		st, err := d.Index.Stats(ctx)
-		return err == nil && st.Total == 2
+		return testenv.Check(err == nil && st.Total == 2, "both letters indexed: total %d (%v)", st.Total, err)
 	})
 	for _, id := range ids {
 		if _, err := d.Index.MarkRetried(ctx, id, 1); err != nil {

@@ -82,10 +82,10 @@ func TestSwitchOverFromOldStores(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := len(msgs) - len(doneBefore)
-	waitFor(t, time.Minute, "every message not done before handled", func() bool {
+	testenv.Eventually(t, time.Minute, func() error {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
-		return len(rec.byKey) >= want
+		return testenv.Check(len(rec.byKey) >= want, "%d of the %d messages not done before handled", len(rec.byKey), want)
 	})
 	heldAt := time.Since(start)
 	time.Sleep(2 * time.Second) // room for a second effect

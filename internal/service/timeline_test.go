@@ -185,9 +185,9 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	// wait reads user's timeline until ok holds of it.
 	wait := func(user, what string, ok func(tl admin.Timeline) bool) admin.Timeline {
 		t.Helper()
-		waitFor(t, 90*time.Second, user+": "+what, func() bool {
+		testenv.Eventually(t, 90*time.Second, func() error {
 			last = timeline(user)
-			return ok(last)
+			return testenv.Check(ok(last), "%s", user+": "+what)
 		})
 		return last
 	}

@@ -499,8 +499,7 @@ func (c *Client) SyncMsg(ctx context.Context, req SyncRequest) (*SyncResponse, e
 	if req.Limit < 0 || req.Limit > MaxSyncLimit {
 		return nil, fmt.Errorf("sync_msg: limit must be in [1, %d], got %d", MaxSyncLimit, req.Limit)
 	}
-	body, err := json.Marshal(syncBody{Cursor: req.Cursor, Token: req.Token, Limit: req.Limit,
-		VoiceFormat: req.VoiceFormat, OpenKfID: req.OpenKfID})
+	body, err := json.Marshal(syncBody(req))
 	if err != nil {
 		return nil, fmt.Errorf("sync_msg: %w", err)
 	}

@@ -55,23 +55,8 @@ func (r *recorder) get() []triggerCall {
 // counterValue reads kfpipe_callback_requests_total{result} from reg.
 func counterValue(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "kfpipe_callback_requests_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "result" && lp.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := testenv.Gathered(t, reg, "kfpipe_callback_requests_total", "result", result)
+	return v
 }
 
 type fixture struct {

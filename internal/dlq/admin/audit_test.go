@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -85,20 +85,12 @@ func TestAuditFailureKeepsTheAnswer(t *testing.T) {
 	if r.status != 200 || !slices.Equal(d.retriedIDs(), []string{"m2"}) {
 		t.Fatalf("status %d retried %v", r.status, d.retriedIDs())
 	}
-	if n := counterValue(srv.m.auditFailures); n != 1 {
+	if n := testenv.MetricValue(srv.m.auditFailures); n != 1 {
 		t.Errorf("audit failures = %v, want 1", n)
 	}
-	if n := counterValue(srv.m.requests.WithLabelValues("POST /admin/dlq/retry/{id}", "200")); n != 1 {
+	if n := testenv.MetricValue(srv.m.requests.WithLabelValues("POST /admin/dlq/retry/{id}", "200")); n != 1 {
 		t.Errorf("requests metric = %v", n)
 	}
-}
-
-func counterValue(c prometheus.Collector) float64 {
-	ch := make(chan prometheus.Metric, 1)
-	c.Collect(ch)
-	var m dto.Metric
-	_ = (<-ch).Write(&m)
-	return m.GetCounter().GetValue()
 }
 
 // TestAuditList reads the audit stream back newest first, one page at a

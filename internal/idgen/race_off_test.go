@@ -1,5 +1,0 @@
-//go:build !race
-
-package idgen
-
-const raceEnabled = false
