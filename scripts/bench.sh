@@ -15,8 +15,10 @@
 #   KFPIPE_BENCH_ARGS="-msgs 200000"        extra harness flags (e.g. state: -workloads dense -no-old)
 #
 # state runs three workloads (dense, conversation, write-once) of 1M messages
-# each: the per-partition store, then the old dedup stores' full pipelines as
-# baselines (15-40 minutes; its time limit is 60 minutes, 5 for the others).
+# each: the per-partition store on its own, then the full pipeline on it with
+# dedup.legacy off, reporting the store's, the limiter's and the legacy read's
+# shares apart (KFPIPE_BENCH_ARGS="-legacy off,read" adds a run with the legacy
+# read; 10-20 minutes; its time limit is 60 minutes, 5 for the others).
 #   KFPIPE_KEEP_SERVICES=1                  leave the services running afterwards
 set -euo pipefail
 LOG_TAG=bench

@@ -71,6 +71,9 @@ type Env struct {
 
 	mu     sync.Mutex
 	topics []string
+
+	counterOnce sync.Once
+	counter     *callCounter
 }
 
 // NewEnv connects to the broker and Redis.
@@ -341,4 +344,24 @@ func (e *Env) RedisCPU() time.Duration {
 		}
 	}
 	return time.Duration(total * float64(time.Second))
+}
+
+// countCalls starts counting, on the client, the commands sent for a
+// consumer with Redis key prefix prefix, by part (the store, the limiter,
+// the legacy read, other); stop ends it and returns the counts. One count
+// at a time.
+func (e *Env) countCalls(prefix string) (stop func() map[string]map[string]int64) {
+	e.counterOnce.Do(func() {
+		e.counter = newCallCounter("")
+		e.Redis.AddHook(e.counter)
+	})
+	c := e.counter
+	c.mu.Lock()
+	c.prefix, c.calls = prefix, map[string]map[string]int64{}
+	c.mu.Unlock()
+	c.on.Store(true)
+	return func() map[string]map[string]int64 {
+		c.on.Store(false)
+		return c.snapshot()
+	}
 }

@@ -26,8 +26,12 @@ type StateOptions struct {
 	Partitions int
 	// Workloads to run, of dense, conversation, write-once (all when empty).
 	Workloads []string
-	// NoOld skips the old stores' pipeline baselines.
+	// NoOld skips the full pipeline (the old stores' baselines before
+	// they were deleted).
 	NoOld bool
+	// Legacy are the dedup.legacy modes the full pipeline runs with, in
+	// turn (off when empty).
+	Legacy []string
 }
 
 // StateMessages are Messages with realistic WeChat identifiers — a
@@ -48,6 +52,7 @@ func StateMessages(tag string, n, users int) []*chatmsg.ChatMessage {
 type redisStats struct {
 	usedMemory int64
 	calls      map[string]int64 // INFO commandstats calls per command
+	cmds       map[string]cmdStats
 	cpu        time.Duration
 }
 
@@ -58,7 +63,7 @@ func (e *Env) redisStats() (redisStats, error) {
 	if err != nil {
 		return redisStats{}, err
 	}
-	s := redisStats{calls: map[string]int64{}, cpu: e.RedisCPU()}
+	s := redisStats{calls: map[string]int64{}, cmds: map[string]cmdStats{}, cpu: e.RedisCPU()}
 	for _, line := range strings.Split(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok {
@@ -68,14 +73,28 @@ func (e *Env) redisStats() (redisStats, error) {
 		case k == "used_memory":
 			s.usedMemory, _ = strconv.ParseInt(v, 10, 64)
 		case strings.HasPrefix(k, "cmdstat_"):
-			for _, f := range strings.Split(v, ",") {
-				if n, ok := strings.CutPrefix(f, "calls="); ok {
-					s.calls[strings.TrimPrefix(k, "cmdstat_")], _ = strconv.ParseInt(n, 10, 64)
-				}
-			}
+			cmd := strings.TrimPrefix(k, "cmdstat_")
+			cs := parseCmdStat(v)
+			s.calls[cmd], s.cmds[cmd] = cs.calls, cs
+
 		}
 	}
 	return s, nil
+}
+
+// parseCmdStat reads the calls and usec of one INFO commandstats value
+// ("calls=3,usec=12,usec_per_call=4.00,…"); a field missing or malformed
+// reads 0.
+func parseCmdStat(v string) cmdStats {
+	var cs cmdStats
+	for _, f := range strings.Split(v, ",") {
+		if n, ok := strings.CutPrefix(f, "calls="); ok {
+			cs.calls, _ = strconv.ParseInt(n, 10, 64)
+		} else if n, ok := strings.CutPrefix(f, "usec="); ok {
+			cs.usec, _ = strconv.ParseInt(n, 10, 64)
+		}
+	}
+	return cs
 }
 
 // memoryAfterExpiry waits d, lets Redis drop the keys that expired
@@ -116,10 +135,6 @@ const stateSendRate = 5000
 // dedup.lease of 1 s, as a live conversation's gaps of seconds to minutes
 // exceed the shipped 10 s lease.
 const conversationGap = 60000
-
-// conversationLease is dedup.lease for the old stores in the conversation
-// workload: the shipped 10 s scaled down with the gaps (config minimum 1s).
-const conversationLease = time.Second
 
 // WorkloadMessages returns n messages of a workload in stream order, with
 // WeChat-sized ids and send times spread at stateSendRate:
@@ -208,13 +223,13 @@ func (d redisDelta) pass() bool { return d.bytes <= 16 && d.calls <= 1.5 && d.cp
 
 // State measures what the consumer's state costs Redis per message in
 // three workloads (dense, conversation, write-once; see WorkloadMessages):
-// the new per-partition store (package state) driven as the consumer
-// drives it, and, as baselines in the same run, the full
-// schedule-consumer with the old dedup.store claims and leases, each in
-// its own group and key prefix. Per store: the Redis memory still held
-// once its transient keys expired (INFO memory), the Redis commands per
-// message (INFO commandstats, every call including those a script makes)
-// and Redis CPU per message (INFO cpu).
+// the per-partition store (package state) driven as the consumer drives
+// it, then the full schedule-consumer on it, once per dedup.legacy mode of
+// o.Legacy, each in its own group and key prefix. Per phase: the Redis
+// memory still held once transient keys expired (INFO memory), the Redis
+// commands per message (INFO commandstats, every call including those a
+// script makes) and Redis CPU per message (INFO cpu); for the pipeline
+// also each part's own share (statePipeline).
 func State(e *Env, o StateOptions) ([]Result, error) {
 	wls := o.Workloads
 	if len(wls) == 0 {
@@ -223,9 +238,9 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 	var out []Result
 	msgsOf := map[string][]*chatmsg.ChatMessage{}
 	usersOf := map[string]int{}
-	// The new store first, for every workload (seconds), then the old
-	// stores' pipelines (minutes each on a loaded box); a baseline that
-	// fails is reported and the next one still runs.
+	// The store-level phase first, for every workload (seconds), then
+	// the pipelines (minutes each on a loaded box); a pipeline that fails
+	// is reported and the next one still runs.
 	for _, wl := range wls {
 		msgs, users, err := WorkloadMessages(e.Prefix+"-"+wl, wl, o.Msgs, o.Users, 30)
 		if err != nil {
@@ -243,7 +258,7 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 	}
 	var errs []error
 	for _, wl := range wls {
-		old, err := e.stateOld(wl, msgsOf[wl], usersOf[wl], o)
+		old, err := e.statePipeline(wl, msgsOf[wl], usersOf[wl], o)
 		out = append(out, old...)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", wl, err))
@@ -253,8 +268,11 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 	return out, errors.Join(errs...)
 }
 
-// stateOld runs the full pipeline with the old stores on msgs.
-func (e *Env) stateOld(wl string, msgs []*chatmsg.ChatMessage, users int, o StateOptions) ([]Result, error) {
+// statePipeline runs the full schedule-consumer on msgs, once per
+// dedup.legacy mode of o.Legacy, and reports beside the whole pipeline's
+// Redis figures each part's own (see attribute): the per-partition
+// store's, the rate limiter's and the legacy read's.
+func (e *Env) statePipeline(wl string, msgs []*chatmsg.ChatMessage, users int, o StateOptions) ([]Result, error) {
 	topic, err := e.Topic("state-"+wl, o.Partitions)
 	if err != nil {
 		return nil, err
@@ -267,43 +285,81 @@ func (e *Env) stateOld(wl string, msgs []*chatmsg.ChatMessage, users int, o Stat
 		return nil, fmt.Errorf("prefill: %w", err)
 	}
 	lease := config.DefaultDedupLease
-	if wl == WorkloadConversation {
-		lease = conversationLease
+	modes := o.Legacy
+	if len(modes) == 0 {
+		modes = []string{"off"}
 	}
 	var out []Result
-	for _, store := range []string{"state"} {
+	for _, mode := range modes {
+		name := "state-" + wl + "-legacy-" + mode
+		scenario := "state_" + wl + "_pipeline_legacy_" + mode
+		prefix := e.Prefix + ":" + name + ":"
 		before, err := e.redisStats()
 		if err != nil {
 			return out, err
 		}
-		ph, err := e.pipelinePhase("state-"+wl+"-"+store, topic, ConsumerOptions{Msgs: len(msgs), Users: users, Partitions: o.Partitions,
-			Limit: 12 * time.Minute, Mutate: func(c *config.Consumer) { c.Dedup.Lease = lease }})
+		stop := e.countCalls(prefix)
+		ph, err := e.pipelinePhase(name, topic, ConsumerOptions{Msgs: len(msgs), Users: users, Partitions: o.Partitions,
+			Limit: 12 * time.Minute, Mutate: func(c *config.Consumer) { c.Dedup.Legacy = mode }})
+		client := stop()
 		if err != nil {
-			out = append(out, Result{Scenario: "state_" + wl + "_" + store, Msgs: len(msgs), Goal: stateGoal,
-				Extra: map[string]any{"workload": wl, "error": err.Error()}})
+			out = append(out, Result{Scenario: scenario, Msgs: len(msgs), Goal: stateGoal,
+				Extra: map[string]any{"workload": wl, "dedup_legacy": mode, "error": err.Error()}})
 			continue
 		}
 		after, err := e.redisStats()
 		if err != nil {
 			return out, err
 		}
-		// What stays is read once the transient keys (claims in flight,
-		// leases not given back) have expired.
+		// What stays is read once the transient keys have expired.
 		if after.usedMemory, err = e.memoryAfterExpiry(lease + time.Second); err != nil {
 			return out, err
 		}
 		n := float64(len(msgs))
 		d := delta(before, after, n)
-		out = append(out, Result{Scenario: "state_" + wl + "_" + store, Msgs: len(msgs), MsgsPerSec: round(ph.rate, 0),
-			RSSMiB: ph.rss, Goal: stateGoal, Pass: d.pass(),
-			Extra: map[string]any{"workload": wl, "users": users, "partitions": o.Partitions, "dedup_lease": lease.String(),
+		parts := attribute(commandDelta(before.cmds, after.cmds), client, scriptInner, n)
+		for part, kp := range map[string][]string{PartStore: {prefix + "st:"}, PartLimiter: {prefix + "rl:", prefix + "{rl}:"}, PartLegacy: {prefix + "dedup:"}} {
+			var kept int64
+			for _, p := range kp {
+				b, _, err := e.keyBytes(p)
+				if err != nil {
+					return out, err
+				}
+				kept += b
+			}
+			c := parts[part]
+			if c == nil {
+				c = &partCost{ByCommand: map[string]float64{}}
+				parts[part] = c
+			}
+			c.Bytes = round(float64(kept)/n, 2)
+		}
+		st := parts[PartStore]
+		// Another client's scripts make inner calls too: those of the
+		// commands the store's scripts call are charged to the store.
+		foreignScripts := false
+		if el := parts[PartElsewhere]; el != nil {
+			foreignScripts = el.ByCommand["evalsha"]+el.ByCommand["eval"] > 0
+		}
+		out = append(out, Result{Scenario: scenario, Msgs: len(msgs), MsgsPerSec: round(ph.rate, 0),
+			RSSMiB: ph.rss, Goal: stateStoreGoal, Pass: st.pass(),
+			Extra: map[string]any{"workload": wl, "users": users, "partitions": o.Partitions, "dedup_legacy": mode,
+				"parts": parts, "other_clients_ran_scripts": foreignScripts,
 				"redis_bytes_per_msg": round(d.bytes, 1), "redis_cmds_per_msg": round(d.calls, 3),
 				"redis_calls_per_msg_by_command": d.perCmd, "commands": d.cmds,
 				"redis_cpu_us_per_msg": round(d.cpu, 2), "cpu_us_per_msg": round(float64(ph.cpu.Microseconds())/n, 2),
-				"note": "full pipeline (service.StartConsumer, no-op handler); redis figures are INFO deltas around the phase (memory once dedup.lease passed); calls include those made inside scripts",
-				"path": "service.StartConsumer with dedup.store=" + store}})
+				"note": "full pipeline (service.StartConsumer, no-op handler). redis_* are whole-server INFO deltas around the phase (memory once dedup.lease passed; cpu is INFO cpu: execution, network I/O and event loop; other clients of a shared Redis included). parts splits them by key prefix as the harness's client counted the commands: calls include the script-internal ones, cmd_usec_per_msg is INFO commandstats usec (execution only; a script's usec holds its inner commands), key_bytes_per_msg the MEMORY USAGE sum of the part's keys",
+				"path": "service.StartConsumer, dedup.legacy=" + mode}})
 	}
 	return out, nil
+}
+
+// stateStoreGoal is issue 30's goal, applied to the store's own share of a
+// full pipeline (parts.store): its CPU is commandstats usec.
+const stateStoreGoal = "parts.store: key_bytes_per_msg <= 16 and calls_per_msg <= 1.5 and cmd_usec_per_msg <= 3"
+
+func (c *partCost) pass() bool {
+	return c != nil && c.Bytes >= 0 && c.Bytes <= 16 && c.Calls <= 1.5 && c.CPUus <= 3
 }
 
 // stateBatch is the new store's mark batch: what one poll of a partition

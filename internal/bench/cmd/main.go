@@ -49,7 +49,8 @@ func run() error {
 	flag.Var(&kafkaSet, "kafka-set", "extra librdkafka property key=value for every client (repeatable), e.g. debug=eos,metadata")
 	memProfile := flag.String("memprofile", "", "write an allocation profile (every allocation since start) to this file at the end")
 	workloads := flag.String("workloads", "", "state scenario: comma-separated workloads of dense, conversation, write-once (default all)")
-	noOld := flag.Bool("no-old", false, "state scenario: skip the old dedup stores' pipeline baselines")
+	noOld := flag.Bool("no-old", false, "state scenario: skip the full pipeline, run the store-level phase only")
+	legacy := flag.String("legacy", "off", "state scenario: comma-separated dedup.legacy modes the full pipeline runs with in turn (off, read)")
 	flag.Parse()
 
 	logCfg := zap.NewProductionConfig()
@@ -157,7 +158,7 @@ func run() error {
 			wls = strings.Split(*workloads, ",")
 		}
 		results, err = bench.State(e, bench.StateOptions{Msgs: or(*msgs, 1000000), Users: or(*users, 10000), Partitions: *partitions,
-			Workloads: wls, NoOld: *noOld})
+			Workloads: wls, NoOld: *noOld, Legacy: strings.Split(*legacy, ",")})
 	case "isolation":
 		var r bench.Result
 		r, err = bench.Isolation(e, or(*users, 1000), 10, ord(*duration, 30*time.Second))
