@@ -285,6 +285,9 @@ func (e *Env) statePipeline(wl string, msgs []*chatmsg.ChatMessage, users int, o
 		return nil, fmt.Errorf("prefill: %w", err)
 	}
 	lease := config.DefaultDedupLease
+	// dedup.buckets sized for the workload's rate, as docs/operations.md
+	// tells an operator to.
+	buckets := state.SuggestBuckets(stateSendRate, o.Partitions, state.DefaultSlot)
 	modes := o.Legacy
 	if len(modes) == 0 {
 		modes = []string{"off"}
@@ -300,7 +303,7 @@ func (e *Env) statePipeline(wl string, msgs []*chatmsg.ChatMessage, users int, o
 		}
 		stop := e.countCalls(prefix)
 		ph, err := e.pipelinePhase(name, topic, ConsumerOptions{Msgs: len(msgs), Users: users, Partitions: o.Partitions,
-			Limit: 12 * time.Minute, Mutate: func(c *config.Consumer) { c.Dedup.Legacy = mode }})
+			Limit: 12 * time.Minute, Mutate: func(c *config.Consumer) { c.Dedup.Legacy, c.Dedup.Buckets = mode, buckets }})
 		client := stop()
 		if err != nil {
 			out = append(out, Result{Scenario: scenario, Msgs: len(msgs), Goal: stateGoal,

@@ -46,15 +46,7 @@ func TestChaosConsumerKill9(t *testing.T) {
 	Run(t, "consumer-kill9", p, load, Size(90*time.Second, 5*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
 		// Spread the kills over the feeding time, so each lands under load.
 		gap := feedFor / time.Duration(kills+1)
-		pages := make(chan struct{}, 1)
-		p.OnSyncMsg(func(n int) {
-			if n > 0 {
-				select {
-				case pages <- struct{}{}:
-				default:
-				}
-			}
-		})
+		pages := pageSignal(p)
 		defer p.OnSyncMsg(nil)
 		for i := 0; i < kills; i++ {
 			if !Pause(ctx, gap/2, gap) {
@@ -65,15 +57,8 @@ func TestChaosConsumerKill9(t *testing.T) {
 			// for the victim's users, who then wait on it (the report counts
 			// them per kill, and a kill with none fails the run).
 			victim := busyConsumer(ctx, p, 10*time.Second)
-			select {
-			case <-pages: // a page answered before we aimed
-			default:
-			}
-			select {
-			case <-pages:
-			case <-time.After(3 * time.Second):
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := awaitPage(ctx, pages); err != nil {
+				return err
 			}
 			if _, err := victim.Kill9(); err != nil {
 				return err
@@ -87,6 +72,39 @@ func TestChaosConsumerKill9(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// pageSignal returns a channel that gets a value (at most one waits) each
+// time the fake WeChat answers a sync_msg page with messages; p.OnSyncMsg(nil)
+// ends it.
+func pageSignal(p *Pipeline) <-chan struct{} {
+	pages := make(chan struct{}, 1)
+	p.OnSyncMsg(func(n int) {
+		if n > 0 {
+			select {
+			case pages <- struct{}{}:
+			default:
+			}
+		}
+	})
+	return pages
+}
+
+// awaitPage waits (up to 3 s) for the next page of messages after now, so
+// that a fault aimed at a consumer lands while some of its users' messages
+// are on their way to it.
+func awaitPage(ctx context.Context, pages <-chan struct{}) error {
+	select {
+	case <-pages: // a page answered before we aimed
+	default:
+	}
+	select {
+	case <-pages:
+	case <-time.After(3 * time.Second):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // busyConsumer picks a schedule-consumer with users waiting on it: users
@@ -261,15 +279,7 @@ func producerKill9(t *testing.T, name string, producerEnv map[string]string) {
 	feedFor := time.Duration(float64(load.Total)/load.Rate) * time.Second
 	rep := Run(t, name, p, load, Size(90*time.Second, 5*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
 		gap := feedFor / time.Duration(kills+1)
-		pages := make(chan struct{}, 1)
-		p.OnSyncMsg(func(n int) {
-			if n > 0 {
-				select {
-				case pages <- struct{}{}:
-				default:
-				}
-			}
-		})
+		pages := pageSignal(p)
 		defer p.OnSyncMsg(nil)
 		targeted := 0
 		var maxGap time.Duration

@@ -22,7 +22,7 @@ import (
 // shipped timings (session timeout, lease, commit interval).
 func TestChaosConsumerZombie(t *testing.T) {
 	svc := NeedServices(t)
-	load := Size(Load{Total: 6000, Users: 200, Rate: 200}, Load{Total: 30000, Users: 1000, Rate: 500})
+	load := Size(Load{Total: 6000, Users: 200, Rate: 200}, Load{Total: 40000, Users: 1000, Rate: 500})
 	freezes := Size(1, 2)
 	frozenFor := config.DefaultSessionTimeout + config.DefaultDedupLease // past both
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2,
@@ -33,11 +33,18 @@ func TestChaosConsumerZombie(t *testing.T) {
 	feedFor := time.Duration(float64(load.Total)/load.Rate) * time.Second
 	Run(t, "consumer-zombie", p, load, Size(90*time.Second, 3*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
 		gap := (feedFor - time.Duration(freezes)*frozenFor) / time.Duration(freezes+1)
+		pages := pageSignal(p)
+		defer p.OnSyncMsg(nil)
 		for range freezes {
 			if !Pause(ctx, gap/2, gap) {
 				return ctx.Err()
 			}
+			// Aimed like consumer-kill9's kills: at the consumer with users
+			// waiting on it, as a page of messages goes out.
 			victim := busyConsumer(ctx, p, 10*time.Second)
+			if err := awaitPage(ctx, pages); err != nil {
+				return err
+			}
 			if _, err := victim.Freeze(); err != nil {
 				return err
 			}
