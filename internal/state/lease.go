@@ -307,15 +307,7 @@ func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 
 // Seen is Store.Seen on the lease's partition.
 func (l *Lease) Seen(ctx context.Context, items []Item) ([]bool, error) {
-	st, err := l.Look(ctx, items)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]bool, len(st))
-	for i, v := range st {
-		out[i] = v == Done
-	}
-	return out, nil
+	return done(l.Look(ctx, items))
 }
 
 // Look is Store.Look on the lease's partition.

@@ -71,31 +71,7 @@ func RepliedAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefi
 		return out, err
 	}
 	s := &Store{slotSec: int64(DefaultSlot / time.Second)}
-	pipe := client.Pipeline()
-	type q struct {
-		i   int
-		cmd *redis.BoolCmd
-	}
-	var qs []q
-	for i, it := range items {
-		if it.Key == "" {
-			continue
-		}
-		field := strconv.FormatInt(Digest(it.Key), 10)
-		for _, tag := range tags {
-			qs = append(qs, q{i, pipe.HExists(ctx, s.replyKey(tag, it.SendTime), field)})
-		}
-	}
-	if len(qs) == 0 {
-		return out, nil
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("state: look up replies: %w", err)
-	}
-	for _, x := range qs {
-		if x.cmd.Val() {
-			out[x.i] = true
-		}
-	}
-	return out, nil
+	return anyPartition(ctx, client, tags, items, "replies", func(pipe redis.Pipeliner, _ int, tag string, it Item) *redis.BoolCmd {
+		return pipe.HExists(ctx, s.replyKey(tag, it.SendTime), strconv.FormatInt(Digest(it.Key), 10))
+	})
 }

@@ -238,7 +238,11 @@ func (s *Store) layout(ctx context.Context, topic string, partition int32) (layo
 // Seen reports which items of the partition are done: Look without the
 // distinction between Fresh and Held (a Held item is not done).
 func (s *Store) Seen(ctx context.Context, topic string, partition int32, items []Item) ([]bool, error) {
-	st, err := s.Look(ctx, topic, partition, items)
+	return done(s.Look(ctx, topic, partition, items))
+}
+
+// done turns look-up results into done or not.
+func done(st []Status, err error) ([]bool, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -382,6 +386,17 @@ func DoneAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefix s
 	if err != nil {
 		return nil, err
 	}
+	return anyPartition(ctx, client, tags, items, "marks", func(pipe redis.Pipeliner, j int, tag string, it Item) *redis.BoolCmd {
+		d := Digest(it.Key)
+		return pipe.SIsMember(ctx, s.bucketKey(tag, layouts[j], it.SendTime, d), d)
+	})
+}
+
+// anyPartition asks ask of every item (with a key) in every partition
+// (tags), in one pipeline, and reports per item whether any answered true.
+func anyPartition(ctx context.Context, client redis.UniversalClient, tags []string, items []Item, what string,
+	ask func(pipe redis.Pipeliner, j int, tag string, it Item) *redis.BoolCmd) ([]bool, error) {
+	out := make([]bool, len(items))
 	pipe := client.Pipeline()
 	type q struct {
 		i   int
@@ -392,16 +407,15 @@ func DoneAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefix s
 		if it.Key == "" {
 			continue
 		}
-		d := Digest(it.Key)
 		for j, tag := range tags {
-			qs = append(qs, q{i, pipe.SIsMember(ctx, s.bucketKey(tag, layouts[j], it.SendTime, d), d)})
+			qs = append(qs, q{i, ask(pipe, j, tag, it)})
 		}
 	}
 	if len(qs) == 0 {
 		return out, nil
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("state: look up marks: %w", err)
+		return nil, fmt.Errorf("state: look up %s: %w", what, err)
 	}
 	for _, x := range qs {
 		if x.cmd.Val() {
