@@ -259,32 +259,12 @@ func (c *Consumer) handleBatchOnce(live []*envelope) (dup []bool, err error) {
 		return dup, nil
 	}
 	g := &todo[0].guard
-	*g = claimGuard{}
-	watched := make(chan struct{})
-	go func() {
-		select {
-		case <-l.Lost():
-			g.lose(nil)
-		case <-watched:
-		}
-	}()
-	err = run(withLease(c.runCtx, l), g, todo)
-	close(watched)
-	if err != nil {
+	if err := c.underLease(l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
 		return dup, err
 	}
 	for i := len(todo) - 1; i >= 0; i-- {
-		env, m := todo[i], todo[i].msg
-		it := StateItem{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID}
-		pl.addPending(it.Key)
-		off := int64(env.km.TopicPartition.Offset)
-		l.Mark(it, off, func(recorded bool) {
-			pl.donePending(it.Key)
-			if !recorded {
-				c.log.Error("state: done mark given up; a copy of the message met later runs again",
-					zap.Int32("partition", env.part.id), zap.Int64("offset", off), zap.String("idempotency_key", it.Key))
-			}
-		})
+		m := todo[i].msg
+		c.markDone(pl, l, todo[i], StateItem{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID})
 	}
 	return dup, nil
 }

@@ -206,6 +206,16 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 		return true, nil
 	}
 	g := &env.guard
+	if err := c.underLease(l, g, func(ctx context.Context) error { return run(ctx, g) }); err != nil {
+		return false, err
+	}
+	c.markDone(pl, l, env, it)
+	return false, nil
+}
+
+// underLease runs f with l in its context (the fencing token, the reply
+// log), g reset and told when l is lost.
+func (c *Consumer) underLease(l Lease, g *claimGuard, f func(ctx context.Context) error) error {
 	*g = claimGuard{}
 	watched := make(chan struct{})
 	go func() {
@@ -215,11 +225,13 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 		case <-watched:
 		}
 	}()
-	err = run(withLease(c.runCtx, l), g)
-	close(watched)
-	if err != nil {
-		return false, err
-	}
+	defer close(watched)
+	return f(withLease(c.runCtx, l))
+}
+
+// markDone queues env's done mark on l; until it is recorded a copy of the
+// message this consumer meets is a duplicate (pending).
+func (c *Consumer) markDone(pl *partLease, l Lease, env *envelope, it StateItem) {
 	pl.addPending(it.Key)
 	off := int64(env.km.TopicPartition.Offset)
 	l.Mark(it, off, func(recorded bool) {
@@ -229,7 +241,6 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 				zap.Int32("partition", env.part.id), zap.Int64("offset", off), zap.String("idempotency_key", it.Key))
 		}
 	})
-	return false, nil
 }
 
 // handleWithRetry calls the handler up to processor.retry_attempts times

@@ -381,7 +381,7 @@ func DoneAnywhere(ctx context.Context, client redis.UniversalClient, keyPrefix s
 	if err != nil || len(tags) == 0 || len(items) == 0 {
 		return out, err
 	}
-	s := &Store{cfg: Config{Buckets: DefaultBuckets}, slotSec: int64(DefaultSlot / time.Second)}
+	s := &Store{slotSec: int64(DefaultSlot / time.Second)}
 	layouts, err := readLayouts(ctx, client, tags)
 	if err != nil {
 		return nil, err
