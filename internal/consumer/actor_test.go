@@ -12,6 +12,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 func testEnvelope(user string, seq int64) *envelope {
@@ -62,16 +63,19 @@ func TestActorSendDieRace(t *testing.T) {
 			time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond) // let actors die
 		}
 	}
-	waitFor(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		n := 0
 		for _, s := range got {
 			n += len(s)
 		}
-		return n == users*perUser
+		return testenv.Check(n == users*perUser, "%d messages handled, want %d", n, users*perUser)
 	})
-	waitFor(t, 5*time.Second, func() bool { return r.len() == 0 })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		n := r.len()
+		return testenv.Check(n == 0, "%d actors still registered, want 0", n)
+	})
 	r.close()
 	if created.Load() <= users {
 		t.Fatalf("only %d actors created for %d users: the race was not exercised", created.Load(), users)
@@ -122,9 +126,9 @@ func TestActorMailboxBound(t *testing.T) {
 			i--
 		}
 	}
-	waitFor(t, 2*time.Second, func() bool { return handled.Load() == 100 })
+	waitCount(t, 2*time.Second, "handled", &handled, 100)
 	close(release)
-	waitFor(t, 2*time.Second, func() bool { return handled.Load() == 104 })
+	waitCount(t, 2*time.Second, "handled", &handled, 104)
 }
 
 // TestActorIdleLifetime checks Active -> Dead after the idle timeout and
@@ -140,12 +144,15 @@ func TestActorIdleLifetime(t *testing.T) {
 	if first.state.Load() != stateActive || r.len() != 1 {
 		t.Fatalf("actor not active right after a message")
 	}
-	waitFor(t, 2*time.Second, func() bool { return first.state.Load() == stateDead })
+	testenv.Eventually(t, 2*time.Second, func() error {
+		s := first.state.Load()
+		return testenv.Check(s == stateDead, "actor state %d, want dead (%d)", s, stateDead)
+	})
 	if _, ok := r.actors.Load("u"); ok || r.len() != 0 {
 		t.Fatalf("dead actor still registered")
 	}
 	r.send("u", testEnvelope("u", 2))
-	waitFor(t, time.Second, func() bool { return handled.Load() == 2 })
+	waitCount(t, time.Second, "handled", &handled, 2)
 	v, _ = r.actors.Load("u")
 	if v.(*actor) == first {
 		t.Fatalf("message went to the dead actor")
@@ -176,8 +183,11 @@ func TestActorMemory(t *testing.T) {
 	for i := 0; i < users; i++ {
 		r.send(names[i], envs[i])
 	}
-	waitFor(t, 30*time.Second, func() bool { return handled.Load() == users })
-	waitFor(t, 5*time.Second, func() bool { return runtime.NumGoroutine() <= goBefore+2 })
+	waitCount(t, 30*time.Second, "handled", &handled, users)
+	testenv.Eventually(t, 5*time.Second, func() error {
+		n := runtime.NumGoroutine()
+		return testenv.Check(n <= goBefore+2, "%d goroutines, want at most %d", n, goBefore+2)
+	})
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	runtime.KeepAlive(envs) // measured before and after: only the actors differ
@@ -191,15 +201,4 @@ func TestActorMemory(t *testing.T) {
 	}
 	r.close()
 	runtime.KeepAlive(names)
-}
-
-func waitFor(t testing.TB, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", d)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }

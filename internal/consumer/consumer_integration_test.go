@@ -11,7 +11,6 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -54,10 +53,10 @@ func TestRoundTrip(t *testing.T) {
 	dlq := &memDLQ{}
 	c := startConsumer(t, cfg, h, dlq, WithState(&redisState{rdb: rdb, prefix: prefix, lease: 30 * time.Second}),
 		WithRegisterer(reg))
-	waitFor(t, 60*time.Second, func() bool {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(effects) == len(msgs)
+		return testenv.Check(len(effects) == len(msgs), "%d messages had an effect, want %d", len(effects), len(msgs))
 	})
 	if err := c.Close(context.Background()); err != nil {
 		t.Fatalf("close: %v", err)
@@ -85,7 +84,7 @@ func TestRoundTrip(t *testing.T) {
 	if total != int64(len(msgs)) {
 		t.Fatalf("committed offsets %v sum to %d, want %d", got, total, len(msgs))
 	}
-	if v := metricValue(t, c.m.processed.WithLabelValues("ok")); v != float64(len(msgs)) {
+	if v := testenv.MetricValue(c.m.processed.WithLabelValues("ok")); v != float64(len(msgs)) {
 		t.Fatalf("processed{ok} = %v", v)
 	}
 }
@@ -99,16 +98,7 @@ func TestRoundTrip(t *testing.T) {
 // and A lost: the check that the commit stays at A fails without the
 // offset tracker.
 func TestCrashDoesNotLoseSlowMessage(t *testing.T) {
-	cfg, first, aStarted, bDone := stuckBehindA(t)
-	c1, err := New(cfg, first, &memDLQ{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c1.Start(); err != nil {
-		t.Fatal(err)
-	}
-	<-aStarted
-	waitFor(t, 30*time.Second, func() bool { return bDone.Load() == 10 })
+	cfg, c1 := stuckBehindA(t)
 	time.Sleep(3 * cfg.Kafka.Consumer.CommitInterval) // periodic commits happen
 	c1.abort()
 
@@ -126,14 +116,17 @@ func TestCrashDoesNotLoseSlowMessage(t *testing.T) {
 	if got > 0 {
 		t.Fatalf("committed offset %d passes unfinished A at 0 (I2)", got)
 	}
-	waitFor(t, 30*time.Second, aHandled.Load)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		return testenv.Check(aHandled.Load(), "A's message not handled by the second consumer")
+	})
 }
 
 // stuckBehindA produces, on a one-partition topic, a message of user A and
-// then ten of user B, and returns the configuration and a handler under
-// which A's message stays in flight until its context ends (aStarted
-// says it began) while B's finish (counted in bDone).
-func stuckBehindA(t *testing.T) (cfg config.Consumer, h Handler, aStarted chan struct{}, bDone *atomic.Int64) {
+// then ten of user B, and starts a consumer (with no cleanup: the caller
+// ends it) under whose handler A's message stays in flight until its
+// context ends while B's finish. It returns the configuration and the
+// consumer once A's message began and B's ten finished.
+func stuckBehindA(t *testing.T) (config.Consumer, *Consumer) {
 	t.Helper()
 	topic := testenv.Topic(t, 1)
 	msgs := []*chatmsg.ChatMessage{chat("A", 0)}
@@ -141,8 +134,9 @@ func stuckBehindA(t *testing.T) (cfg config.Consumer, h Handler, aStarted chan s
 		msgs = append(msgs, chat("B", i))
 	}
 	produce(t, topic, msgs)
-	aStarted, bDone = make(chan struct{}, 1), new(atomic.Int64)
-	h = HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+	aStarted := make(chan struct{}, 1)
+	var bDone atomic.Int64
+	h := HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
 		if m.ExternalUserID == "A" {
 			aStarted <- struct{}{}
 			<-ctx.Done() // stuck: still in flight when the owner dies
@@ -151,7 +145,17 @@ func stuckBehindA(t *testing.T) (cfg config.Consumer, h Handler, aStarted chan s
 		bDone.Add(1)
 		return nil
 	})
-	return testConfig(t, topic), h, aStarted, bDone
+	cfg := testConfig(t, topic)
+	c, err := New(cfg, h, &memDLQ{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	<-aStarted
+	waitCount(t, 30*time.Second, "B's messages finished", &bDone, 10)
+	return cfg, c
 }
 
 // TestInvalidMessageDeadLettered: a malformed record in the middle of a
@@ -176,14 +180,17 @@ func TestInvalidMessageDeadLettered(t *testing.T) {
 		handled.Add(1)
 		return nil
 	}), dlq)
-	waitFor(t, 30*time.Second, func() bool { return handled.Load() == 10 })
+	waitCount(t, 30*time.Second, "handled", &handled, 10)
 	time.Sleep(5 * cfg.Kafka.Consumer.CommitInterval)
 	if got := committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0]; got != 5 {
 		t.Fatalf("committed %d while the dead letter at 5 is not durable; want 5", got)
 	}
 	close(dlq.gate)
-	waitFor(t, 10*time.Second, func() bool { return c.InFlight() == 0 })
-	waitFor(t, 10*time.Second, func() bool { return committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0] == 11 })
+	testenv.Eventually(t, 10*time.Second, func() error {
+		n := c.InFlight()
+		return testenv.Check(n == 0, "%d messages in flight, want 0", n)
+	})
+	waitCommitted(t, 10*time.Second, cfg.Kafka.Consumer.GroupID, topic, 11)
 	letters := dlq.all()
 	if len(letters) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(letters))
@@ -240,14 +247,15 @@ func TestMailboxFullDeadLettered(t *testing.T) {
 		other.Add(1)
 		return nil
 	}), dlq, WithBreaker(br))
-	waitFor(t, 30*time.Second, func() bool { return other.Load() == 2 })
+	waitCount(t, 30*time.Second, "the other user's messages handled", &other, 2)
 	// The overflow is dead-lettered off the poll goroutine: it may land
 	// just after the other user's messages ran (a fresh-clone CI run read
 	// 0 at that instant). Each overflow counts as a breaker failure when
 	// it is dispatched, before its dead letter is queued.
-	waitFor(t, 10*time.Second, func() bool {
-		n := dlq.byReason()[ReasonQueueFull]
-		return n >= 7 && int64(n) == br.failed.Load()
+	testenv.Eventually(t, 10*time.Second, func() error {
+		n, failed := dlq.byReason()[ReasonQueueFull], br.failed.Load()
+		return testenv.Check(n >= 7 && int64(n) == failed,
+			"%d queue_full dead letters and %d breaker failures, want the same number, at least 7", n, failed)
 	})
 	full := dlq.byReason()[ReasonQueueFull]
 	if full < 7 || full > 8 {
@@ -257,8 +265,8 @@ func TestMailboxFullDeadLettered(t *testing.T) {
 		t.Fatalf("breaker failures %d, want %d", br.failed.Load(), full)
 	}
 	closeGate.Do(func() { close(gate) })
-	waitFor(t, 10*time.Second, func() bool { return stuck.Load() == int64(10-full) })
-	waitFor(t, 10*time.Second, func() bool { return committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0] == 12 })
+	waitCount(t, 10*time.Second, "the stuck user's messages handled", &stuck, int64(10-full))
+	waitCommitted(t, 10*time.Second, cfg.Kafka.Consumer.GroupID, topic, 12)
 	if c.InFlight() != 0 {
 		t.Fatalf("in flight %d", c.InFlight())
 	}
@@ -291,34 +299,17 @@ func TestPauseResume(t *testing.T) {
 		handled.Add(1)
 		return nil
 	}), &memDLQ{}, WithRegisterer(reg))
-	waitFor(t, 30*time.Second, func() bool { return metricValue(t, c.m.paused) == 1 })
+	waitMetric(t, 30*time.Second, "paused partitions", c.m.paused, 1)
 	time.Sleep(500 * time.Millisecond)
-	if got := metricValue(t, c.m.consumed); got != 40 {
+	if got := testenv.MetricValue(c.m.consumed); got != 40 {
 		t.Fatalf("consumed %v records while paused at max_in_flight 40", got)
 	}
 	closeGate.Do(func() { close(gate) })
-	waitFor(t, 30*time.Second, func() bool { return handled.Load() == n })
-	waitFor(t, 5*time.Second, func() bool { return metricValue(t, c.m.paused) == 0 })
-	if got := metricValue(t, c.m.consumed); got != n {
+	waitCount(t, 30*time.Second, "handled", &handled, n)
+	waitMetric(t, 5*time.Second, "paused partitions", c.m.paused, 0)
+	if got := testenv.MetricValue(c.m.consumed); got != n {
 		t.Fatalf("consumed %v, want %d", got, n)
 	}
-}
-
-// metricValue reads a counter or gauge.
-func metricValue(t testing.TB, m prometheus.Metric) float64 {
-	t.Helper()
-	var d dto.Metric
-	if err := m.Write(&d); err != nil {
-		t.Fatal(err)
-	}
-	switch {
-	case d.Counter != nil:
-		return d.Counter.GetValue()
-	case d.Gauge != nil:
-		return d.Gauge.GetValue()
-	}
-	t.Fatalf("not a counter or gauge")
-	return 0
 }
 
 // TestPausedPartitionRevokedAndReassignedResumes: a partition paused at the
@@ -356,7 +347,7 @@ func TestPausedPartitionRevokedAndReassignedResumes(t *testing.T) {
 		return nil
 	}), &memDLQ{}, WithRegisterer(regA))
 	// Both partitions reach the cap and pause.
-	waitFor(t, 30*time.Second, func() bool { return metricValue(t, a.m.paused) == parts })
+	waitMetric(t, 30*time.Second, "paused partitions", a.m.paused, parts)
 
 	// B joins: one partition is revoked from A (its in-flight messages are
 	// dropped after the drain limit) and B handles it.
@@ -371,18 +362,20 @@ func TestPausedPartitionRevokedAndReassignedResumes(t *testing.T) {
 	if err := b.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, func() bool { return handledB.Load() > 0 })
-	waitFor(t, 30*time.Second, func() bool { return metricValue(t, a.m.paused) == 1 })
+	testenv.Eventually(t, 60*time.Second, func() error {
+		return testenv.Check(handledB.Load() > 0, "B handled nothing yet")
+	})
+	waitMetric(t, 30*time.Second, "paused partitions of A", a.m.paused, 1)
 	// B leaves: the partition comes back to A.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := b.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, func() bool {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		return len(a.parts) == parts
+		return testenv.Check(len(a.parts) == parts, "A owns %d partitions, want %d", len(a.parts), parts)
 	})
 	// New records on both partitions, then let A work: every record not
 	// handled by B must reach A, including the returned partition's.
@@ -392,15 +385,16 @@ func TestPausedPartitionRevokedAndReassignedResumes(t *testing.T) {
 	}
 	produce(t, topic, second)
 	closeGate.Do(func() { close(gate) })
-	waitFor(t, 60*time.Second, func() bool {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		mu.Lock()
 		defer mu.Unlock()
+		missing := 0
 		for _, m := range second {
 			if !handledA[m.UpstreamMsgID] {
-				return false
+				missing++
 			}
 		}
-		return true
+		return testenv.Check(missing == 0, "%d of the %d new records not handled by A", missing, len(second))
 	})
 }
 
@@ -410,21 +404,9 @@ func TestPausedPartitionRevokedAndReassignedResumes(t *testing.T) {
 // one. Without the list every one of them would run twice here (no
 // dedup guard, so nothing else stops the second run).
 func TestNewOwnerSkipsWhatThePreviousOwnerFinished(t *testing.T) {
-	cfg, first, aStarted, bDone := stuckBehindA(t)
+	cfg, c1 := stuckBehindA(t)
 	topic := cfg.Kafka.Topics.Main.Name
-	c1, err := New(cfg, first, &memDLQ{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c1.Start(); err != nil {
-		t.Fatal(err)
-	}
-	<-aStarted
-	waitFor(t, 30*time.Second, func() bool { return bDone.Load() == 10 })
-	waitFor(t, 10*time.Second, func() bool {
-		off, meta := committedWithMetadata(t, cfg.Kafka.Consumer.GroupID, topic)
-		return off == 0 && meta == "kfpipe1:1-10"
-	})
+	waitCommittedMetadata(t, 10*time.Second, cfg.Kafka.Consumer.GroupID, topic, 0, "kfpipe1:1-10")
 	c1.abort() // a crash: nothing more is committed
 
 	var aRuns, bRuns atomic.Int64
@@ -436,15 +418,12 @@ func TestNewOwnerSkipsWhatThePreviousOwnerFinished(t *testing.T) {
 		}
 		return nil
 	}), &memDLQ{})
-	waitFor(t, 30*time.Second, func() bool { return aRuns.Load() == 1 })
-	waitFor(t, 10*time.Second, func() bool {
-		off, meta := committedWithMetadata(t, cfg.Kafka.Consumer.GroupID, topic)
-		return off == 11 && meta == ""
-	})
+	waitCount(t, 30*time.Second, "runs of A's message", &aRuns, 1)
+	waitCommittedMetadata(t, 10*time.Second, cfg.Kafka.Consumer.GroupID, topic, 11, "")
 	if n := bRuns.Load(); n != 0 {
 		t.Fatalf("the new owner ran %d of the 10 messages the previous owner had finished", n)
 	}
-	if n := metricValue(t, c2.m.priorFinished); n != 10 {
+	if n := testenv.MetricValue(c2.m.priorFinished); n != 10 {
 		t.Fatalf("kfpipe_consumer_finished_by_previous_owner_total = %v, want 10", n)
 	}
 }
@@ -470,4 +449,14 @@ func committedWithMetadata(t testing.TB, group, topic string) (int64, string) {
 		return -1, meta
 	}
 	return int64(res[0].Offset), meta
+}
+
+// waitCommittedMetadata waits until the group's commit on partition 0 of
+// topic is offset with metadata meta.
+func waitCommittedMetadata(t testing.TB, d time.Duration, group, topic string, offset int64, meta string) {
+	t.Helper()
+	testenv.Eventually(t, d, func() error {
+		off, m := committedWithMetadata(t, group, topic)
+		return testenv.Check(off == offset && m == meta, "committed %d with metadata %q, want %d with %q", off, m, offset, meta)
+	})
 }

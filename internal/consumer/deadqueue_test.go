@@ -141,25 +141,25 @@ func TestBlockedDeadLetterSendBlocksNoDispatch(t *testing.T) {
 	c, ps := queuedConsumer(t, dlq)
 	deadLetterAll(t, c, ps[0], 50)
 	deadLetterAll(t, c, ps[1], 50)
-	waitFor(t, 5*time.Second, func() bool { next, ok := ps[1].tracker.Committable(); return ok && next == 50 })
+	waitCommittable(t, 5*time.Second, ps[1], 50)
 	if n, _ := dlq.sent(1); n != 50 {
 		t.Fatalf("partition 1: %d letters sent, want 50", n)
 	}
 	if got := ps[0].dead.waiting.Load(); got != 50 {
 		t.Fatalf("partition 0: %d letters waiting, want 50", got)
 	}
-	if got := metricValue(t, c.m.deadWaiting.WithLabelValues("0")); got != 50 {
+	if got := testenv.MetricValue(c.m.deadWaiting.WithLabelValues("0")); got != 50 {
 		t.Fatalf("kfpipe_dead_letters_waiting{partition=0} = %v, want 50", got)
 	}
 	if _, ok := ps[0].tracker.Committable(); ok {
 		t.Fatal("partition 0 committable before its dead letters are durable (I6)")
 	}
 	dlq.unblock()
-	waitFor(t, 5*time.Second, func() bool { next, ok := ps[0].tracker.Committable(); return ok && next == 50 })
+	waitCommittable(t, 5*time.Second, ps[0], 50)
 	if n, most := dlq.sent(0); n != 50 || most != 1 {
 		t.Fatalf("partition 0: %d letters sent, one of them %d times; want 50, once each", n, most)
 	}
-	if got := metricValue(t, c.m.deadWaiting.WithLabelValues("0")); got != 0 {
+	if got := testenv.MetricValue(c.m.deadWaiting.WithLabelValues("0")); got != 0 {
 		t.Fatalf("kfpipe_dead_letters_waiting{partition=0} = %v after all were durable", got)
 	}
 }
@@ -172,7 +172,7 @@ func TestDeadLetterRetriedThroughQueue(t *testing.T) {
 	dlq.failFirst = true
 	c, ps := queuedConsumer(t, dlq)
 	deadLetterAll(t, c, ps[0], 10)
-	waitFor(t, 5*time.Second, func() bool { next, ok := ps[0].tracker.Committable(); return ok && next == 10 })
+	waitCommittable(t, 5*time.Second, ps[0], 10)
 	if n, most := dlq.sent(0); n != 10 || most != 2 {
 		t.Fatalf("%d letters, sent at most %d times; want 10, each twice (refused, then durable)", n, most)
 	}
@@ -196,15 +196,16 @@ func TestDeadLetterDetailWhileNotRecorded(t *testing.T) {
 		t.Fatalf("detail before any failure: %q", d)
 	}
 	deadLetterAll(t, c, ps[0], 10)
-	waitFor(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() error {
 		d := c.DeadLetterDetail()
-		return strings.Contains(d, "10 dead letters not recorded") && strings.Contains(d, "no space left on device")
+		return testenv.Check(strings.Contains(d, "10 dead letters not recorded") && strings.Contains(d, "no space left on device"),
+			"dead letter detail %q, want 10 not recorded for lack of space", d)
 	})
 	if _, ok := ps[0].tracker.Committable(); ok {
 		t.Fatal("offsets committable while their dead letters are recorded nowhere (I6)")
 	}
 	dlq.failing.Store(false)
-	waitFor(t, 10*time.Second, func() bool { next, ok := ps[0].tracker.Committable(); return ok && next == 10 })
+	waitCommittable(t, 10*time.Second, ps[0], 10)
 	if d := c.DeadLetterDetail(); d != "" {
 		t.Fatalf("detail after every letter was recorded: %q", d)
 	}
@@ -217,7 +218,7 @@ func TestHaltedDeadQueueLeavesMessagesUnfinished(t *testing.T) {
 	dlq := newStallingDLQ(0)
 	c, ps := queuedConsumer(t, dlq)
 	deadLetterAll(t, c, ps[0], 20)
-	waitFor(t, 5*time.Second, func() bool { return dlq.calls.Load() == 1 }) // the first is in Send
+	waitCount(t, 5*time.Second, "sends", &dlq.calls, 1) // the first is in Send
 	c.stopDeadQueue(ps[0])
 	dlq.unblock()
 	time.Sleep(100 * time.Millisecond)
@@ -261,10 +262,10 @@ func TestPauseReasonsCompose(t *testing.T) {
 		if got := (state{p.paused, p.pausedCap, p.pausedDead}); got != want {
 			t.Fatalf("%s: paused/cap/dead = %+v, want %+v", step, got, want)
 		}
-		if v := metricValue(t, c.m.paused); v != b2f(want.cap) {
+		if v := testenv.MetricValue(c.m.paused); v != b2f(want.cap) {
 			t.Fatalf("%s: kfpipe_partitions_paused = %v", step, v)
 		}
-		if v := metricValue(t, c.m.deadPaused); v != b2f(want.dead) {
+		if v := testenv.MetricValue(c.m.deadPaused); v != b2f(want.dead) {
 			t.Fatalf("%s: kfpipe_partitions_paused_dead_letters = %v", step, v)
 		}
 	}
@@ -291,13 +292,13 @@ func TestPauseReasonsCompose(t *testing.T) {
 	check("and the cap", state{true, true, true})
 	p.dead.waiting.Store(0)
 	check("letters drained, cap holds", state{true, true, false})
-	if v := metricValue(t, c.m.deadPauses); v != 2 {
+	if v := testenv.MetricValue(c.m.deadPauses); v != 2 {
 		t.Fatalf("kfpipe_dead_letter_pauses_total = %v, want 2", v)
 	}
 	p.dead.waiting.Store(9)
 	check("both", state{true, true, true})
 	c.resumeForRevoke(kc, []*partition{p})
-	if p.paused || p.pausedCap || p.pausedDead || metricValue(t, c.m.paused) != 0 || metricValue(t, c.m.deadPaused) != 0 {
+	if p.paused || p.pausedCap || p.pausedDead || testenv.MetricValue(c.m.paused) != 0 || testenv.MetricValue(c.m.deadPaused) != 0 {
 		t.Fatal("revoke left a pause reason or a paused gauge")
 	}
 }
@@ -378,16 +379,19 @@ func TestFullDeadLetterQueuePausesOnlyItsPartition(t *testing.T) {
 	}), dlq, WithRegisterer(prometheus.NewRegistry()))
 	t.Cleanup(dlq.unblock) // runs before the consumer's Close: no sender left blocked
 
-	waitFor(t, 60*time.Second, func() bool { return handled.Load() == good })
-	waitFor(t, 10*time.Second, func() bool { return metricValue(t, c.m.deadPaused) == 1 })
-	if v := metricValue(t, c.m.deadPauses); v != 1 {
+	waitCount(t, 60*time.Second, "handled", &handled, good)
+	waitMetric(t, 10*time.Second, "partitions paused for dead letters", c.m.deadPaused, 1)
+	if v := testenv.MetricValue(c.m.deadPauses); v != 1 {
 		t.Fatalf("kfpipe_dead_letter_pauses_total = %v, want 1", v)
 	}
 	// Partition 0 stops being read: the records read from it are all
 	// letters waiting (once the actors queued theirs), and no more are read.
-	waiting := func() float64 { return metricValue(t, c.m.deadWaiting.WithLabelValues("0")) }
-	consumed := func() float64 { return metricValue(t, c.m.consumed) }
-	waitFor(t, 10*time.Second, func() bool { return waiting() == consumed()-good })
+	waiting := func() float64 { return testenv.MetricValue(c.m.deadWaiting.WithLabelValues("0")) }
+	consumed := func() float64 { return testenv.MetricValue(c.m.consumed) }
+	testenv.Eventually(t, 10*time.Second, func() error {
+		w, read := waiting(), consumed()-good
+		return testenv.Check(w == read, "%v letters waiting, want all %v records read from partition 0", w, read)
+	})
 	read := consumed() - good
 	time.Sleep(time.Second)
 	t.Logf("partition 0 paused with %v of its %d records read, all waiting for the DLQ (mark %d)", read, poison, mark)
@@ -402,9 +406,9 @@ func TestFullDeadLetterQueuePausesOnlyItsPartition(t *testing.T) {
 	}
 
 	dlq.unblock()
-	waitFor(t, 60*time.Second, func() bool {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		got := committed(t, cfg.Kafka.Consumer.GroupID, topic, 2)
-		return got[0] == poison && got[1] == good
+		return testenv.Check(got[0] == poison && got[1] == good, "committed %v, want [%d %d]", got, poison, good)
 	})
 	if n, most := dlq.sent(0); n != poison || most != 1 {
 		t.Fatalf("partition 0: %d records dead-lettered, one of them %d times; want %d, each once", n, most, poison)
@@ -412,8 +416,11 @@ func TestFullDeadLetterQueuePausesOnlyItsPartition(t *testing.T) {
 	if n, _ := dlq.sent(1); n != 0 {
 		t.Fatalf("%d letters from partition 1, whose messages are all good", n)
 	}
-	waitFor(t, 5*time.Second, func() bool { return metricValue(t, c.m.deadPaused) == 0 && waiting() == 0 })
-	if v := metricValue(t, c.m.result(ReasonInvalidMessage)); v != poison {
+	testenv.Eventually(t, 5*time.Second, func() error {
+		p, w := testenv.MetricValue(c.m.deadPaused), waiting()
+		return testenv.Check(p == 0 && w == 0, "%v partitions paused for dead letters, %v letters waiting; want none", p, w)
+	})
+	if v := testenv.MetricValue(c.m.result(ReasonInvalidMessage)); v != poison {
 		t.Fatalf("invalid_message results %v, want %d", v, poison)
 	}
 }

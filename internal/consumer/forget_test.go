@@ -12,6 +12,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // rlLimiter adapts ratelimit.Limiter for the test as the service does.
@@ -67,7 +68,10 @@ func TestIdleActorForgetsUserState(t *testing.T) {
 		if rl.Users() == 0 || br.Users() == 0 {
 			t.Fatalf("no state for any of %d users right after their messages", users)
 		}
-		waitFor(t, 30*time.Second, func() bool { return c.acts.len() == 0 && rl.Users() == 0 && br.Users() == 0 })
+		testenv.Eventually(t, 30*time.Second, func() error {
+			a, l, b := c.acts.len(), rl.Users(), br.Users()
+			return testenv.Check(a == 0 && l == 0 && b == 0, "%s wave: %d actors, limiter state of %d users, breaker state of %d users; want none", name, a, l, b)
+		})
 		return heap()
 	}
 	base := heap()

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
@@ -90,6 +92,45 @@ func committed(t testing.TB, group, topic string, partitions int) []int64 {
 		}
 	}
 	return out
+}
+
+// waitCount waits until the counter n reaches want; what names the count
+// in the timeout's error.
+func waitCount(t testing.TB, d time.Duration, what string, n *atomic.Int64, want int64) {
+	t.Helper()
+	testenv.Eventually(t, d, func() error {
+		got := n.Load()
+		return testenv.Check(got == want, "%s: %d, want %d", what, got, want)
+	})
+}
+
+// waitMetric waits until the counter or gauge m reads want; what names it
+// in the timeout's error.
+func waitMetric(t testing.TB, d time.Duration, what string, m prometheus.Metric, want float64) {
+	t.Helper()
+	testenv.Eventually(t, d, func() error {
+		got := testenv.MetricValue(m)
+		return testenv.Check(got == want, "%s: %v, want %v", what, got, want)
+	})
+}
+
+// waitCommitted waits until the group's committed offset on partition 0 of
+// topic is want.
+func waitCommitted(t testing.TB, d time.Duration, group, topic string, want int64) {
+	t.Helper()
+	testenv.Eventually(t, d, func() error {
+		got := committed(t, group, topic, 1)[0]
+		return testenv.Check(got == want, "committed offset %d, want %d", got, want)
+	})
+}
+
+// waitCommittable waits until p's offsets are committable up to next.
+func waitCommittable(t testing.TB, d time.Duration, p *partition, next int64) {
+	t.Helper()
+	testenv.Eventually(t, d, func() error {
+		got, ok := p.tracker.Committable()
+		return testenv.Check(ok && got == next, "committable %d (%v), want %d", got, ok, next)
+	})
 }
 
 // memDLQ is an in-memory DeadLetters; while gate is non-nil, confirmations

@@ -21,6 +21,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/offsets"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // memState is an in-memory State: every Acquire is a new lease with a
@@ -340,7 +341,7 @@ func TestRetryStopsWhenPartitionDropped(t *testing.T) {
 	if _, ok := p.tracker.Committable(); ok {
 		t.Fatal("message finished; it must be left to the new owner")
 	}
-	if v := metricValue(t, c.m.attempts[attemptAbandoned]); v != 1 {
+	if v := testenv.MetricValue(c.m.attempts[attemptAbandoned]); v != 1 {
 		t.Fatalf("abandoned attempts = %v, want 1", v)
 	}
 }
@@ -361,10 +362,10 @@ func TestRetriesLoggedAndCounted(t *testing.T) {
 	c.log = zap.New(core)
 	p.tracker.Add(1)
 	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
-	if v := metricValue(t, c.m.attempts[attemptFailed]); v != 2 {
+	if v := testenv.MetricValue(c.m.attempts[attemptFailed]); v != 2 {
 		t.Fatalf("failed attempts = %v, want 2", v)
 	}
-	if v := metricValue(t, c.m.attempts[attemptOK]); v != 1 {
+	if v := testenv.MetricValue(c.m.attempts[attemptOK]); v != 1 {
 		t.Fatalf("ok attempts = %v, want 1", v)
 	}
 	retries := logs.FilterMessage("handler attempt failed; retrying").All()
@@ -441,7 +442,10 @@ func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
 	p.tracker.Add(0)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, part: p}
 	c.sendDead(&DeadLetter{Reason: "downstream_error"}, env, c.cfg.Processor.RetryBase)
-	waitFor(t, 5*time.Second, func() bool { return dlq.sends.Load() >= 3 })
+	testenv.Eventually(t, 5*time.Second, func() error {
+		n := dlq.sends.Load()
+		return testenv.Check(n >= 3, "%d sends, want at least 3", n)
+	})
 	c.cancelRun()
 	c.stopRetries()
 	c.retryMu.Lock()

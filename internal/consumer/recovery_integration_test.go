@@ -129,6 +129,27 @@ func (r *recoveryRig) deliveredTo(user string) []string {
 	return append([]string(nil), r.delivered[user]...)
 }
 
+// waitSettled waits until every one of n messages sent had an effect or
+// became a dead letter.
+func (r *recoveryRig) waitSettled(t *testing.T, n int) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		effects, letters := int(r.effects.Load()), len(r.dlq.all())
+		return testenv.Check(effects+letters == n, "%d effects and %d dead letters, want %d in all", effects, letters, n)
+	})
+}
+
+// waitDeliveredOrLettered waits until user has delivered messages, or
+// until there are more than letters dead letters (a wrong refusal, which
+// the caller then reports).
+func (r *recoveryRig) waitDeliveredOrLettered(t *testing.T, user string, delivered, letters int) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, func() error {
+		d, l := len(r.deliveredTo(user)), len(r.dlq.all())
+		return testenv.Check(d == delivered || l > letters, "%d delivered to %s and %d dead letters, want %d delivered", d, user, l, delivered)
+	})
+}
+
 // TestRecoveredLettersDoNotBlockTheUser is the field run of issue 29: the
 // receiver answers 500 for one user's 20 messages (sent one every 3 s, well
 // inside any group), they become downstream_error letters, the receiver is
@@ -151,14 +172,17 @@ func TestRecoveredLettersDoNotBlockTheUser(t *testing.T) {
 				sent = append(sent, start.Add(time.Duration(i)*3*time.Second))
 			}
 			ids := r.send(t, user, sent)
-			waitFor(t, 30*time.Second, func() bool { return len(r.lettersOf(user, ReasonDownstreamError)) == 20 })
+			testenv.Eventually(t, 30*time.Second, func() error {
+				n := len(r.lettersOf(user, ReasonDownstreamError))
+				return testenv.Check(n == 20, "%d downstream_error letters, want 20", n)
+			})
 			if n := len(r.dlq.all()); n != 20 {
 				t.Fatalf("first delivery: %d dead letters %v, want the 20 downstream_error", n, r.dlq.byReason())
 			}
 
 			r.broken.Delete(user) // the receiver is fixed
 			r.reinject(t, r.lettersOf(user, ""))
-			waitFor(t, 30*time.Second, func() bool { return len(r.deliveredTo(user)) == 20 || len(r.dlq.all()) > 20 })
+			r.waitDeliveredOrLettered(t, user, 20, 20)
 			time.Sleep(200 * time.Millisecond) // anything more would show now
 			if n := len(r.dlq.all()); n != 20 {
 				t.Fatalf("the recovery made %d new dead letters: %v", n-20, r.dlq.byReason())
@@ -190,7 +214,7 @@ func TestRetriedFloodOfABlockedBotIsRefusedAgain(t *testing.T) {
 		sent = append(sent, now.Add(time.Duration(i)*20*time.Millisecond))
 	}
 	r.send(t, bot, sent)
-	waitFor(t, 30*time.Second, func() bool { return int(r.effects.Load())+len(r.dlq.all()) == 100 })
+	r.waitSettled(t, 100)
 	refused := r.lettersOf(bot, "")
 	if n := len(r.deliveredTo(bot)); n != 30 || len(refused) != 70 {
 		t.Fatalf("the flood: %d delivered, letters %v; want 30 and 70", n, r.dlq.byReason())
@@ -201,7 +225,10 @@ func TestRetriedFloodOfABlockedBotIsRefusedAgain(t *testing.T) {
 	}
 
 	r.reinject(t, refused)
-	waitFor(t, 30*time.Second, func() bool { return len(r.dlq.all()) >= 140 || int(r.effects.Load()) > 30 })
+	testenv.Eventually(t, 30*time.Second, func() error {
+		letters, effects := len(r.dlq.all()), r.effects.Load()
+		return testenv.Check(letters >= 140 || effects > 30, "%d dead letters and %d effects, want 140 letters (or an effect more than 30)", letters, effects)
+	})
 	time.Sleep(200 * time.Millisecond)
 	if n := r.effects.Load(); n != 30 {
 		t.Fatalf("the retried flood had %d effects more", n-30)
@@ -233,13 +260,13 @@ func TestRefusedLetterJudgedAtItsReinjection(t *testing.T) {
 		sent = append(sent, start.Add(time.Duration(i)*100*time.Millisecond))
 	}
 	ids := r.send(t, user, sent)
-	waitFor(t, 30*time.Second, func() bool { return int(r.effects.Load())+len(r.dlq.all()) == 7 })
+	r.waitSettled(t, 7)
 	refused := r.lettersOf(user, ReasonRateLimited)
 	if len(refused) != 2 || len(r.dlq.all()) != 2 {
 		t.Fatalf("letters %v, want 2 rate_limited", r.dlq.byReason())
 	}
 	r.reinject(t, refused)
-	waitFor(t, 30*time.Second, func() bool { return len(r.deliveredTo(user)) == 7 || len(r.dlq.all()) > 2 })
+	r.waitDeliveredOrLettered(t, user, 7, 2)
 	if n := len(r.dlq.all()); n != 2 {
 		t.Fatalf("the retry made %d new dead letters: %v", n-2, r.dlq.byReason())
 	}

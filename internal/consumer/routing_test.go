@@ -89,7 +89,7 @@ func TestRoutingByKey(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}), dlq, WithLimiter(lim), WithBreaker(br))
-	waitFor(t, 30*time.Second, func() bool { return committed(t, cfg.Kafka.Consumer.GroupID, topic, 1)[0] == int64(len(recs)) })
+	waitCommitted(t, 30*time.Second, cfg.Kafka.Consumer.GroupID, topic, int64(len(recs)))
 	if c.InFlight() != 0 {
 		t.Fatalf("in flight %d", c.InFlight())
 	}
