@@ -2,6 +2,8 @@ package kfpipe_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -11,7 +13,6 @@ import (
 
 	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
@@ -23,32 +24,17 @@ import (
 // done marks); the second run is handed the same messages again, replies
 // under the same key, and WeChat gets no second reply.
 func TestBatchConsumerRuns(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	redisAddr := testenv.RedisAddr(t)
-	_, prefix := testenv.Redis(t)
 	const kfID = "wk-batch"
-	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kfID}})
-	defer fake.Close()
-	mainTopic := testenv.Topic(t, 4)
+	e := newE2E(t, kfID)
+	fake := e.fake
 	words := []string{"my", "order", "1234", "has", "not arrived"}
 	for _, w := range words {
 		fake.AddText(kfID, "u1", w)
 	}
-	produceLog(t, brokers, mainTopic, fake, kfID)
+	e.produce(t)
 
-	cfg, err := kfpipe.LoadConfig(filepath.Join(testenv.RepoRoot(t), "config", "test.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Kafka.Brokers = brokers
-	cfg.Kafka.Topics.Main.Name, cfg.Kafka.Topics.DLQ.Name = mainTopic, testenv.Name(t, "dlq")
-	cfg.Kafka.Consumer.GroupID = testenv.Name(t, "group")
-	cfg.Redis.Addr, cfg.Redis.KeyPrefix = redisAddr, prefix
-	cfg.WeCom.BaseURL, cfg.WeCom.CorpID, cfg.WeCom.Secret = fake.URL(), fake.CorpID(), fake.Secret()
-	cfg.DLQ.EmergencyFile = filepath.Join(t.TempDir(), "emergency.jsonl")
-	cfg.Ops.Addr = "127.0.0.1:0"
+	cfg := e.config(t)
 	cfg.Ops.ShutdownTimeout = 2 * time.Second
-	cfg.RateLimit.DefaultGroup = "whitelist"
 
 	if _, err := kfpipe.NewBatchConsumer(cfg, kfpipe.BatchHandlerFunc(nil), 1, 0); err == nil || !strings.Contains(err.Error(), "size") {
 		t.Fatalf("a batch size of 1: %v, want an error naming size", err)
@@ -79,7 +65,7 @@ func TestBatchConsumerRuns(t *testing.T) {
 		}
 		return nil
 	})
-	runOnce := func(r int, until func() bool) {
+	runOnce := func(r int, until func() error) {
 		t.Helper()
 		mu.Lock()
 		run, batches = r, nil
@@ -91,13 +77,16 @@ func TestBatchConsumerRuns(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- c.Run(ctx) }()
-		waitUntil(t, 60*time.Second, "the batches of run "+string(rune('0'+r)), func() bool {
+		testenv.Eventually(t, 60*time.Second, func() error {
 			select {
 			case err := <-done:
-				t.Fatalf("Run returned early: %v", err)
+				t.Fatalf("run %d: Run returned early: %v", r, err)
 			default:
 			}
-			return until()
+			if err := until(); err != nil {
+				return fmt.Errorf("run %d: %w", r, err)
+			}
+			return nil
 		})
 		cancel()
 		select {
@@ -107,12 +96,12 @@ func TestBatchConsumerRuns(t *testing.T) {
 		}
 	}
 
-	runOnce(1, func() bool {
+	runOnce(1, func() error {
 		select {
 		case <-firstBatchSent:
-			return true
+			return nil
 		default:
-			return false
+			return errors.New("the first batch's reply not sent yet")
 		}
 	})
 	mu.Lock()
@@ -131,7 +120,10 @@ func TestBatchConsumerRuns(t *testing.T) {
 		}
 		return n
 	}
-	runOnce(2, func() bool { return handled() >= len(words) })
+	runOnce(2, func() error {
+		n := handled()
+		return testenv.Check(n >= len(words), "%d messages handed over in batches, want %d", n, len(words))
+	})
 	time.Sleep(300 * time.Millisecond) // a late extra batch or reply would show
 	mu.Lock()
 	defer mu.Unlock()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom"
-	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
@@ -23,19 +21,15 @@ import (
 // message is answered, the servicer's is not, a retry from the DLQ says
 // so in Message; Run returns nil once its context ends.
 func TestNewConsumerRuns(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	redisAddr := testenv.RedisAddr(t)
-	_, prefix := testenv.Redis(t)
 	const kfID = "wk-newconsumer"
-	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kfID}})
-	defer fake.Close()
-	mainTopic := testenv.Topic(t, 4)
+	e := newE2E(t, kfID)
+	fake := e.fake
 	fake.AddText(kfID, "u1", "hello")
 	raw, _ := json.Marshal(map[string]any{"open_kfid": kfID, "external_userid": "u1", "origin": kfpipe.OriginServicer,
 		"servicer_userid": "alice", "msgtype": "text", "text": map[string]any{"content": "Hi, I am Alice"}})
 	fake.Append(kfID, wecom.Message{Raw: raw})
 	fake.AddText(kfID, "u1", "bye")
-	produceLog(t, brokers, mainTopic, fake, kfID)
+	e.produce(t)
 	// A message the DLQ's recovery put back for the second time: its
 	// record carries the recovery's headers.
 	lateID := fake.AddText(kfID, "u2", "late")
@@ -50,21 +44,10 @@ func TestNewConsumerRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 		hs := append(c.Headers(), [2]string{chatmsg.HeaderRetryFromDLQ, "true"}, [2]string{chatmsg.HeaderRetryCount, "2"})
-		testenv.Produce(t, brokers, mainTopic, []testenv.Record{{Key: []byte("u2"), Value: v, Headers: hs}})
+		testenv.Produce(t, e.brokers, e.mainTopic, []testenv.Record{{Key: []byte("u2"), Value: v, Headers: hs}})
 	}
 
-	cfg, err := kfpipe.LoadConfig(filepath.Join(testenv.RepoRoot(t), "config", "test.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Kafka.Brokers = brokers
-	cfg.Kafka.Topics.Main.Name, cfg.Kafka.Topics.DLQ.Name = mainTopic, testenv.Name(t, "dlq")
-	cfg.Kafka.Consumer.GroupID = testenv.Name(t, "group")
-	cfg.Redis.Addr, cfg.Redis.KeyPrefix = redisAddr, prefix
-	cfg.WeCom.BaseURL, cfg.WeCom.CorpID, cfg.WeCom.Secret = fake.URL(), fake.CorpID(), fake.Secret()
-	cfg.DLQ.EmergencyFile = filepath.Join(t.TempDir(), "emergency.jsonl")
-	cfg.Ops.Addr = "127.0.0.1:0"
-	cfg.RateLimit.DefaultGroup = "whitelist"
+	cfg := e.config(t)
 
 	bad := *cfg
 	bad.Processor.RetryAttempts = 0
@@ -102,13 +85,14 @@ func TestNewConsumerRuns(t *testing.T) {
 			t.Error("Run did not return 30 s after its context ended")
 		}
 	}()
-	waitUntil(t, 60*time.Second, "the replies", func() bool {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		select {
 		case err := <-done:
 			t.Fatalf("Run returned early: %v", err)
 		default:
 		}
-		return len(fake.Replies(kfID, "u1")) >= 2 && len(fake.Replies(kfID, "u2")) >= 1
+		u1, u2 := len(fake.Replies(kfID, "u1")), len(fake.Replies(kfID, "u2"))
+		return testenv.Check(u1 >= 2 && u2 >= 1, "u1 got %d replies (want 2), u2 %d (want 1)", u1, u2)
 	})
 	time.Sleep(500 * time.Millisecond) // a reply to the servicer would come between the two
 	rs := fake.Replies(kfID, "u1")

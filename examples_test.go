@@ -3,18 +3,16 @@ package kfpipe_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom"
-	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
 // TestFAQBotEndToEnd builds the examples module (its own go.mod: only
@@ -27,20 +25,10 @@ import (
 // after a lost offset or a re-pull): no reply may reach WeChat a second
 // time.
 func TestFAQBotEndToEnd(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	redisAddr := testenv.RedisAddr(t)
-	_, prefix := testenv.Redis(t)
-	bin := filepath.Join(t.TempDir(), "faqbot")
-	build := exec.Command("go", "build", "-o", bin, "./faqbot")
-	build.Dir = "examples"
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the examples module: %v\n%s", err, out)
-	}
-
+	bin := buildExample(t, "faqbot")
 	const kfID = "wk-faqbot"
-	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kfID}})
-	defer fake.Close()
-	mainTopic, dlqTopic := testenv.Topic(t, 4), testenv.Name(t, "dlq") // the test env's partition count
+	e := newE2E(t, kfID)
+	fake := e.fake
 	fake.AddEvent(kfID, "u-welcome", "enter_session")
 	fake.AddText(kfID, "u-welcome", "hours")
 	fake.AddText(kfID, "u-menu", "menu")
@@ -51,37 +39,8 @@ func TestFAQBotEndToEnd(t *testing.T) {
 	servicerMsg, _ := json.Marshal(map[string]any{"open_kfid": kfID, "external_userid": "u-echo", "origin": 5,
 		"servicer_userid": "alice", "msgtype": "text", "text": map[string]any{"content": "Hi, I am Alice from support"}})
 	fake.Append(kfID, wecom.Message{Raw: servicerMsg})
-	produceLog(t, brokers, mainTopic, fake, kfID)
-
-	start := func(group string) *exec.Cmd {
-		cmd := exec.Command(bin, "--config", filepath.Join(testenv.RepoRoot(t), "config", "test.yaml"))
-		cmd.Env = append(os.Environ(),
-			"KFPIPE_KAFKA_BROKERS="+brokers, "KFPIPE_KAFKA_TOPICS_MAIN_NAME="+mainTopic,
-			"KFPIPE_KAFKA_TOPICS_DLQ_NAME="+dlqTopic, "KFPIPE_KAFKA_CONSUMER_GROUP_ID="+group,
-			"KFPIPE_REDIS_ADDR="+redisAddr, "KFPIPE_REDIS_KEY_PREFIX="+prefix,
-			"KFPIPE_WECOM_BASE_URL="+fake.URL(), "KFPIPE_WECOM_CORP_ID="+fake.CorpID(), "KFPIPE_WECOM_SECRET="+fake.Secret(),
-			"KFPIPE_DLQ_EMERGENCY_FILE="+filepath.Join(t.TempDir(), "emergency.jsonl"), "KFPIPE_OPS_ADDR=127.0.0.1:0",
-			"KFPIPE_RATE_LIMIT_DEFAULT_GROUP=whitelist", "FAQBOT_SERVICER=alice")
-		logf, err := os.Create(filepath.Join(t.TempDir(), group+".log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			_ = cmd.Wait()
-			_ = logf.Close()
-			if t.Failed() {
-				b, _ := os.ReadFile(logf.Name())
-				t.Logf("%s log:\n%s", group, b)
-			}
-		})
-		return cmd
-	}
-	botA := start(testenv.Name(t, "bot-a"))
+	e.produce(t)
+	botA := e.startBot(t, bin, testenv.Name(t, "bot-a"), "FAQBOT_SERVICER=alice")
 
 	want := map[string][]string{
 		"u-welcome": {"Welcome!", "We are open"},
@@ -89,15 +48,15 @@ func TestFAQBotEndToEnd(t *testing.T) {
 		"u-human":   {"Connecting you"},
 		"u-echo":    {"You said: hello there"},
 	}
-	delivered := func() bool {
+	testenv.Eventually(t, 90*time.Second, func() error {
 		for user, texts := range want {
-			if len(fake.Replies(kfID, user)) < len(texts) {
-				return false
+			if n := len(fake.Replies(kfID, user)); n < len(texts) {
+				return fmt.Errorf("%s got %d replies, want %d", user, n, len(texts))
 			}
 		}
-		return len(fake.Transfers()) == 1
-	}
-	waitUntil(t, 90*time.Second, "every reply and the hand-off", delivered)
+		n := len(fake.Transfers())
+		return testenv.Check(n == 1, "%d hand-offs, want 1", n)
+	})
 	check := func(when string) {
 		t.Helper()
 		for user, texts := range want {
@@ -132,11 +91,10 @@ func TestFAQBotEndToEnd(t *testing.T) {
 	// reads the topic from the start. The replies' own marks stop them.
 	_ = botA.Process.Signal(syscall.SIGTERM)
 	_ = botA.Wait()
-	rdb, _ := testenv.Redis(t)
-	ctx := context.Background()
+	rdb, ctx := e.rdb, context.Background()
 	// The done marks: digests in the state store's buckets.
 	countMarks := func() (buckets []string, n int64) {
-		buckets, err := rdb.Keys(ctx, prefix+"st:{*}:d:*").Result()
+		buckets, err := rdb.Keys(ctx, e.prefix+"st:{*}:d:*").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,10 +110,10 @@ func TestFAQBotEndToEnd(t *testing.T) {
 	if err := rdb.Del(ctx, buckets...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	start(testenv.Name(t, "bot-b"))
-	waitUntil(t, 90*time.Second, "every message handled again", func() bool {
+	e.startBot(t, bin, testenv.Name(t, "bot-b"), "FAQBOT_SERVICER=alice")
+	testenv.Eventually(t, 90*time.Second, func() error {
 		_, n := countMarks()
-		return n == marks
+		return testenv.Check(n == marks, "%d messages handled again (done marks), want %d", n, marks)
 	})
 	check("after every message was handled again")
 }
@@ -169,33 +127,5 @@ func TestExamplesUnitTests(t *testing.T) {
 	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go test in the examples module: %v\n%s", err, out)
-	}
-}
-
-// produceLog writes kfID's messages in the fake as kf-producer would:
-// keyed by user, chatmsg-encoded with its headers.
-func produceLog(t *testing.T, brokers, topic string, fake *wecomtest.Server, kfID string) {
-	t.Helper()
-	var recs []testenv.Record
-	for i, m := range fake.Messages(kfID) {
-		c := &chatmsg.ChatMessage{MessageID: int64(i + 1), UpstreamMsgID: m.MsgID, OpenKfID: kfID, ExternalUserID: m.ExternalUserID,
-			MsgType: m.MsgType, Origin: m.Origin, SendTime: m.SendTime, ProducedAt: time.Now().UnixMilli(), Content: m.Raw}
-		v, err := chatmsg.Encode(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, testenv.Record{Key: []byte(c.ExternalUserID), Value: v, Headers: c.Headers()})
-	}
-	testenv.Produce(t, brokers, topic, recs)
-}
-
-func waitUntil(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }

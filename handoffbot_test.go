@@ -3,11 +3,7 @@ package kfpipe_test
 import (
 	"bytes"
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,7 +12,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
 // TestHandoffBotEndToEnd builds examples/handoffbot and runs it on the real
@@ -34,68 +29,15 @@ import (
 // The photo is in the media store before the handler runs: the bot's
 // thank-you gives its size, which it reads from the store.
 func TestHandoffBotEndToEnd(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	redisAddr := testenv.RedisAddr(t)
-	rdb, prefix := testenv.Redis(t)
-	ctx := context.Background()
-	bin := filepath.Join(t.TempDir(), "handoffbot")
-	build := exec.Command("go", "build", "-o", bin, "./handoffbot")
-	build.Dir = "examples"
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the examples module: %v\n%s", err, out)
-	}
+	bin := buildExample(t, "handoffbot")
 	const kfID = "wk-handoff"
-	fake := wecomtest.New(wecomtest.Options{Accounts: []string{kfID}})
-	defer fake.Close()
-	mainTopic, dlqTopic := testenv.Topic(t, 4), testenv.Name(t, "dlq")
-	produced := 0
-	produce := func() { // what the fake's log holds beyond what was produced
-		t.Helper()
-		var recs []testenv.Record
-		msgs := fake.Messages(kfID)
-		for i, m := range msgs[produced:] {
-			c := &chatmsg.ChatMessage{MessageID: int64(produced + i + 1), UpstreamMsgID: m.MsgID, OpenKfID: kfID,
-				ExternalUserID: m.ExternalUserID, MsgType: m.MsgType, Origin: m.Origin, SendTime: m.SendTime,
-				ProducedAt: time.Now().UnixMilli(), Content: m.Raw}
-			v, err := chatmsg.Encode(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			recs = append(recs, testenv.Record{Key: []byte(c.ExternalUserID), Value: v, Headers: c.Headers()})
-		}
-		produced = len(msgs)
-		testenv.Produce(t, brokers, mainTopic, recs)
-	}
+	e := newE2E(t, kfID)
+	fake, rdb, prefix, ctx := e.fake, e.rdb, e.prefix, context.Background()
 	// seen: the message is marked done in the state store.
 	seen := func(msgid string) bool {
 		return markedDone(ctx, rdb, prefix, (&chatmsg.ChatMessage{OpenKfID: kfID, UpstreamMsgID: msgid}).DedupKey())
 	}
-
-	cmd := exec.Command(bin, "--config", filepath.Join(testenv.RepoRoot(t), "config", "test.yaml"))
-	cmd.Env = append(os.Environ(),
-		"KFPIPE_KAFKA_BROKERS="+brokers, "KFPIPE_KAFKA_TOPICS_MAIN_NAME="+mainTopic,
-		"KFPIPE_KAFKA_TOPICS_DLQ_NAME="+dlqTopic, "KFPIPE_KAFKA_CONSUMER_GROUP_ID="+testenv.Name(t, "handoff"),
-		"KFPIPE_REDIS_ADDR="+redisAddr, "KFPIPE_REDIS_KEY_PREFIX="+prefix,
-		"KFPIPE_WECOM_BASE_URL="+fake.URL(), "KFPIPE_WECOM_CORP_ID="+fake.CorpID(), "KFPIPE_WECOM_SECRET="+fake.Secret(),
-		"KFPIPE_DLQ_EMERGENCY_FILE="+filepath.Join(t.TempDir(), "emergency.jsonl"), "KFPIPE_OPS_ADDR=127.0.0.1:0",
-		"KFPIPE_RATE_LIMIT_DEFAULT_GROUP=whitelist", "HANDOFFBOT_SERVICER=alice")
-	logf, err := os.Create(filepath.Join(t.TempDir(), "handoffbot.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("handoffbot log:\n%s", b)
-		}
-	})
+	e.startBot(t, bin, testenv.Name(t, "handoff"), "HANDOFFBOT_SERVICER=alice")
 
 	// The photo, then a message while alice serves.
 	// A 3,000-byte photo: the bot's thank-you gives its size, read from
@@ -105,9 +47,11 @@ func TestHandoffBotEndToEnd(t *testing.T) {
 	quiet := fake.AddText(kfID, "u-photo", "hello? did you get it?")
 	// A customer the bot answered, so its state is cached.
 	fake.AddText(kfID, "u-race", "hi")
-	produce()
-	waitUntil(t, 90*time.Second, "the photo handed over and u-race answered", func() bool {
-		return len(fake.Replies(kfID, "u-photo")) >= 2 && len(fake.Replies(kfID, "u-race")) == 1 && seen(quiet)
+	e.produce(t)
+	testenv.Eventually(t, 90*time.Second, func() error {
+		photo, race, quietSeen := len(fake.Replies(kfID, "u-photo")), len(fake.Replies(kfID, "u-race")), seen(quiet)
+		return testenv.Check(photo >= 2 && race == 1 && quietSeen,
+			"u-photo got %d replies (want 2), u-race %d (want 1), the quiet message handled: %v", photo, race, quietSeen)
 	})
 	time.Sleep(2 * time.Second) // the quiet message: nothing may arrive
 	rs := fake.Replies(kfID, "u-photo")
@@ -122,15 +66,18 @@ func TestHandoffBotEndToEnd(t *testing.T) {
 	// alice takes u-race at WeChat; the pipeline has not seen the event yet.
 	fake.SetSessionState(kfID, "u-race", 3, "alice")
 	refused := fake.AddText(kfID, "u-race", "where is my parcel?")
-	produce()
-	waitUntil(t, 60*time.Second, "u-race's refused reply recorded as skipped", func() bool {
-		return rdb.Get(ctx, prefix+"replyskip:"+kfID+":"+refused).Val() == "servicer_session"
+	e.produce(t)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		v := rdb.Get(ctx, prefix+"replyskip:"+kfID+":"+refused).Val()
+		return testenv.Check(v == "servicer_session", "u-race's refused reply recorded as skipped for %q, want servicer_session", v)
 	})
 	// The event arrives; the next message finds the bot quiet.
 	fake.ServicerTakes(kfID, "u-race", "alice")
 	last := fake.AddText(kfID, "u-race", "ok, thanks")
-	produce()
-	waitUntil(t, 60*time.Second, "u-race's last message handled", func() bool { return seen(last) })
+	e.produce(t)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		return testenv.Check(seen(last), "u-race's last message not handled yet")
+	})
 	time.Sleep(2 * time.Second)
 	if rs := fake.Replies(kfID, "u-race"); len(rs) != 1 {
 		t.Fatalf("u-race got %d replies, want only the first (the bot is quiet while alice serves)", len(rs))
@@ -138,7 +85,7 @@ func TestHandoffBotEndToEnd(t *testing.T) {
 	if d := fake.DuplicateMsgIDs(); d != 0 {
 		t.Fatalf("%d replies reached WeChat a second time", d)
 	}
-	if letters := testenv.ReadTopic(t, brokers, dlqTopic); len(letters) != 0 {
+	if letters := testenv.ReadTopic(t, e.brokers, e.dlqTopic); len(letters) != 0 {
 		t.Fatalf("%d dead letters, want none", len(letters))
 	}
 }

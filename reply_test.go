@@ -177,8 +177,8 @@ func TestDifferentReplyOnRerunIsReported(t *testing.T) {
 		}
 	}
 	assertReplies(t, rig.fake, "u4", "one")
-	if n := counterValue(t, rig.reg, "kfpipe_reply_mismatch_total"); n != 1 || rig.fx.Mismatches() != 1 {
-		t.Fatalf("kfpipe_reply_mismatch_total = %v (Mismatches %d), want 1", n, rig.fx.Mismatches())
+	if n, ok := testenv.Gathered(t, rig.reg, "kfpipe_reply_mismatch_total"); !ok || n != 1 || rig.fx.Mismatches() != 1 {
+		t.Fatalf("kfpipe_reply_mismatch_total = %v (registered: %v, Mismatches %d), want 1", n, ok, rig.fx.Mismatches())
 	}
 	warns := rig.logs.FilterMessageSnippet("different reply").All()
 	if len(warns) != 1 {
@@ -229,49 +229,10 @@ func TestRoutineRefusalFinishesMessage(t *testing.T) {
 		t.Fatalf("unknown user: %v, want a permanent error", err)
 	}
 	for reason, want := range map[string]float64{"reply_window": 1, "session_ended": 1, "welcome_code_expired": 0} {
-		if n := labeledValue(t, rig.reg, "kfpipe_reply_refusals_total", "reason", reason); n != want {
-			t.Errorf("kfpipe_reply_refusals_total{reason=%q} = %v, want %v", reason, n, want)
+		if n, ok := testenv.Gathered(t, rig.reg, "kfpipe_reply_refusals_total", "reason", reason); !ok || n != want {
+			t.Errorf("kfpipe_reply_refusals_total{reason=%q} = %v (series present: %v), want %v", reason, n, ok, want)
 		}
 	}
-}
-
-// labeledValue returns the value of the counter name{label=value}.
-func labeledValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no metric %s{%s=%q}", name, label, value)
-	return 0
-}
-
-// counterValue returns the value of the registered counter named name.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }
 
 // TestWebhookAnswerRepliesOnce: the replies in an http receiver's answer
