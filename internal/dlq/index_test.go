@@ -19,12 +19,35 @@ func testRecovery() config.Recovery {
 		TTL: map[string]time.Duration{"rate_limited": time.Hour}, DefaultTTL: 24 * time.Hour, LockTTL: time.Second}
 }
 
+// testIndex is an index on rdb under prefix at clk's time, its letters in
+// mem.
+func testIndex(rdb redis.UniversalClient, prefix string, clk Clock) *Index {
+	return NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+}
+
+// indexRig is a test's index on rdb under prefix, the manual clock it
+// reads and the placement policy of testRecovery.
+func indexRig(rdb redis.UniversalClient, prefix string) (*manualClock, *Index, *Policy) {
+	clk := newClock()
+	return clk, testIndex(rdb, prefix, clk), NewPolicy(testRecovery())
+}
+
+// placeIndexed places each letter with pol and indexes it; an indexing
+// error fails the test.
+func placeIndexed(t testing.TB, ctx context.Context, idx *Index, pol *Policy, dls ...*DeadLetterMessage) {
+	t.Helper()
+	for _, dl := range dls {
+		pol.Place(ctx, dl)
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
+			t.Fatalf("index %s: %v", dl.ID, err)
+		}
+	}
+}
+
 func TestIndexIdempotent(t *testing.T) { testenv.EachRedis(t, eachIndexIdempotent) }
 
 func eachIndexIdempotent(t *testing.T, rdb redis.UniversalClient, prefix string) {
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
-	pol := NewPolicy(testRecovery())
+	clk, idx, pol := indexRig(rdb, prefix)
 	ctx := context.Background()
 	dl := deadLetter("u1", ReasonRateLimited, 7, clk.Now())
 	pol.Place(ctx, dl)
@@ -72,9 +95,7 @@ func TestIndexListPaginationAndFilters(t *testing.T) {
 }
 
 func eachIndexListPaginationAndFilters(t *testing.T, rdb redis.UniversalClient, prefix string) {
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
-	pol := NewPolicy(testRecovery())
+	clk, idx, pol := indexRig(rdb, prefix)
 	ctx := context.Background()
 	users := []string{"ann", "ben", "cat"}
 	reasons := []Reason{ReasonRateLimited, ReasonInvalidMessage}
@@ -82,10 +103,7 @@ func eachIndexListPaginationAndFilters(t *testing.T, rdb redis.UniversalClient, 
 	for i := range 25 {
 		// Several share a failure millisecond, to exercise the cursor's tie break.
 		dl := deadLetter(users[i%3], reasons[i%2], int64(i), clk.Now().Add(time.Duration(i/3)*time.Millisecond))
-		pol.Place(ctx, dl)
-		if _, err := indexDL(t, ctx, idx, dl); err != nil {
-			t.Fatal(err)
-		}
+		placeIndexed(t, ctx, idx, pol, dl)
 		want[dl.ID] = dl
 	}
 	yes, no := true, false
@@ -184,9 +202,7 @@ func eachIndexListPaginationAndFilters(t *testing.T, rdb redis.UniversalClient, 
 func TestPurgeExpiredByReasonTTL(t *testing.T) { testenv.EachRedis(t, eachPurgeExpiredByReasonTTL) }
 
 func eachPurgeExpiredByReasonTTL(t *testing.T, rdb redis.UniversalClient, prefix string) {
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
-	pol := NewPolicy(testRecovery()) // rate_limited 1h, others 24h
+	clk, idx, pol := indexRig(rdb, prefix) // rate_limited 1h, others 24h
 	ctx := context.Background()
 	var short, long []*DeadLetterMessage
 	for i := range 6 {
@@ -195,10 +211,7 @@ func eachPurgeExpiredByReasonTTL(t *testing.T, rdb redis.UniversalClient, prefix
 			r = ReasonDownstreamError
 		}
 		dl := deadLetter("fay", r, int64(i), clk.Now())
-		pol.Place(ctx, dl)
-		if _, err := indexDL(t, ctx, idx, dl); err != nil {
-			t.Fatal(err)
-		}
+		placeIndexed(t, ctx, idx, pol, dl)
 		if r == ReasonRateLimited {
 			short = append(short, dl)
 		} else {
@@ -352,19 +365,14 @@ func eachIndexFullRefusesNewEntriesOnly(t *testing.T, rdb redis.UniversalClient,
 func TestIndexInflow(t *testing.T) { testenv.EachRedis(t, eachIndexInflow) }
 
 func eachIndexInflow(t *testing.T, rdb redis.UniversalClient, prefix string) {
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
-	pol := NewPolicy(testRecovery())
+	clk, idx, pol := indexRig(rdb, prefix)
 	ctx := context.Background()
 	to := clk.Now()
 	// Minutes before to: rate_limited at 1, 1, 7 and 90 (outside the
 	// hour); invalid_message at 59.
 	put := func(i int64, r Reason, minutesAgo int) {
 		dl := deadLetter("u", r, i, to.Add(-time.Duration(minutesAgo)*time.Minute+time.Second))
-		pol.Place(ctx, dl)
-		if _, err := indexDL(t, ctx, idx, dl); err != nil {
-			t.Fatal(err)
-		}
+		placeIndexed(t, ctx, idx, pol, dl)
 	}
 	put(1, ReasonRateLimited, 1)
 	put(2, ReasonRateLimited, 1)
@@ -399,15 +407,10 @@ func TestMovedEventAfterRetryIsStale(t *testing.T) {
 }
 
 func eachMovedEventAfterRetryIsStale(t *testing.T, rdb redis.UniversalClient, prefix string) {
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
-	pol := NewPolicy(testRecovery())
+	clk, idx, pol := indexRig(rdb, prefix)
 	ctx := context.Background()
 	dl := deadLetter("u1", ReasonDownstreamError, 7, clk.Now())
-	pol.Place(ctx, dl)
-	if _, err := indexDL(t, ctx, idx, dl); err != nil {
-		t.Fatal(err)
-	}
+	placeIndexed(t, ctx, idx, pol, dl)
 	// The operator's retry: moved live (attempts 0 at the move) …
 	at := clk.Now()
 	attempts, err := idx.move(ctx, dl.ID, StateDue, at)

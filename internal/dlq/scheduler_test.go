@@ -54,14 +54,10 @@ func TestSchedulerRetriesWhenDue(t *testing.T) { testenv.EachRedis(t, eachSchedu
 func eachSchedulerRetriesWhenDue(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	brokers := testenv.KafkaBrokers(t)
 	mainTopic := testenv.Topic(t, 2)
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	clk, idx, pol := indexRig(rdb, prefix)
 	ctx := context.Background()
 	dl := deadLetter("ivy", ReasonDownstreamError, 3, clk.Now())
-	NewPolicy(testRecovery()).Place(ctx, dl)
-	if _, err := indexDL(t, ctx, idx, dl); err != nil {
-		t.Fatal(err)
-	}
+	placeIndexed(t, ctx, idx, pol, dl)
 	dlqTopic := testenv.Topic(t, 2)
 	s := newSchedulerDLQ(t, brokers, mainTopic, dlqTopic, idx, clk)
 
@@ -106,16 +102,13 @@ func eachSchedulerRetriesWhenDue(t *testing.T, rdb redis.UniversalClient, prefix
 	// after max retries it goes to review.
 	again := New(Source{Topic: mainTopic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
 		Key: m.Key, Value: m.Value, Headers: toHeaders(m)}, ReasonDownstreamError, "again", clk.Now())
-	NewPolicy(testRecovery()).Place(ctx, again)
+	pol.Place(ctx, again)
 	if again.RetryCount != 1 || again.NextRetryTime.Sub(clk.Now()) != 2*time.Minute {
 		t.Fatalf("again: retry %d next %v", again.RetryCount, again.NextRetryTime)
 	}
 	last := deadLetter("ivy", ReasonDownstreamError, 4, clk.Now())
 	last.RetryCount = 5
-	NewPolicy(testRecovery()).Place(ctx, last)
-	if _, err := indexDL(t, ctx, idx, last); err != nil {
-		t.Fatal(err)
-	}
+	placeIndexed(t, ctx, idx, pol, last)
 	if st, _ := idx.Stats(ctx); st.Review != 1 {
 		t.Fatalf("exhausted not in review: %+v", st)
 	}
@@ -133,14 +126,10 @@ func toHeaders(m *kafka.Message) []Header {
 // again after its lease.
 func TestSchedulerNoAckNoIndexUpdate(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	clk, idx, pol := indexRig(rdb, prefix)
 	ctx := context.Background()
 	dl := deadLetter("jay", ReasonQueueFull, 1, clk.Now())
-	NewPolicy(testRecovery()).Place(ctx, dl)
-	if _, err := indexDL(t, ctx, idx, dl); err != nil {
-		t.Fatal(err)
-	}
+	placeIndexed(t, ctx, idx, pol, dl)
 	cfg := testConfig(t, "127.0.0.1:1", "nowhere", "unused")
 	cfg.Kafka.Producer.DeliveryTimeout = 500 * time.Millisecond
 	cfg.Kafka.Producer.LingerMs = 0
@@ -175,19 +164,15 @@ func TestTwoSchedulersSendOnce(t *testing.T) { testenv.EachRedis(t, eachTwoSched
 func eachTwoSchedulersSendOnce(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	brokers := testenv.KafkaBrokers(t)
 	mainTopic := testenv.Topic(t, 2)
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	clk, idx, pol := indexRig(rdb, prefix)
 	ctx := context.Background()
 	const n = 30
 	for i := range n {
 		dl := deadLetter("user-"+strconv.Itoa(i%7), ReasonDownstreamError, int64(i), clk.Now())
-		NewPolicy(testRecovery()).Place(ctx, dl)
-		if _, err := indexDL(t, ctx, idx, dl); err != nil {
-			t.Fatal(err)
-		}
+		placeIndexed(t, ctx, idx, pol, dl)
 	}
 	a := newScheduler(t, brokers, mainTopic, idx, clk)
-	b := newScheduler(t, brokers, mainTopic, NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem)), clk)
+	b := newScheduler(t, brokers, mainTopic, testIndex(rdb, prefix, clk), clk)
 	a.Start()
 	b.Start()
 	clk.Add(time.Minute)
@@ -217,14 +202,10 @@ func TestSchedulerRestartLosesNothing(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	mainTopic := testenv.Topic(t, 1)
 	rdb, prefix := testenv.Redis(t)
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	clk, idx, pol := indexRig(rdb, prefix)
 	ctx := context.Background()
 	dl := deadLetter("kim", ReasonCircuitOpen, 1, clk.Now())
-	NewPolicy(testRecovery()).Place(ctx, dl)
-	if _, err := indexDL(t, ctx, idx, dl); err != nil {
-		t.Fatal(err)
-	}
+	placeIndexed(t, ctx, idx, pol, dl)
 	first := newScheduler(t, brokers, mainTopic, idx, clk)
 	first.Start()
 	time.Sleep(100 * time.Millisecond) // it scans, nothing is due
@@ -232,7 +213,7 @@ func TestSchedulerRestartLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Add(time.Minute)
-	second := newScheduler(t, brokers, mainTopic, NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem)), clk)
+	second := newScheduler(t, brokers, mainTopic, testIndex(rdb, prefix, clk), clk)
 	second.Start()
 	testenv.Eventually(t, 10*time.Second, func() error {
 		e, err := idx.Get(ctx, dl.ID)
@@ -392,24 +373,16 @@ func TestSchedulerHoldsLettersOfABlockedUser(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	mainTopic := testenv.Topic(t, 1)
 	rdb, prefix := testenv.Redis(t)
-	clk := newClock()
-	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	clk, idx, unaware := indexRig(rdb, prefix) // placement did not know of the block
 	ctx := context.Background()
-	unaware := NewPolicy(testRecovery()) // placement did not know of the block
 	var held []*DeadLetterMessage
 	for i := range 3 {
 		dl := deadLetter("bot", ReasonRateLimited, int64(i), clk.Now())
-		unaware.Place(ctx, dl)
-		if _, err := indexDL(t, ctx, idx, dl); err != nil {
-			t.Fatal(err)
-		}
+		placeIndexed(t, ctx, idx, unaware, dl)
 		held = append(held, dl)
 	}
 	other := deadLetter("person", ReasonRateLimited, 10, clk.Now())
-	unaware.Place(ctx, other)
-	if _, err := indexDL(t, ctx, idx, other); err != nil {
-		t.Fatal(err)
-	}
+	placeIndexed(t, ctx, idx, unaware, other)
 	blockEnd := clk.Now().Add(time.Hour)
 	cfg := testConfig(t, brokers, mainTopic, testenv.Topic(t, 2))
 	pol := NewPolicy(testRecovery(), WithBlockLookup(blockedUsers{"bot": blockEnd}))
