@@ -55,6 +55,42 @@ func msgs(sendTime int64, keys ...string) []Item {
 	return out
 }
 
+// takenOver has owner a acquire partition p of topic "t", cuts it off
+// from Redis and has owner b take the partition after the lease and the
+// grace; it returns a's store, a's lease and b's.
+func takenOver(t *testing.T, rdb redis.UniversalClient, prefix string, p int32) (*Store, *Lease, *Lease) {
+	t.Helper()
+	a := newStore(t, rdb, prefix, "a", nil)
+	b := newStore(t, rdb, prefix, "b", nil)
+	la := acquire(t, a, "t", p, 2*time.Second)
+	cutOff(t, la)
+	return a, la, acquire(t, b, "t", p, 2*time.Second)
+}
+
+// numbered is n items keyed name0, name1, … sent at sendTime.
+func numbered(name string, n int, sendTime int64) []Item {
+	out := make([]Item, n)
+	for i := range out {
+		out[i] = Item{Key: fmt.Sprintf("%s%d", name, i), SendTime: sendTime}
+	}
+	return out
+}
+
+// mustAllSeen fails the test unless l finds every item marked done (read
+// within d); when says at what point of the test.
+func mustAllSeen(t *testing.T, l *Lease, items []Item, d time.Duration, when string) {
+	t.Helper()
+	seen, err := l.Seen(ctxT(t, d), items)
+	if err != nil {
+		t.Fatalf("%s: Seen: %v", when, err)
+	}
+	for i, v := range seen {
+		if !v {
+			t.Fatalf("%s: item %d (%s) not marked", when, i, items[i].Key)
+		}
+	}
+}
+
 // cutOff cuts the lease's owner off from Redis (not from Kafka): its
 // renewals fail, it loses the lease by its own clock, and Redis lets
 // another owner take it after the lease and the grace.
@@ -196,11 +232,7 @@ func TestHole1FencedMarkIsRecorded(t *testing.T) {
 // look-ups read Redis when the message runs, not a copy taken at takeover.
 func TestHole2LateMarkSeenByNewOwner(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
-	a := newStore(t, rdb, prefix, "a", nil)
-	b := newStore(t, rdb, prefix, "b", nil)
-	la := acquire(t, a, "t", 1, 2*time.Second)
-	cutOff(t, la)
-	lb := acquire(t, b, "t", 1, 2*time.Second)
+	_, la, lb := takenOver(t, rdb, prefix, 1)
 	if seen, err := lb.Seen(ctxT(t, time.Second), msgs(900, "late")); err != nil || seen[0] {
 		t.Fatalf("before the late mark: %v %v", seen, err)
 	}
@@ -220,11 +252,7 @@ func TestHole2LateMarkSeenByNewOwner(t *testing.T) {
 // the owner must Acquire anew (a new token, renewed).
 func TestHole3LostLeaseStaysLost(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
-	a := newStore(t, rdb, prefix, "a", nil)
-	b := newStore(t, rdb, prefix, "b", nil)
-	la := acquire(t, a, "t", 2, 2*time.Second)
-	cutOff(t, la)
-	lb := acquire(t, b, "t", 2, 2*time.Second)
+	a, la, lb := takenOver(t, rdb, prefix, 2)
 	// The stated window: the new owner starts no earlier than the grace
 	// after the old owner's own deadline (one machine, one clock here).
 	if took, dl := time.Now(), la.Deadline(); took.Before(dl.Add(a.grace())) {
@@ -341,22 +369,11 @@ func TestHole5MarkAfterScriptFlush(t *testing.T) {
 	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var items []Item
-	for i := range 40 {
-		items = append(items, Item{Key: fmt.Sprintf("k%d", i), SendTime: 1000})
-	}
+	items := numbered("k", 40, 1000)
 	if err := l.Mark(ctxT(t, time.Second), 40, items); err != nil {
 		t.Fatalf("Mark after SCRIPT FLUSH = %v, want accepted", err)
 	}
-	seen, err := l.Seen(ctxT(t, time.Second), items)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, v := range seen {
-		if !v {
-			t.Fatalf("item %d not marked after SCRIPT FLUSH", i)
-		}
-	}
+	mustAllSeen(t, l, items, time.Second, "after SCRIPT FLUSH")
 }
 
 // Hole 6: marks live TTL after their last write whatever the message's
@@ -506,15 +523,7 @@ func TestMarkerBatches(t *testing.T) {
 	if m.sends > 20 {
 		t.Errorf("%d Mark calls for 1000 messages in batches of 100", m.sends)
 	}
-	seen, err := l.Seen(ctxT(t, time.Second), items)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, v := range seen {
-		if !v {
-			t.Fatalf("message %d not marked", i)
-		}
-	}
+	mustAllSeen(t, l, items, time.Second, "after the marker's batches")
 	if hw, _ := rdb.HGet(context.Background(), s.ownKey("t", 0), "hw").Int64(); hw != 999 {
 		t.Errorf("hw %d, want 999", hw)
 	}
@@ -529,11 +538,7 @@ func TestMarkerBatches(t *testing.T) {
 // A fenced marker's marks are recorded and every done says ErrFenced.
 func TestMarkerFenced(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
-	a := newStore(t, rdb, prefix, "a", nil)
-	b := newStore(t, rdb, prefix, "b", nil)
-	la := acquire(t, a, "t", 0, 2*time.Second)
-	cutOff(t, la)
-	lb := acquire(t, b, "t", 0, 2*time.Second)
+	_, la, lb := takenOver(t, rdb, prefix, 0)
 	m := la.NewMarker(time.Millisecond, 10)
 	errs := make(chan error, 3)
 	for i := range 3 {
@@ -556,22 +561,11 @@ func TestMarkLargeBatch(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	s := newStore(t, rdb, prefix, "a", nil)
 	l := acquire(t, s, "t", 0, 2*time.Second)
-	items := make([]Item, 9000)
-	for i := range items {
-		items[i] = Item{Key: fmt.Sprintf("big%d", i), SendTime: 7}
-	}
+	items := numbered("big", 9000, 7)
 	if err := l.Mark(ctxT(t, 5*time.Second), 8999, items); err != nil {
 		t.Fatalf("Mark of 9000 = %v", err)
 	}
-	seen, err := l.Seen(ctxT(t, 5*time.Second), items)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, v := range seen {
-		if !v {
-			t.Fatalf("item %d not marked", i)
-		}
-	}
+	mustAllSeen(t, l, items, 5*time.Second, "after a Mark of 9000")
 }
 
 // TestDoneAnywhere: a reader that knows a message but not its partition
