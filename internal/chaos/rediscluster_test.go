@@ -112,6 +112,28 @@ func partitionSlots(p *Pipeline) []int {
 	return out
 }
 
+// clusterScenario starts the cluster scenarios' pipeline: two consumers,
+// six partitions, every daemon on a Redis Cluster of the scenario's own,
+// the Sink fencing (it keeps the newest lease token per user and refuses
+// older ones, counted as fenced_refused), and the stall bound around *at,
+// the fault's time, which the fault sets: every message sent from 5 s
+// before it to 30 s after takes effect within 30 s. The load is 10,000
+// messages of 500 users at 200/s.
+func clusterScenario(t *testing.T, at *time.Time) (*redisCluster, *Pipeline, Load) {
+	t.Helper()
+	svc := NeedServices(t)
+	rc := startRedisCluster(t, chaosClusterPort)
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: rc.Seeds[0], Kcat: svc.Kcat, Consumers: 2,
+		Partitions: 6, SinkSleep: time.Millisecond, ClusterAddrs: rc.Seeds})
+	p.Sink.Fence(true)
+	stall := stallJudge(at, 30*time.Second, 30*time.Second)
+	p.Opts.Judge = func(ev *Evidence, rep *Report) {
+		rep.Extra("fenced_refused", p.Sink.Fenced())
+		stall(ev, rep)
+	}
+	return rc, p, Load{Total: 10000, Users: 500, Rate: 200}
+}
+
 // stallJudge adds the stall bound of a fault at *at: the longest a message
 // sent within [at-5s, at+window] waited for its effect (max_effect_wait),
 // a problem past limit.
@@ -170,18 +192,8 @@ func stallJudge(at *time.Time, window, limit time.Duration) func(ev *Evidence, r
 // the first effect lay within Options.FailoverWindow before the kill.
 func TestChaosClusterFailover(t *testing.T) {
 	SkipUnlessFull(t)
-	svc := NeedServices(t)
-	rc := startRedisCluster(t, chaosClusterPort)
-	load := Load{Total: 10000, Users: 500, Rate: 200}
-	p := Start(t, Options{Brokers: svc.Brokers, Redis: rc.Seeds[0], Kcat: svc.Kcat, Consumers: 2,
-		Partitions: 6, SinkSleep: time.Millisecond, ClusterAddrs: rc.Seeds})
-	p.Sink.Fence(true)
 	var down time.Time
-	stall := stallJudge(&down, 30*time.Second, 30*time.Second)
-	p.Opts.Judge = func(ev *Evidence, rep *Report) {
-		rep.Extra("fenced_refused", p.Sink.Fenced())
-		stall(ev, rep)
-	}
+	rc, p, load := clusterScenario(t, &down)
 	Run(t, "cluster-failover", p, load, 4*time.Minute, func(ctx context.Context, p *Pipeline, rec *Report) error {
 		if !Pause(ctx, 15*time.Second, 18*time.Second) {
 			return ctx.Err()
@@ -250,18 +262,8 @@ func TestChaosClusterFailover(t *testing.T) {
 // effect within 30 s (max_effect_wait).
 func TestChaosClusterReshard(t *testing.T) {
 	SkipUnlessFull(t)
-	svc := NeedServices(t)
-	rc := startRedisCluster(t, chaosClusterPort)
-	load := Load{Total: 10000, Users: 500, Rate: 200}
-	p := Start(t, Options{Brokers: svc.Brokers, Redis: rc.Seeds[0], Kcat: svc.Kcat, Consumers: 2,
-		Partitions: 6, SinkSleep: time.Millisecond, ClusterAddrs: rc.Seeds})
-	p.Sink.Fence(true)
 	var moved time.Time
-	stall := stallJudge(&moved, 30*time.Second, 30*time.Second)
-	p.Opts.Judge = func(ev *Evidence, rep *Report) {
-		rep.Extra("fenced_refused", p.Sink.Fenced())
-		stall(ev, rep)
-	}
+	rc, p, load := clusterScenario(t, &moved)
 	Run(t, "cluster-reshard", p, load, 4*time.Minute, func(ctx context.Context, p *Pipeline, rec *Report) error {
 		if !Pause(ctx, 15*time.Second, 18*time.Second) {
 			return ctx.Err()
