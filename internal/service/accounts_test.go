@@ -19,12 +19,12 @@ import (
 // restart — its messages reach Kafka with no kf_msg_or_event for it — and
 // one removed is no longer synced or triggered.
 func TestProducerDiscoversAccounts(t *testing.T) {
-	testenv.KafkaBrokers(t)
-	rdb, prefix := testenv.Redis(t)
+	pc := newPlace(t)
+	rdb, prefix := pc.rdb, pc.prefix
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const first, added = "wk-disc-first", "wk-disc-added"
-	tp := startTestProducer(t, ctx, first, prefix, func(cfg *config.Producer) {
+	tp := pc.startTestProducer(t, ctx, first, func(cfg *config.Producer) {
 		cfg.WeCom.OpenKfIDs = nil
 		cfg.WeCom.DenyOpenKfIDs = []string{"wk-disc-denied"}
 	})

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -23,21 +21,11 @@ import (
 // ordinary user of a backlog was blocked for an hour.
 func TestBacklogJudgedBySendTime(t *testing.T) {
 	const users, perUser, bots = 200, 20, 2
-	testenv.KafkaBrokers(t)
-	_, prefix := testenv.Redis(t)
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() {
-		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
-	})
+	pc := newPlace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	cfg, err := config.LoadConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
-	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	cfg := pc.consumerConfig(t)
 	cfg.RateLimit.DefaultGroup = "seed"
 	if g := cfg.RateLimit.Groups[cfg.RateLimit.DefaultGroup]; !cfg.RateLimit.Enabled || g.MaxMessages != 5 || g.WindowSeconds != 10 {
 		t.Fatalf("the test assumes the shipped group seed (5 in 10 s), got %+v", g)
@@ -59,18 +47,10 @@ func TestBacklogJudgedBySendTime(t *testing.T) {
 				MsgType: "text", SendTime: sent.Unix(), ProducedAt: time.Now().UnixMilli()})
 		}
 	}
-	produceWithHeaders(t, mainTopic, msgs)
+	produceWithHeaders(t, pc.mainTopic, msgs)
 
-	b, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
 	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}, attempts: map[string]int{}}
-	cons, err := StartConsumer(ctx, cfg, b, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cons, b := startConsumer(t, ctx, cfg, rec)
 	processed := func() map[string]float64 {
 		out := map[string]float64{}
 		mfs, _ := b.Registry.Gather()

@@ -13,8 +13,6 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -33,40 +31,15 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 	// the batch's rate, not the per-user pacing (TestSchedulerPacesAUsersRetries).
 	const users, perUser, rate = 200, 15, 1000
 	const total = users * perUser
-	testenv.KafkaBrokers(t)
-	rdb, prefix := testenv.Redis(t)
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() {
-		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
-	})
+	pc := newPlace(t)
+	rdb, prefix, mainTopic := pc.rdb, pc.prefix, pc.mainTopic
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cfg, err := config.LoadDLQConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
-	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
-	cfg.Admin.Addr = testenv.FreeAddr(t)
+	cfg := pc.dlqConfig(t)
 	cfg.Admin.BatchRate = rate
 	// Retries an hour away: only the operator's batch re-injects.
 	cfg.Recovery.BaseDelay, cfg.Recovery.MaxDelay = time.Hour, 2*time.Hour
-	base, err := daemon.Start(ctx, "dlq-consumer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = base.Close(context.Background()) })
-	d, err := StartDLQ(ctx, cfg, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
-		defer c()
-		if err := d.Close(sctx); err != nil {
-			t.Errorf("dlq-consumer close: %v", err)
-		}
-	})
+	d := startDLQ(t, ctx, cfg)
 
 	// The letters, as a schedule-consumer would write them: user u's
 	// messages are source offsets u, u+700, …
@@ -176,7 +149,9 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 	seen := map[string]int{}
 	last := map[string]int64{}
 	reordered := 0
-	readTopic(t, mainTopic, time.Minute, func() bool { return len(seen) >= dry.Count }, func(m *chatmsg.ChatMessage) {
+	readTopic(t, mainTopic, time.Minute, func() error {
+		return testenv.Check(len(seen) >= dry.Count, "%d letters re-injected, want %d", len(seen), dry.Count)
+	}, func(m *chatmsg.ChatMessage) {
 		seen[m.UpstreamMsgID]++
 		if prev, ok := last[m.ExternalUserID]; ok && m.MessageID < prev {
 			reordered++
@@ -203,8 +178,9 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 }
 
 // readTopic reads topic from the start, calling fn for every message,
-// until enough holds and then 2 s pass with nothing new, or timeout.
-func readTopic(t *testing.T, topic string, timeout time.Duration, enough func() bool, fn func(*chatmsg.ChatMessage)) {
+// until enough returns nil and then 2 s pass with nothing new, or timeout
+// (then enough's error fails the test).
+func readTopic(t *testing.T, topic string, timeout time.Duration, enough func() error, fn func(*chatmsg.ChatMessage)) {
 	t.Helper()
 	kc, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": testenv.KafkaBrokers(t),
 		"group.id": testenv.Name(t, "reader"), "auto.offset.reset": "earliest", "enable.auto.commit": false,
@@ -222,7 +198,7 @@ func readTopic(t *testing.T, topic string, timeout time.Duration, enough func() 
 		ev := kc.Poll(200)
 		m, ok := ev.(*kafka.Message)
 		if !ok {
-			if enough() {
+			if enough() == nil {
 				if quiet.IsZero() {
 					quiet = time.Now()
 				} else if time.Since(quiet) > 2*time.Second {
@@ -238,7 +214,7 @@ func readTopic(t *testing.T, topic string, timeout time.Duration, enough func() 
 		}
 		fn(cm)
 	}
-	if !enough() {
-		t.Fatalf("main topic: not enough read in %s", timeout)
+	if err := enough(); err != nil {
+		t.Fatalf("main topic: not enough read in %s: %v", timeout, err)
 	}
 }

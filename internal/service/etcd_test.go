@@ -10,8 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -21,8 +19,7 @@ import (
 // kfpipe_coord_reachable is 0; both clear when the link is back, and its
 // fleet entry is still there.
 func TestEtcdOutageDegradesButKeepsTheDaemonReady(t *testing.T) {
-	testenv.KafkaBrokers(t)
-	_, prefix := testenv.Redis(t)
+	pc := newPlace(t)
 	raw, ns := testenv.Etcd(t)
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	px := toxiproxy.NewProxy(srv, "etcd", "127.0.0.1:0", strings.TrimPrefix(testenv.EtcdEndpoints(t)[0], "http://"))
@@ -32,29 +29,15 @@ func TestEtcdOutageDegradesButKeepsTheDaemonReady(t *testing.T) {
 	t.Cleanup(px.Stop)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := config.LoadConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &cfg.Common, testenv.Name(t, "main"), testenv.Name(t, "dlq"), prefix, testenv.Name(t, "group"))
-	t.Cleanup(func() {
-		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{cfg.Kafka.Topics.Main.Name, cfg.Kafka.Topics.DLQ.Name})
-	})
+	cfg := pc.consumerConfig(t)
 	cfg.Coord.Enabled, cfg.Coord.Endpoints, cfg.Coord.Namespace = true, []string{px.Listen}, ns
 	cfg.Coord.DialTimeout, cfg.Coord.KeepAlive = time.Second, 30*time.Second
-	base, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer base.Close(context.Background())
+	base := startBase(t, ctx, "schedule-consumer", cfg.Common)
 
 	etcdDetail := func() string { return base.Ops.Details()["etcd"] }
-	reachable := func() float64 {
-		mfs, _ := base.Registry.Gather()
-		for _, mf := range mfs {
-			if mf.GetName() == "kfpipe_coord_reachable" {
-				return mf.GetMetric()[0].GetGauge().GetValue()
-			}
+	reachable := func() float64 { // -1 when not registered
+		if v, ok := testenv.Gathered(t, base.Registry, "kfpipe_coord_reachable"); ok {
+			return v
 		}
 		return -1
 	}
@@ -63,7 +46,8 @@ func TestEtcdOutageDegradesButKeepsTheDaemonReady(t *testing.T) {
 	}
 	px.Stop()
 	testenv.Eventually(t, 20*time.Second, func() error {
-		return testenv.Check(strings.Contains(etcdDetail(), "degraded"), "etcd reported degraded")
+		d := etcdDetail()
+		return testenv.Check(strings.Contains(d, "degraded"), "etcd detail %q, want it degraded", d)
 	})
 	if fails := base.Ops.Ready(ctx); len(fails) != 0 {
 		t.Fatalf("not ready during the etcd outage: %v", fails)
@@ -74,7 +58,10 @@ func TestEtcdOutageDegradesButKeepsTheDaemonReady(t *testing.T) {
 	if err := px.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 20*time.Second, func() error { return testenv.Check(etcdDetail() == "" && reachable() == 1, "etcd detail cleared") })
+	testenv.Eventually(t, 20*time.Second, func() error {
+		d, r := etcdDetail(), reachable()
+		return testenv.Check(d == "" && r == 1, "etcd detail %q and kfpipe_coord_reachable %v, want none and 1", d, r)
+	})
 	resp, err := raw.Get(ctx, ns+"services/kfpipe/"+base.Fleet.Member().ID)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("fleet entry after the outage: %v %v", resp, err)

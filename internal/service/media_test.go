@@ -95,12 +95,7 @@ func (h *mediaHandler) Handle(ctx context.Context, m *chatmsg.ChatMessage) error
 // media.max_bytes is refused with a reason and its message still reaches
 // the handler.
 func TestDLQRetryAfterMediaExpired(t *testing.T) {
-	testenv.KafkaBrokers(t)
-	_, prefix := testenv.Redis(t)
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() {
-		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
-	})
+	pc := newPlace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const kf = "wk-media"
@@ -111,39 +106,13 @@ func TestDLQRetryAfterMediaExpired(t *testing.T) {
 		m.Store, m.Dir, m.MaxBytes, m.RetryBase = "dir", store, 64<<10, 10*time.Millisecond
 	}
 
-	pcfg, err := config.LoadProducer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &pcfg.Common, mainTopic, dlqTopic, prefix, "unused")
-	pcfg.WeCom.BaseURL = fake.URL()
-	pcfg.WeCom.OpenKfIDs = []string{kf}
-	pcfg.Callback.Addr = testenv.FreeAddr(t)
+	pcfg := pc.producerConfig(t, fake, kf)
 	mediaCfg(&pcfg.Media)
-	ccfg, err := config.LoadConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &ccfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
-	ccfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	ccfg := pc.consumerConfig(t)
 	ccfg.WeCom.BaseURL = fake.URL()
 	mediaCfg(&ccfg.Media)
-	dcfg, err := config.LoadDLQConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &dcfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
-	dcfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
-	dcfg.Admin.Addr = testenv.FreeAddr(t)
+	dcfg := pc.dlqConfig(t)
 
-	start := func(name string, c config.Common) *daemon.Base {
-		b, err := daemon.Start(ctx, name, c)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		t.Cleanup(func() { _ = b.Close(context.Background()) })
-		return b
-	}
 	img := bytes.Repeat([]byte{0xff, 0xd8, 0xff, 0xe0}, 2048)
 	imgMsg, imgID := fake.AddImage(kf, "wm-photo", img)
 	bigMsg, _ := fake.AddMedia(kf, "wm-big", "file", "scan.pdf", "application/pdf", make([]byte, 100<<10))
@@ -152,35 +121,15 @@ func TestDLQRetryAfterMediaExpired(t *testing.T) {
 
 	h := &mediaHandler{fake: fake, imageID: imgID, attempts: map[string]int{}, before: map[string]bool{},
 		read: map[string][]byte{}, retried: map[string]bool{}, refused: map[string]string{}}
-	cbase := start("schedule-consumer", ccfg.Common)
-	k, err := media.FromConfig(ctx, ccfg.Media, ccfg.WeCom, nil, cbase.Log, cbase.Registry)
-	if err != nil || k == nil {
-		t.Fatalf("consumer keeper: %v, %v", k, err)
-	}
-	cons, err := StartConsumer(ctx, ccfg, cbase, media.Wrap(h, k))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := StartDLQ(ctx, dcfg, start("dlq-consumer", dcfg.Common))
-	if err != nil {
-		t.Fatal(err)
-	}
-	prod, err := StartProducer(ctx, pcfg, start("kf-producer", pcfg.Common))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
-		defer c()
-		for _, err := range []error{prod.Close(sctx), cons.Close(sctx), d.Close(sctx)} {
-			if err != nil {
-				t.Errorf("close: %v", err)
-			}
+	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) consumer.Handler {
+		k, err := media.FromConfig(ctx, ccfg.Media, ccfg.WeCom, nil, cbase.Log, cbase.Registry)
+		if err != nil || k == nil {
+			t.Fatalf("consumer keeper: %v, %v", k, err)
 		}
-	}()
-	sender := &wecomtest.CallbackSender{URL: prod.CallbackURL, Token: pcfg.Callback.Token,
-		AESKey: pcfg.Callback.EncodingAESKey, CorpID: pcfg.WeCom.CorpID}
-	resp, err := sender.SendEvent(ctx, kf, fake.IssueToken(kf))
+		return media.Wrap(h, k)
+	})
+	defer pl.close(t)
+	resp, err := callbackSender(pl, pcfg).SendEvent(ctx, kf, fake.IssueToken(kf))
 	if err != nil {
 		t.Fatal(err)
 	}

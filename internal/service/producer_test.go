@@ -20,12 +20,12 @@ import (
 // (as an expiry during a Redis outage would): the sync pauses, a new ID is
 // allocated, and syncing resumes with it without a restart.
 func TestProducerReallocatesLostWorkerID(t *testing.T) {
-	testenv.KafkaBrokers(t)
-	rdb, prefix := testenv.Redis(t)
+	pc := newPlace(t)
+	rdb, prefix := pc.rdb, pc.prefix
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const kf = "wk-realloc"
-	tp := startTestProducer(t, ctx, kf, prefix, func(cfg *config.Producer) {
+	tp := pc.startTestProducer(t, ctx, kf, func(cfg *config.Producer) {
 		cfg.IDGen.Allocator.TTL = 3 * time.Second // renewed every second
 	})
 	cfg, base, p, fake := tp.cfg, tp.base, tp.p, tp.fake
@@ -83,12 +83,11 @@ func TestProducerReallocatesLostWorkerID(t *testing.T) {
 // producer takes a new one (and its fleet entry says so) without a
 // restart, leaving the other writer's key alone.
 func TestProducerWorkerIDOnEtcd(t *testing.T) {
-	testenv.KafkaBrokers(t)
-	_, prefix := testenv.Redis(t)
+	pc := newPlace(t)
 	raw, ns := testenv.Etcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	base := startTestProducer(t, ctx, "wk-etcd", prefix, func(cfg *config.Producer) {
+	base := pc.startTestProducer(t, ctx, "wk-etcd", func(cfg *config.Producer) {
 		cfg.IDGen.Allocator.Backend = "etcd"
 		cfg.Coord.Enabled, cfg.Coord.Endpoints, cfg.Coord.Namespace = true, testenv.EtcdEndpoints(t), ns
 		cfg.Coord.KeepAlive = 3 * time.Second
@@ -139,8 +138,9 @@ func TestProducerWorkerIDOnEtcd(t *testing.T) {
 	}
 }
 
-// testProducer is a kf-producer started on the test services against a
-// fake WeChat with account kf; edit adjusts its configuration first.
+// testProducer is a kf-producer started at a place against a fake WeChat
+// with account kf (wecom.open_kfids empty: it lists the accounts); edit
+// adjusts its configuration first.
 type testProducer struct {
 	cfg  *config.Producer
 	base *daemon.Base
@@ -148,25 +148,13 @@ type testProducer struct {
 	fake *wecomtest.Server
 }
 
-func startTestProducer(t *testing.T, ctx context.Context, kf, prefix string, edit func(*config.Producer)) testProducer {
+func (pc *place) startTestProducer(t *testing.T, ctx context.Context, kf string, edit func(*config.Producer)) testProducer {
 	t.Helper()
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() { _, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic}) })
 	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{kf}})
 	t.Cleanup(fake.Close)
-	cfg, err := config.LoadProducer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, "unused")
-	cfg.WeCom.BaseURL, cfg.WeCom.OpenKfIDs = fake.URL(), nil
-	cfg.Callback.Addr = testenv.FreeAddr(t)
+	cfg := pc.producerConfig(t, fake)
 	edit(cfg)
-	base, err := daemon.Start(ctx, "kf-producer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = base.Close(context.Background()) })
+	base := startBase(t, ctx, "kf-producer", cfg.Common)
 	p, err := StartProducer(ctx, cfg, base)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -24,23 +24,6 @@ import (
 )
 
 // common points a loaded config at the test services with fresh names.
-func common(t *testing.T, c *config.Common, mainTopic, dlqTopic, prefix, group string) {
-	c.Kafka.Brokers = testenv.KafkaBrokers(t)
-	c.Kafka.Topics.Main.Name, c.Kafka.Topics.DLQ.Name = mainTopic, dlqTopic
-	c.Kafka.Consumer.GroupID = group
-	c.Redis.Addr = testenv.RedisAddr(t)
-	c.Redis.KeyPrefix = prefix
-	c.Ops.Addr = testenv.FreeAddr(t)
-}
-
-// onCluster points c's Redis (every Redis user of the daemon) at the test
-// Redis Cluster.
-func onCluster(t *testing.T, c *config.Common) {
-	c.Redis.Mode = "cluster"
-	c.Redis.ClusterAddrs = testenv.RedisClusterAddrs(t)
-	c.Redis.DB = 0
-}
-
 type recorder struct {
 	mu       sync.Mutex
 	byKey    map[string]int
@@ -80,22 +63,8 @@ func TestPipelineEndToEnd(t *testing.T) {
 }
 
 func pipelineEndToEnd(t *testing.T, cluster bool) {
-	testenv.KafkaBrokers(t)
-	var (
-		rdb    redis.UniversalClient
-		prefix string
-		cc     *redis.ClusterClient
-	)
-	if cluster {
-		cc, prefix = testenv.RedisCluster(t)
-		rdb = cc
-	} else {
-		rdb, prefix = testenv.Redis(t)
-	}
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() {
-		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
-	})
+	pc := newPlaceOn(t, cluster)
+	rdb, prefix := pc.rdb, pc.prefix
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const kf = "wk-e2e"
@@ -103,77 +72,25 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{kf}})
 	defer fake.Close()
 
-	pcfg, err := config.LoadProducer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pcfg := pc.producerConfig(t, fake, kf)
 	if cluster {
-		mainTopic = spreadTopic(t, cc, mainTopic, pcfg.Kafka.Topics.Main.Partitions)
+		pc.mainTopic = spreadTopic(t, pc.cc, pc.mainTopic, pcfg.Kafka.Topics.Main.Partitions)
+		pcfg.Kafka.Topics.Main.Name = pc.mainTopic
 	}
-	common(t, &pcfg.Common, mainTopic, dlqTopic, prefix, "unused")
-	if cluster {
-		onCluster(t, &pcfg.Common)
-	}
-	pcfg.WeCom.BaseURL = fake.URL()
-	pcfg.WeCom.OpenKfIDs = []string{kf}
-	pcfg.Callback.Addr = testenv.FreeAddr(t)
 
-	ccfg, err := config.LoadConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &ccfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
-	if cluster {
-		onCluster(t, &ccfg.Common)
-	}
-	ccfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	ccfg := pc.consumerConfig(t)
 	// The seed's rule, so that the flooder's 12 messages are refused (the
 	// shipped normal group lets a burst of 12 through).
 	ccfg.RateLimit.DefaultGroup = "seed"
 
-	dcfg, err := config.LoadDLQConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &dcfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
-	if cluster {
-		onCluster(t, &dcfg.Common)
-	}
-	dcfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
-	dcfg.Admin.Addr = testenv.FreeAddr(t)
+	dcfg := pc.dlqConfig(t)
 	dcfg.Recovery.MaxRetries["downstream_error"] = 1
 	dcfg.RateLimit.DefaultGroup = "seed"
 
-	start := func(name string, c config.Common) *daemon.Base {
-		b, err := daemon.Start(ctx, name, c)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		t.Cleanup(func() { _ = b.Close(context.Background()) })
-		return b
-	}
 	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}, attempts: map[string]int{}}
-	cons, err := StartConsumer(ctx, ccfg, start("schedule-consumer", ccfg.Common), rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := StartDLQ(ctx, dcfg, start("dlq-consumer", dcfg.Common))
-	if err != nil {
-		t.Fatal(err)
-	}
-	prod, err := StartProducer(ctx, pcfg, start("kf-producer", pcfg.Common))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
-		defer c()
-		for _, err := range []error{prod.Close(sctx), cons.Close(sctx), d.Close(sctx)} {
-			if err != nil {
-				t.Errorf("close: %v", err)
-			}
-		}
-	}()
+	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(*daemon.Base) consumer.Handler { return rec })
+	defer pl.close(t)
+	d := pl.d
 
 	// 40 users × 3 messages (inside the seed group's 5 per 10 s), and
 	// one flooder with 12 messages (5 pass, the rest are refused).
@@ -192,9 +109,7 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 	}
 	flaky := fake.AddText(kf, "wm-flaky", "first try fails")
 	broken := fake.AddText(kf, "wm-broken", "never works")
-	sender := &wecomtest.CallbackSender{URL: prod.CallbackURL, Token: pcfg.Callback.Token,
-		AESKey: pcfg.Callback.EncodingAESKey, CorpID: pcfg.WeCom.CorpID}
-	resp, err := sender.SendEvent(ctx, kf, fake.IssueToken(kf))
+	resp, err := callbackSender(pl, pcfg).SendEvent(ctx, kf, fake.IssueToken(kf))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,10 +124,11 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 		defer rec.mu.Unlock()
 		for _, id := range want {
 			if rec.byKey[id] == 0 {
-				return testenv.Check(false, "all messages handled")
+				return fmt.Errorf("message %s not handled yet", id)
 			}
 		}
-		return testenv.Check(len(rec.order["wm-flooder"]) == 5 && rec.byKey[flaky] == 1, "all messages handled")
+		flooded, flakyRuns := len(rec.order["wm-flooder"]), rec.byKey[flaky]
+		return testenv.Check(flooded == 5 && flakyRuns == 1, "the flooder's messages handled %d (want 5), the flaky one %d (want 1)", flooded, flakyRuns)
 	})
 	rec.mu.Lock()
 	for _, id := range want {
@@ -304,8 +220,8 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 
 	// Rebuilding the index from the DLQ topic gives the same counts.
 	t.Setenv("KFPIPE_KAFKA_BROKERS", dcfg.Kafka.Brokers)
-	t.Setenv("KFPIPE_KAFKA_TOPICS_MAIN_NAME", mainTopic)
-	t.Setenv("KFPIPE_KAFKA_TOPICS_DLQ_NAME", dlqTopic)
+	t.Setenv("KFPIPE_KAFKA_TOPICS_MAIN_NAME", pc.mainTopic)
+	t.Setenv("KFPIPE_KAFKA_TOPICS_DLQ_NAME", pc.dlqTopic)
 	t.Setenv("KFPIPE_REDIS_ADDR", dcfg.Redis.Addr)
 	if cluster {
 		t.Setenv("KFPIPE_REDIS_MODE", "cluster")
@@ -330,7 +246,8 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 
 	// The cursor was stored only after delivery: it equals the fake's last.
 	testenv.Eventually(t, 10*time.Second, func() error {
-		return testenv.Check(rdb.Get(ctx, prefix+"cursor:"+redisconn.Tag(rdb, kf)).Val() == fake.LastCursor(kf), "cursor stored")
+		got, want := rdb.Get(ctx, prefix+"cursor:"+redisconn.Tag(rdb, kf)).Val(), fake.LastCursor(kf)
+		return testenv.Check(got == want, "cursor %q stored, want the fake's last %q", got, want)
 	})
 
 	if cluster {
@@ -338,7 +255,7 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 		// keys on more than one master.
 		masters := map[string]int{}
 		var mu sync.Mutex
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		err := pc.cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
 			keys, _, err := m.Scan(ctx, 0, prefix+"st:*", 10000).Result()
 			mu.Lock()
 			masters[m.Options().Addr] += len(keys)

@@ -9,8 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -21,32 +19,13 @@ import (
 // settle round marks that letter done (the other stays retried, asked
 // about again later), and a second round changes nothing.
 func TestSettleMarksRetriedLettersDone(t *testing.T) {
-	testenv.KafkaBrokers(t)
-	rdb, prefix := testenv.Redis(t)
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() {
-		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
-	})
+	pc := newPlace(t)
+	rdb, prefix := pc.rdb, pc.prefix
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := config.LoadDLQConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
-	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
-	cfg.Admin.Addr = testenv.FreeAddr(t)
+	cfg := pc.dlqConfig(t)
 	cfg.Recovery.BaseDelay, cfg.Recovery.MaxDelay = time.Hour, 2*time.Hour
-	base, err := daemon.Start(ctx, "dlq-consumer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = base.Close(context.Background()) })
-	d, err := StartDLQ(ctx, cfg, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	d := startDLQ(t, ctx, cfg)
 	pdlq := cfg.DLQ
 	pdlq.EmergencyFile = t.TempDir() + "/feeder.jsonl"
 	p, err := dlq.NewProducer(dlq.ProducerConfig{Kafka: cfg.Kafka, DLQ: pdlq})
@@ -59,7 +38,7 @@ func TestSettleMarksRetriedLettersDone(t *testing.T) {
 		m := &chatmsg.ChatMessage{MessageID: int64(i), UpstreamMsgID: fmt.Sprintf("up-settle-%d", i), OpenKfID: "wk-s",
 			ExternalUserID: "su", MsgType: "text", SendTime: sendTime, Content: []byte(`{}`)}
 		b, _ := chatmsg.Encode(m)
-		dl := dlq.New(dlq.Source{Topic: mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte("su"), Value: b},
+		dl := dlq.New(dlq.Source{Topic: pc.mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte("su"), Value: b},
 			dlq.ReasonDownstreamError, "test failure", time.Now())
 		ch := make(chan error, 1)
 		p.Send(dl, func(err error) { ch <- err })

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -23,20 +21,11 @@ import (
 // only after its claim ran out, once; the rest run once, each user's in
 // order.
 func TestSwitchOverFromOldStores(t *testing.T) {
-	testenv.KafkaBrokers(t)
-	rdb, prefix := testenv.Redis(t)
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() {
-		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
-	})
+	pc := newPlace(t)
+	rdb, prefix := pc.rdb, pc.prefix
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := config.LoadConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &cfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
-	cfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	cfg := pc.consumerConfig(t)
 	if cfg.Dedup.Legacy != "read" {
 		t.Fatalf("the test assumes the shipped dedup.legacy read, got %q", cfg.Dedup.Legacy)
 	}
@@ -68,19 +57,11 @@ func TestSwitchOverFromOldStores(t *testing.T) {
 	}
 	held := msgs[10]
 	rdb.Set(ctx, old+held.DedupKey(), "p:old-consumer", 3*time.Second)
-	produceWithHeaders(t, mainTopic, msgs)
+	produceWithHeaders(t, pc.mainTopic, msgs)
 
-	b, err := daemon.Start(ctx, "schedule-consumer", cfg.Common)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
 	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}, attempts: map[string]int{}}
 	start := time.Now()
-	cons, err := StartConsumer(ctx, cfg, b, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cons, _ := startConsumer(t, ctx, cfg, rec)
 	want := len(msgs) - len(doneBefore)
 	testenv.Eventually(t, time.Minute, func() error {
 		rec.mu.Lock()

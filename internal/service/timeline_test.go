@@ -16,7 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/reply"
@@ -60,12 +60,7 @@ func (a *answerer) Handle(ctx context.Context, m *chatmsg.ChatMessage) error {
 // dead-lettered then recovered, one the rate limiter blocked — and of a
 // made-up user, who must not look like a quiet customer.
 func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
-	testenv.KafkaBrokers(t)
-	_, prefix := testenv.Redis(t)
-	mainTopic, dlqTopic := testenv.Name(t, "main"), testenv.Name(t, "dlq")
-	t.Cleanup(func() {
-		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{mainTopic, dlqTopic})
-	})
+	pc := newPlace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	// kfpipectl, built while the pipeline runs, reads the same timelines.
@@ -88,78 +83,34 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	fake := wecomtest.New(wecomtest.Options{CorpID: "ww-test-corp", Secret: "test-secret", Accounts: []string{wk}})
 	defer fake.Close()
 
-	pcfg, err := config.LoadProducer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &pcfg.Common, mainTopic, dlqTopic, prefix, "unused")
-	pcfg.WeCom.BaseURL = fake.URL()
-	pcfg.WeCom.OpenKfIDs = []string{wk}
-	pcfg.Callback.Addr = testenv.FreeAddr(t)
-
-	ccfg, err := config.LoadConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &ccfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "g"))
-	ccfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
+	pcfg := pc.producerConfig(t, fake, wk)
+	ccfg := pc.consumerConfig(t)
 	ccfg.RateLimit.DefaultGroup = "seed" // 5 in 10 s, blocked after 3 refusals
 	ccfg.WeCom.BaseURL, ccfg.WeCom.CorpID, ccfg.WeCom.Secret = fake.URL(), "ww-test-corp", "test-secret"
 
-	dcfg, err := config.LoadDLQConsumer("../../config/test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	common(t, &dcfg.Common, mainTopic, dlqTopic, prefix, testenv.Name(t, "gdlq"))
-	dcfg.DLQ.EmergencyFile = t.TempDir() + "/emergency.jsonl"
-	dcfg.Admin.Addr = testenv.FreeAddr(t)
+	dcfg := pc.dlqConfig(t)
 	dcfg.RateLimit.DefaultGroup = "seed"
 
-	start := func(name string, c config.Common) *daemon.Base {
-		b, err := daemon.Start(ctx, name, c)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		t.Cleanup(func() { _ = b.Close(context.Background()) })
-		return b
-	}
-	cbase := start("schedule-consumer", ccfg.Common)
-	fx, closeFx, err := reply.FromConfig(ctx, ccfg, cbase)
-	if err != nil || fx == nil {
-		t.Fatalf("replies: %v", err)
-	}
-	defer closeFx()
 	ans := &answerer{attempts: map[string]int{}, done: map[string]bool{}}
-	cons, err := StartConsumer(ctx, ccfg, cbase, reply.Wrap(ans, fx))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := StartDLQ(ctx, dcfg, start("dlq-consumer", dcfg.Common))
-	if err != nil {
-		t.Fatal(err)
-	}
-	prod, err := StartProducer(ctx, pcfg, start("kf-producer", pcfg.Common))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sctx, c := context.WithTimeout(context.Background(), 20*time.Second)
-		defer c()
-		for _, err := range []error{prod.Close(sctx), cons.Close(sctx), d.Close(sctx)} {
-			if err != nil {
-				t.Errorf("close: %v", err)
-			}
+	var closeFx func()
+	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) consumer.Handler {
+		fx, closeReplies, err := reply.FromConfig(ctx, ccfg, cbase)
+		if err != nil || fx == nil {
+			t.Fatalf("replies: %v", err)
 		}
-	}()
+		closeFx = closeReplies
+		return reply.Wrap(ans, fx)
+	})
+	defer closeFx()
+	defer pl.close(t)
+	d := pl.d
 
 	answered := fake.AddText(wk, "tl-answered", "where is my order?")
 	flaky := fake.AddText(wk, "tl-flaky", "first try fails")
 	for i := range 12 {
 		fake.AddText(wk, "tl-flooder", fmt.Sprintf("spam %d", i))
 	}
-	sender := &wecomtest.CallbackSender{URL: prod.CallbackURL, Token: pcfg.Callback.Token,
-		AESKey: pcfg.Callback.EncodingAESKey, CorpID: pcfg.WeCom.CorpID}
-	resp, err := sender.SendEvent(ctx, wk, fake.IssueToken(wk))
+	resp, err := callbackSender(pl, pcfg).SendEvent(ctx, wk, fake.IssueToken(wk))
 	if err != nil {
 		t.Fatal(err)
 	}
