@@ -19,7 +19,8 @@ test:
 demo:
 	$(GO) run ./cmd/kfpipe-demo $(DEMO_ARGS)
 
-## bench: pipeline benchmarks against the real single-node broker.
+## bench: pipeline benchmarks against the real single-node broker, single Redis
+## and Redis Cluster (the state scenario's Cluster rows).
 bench:
 	scripts/bench.sh
 

@@ -19,6 +19,10 @@
 # dedup.legacy off, reporting the store's, the limiter's and the legacy read's
 # shares apart (KFPIPE_BENCH_ARGS="-legacy off,read" adds a run with the legacy
 # read; 10-20 minutes; its time limit is 60 minutes, 5 for the others).
+# Beside each single-Redis row of the dense workload it runs the same
+# messages with redis.mode: cluster on the test Redis Cluster (3 masters, 3
+# replicas, started by services.sh), Redis's figures summed over the masters
+# (KFPIPE_BENCH_ARGS="-cluster-workloads dense,write-once" for more, "-cluster-workloads=" for none).
 #   KFPIPE_KEEP_SERVICES=1                  leave the services running afterwards
 set -euo pipefail
 LOG_TAG=bench
@@ -51,7 +55,7 @@ for sc in "$@"; do
   limit=300
   [[ $sc == state ]] && limit=3600
   # shellcheck disable=SC2086 # KFPIPE_BENCH_ARGS is split into flags on purpose
-  if ! timeout "$limit" "$out/kfpipe-bench" -scenario "$sc" -brokers "$KFPIPE_TEST_KAFKA" -redis "$KFPIPE_TEST_REDIS" -pc-jar "$out/pc-peer.jar" ${KFPIPE_BENCH_ARGS:-} \
+  if ! timeout "$limit" "$out/kfpipe-bench" -scenario "$sc" -brokers "$KFPIPE_TEST_KAFKA" -redis "$KFPIPE_TEST_REDIS" -redis-cluster "$KFPIPE_TEST_REDIS_CLUSTER" -pc-jar "$out/pc-peer.jar" ${KFPIPE_BENCH_ARGS:-} \
     2>"$out/$sc.stderr" | tee -a "$results"; then
     log "scenario $sc failed: $(tail -n 5 "$out/$sc.stderr")"
     status=1

@@ -60,7 +60,11 @@ type Env struct {
 	RedisAddr string
 	Log       *zap.Logger
 	Redis     *redis.Client
-	Admin     *kafka.AdminClient
+	// Cluster, when set (ConnectCluster), is a Redis Cluster some
+	// scenarios also run on (redis.mode: cluster) at ClusterAddrs.
+	Cluster      *redis.ClusterClient
+	ClusterAddrs []string
+	Admin        *kafka.AdminClient
 	// Prefix is unique per run: topics, groups and Redis keys start with it.
 	Prefix string
 	// TmpDir holds the DLQ emergency files.
@@ -110,20 +114,32 @@ func (e *Env) Close() {
 	if len(topics) > 0 {
 		_, _ = e.Admin.DeleteTopics(ctx, topics)
 	}
-	iter := e.Redis.Scan(ctx, 0, e.Prefix+":*", 10000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		if keys = append(keys, iter.Val()); len(keys) == 1000 {
-			e.Redis.Unlink(ctx, keys...)
-			keys = keys[:0]
-		}
-	}
-	if len(keys) > 0 {
-		e.Redis.Unlink(ctx, keys...)
+	unlinkPrefix(ctx, e.Redis, e.Prefix+":*")
+	if e.Cluster != nil {
+		_ = e.Cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			unlinkPrefix(ctx, m, e.Prefix+":*")
+			return nil
+		})
+		_ = e.Cluster.Close()
 	}
 	e.Admin.Close()
 	_ = e.Redis.Close()
 	_ = os.RemoveAll(e.TmpDir)
+}
+
+// unlinkPrefix deletes the keys matching match on one server.
+func unlinkPrefix(ctx context.Context, c *redis.Client, match string) {
+	iter := c.Scan(ctx, 0, match, 10000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		if keys = append(keys, iter.Val()); len(keys) == 1000 {
+			c.Unlink(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		c.Unlink(ctx, keys...)
+	}
 }
 
 // Topic creates a fresh topic named after the run and kind.
@@ -330,8 +346,28 @@ func CPUTime() time.Duration {
 
 // RedisCPU is the CPU time (user + system) the Redis server has used so far
 // (INFO cpu); 0 when it cannot be read.
-func (e *Env) RedisCPU() time.Duration {
-	info, err := e.Redis.Info(context.Background(), "cpu").Result()
+func (e *Env) RedisCPU() time.Duration { return redisCPU(e.Redis) }
+
+// redisCPUOn is RedisCPU of the single Redis, or summed over the Cluster's
+// masters.
+func (e *Env) redisCPUOn(onCluster bool) time.Duration {
+	if !onCluster {
+		return e.RedisCPU()
+	}
+	var mu sync.Mutex
+	var total time.Duration
+	_ = e.Cluster.ForEachMaster(context.Background(), func(_ context.Context, m *redis.Client) error {
+		c := redisCPU(m)
+		mu.Lock()
+		total += c
+		mu.Unlock()
+		return nil
+	})
+	return total
+}
+
+func redisCPU(c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
 	if err != nil {
 		return 0
 	}
@@ -354,6 +390,9 @@ func (e *Env) countCalls(prefix string) (stop func() map[string]map[string]int64
 	e.counterOnce.Do(func() {
 		e.counter = newCallCounter("")
 		e.Redis.AddHook(e.counter)
+		if e.Cluster != nil {
+			e.Cluster.AddHook(e.counter)
+		}
 	})
 	c := e.counter
 	c.mu.Lock()

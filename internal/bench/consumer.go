@@ -36,6 +36,12 @@ func (e *Env) startConsumer(name, topic string, h consumer.Handler, mutate func(
 		}
 	}
 	base := e.Base(name)
+	if cfg.Redis.Mode == "cluster" {
+		if e.Cluster == nil {
+			return nil, nil, fmt.Errorf("%s: redis.mode cluster without a cluster (Env.ConnectCluster)", name)
+		}
+		base.Redis = e.Cluster
+	}
 	s, err := service.StartConsumer(context.Background(), cfg, base, h)
 	if err != nil {
 		return nil, nil, err
@@ -116,6 +122,9 @@ type ConsumerOptions struct {
 	Profile func() (stop func())
 	// Limit bounds the pipeline phase (3 minutes when zero).
 	Limit time.Duration
+	// Cluster runs the full consumer on the Redis Cluster (redis.mode:
+	// cluster, Env.ConnectCluster); its redisCPU is the masters' summed.
+	Cluster bool
 }
 
 // noDeadLetters fails every dead letter: the bare variant expects none.
@@ -212,7 +221,7 @@ type phase struct {
 // full schedule-consumer, named name) over topic until it handled o.Msgs
 // records, and closes it.
 func (e *Env) pipelinePhase(name, topic string, o ConsumerOptions) (phase, error) {
-	cpu0, redis0 := CPUTime(), e.RedisCPU()
+	cpu0, redis0 := CPUTime(), e.redisCPUOn(o.Cluster)
 	h := &counter{target: int64(o.Msgs)}
 	stopProfile := func() {}
 	if o.Profile != nil {
@@ -228,7 +237,16 @@ func (e *Env) pipelinePhase(name, topic string, o ConsumerOptions) (phase, error
 		s = cc
 	} else {
 		var sc *service.Consumer
-		sc, reg, err = e.startConsumer(name, topic, h, o.Mutate)
+		mutate := o.Mutate
+		if o.Cluster {
+			mutate = func(c *config.Consumer) {
+				if o.Mutate != nil {
+					o.Mutate(c)
+				}
+				c.Redis.Mode, c.Redis.ClusterAddrs, c.Redis.DB = "cluster", e.ClusterAddrs, 0
+			}
+		}
+		sc, reg, err = e.startConsumer(name, topic, h, mutate)
 		if sc != nil {
 			s, cc = sc, sc.C
 		}
@@ -242,7 +260,7 @@ func (e *Env) pipelinePhase(name, topic string, o ConsumerOptions) (phase, error
 	}
 	ok := waitUntil(limit, func() bool { return h.n.Load() >= int64(o.Msgs) })
 	stopProfile()
-	ph := phase{cpu: CPUTime() - cpu0, redisCPU: e.RedisCPU() - redis0, rss: RSSMiB(), active: cc.ActiveProcessors(), reg: reg}
+	ph := phase{cpu: CPUTime() - cpu0, redisCPU: e.redisCPUOn(o.Cluster) - redis0, rss: RSSMiB(), active: cc.ActiveProcessors(), reg: reg}
 	cerr := s.Close(context.Background())
 	if !ok {
 		return phase{}, fmt.Errorf("%s: %d of %d handled", name, h.n.Load(), o.Msgs)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -32,6 +33,11 @@ type StateOptions struct {
 	// Legacy are the dedup.legacy modes the full pipeline runs with, in
 	// turn (off when empty).
 	Legacy []string
+	// Cluster are the workloads that also run on the Redis Cluster
+	// (Env.ConnectCluster), right after the single-Redis rows of the same
+	// workload, on the same messages (the same topic for the pipeline):
+	// none when empty or without a Cluster.
+	Cluster []string
 }
 
 // StateMessages are Messages with realistic WeChat identifiers — a
@@ -59,11 +65,18 @@ type redisStats struct {
 func (e *Env) redisStats() (redisStats, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	info, err := e.Redis.Info(ctx, "memory", "commandstats").Result()
+	info, err := e.Redis.Info(ctx, "memory", "commandstats", "cpu").Result()
 	if err != nil {
 		return redisStats{}, err
 	}
-	s := redisStats{calls: map[string]int64{}, cmds: map[string]cmdStats{}, cpu: e.RedisCPU()}
+	return parseStats(info), nil
+}
+
+// parseStats reads used_memory, the commandstats and used_cpu_sys +
+// used_cpu_user of an INFO reply.
+func parseStats(info string) redisStats {
+	s := redisStats{calls: map[string]int64{}, cmds: map[string]cmdStats{}}
+	var cpu float64
 	for _, line := range strings.Split(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok {
@@ -72,14 +85,17 @@ func (e *Env) redisStats() (redisStats, error) {
 		switch {
 		case k == "used_memory":
 			s.usedMemory, _ = strconv.ParseInt(v, 10, 64)
+		case k == "used_cpu_user", k == "used_cpu_sys":
+			f, _ := strconv.ParseFloat(v, 64)
+			cpu += f
 		case strings.HasPrefix(k, "cmdstat_"):
 			cmd := strings.TrimPrefix(k, "cmdstat_")
 			cs := parseCmdStat(v)
 			s.calls[cmd], s.cmds[cmd] = cs.calls, cs
-
 		}
 	}
-	return s, nil
+	s.cpu = time.Duration(cpu * float64(time.Second))
+	return s
 }
 
 // parseCmdStat reads the calls and usec of one INFO commandstats value
@@ -98,24 +114,41 @@ func parseCmdStat(v string) cmdStats {
 }
 
 // memoryAfterExpiry waits d, lets Redis drop the keys that expired
-// meanwhile (a SCAN of the keyspace deletes every expired key it meets),
-// and returns used_memory.
-func (e *Env) memoryAfterExpiry(d time.Duration) (int64, error) {
+// meanwhile (a SCAN of the keyspace deletes every expired key it meets; on
+// the Cluster of every master's), and reads the servers' INFO.
+func (e *Env) memoryAfterExpiry(onCluster bool, d time.Duration) (serverStats, error) {
 	time.Sleep(d)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var cursor uint64
-	for {
-		_, next, err := e.Redis.Scan(ctx, cursor, "", 10000).Result()
-		if err != nil {
-			return 0, err
+	err := e.scanAll(ctx, onCluster, func(ctx context.Context, c redis.UniversalClient) error {
+		var cursor uint64
+		for {
+			_, next, err := c.Scan(ctx, cursor, "", 10000).Result()
+			if err != nil {
+				return err
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
 		}
-		if cursor = next; cursor == 0 {
-			break
+	})
+	if err != nil {
+		return serverStats{}, err
+	}
+	return e.statsOn(onCluster)
+}
+
+// withMemory is after with the used memory of mem (read once the
+// transient keys expired), server by server.
+func withMemory(after, mem serverStats) serverStats {
+	after.all.usedMemory, after.replicas.usedMemory = mem.all.usedMemory, mem.replicas.usedMemory
+	for addr, n := range after.nodes {
+		if m, ok := mem.nodes[addr]; ok {
+			n.usedMemory = m.usedMemory
+			after.nodes[addr] = n
 		}
 	}
-	st, err := e.redisStats()
-	return st.usedMemory, err
+	return after
 }
 
 // Workloads of the state scenario.
@@ -247,11 +280,19 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 			return out, err
 		}
 		msgsOf[wl], usersOf[wl] = msgs, users
-		r, err := e.statePartitioned(wl, msgs, users, o.Partitions)
+		r, err := e.statePartitioned(wl, msgs, users, o.Partitions, false)
 		if err != nil {
 			return out, fmt.Errorf("%s: new store: %w", wl, err)
 		}
 		out = append(out, r)
+		if o.onCluster(e, wl) {
+			rc, err := e.statePartitioned(wl, msgs, users, o.Partitions, true)
+			if err != nil {
+				return out, fmt.Errorf("%s: new store on the cluster: %w", wl, err)
+			}
+			pairWith(&rc, r)
+			out = append(out, rc)
+		}
 	}
 	if o.NoOld {
 		return out, nil
@@ -268,12 +309,33 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 	return out, errors.Join(errs...)
 }
 
+// onCluster reports whether workload wl runs on the Cluster too.
+func (o StateOptions) onCluster(e *Env, wl string) bool {
+	if e.Cluster == nil {
+		return false
+	}
+	for _, w := range o.Cluster {
+		if w == wl {
+			return true
+		}
+	}
+	return false
+}
+
 // statePipeline runs the full schedule-consumer on msgs, once per
-// dedup.legacy mode of o.Legacy, and reports beside the whole pipeline's
+// dedup.legacy mode of o.Legacy (and, for a workload of o.Cluster, on the
+// Cluster right after each), and reports beside the whole pipeline's
 // Redis figures each part's own (see attribute): the per-partition
 // store's, the rate limiter's and the legacy read's.
 func (e *Env) statePipeline(wl string, msgs []*chatmsg.ChatMessage, users int, o StateOptions) ([]Result, error) {
-	topic, err := e.Topic("state-"+wl, o.Partitions)
+	// The topic's name decides the state's slots on a Cluster: one that
+	// spreads the partitions over every master (the same topic for both
+	// rows).
+	kind, err := e.spreadName("state-"+wl, o.Partitions, func(k string) string { return e.Prefix + "-" + k })
+	if err != nil {
+		return nil, err
+	}
+	topic, err := e.Topic(kind, o.Partitions)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +346,6 @@ func (e *Env) statePipeline(wl string, msgs []*chatmsg.ChatMessage, users int, o
 	if err := Prefill(kcfg, topic, msgs); err != nil {
 		return nil, fmt.Errorf("prefill: %w", err)
 	}
-	lease := config.DefaultDedupLease
 	// dedup.buckets sized for the workload's rate, as docs/operations.md
 	// tells an operator to.
 	buckets := state.SuggestBuckets(stateSendRate, o.Partitions, state.DefaultSlot)
@@ -294,67 +355,108 @@ func (e *Env) statePipeline(wl string, msgs []*chatmsg.ChatMessage, users int, o
 	}
 	var out []Result
 	for _, mode := range modes {
-		name := "state-" + wl + "-legacy-" + mode
-		scenario := "state_" + wl + "_pipeline_legacy_" + mode
-		prefix := e.Prefix + ":" + name + ":"
-		before, err := e.redisStats()
+		r, err := e.pipelineRow(wl, topic, mode, len(msgs), users, buckets, o, false)
 		if err != nil {
 			return out, err
 		}
-		stop := e.countCalls(prefix)
-		ph, err := e.pipelinePhase(name, topic, ConsumerOptions{Msgs: len(msgs), Users: users, Partitions: o.Partitions,
-			Limit: 12 * time.Minute, Mutate: func(c *config.Consumer) { c.Dedup.Legacy, c.Dedup.Buckets = mode, buckets }})
-		client := stop()
-		if err != nil {
-			out = append(out, Result{Scenario: scenario, Msgs: len(msgs), Goal: stateGoal,
-				Extra: map[string]any{"workload": wl, "dedup_legacy": mode, "error": err.Error()}})
-			continue
-		}
-		after, err := e.redisStats()
-		if err != nil {
-			return out, err
-		}
-		// What stays is read once the transient keys have expired.
-		if after.usedMemory, err = e.memoryAfterExpiry(lease + time.Second); err != nil {
-			return out, err
-		}
-		n := float64(len(msgs))
-		d := delta(before, after, n)
-		parts := attribute(commandDelta(before.cmds, after.cmds), client, scriptInner, n)
-		for part, kp := range map[string][]string{PartStore: {prefix + "st:"}, PartLimiter: {prefix + "rl:", prefix + "{rl}:"}, PartLegacy: {prefix + "dedup:"}} {
-			var kept int64
-			for _, p := range kp {
-				b, _, err := e.keyBytes(p)
-				if err != nil {
-					return out, err
-				}
-				kept += b
+		out = append(out, r)
+		if o.onCluster(e, wl) {
+			rc, err := e.pipelineRow(wl, topic, mode, len(msgs), users, buckets, o, true)
+			if err != nil {
+				return out, err
 			}
-			c := parts[part]
-			if c == nil {
-				c = &partCost{ByCommand: map[string]float64{}}
-				parts[part] = c
+			if r.Extra["error"] == nil {
+				pairWith(&rc, r)
 			}
-			c.Bytes = round(float64(kept)/n, 2)
+			out = append(out, rc)
 		}
-		st := parts[PartStore]
-		// Another client's scripts make inner calls too: those of the
-		// commands the store's scripts call are charged to the store.
-		foreignScripts := false
-		if el := parts[PartElsewhere]; el != nil {
-			foreignScripts = el.ByCommand["evalsha"]+el.ByCommand["eval"] > 0
-		}
-		out = append(out, Result{Scenario: scenario, Msgs: len(msgs), MsgsPerSec: round(ph.rate, 0),
-			RSSMiB: ph.rss, Goal: stateStoreGoal, Pass: st.pass(),
-			Extra: map[string]any{"workload": wl, "users": users, "partitions": o.Partitions, "dedup_legacy": mode,
-				"parts": parts, "other_clients_ran_scripts": foreignScripts,
-				"redis_bytes_per_msg": round(d.bytes, 1), "redis_cmds_per_msg": round(d.calls, 3),
-				"redis_calls_per_msg_by_command": d.perCmd, "commands": d.cmds,
-				"redis_cpu_us_per_msg": round(d.cpu, 2), "cpu_us_per_msg": round(float64(ph.cpu.Microseconds())/n, 2),
-				"note": "full pipeline (service.StartConsumer, no-op handler). redis_* are whole-server INFO deltas around the phase (memory once dedup.lease passed; cpu is INFO cpu: execution, network I/O and event loop; other clients of a shared Redis included). parts splits them by key prefix as the harness's client counted the commands: calls include the script-internal ones, cmd_usec_per_msg is INFO commandstats usec (execution only; a script's usec holds its inner commands), key_bytes_per_msg the MEMORY USAGE sum of the part's keys",
-				"path": "service.StartConsumer, dedup.legacy=" + mode}})
 	}
 	return out, nil
+}
+
+// pipelineRow is one run of the full schedule-consumer over topic (nmsgs
+// messages) with dedup.legacy mode, in its own group and key prefix, on
+// the single Redis or on the Cluster. A phase that fails is reported in
+// the row (extra.error) with a nil error.
+func (e *Env) pipelineRow(wl, topic, mode string, nmsgs, users, buckets int, o StateOptions, onCluster bool) (Result, error) {
+	lease := config.DefaultDedupLease
+	name := "state-" + wl + "-legacy-" + mode
+	scenario := "state_" + wl + "_pipeline_legacy_" + mode
+	redisKind := "single"
+	if onCluster {
+		name, scenario, redisKind = name+"-cluster", scenario+"_cluster", "cluster"
+	}
+	prefix := e.Prefix + ":" + name + ":"
+	before, err := e.statsOn(onCluster)
+	if err != nil {
+		return Result{}, err
+	}
+	stop := e.countCalls(prefix)
+	ph, err := e.pipelinePhase(name, topic, ConsumerOptions{Msgs: nmsgs, Users: users, Partitions: o.Partitions,
+		Limit: 12 * time.Minute, Cluster: onCluster,
+		Mutate: func(c *config.Consumer) { c.Dedup.Legacy, c.Dedup.Buckets = mode, buckets }})
+	client := stop()
+	if err != nil {
+		return Result{Scenario: scenario, Msgs: nmsgs, Goal: stateGoal,
+			Extra: map[string]any{"workload": wl, "dedup_legacy": mode, "redis": redisKind, "error": err.Error()}}, nil
+	}
+	after, err := e.statsOn(onCluster)
+	if err != nil {
+		return Result{}, err
+	}
+	// What stays is read once the transient keys have expired.
+	mem, err := e.memoryAfterExpiry(onCluster, lease+time.Second)
+	if err != nil {
+		return Result{}, err
+	}
+	after = withMemory(after, mem)
+	n := float64(nmsgs)
+	d := delta(before.all, after.all, n)
+	parts := attribute(commandDelta(before.all.cmds, after.all.cmds), client, scriptInner, n)
+	for part, kp := range map[string][]string{PartStore: {prefix + "st:"}, PartLimiter: {prefix + "rl:", prefix + "{rl}:"}, PartLegacy: {prefix + "dedup:"}} {
+		var kept int64
+		for _, p := range kp {
+			b, _, err := e.keyBytes(onCluster, p)
+			if err != nil {
+				return Result{}, err
+			}
+			kept += b
+		}
+		c := parts[part]
+		if c == nil {
+			c = &partCost{ByCommand: map[string]float64{}}
+			parts[part] = c
+		}
+		c.Bytes = round(float64(kept)/n, 2)
+	}
+	st := parts[PartStore]
+	// Another client's scripts make inner calls too: those of the
+	// commands the store's scripts call are charged to the store.
+	foreignScripts := false
+	if el := parts[PartElsewhere]; el != nil {
+		foreignScripts = el.ByCommand["evalsha"]+el.ByCommand["eval"] > 0
+	}
+	note := "full pipeline (service.StartConsumer, no-op handler). redis_* are whole-server INFO deltas around the phase (memory once dedup.lease passed; cpu is INFO cpu: execution, network I/O and event loop; other clients of a shared Redis included). parts splits them by key prefix as the harness's client counted the commands: calls include the script-internal ones, cmd_usec_per_msg is INFO commandstats usec (execution only; a script's usec holds its inner commands), key_bytes_per_msg the MEMORY USAGE sum of the part's keys"
+	extra := map[string]any{"workload": wl, "users": users, "partitions": o.Partitions, "dedup_legacy": mode, "redis": redisKind,
+		"parts": parts, "other_clients_ran_scripts": foreignScripts,
+		"redis_bytes_per_msg": round(d.bytes, 1), "redis_cmds_per_msg": round(d.calls, 3),
+		"redis_calls_per_msg_by_command": d.perCmd, "commands": d.cmds,
+		"redis_cpu_us_per_msg": round(d.cpu, 2), "cpu_us_per_msg": round(float64(ph.cpu.Microseconds())/n, 2),
+		"note": note, "path": "service.StartConsumer, dedup.legacy=" + mode}
+	if onCluster {
+		nodes, err := nodeCosts(before, after, n)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := e.addPartitions(nodes, topic, o.Partitions); err != nil {
+			return Result{}, err
+		}
+		extra = merged(extra, clusterSummary(after, before, nodes, n))
+		extra["note"] = note + ". On the Cluster (redis.mode: cluster) redis_* are the masters' INFO deltas summed, nodes each node's (masters' state_partitions: the partitions whose state slot it serves), replica_* the replicas' summed"
+		extra["path"] = "service.StartConsumer, redis.mode=cluster, dedup.legacy=" + mode
+	}
+	return Result{Scenario: scenario, Msgs: nmsgs, MsgsPerSec: round(ph.rate, 0),
+		RSSMiB: ph.rss, Goal: stateStoreGoal, Pass: st.pass(), Extra: extra}, nil
 }
 
 // stateStoreGoal is issue 30's goal, applied to the store's own share of a
@@ -376,7 +478,10 @@ const stateBatch = 500
 // looks up the messages from the committed offset to A's recorded
 // high-water (the only possible repeats), skips those found done, and
 // marks the rest. Every message must be handled exactly once.
-func (e *Env) statePartitioned(wl string, msgs []*chatmsg.ChatMessage, users, partitions int) (Result, error) {
+//
+// onCluster runs it on the Cluster: the Redis figures are then the
+// masters' summed, with each node's and the replicas' beside them.
+func (e *Env) statePartitioned(wl string, msgs []*chatmsg.ChatMessage, users, partitions int, onCluster bool) (Result, error) {
 	parts := make([][]state.Item, partitions)
 	for _, m := range msgs {
 		p := int(xxhash.Sum64String(m.ExternalUserID) % uint64(partitions))
@@ -384,8 +489,14 @@ func (e *Env) statePartitioned(wl string, msgs []*chatmsg.ChatMessage, users, pa
 	}
 	slot := state.DefaultSlot
 	buckets := state.SuggestBuckets(stateSendRate, partitions, slot)
+	// The state's tag is {<topic>:<partition>}: a label that spreads the
+	// partitions over the Cluster's masters (the same on both rows).
+	topic, err := e.spreadName("state", partitions, func(k string) string { return k })
+	if err != nil {
+		return Result{}, err
+	}
 	cfg := func(owner string) state.Config {
-		return state.Config{Client: e.Redis, KeyPrefix: e.Prefix + ":ns-" + wl + ":", Owner: owner,
+		return state.Config{Client: e.client(onCluster), KeyPrefix: e.Prefix + ":ns-" + wl + ":", Owner: owner,
 			Lease: state.DefaultLease, TTL: 169 * time.Hour, Slot: slot, Buckets: buckets}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -398,7 +509,7 @@ func (e *Env) statePartitioned(wl string, msgs []*chatmsg.ChatMessage, users, pa
 	if err != nil {
 		return Result{}, err
 	}
-	before, err := e.redisStats()
+	before, err := e.statsOn(onCluster)
 	if err != nil {
 		return Result{}, err
 	}
@@ -411,7 +522,7 @@ func (e *Env) statePartitioned(wl string, msgs []*chatmsg.ChatMessage, users, pa
 		wg.Add(1)
 		go func(p int, items []state.Item) {
 			defer wg.Done()
-			errs <- runPartition(ctx, a, b, "state", int32(p), items, &lookedUp, &skipped, &handled)
+			errs <- runPartition(ctx, a, b, topic, int32(p), items, &lookedUp, &skipped, &handled)
 		}(p, parts[p])
 	}
 	wg.Wait()
@@ -423,7 +534,7 @@ func (e *Env) statePartitioned(wl string, msgs []*chatmsg.ChatMessage, users, pa
 	}
 	elapsed := time.Since(start)
 	cpu := CPUTime() - cpu0
-	after, err := e.redisStats()
+	after, err := e.statsOn(onCluster)
 	if err != nil {
 		return Result{}, err
 	}
@@ -431,20 +542,33 @@ func (e *Env) statePartitioned(wl string, msgs []*chatmsg.ChatMessage, users, pa
 	if handled.Load() != int64(len(msgs)) {
 		return Result{}, fmt.Errorf("handled %d of %d messages (a repeat ran or a message was skipped)", handled.Load(), len(msgs))
 	}
-	kept, keys, err := e.keyBytes(e.Prefix + ":ns-" + wl + ":")
+	kept, keys, err := e.keyBytes(onCluster, e.Prefix+":ns-"+wl+":")
 	if err != nil {
 		return Result{}, err
 	}
-	d := delta(before, after, n)
-	return Result{Scenario: "state_" + wl + "_partition", Msgs: len(msgs), MsgsPerSec: round(n/elapsed.Seconds(), 0),
+	d := delta(before.all, after.all, n)
+	scenario, redisKind := "state_"+wl+"_partition", "single"
+	var cl map[string]any
+	if onCluster {
+		scenario, redisKind = scenario+"_cluster", "cluster"
+		nodes, err := nodeCosts(before, after, n)
+		if err != nil {
+			return Result{}, err
+		}
+		if err := e.addPartitions(nodes, topic, partitions); err != nil {
+			return Result{}, err
+		}
+		cl = clusterSummary(after, before, nodes, n)
+	}
+	return Result{Scenario: scenario, Msgs: len(msgs), MsgsPerSec: round(n/elapsed.Seconds(), 0),
 		Goal: stateGoal, Pass: d.pass(),
-		Extra: map[string]any{"workload": wl, "users": users, "partitions": partitions, "buckets": buckets, "slot": slot.String(),
+		Extra: merged(cl, map[string]any{"workload": wl, "redis": redisKind, "state_topic": topic, "users": users, "partitions": partitions, "buckets": buckets, "slot": slot.String(),
 			"mark_batch": stateBatch, "looked_up": lookedUp.Load(), "found_done": skipped.Load(),
 			"redis_bytes_per_msg": round(d.bytes, 1), "redis_key_bytes_per_msg": round(float64(kept)/n, 2), "redis_keys": keys,
 			"redis_cmds_per_msg": round(d.calls, 3), "redis_calls_per_msg_by_command": d.perCmd, "commands": d.cmds,
 			"redis_cpu_us_per_msg": round(d.cpu, 2), "cpu_us_per_msg": round(float64(cpu.Microseconds())/n, 2),
 			"note": "store-level: package state driven as the consumer drives it (no Kafka); msgs_per_sec is the store's rate, not the pipeline's; redis figures are INFO deltas around the phase, key bytes the MEMORY USAGE sum of the store's keys",
-			"path": "state.Store: Acquire, Mark per batch, Release; Seen for the new owner's possible repeats"}}, nil
+			"path": "state.Store: Acquire, Mark per batch, Release; Seen for the new owner's possible repeats"})}, nil
 }
 
 func runPartition(ctx context.Context, a, b *state.Store, topic string, p int32, items []state.Item, lookedUp, skipped, handled *atomic.Int64) error {
@@ -502,20 +626,24 @@ func runPartition(ctx context.Context, a, b *state.Store, topic string, p int32,
 	return nil
 }
 
-// keyBytes sums MEMORY USAGE over the keys under prefix.
-func (e *Env) keyBytes(prefix string) (int64, int, error) {
+// keyBytes sums MEMORY USAGE over the keys under prefix, on the single
+// Redis or on every master of the Cluster.
+func (e *Env) keyBytes(onCluster bool, prefix string) (int64, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var total int64
 	n := 0
-	iter := e.Redis.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		m, err := e.Redis.MemoryUsage(ctx, iter.Val(), 0).Result()
-		if err != nil {
-			return 0, 0, err
+	err := e.scanAll(ctx, onCluster, func(ctx context.Context, c redis.UniversalClient) error {
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			m, err := c.MemoryUsage(ctx, iter.Val(), 0).Result()
+			if err != nil {
+				return err
+			}
+			total += m
+			n++
 		}
-		total += m
-		n++
-	}
-	return total, n, iter.Err()
+		return iter.Err()
+	})
+	return total, n, err
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,8 @@ func run() error {
 	pcConcurrency := flag.Int("pc-concurrency", 16, "peer scenario: the Parallel Consumer's max concurrency")
 	brokers := flag.String("brokers", envOr("KFPIPE_TEST_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap servers")
 	redisAddr := flag.String("redis", envOr("KFPIPE_TEST_REDIS", "127.0.0.1:16379"), "Redis address")
+	redisCluster := flag.String("redis-cluster", os.Getenv("KFPIPE_TEST_REDIS_CLUSTER"), "state scenario: a Redis Cluster's comma-separated seed addresses; the workloads of -cluster-workloads run on it too (none when empty)")
+	clusterWorkloads := flag.String("cluster-workloads", "dense", "state scenario: comma-separated workloads that also run on -redis-cluster, at the same size and on the same messages as their single-Redis rows (\"\" for none)")
 	msgs := flag.Int("msgs", 0, "messages (0 = the scenario's default)")
 	users := flag.Int("users", 0, "users (0 = the scenario's default)")
 	partitions := flag.Int("partitions", 4, "partitions of the consumer scenario's topic")
@@ -153,12 +156,20 @@ func run() error {
 		r, err = bench.Memory(e, or(*users, 100000), ord(*duration, 45*time.Second))
 		results = []bench.Result{r}
 	case "state":
-		var wls []string
+		var wls, cls []string
 		if *workloads != "" {
 			wls = strings.Split(*workloads, ",")
 		}
+		if *redisCluster != "" && *clusterWorkloads != "" {
+			if cls, err = clusterRun(*clusterWorkloads, wls); err != nil {
+				return err
+			}
+			if err = e.ConnectCluster(strings.Split(*redisCluster, ",")); err != nil {
+				return fmt.Errorf("-redis-cluster: %w", err)
+			}
+		}
 		results, err = bench.State(e, bench.StateOptions{Msgs: or(*msgs, 1000000), Users: or(*users, 10000), Partitions: *partitions,
-			Workloads: wls, NoOld: *noOld, Legacy: strings.Split(*legacy, ",")})
+			Workloads: wls, NoOld: *noOld, Legacy: strings.Split(*legacy, ","), Cluster: cls})
 	case "isolation":
 		var r bench.Result
 		r, err = bench.Isolation(e, or(*users, 1000), 10, ord(*duration, 30*time.Second))
@@ -173,6 +184,22 @@ func run() error {
 		}
 	}
 	return err
+}
+
+// clusterRun checks -cluster-workloads against the workloads the run has
+// (-workloads; every one when empty).
+func clusterRun(flagValue string, run []string) ([]string, error) {
+	if len(run) == 0 {
+		run = []string{bench.WorkloadDense, bench.WorkloadConversation, bench.WorkloadWriteOnce}
+	}
+	var out []string
+	for _, w := range strings.Split(flagValue, ",") {
+		if !slices.Contains(run, w) {
+			return nil, fmt.Errorf("-cluster-workloads: %q is not a workload of this run (%s)", w, strings.Join(run, ", "))
+		}
+		out = append(out, w)
+	}
+	return out, nil
 }
 
 // writeAllocs writes the allocation profile (every allocation so far).
