@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/obs"
 )
 
 // Report is what a run found. The per-message figures are distinct
@@ -434,24 +435,11 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// counterValue sums a counter family of g's registry, all labels.
+// counterValue sums a counter family of g's registry, all labels (0 when
+// it cannot be read: the report shows what it has).
 func counterValue(g prometheus.Gatherer, name string) float64 {
-	mfs, err := g.Gather()
-	if err != nil {
-		return 0
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if c := m.GetCounter(); c != nil {
-				sum += c.GetValue()
-			}
-		}
-	}
-	return sum
+	v, _, _ := obs.Sum(g, name)
+	return v
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

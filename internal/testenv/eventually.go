@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/obs"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -74,49 +75,9 @@ func MetricValue(m prometheus.Metric) float64 {
 // goroutine).
 func Gathered(t testing.TB, g prometheus.Gatherer, name string, labels ...string) (float64, bool) {
 	t.Helper()
-	if len(labels)%2 != 0 {
-		t.Fatalf("testenv.Gathered(%s): labels %q are not name, value pairs", name, labels)
-	}
-	mfs, err := g.Gather()
+	sum, found, err := obs.Sum(g, name, labels...)
 	if err != nil {
-		t.Fatalf("testenv.Gathered(%s): gather: %v", name, err)
-	}
-	var sum float64
-	found := false
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if !hasLabels(m, labels) {
-				continue
-			}
-			found = true
-			switch {
-			case m.Counter != nil:
-				sum += m.Counter.GetValue()
-			case m.Gauge != nil:
-				sum += m.Gauge.GetValue()
-			case m.Untyped != nil:
-				sum += m.Untyped.GetValue()
-			}
-		}
+		t.Fatalf("testenv.Gathered: %v", err)
 	}
 	return sum, found
-}
-
-func hasLabels(m *dto.Metric, pairs []string) bool {
-	for i := 0; i < len(pairs); i += 2 {
-		ok := false
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == pairs[i] && lp.GetValue() == pairs[i+1] {
-				ok = true
-				break
-			}
-		}
-		if !ok {
-			return false
-		}
-	}
-	return true
 }
