@@ -13,7 +13,6 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -50,7 +49,7 @@ func TestFAQBotEndToEnd(t *testing.T) {
 	// customers only, so u-echo still gets one reply.
 	servicerMsg, _ := json.Marshal(map[string]any{"open_kfid": kfID, "external_userid": "u-echo", "origin": 5,
 		"servicer_userid": "alice", "msgtype": "text", "text": map[string]any{"content": "Hi, I am Alice from support"}})
-	fake.Append(kfID, wecom.Message{Raw: servicerMsg})
+	fake.Append(kfID, servicerMsg)
 	produceLog(t, brokers, mainTopic, fake, kfID)
 
 	start := func(group string) *exec.Cmd {
@@ -178,8 +177,8 @@ func produceLog(t *testing.T, brokers, topic string, fake *wecomtest.Server, kfI
 	t.Helper()
 	var recs []testenv.Record
 	for i, m := range fake.Messages(kfID) {
-		c := &chatmsg.ChatMessage{MessageID: int64(i + 1), UpstreamMsgID: m.MsgID, OpenKfID: kfID, ExternalUserID: m.ExternalUserID,
-			MsgType: m.MsgType, Origin: m.Origin, SendTime: m.SendTime, ProducedAt: time.Now().UnixMilli(), Content: m.Raw}
+		c := m
+		c.MessageID, c.ProducedAt = int64(i+1), time.Now().UnixMilli()
 		v, err := chatmsg.Encode(c)
 		if err != nil {
 			t.Fatal(err)

@@ -54,9 +54,8 @@ func TestHandoffBotEndToEnd(t *testing.T) {
 		var recs []testenv.Record
 		msgs := fake.Messages(kfID)
 		for i, m := range msgs[produced:] {
-			c := &chatmsg.ChatMessage{MessageID: int64(produced + i + 1), UpstreamMsgID: m.MsgID, OpenKfID: kfID,
-				ExternalUserID: m.ExternalUserID, MsgType: m.MsgType, Origin: m.Origin, SendTime: m.SendTime,
-				ProducedAt: time.Now().UnixMilli(), Content: m.Raw}
+			c := m
+			c.MessageID, c.ProducedAt = int64(produced+i+1), time.Now().UnixMilli()
 			v, err := chatmsg.Encode(c)
 			if err != nil {
 				t.Fatal(err)
