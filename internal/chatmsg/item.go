@@ -129,75 +129,109 @@ type Event struct {
 	RecallMsgID       string `json:"recall_msgid"`
 }
 
-// bodyJSON is the part of an item Body reads; only the object of the
-// item's msgtype is decoded, so a field of another type's object cannot
+// Shapes ParseBody decodes an item into: the msgtype and the object of
+// that type only, in one pass, so a field of another type's object cannot
 // make a message unreadable.
-type bodyJSON struct {
-	MsgType string          `json:"msgtype"`
-	Text    json.RawMessage `json:"text"`
-	Image   json.RawMessage `json:"image"`
-	Voice   json.RawMessage `json:"voice"`
-	Video   json.RawMessage `json:"video"`
-	File    json.RawMessage `json:"file"`
-	Event   json.RawMessage `json:"event"`
-}
+type (
+	textItem struct {
+		MsgType string `json:"msgtype"`
+		Text    *struct {
+			Content string `json:"content"`
+			MenuID  string `json:"menu_id"`
+		} `json:"text"`
+	}
+	mediaObject struct {
+		MediaID string `json:"media_id"`
+	}
+	imageItem struct {
+		MsgType string       `json:"msgtype"`
+		Object  *mediaObject `json:"image"`
+	}
+	voiceItem struct {
+		MsgType string       `json:"msgtype"`
+		Object  *mediaObject `json:"voice"`
+	}
+	videoItem struct {
+		MsgType string       `json:"msgtype"`
+		Object  *mediaObject `json:"video"`
+	}
+	fileItem struct {
+		MsgType string       `json:"msgtype"`
+		Object  *mediaObject `json:"file"`
+	}
+	eventItem struct {
+		MsgType string `json:"msgtype"`
+		Event   *Event `json:"event"`
+	}
+	otherItem struct {
+		MsgType string `json:"msgtype"`
+	}
+)
 
 // ParseBody reads the typed content of item (ChatMessage.Content) for a
 // message of msgType. It fails (ErrMalformed) when item is not a JSON
-// object or the object of msgType is not of WeChat's shape; an unknown
-// msgType has no typed content and an empty Body.
+// object, its msgtype is not msgType, or the object of msgType is not of
+// WeChat's shape; a msgType without typed content has an empty Body.
 func ParseBody(msgType string, item []byte) (Body, error) {
-	var b Body
-	var j bodyJSON
 	if t := bytes.TrimSpace(item); len(t) == 0 || t[0] != '{' {
-		return b, fmt.Errorf("%w: item: not a JSON object", ErrMalformed)
+		return Body{}, fmt.Errorf("%w: item: not a JSON object", ErrMalformed)
 	}
-	if err := json.Unmarshal(item, &j); err != nil {
-		return b, fmt.Errorf("%w: item: %v", ErrMalformed, err)
-	}
-	if j.MsgType != "" && msgType != "" && j.MsgType != msgType {
-		return b, fmt.Errorf("%w: item's msgtype %q, message's %q", ErrMalformed, j.MsgType, msgType)
-	}
-	obj := func(raw json.RawMessage, v any) (bool, error) {
-		if len(raw) == 0 || string(raw) == "null" {
-			return false, nil
-		}
-		if err := json.Unmarshal(raw, v); err != nil {
-			return false, fmt.Errorf("%w: %s: %v", ErrMalformed, msgType, err)
-		}
-		return true, nil
-	}
+	var b Body
 	var err error
 	switch msgType {
 	case TypeText:
-		var t struct {
-			Content string `json:"content"`
-			MenuID  string `json:"menu_id"`
+		var j textItem
+		if err = decodeItem(msgType, item, &j, &j.MsgType); err == nil && j.Text != nil {
+			b.HasText, b.Text, b.MenuID = true, j.Text.Content, j.Text.MenuID
 		}
-		b.HasText, err = obj(j.Text, &t)
-		b.Text, b.MenuID = t.Content, t.MenuID
-	case TypeImage, TypeVoice, TypeVideo, TypeFile:
-		raw := j.Image
-		switch msgType {
-		case TypeVoice:
-			raw = j.Voice
-		case TypeVideo:
-			raw = j.Video
-		case TypeFile:
-			raw = j.File
-		}
-		var m struct {
-			MediaID string `json:"media_id"`
-		}
-		_, err = obj(raw, &m)
-		b.MediaID = m.MediaID
+	case TypeImage:
+		var j imageItem
+		err = decodeItem(msgType, item, &j, &j.MsgType)
+		b.MediaID = j.Object.mediaID()
+	case TypeVoice:
+		var j voiceItem
+		err = decodeItem(msgType, item, &j, &j.MsgType)
+		b.MediaID = j.Object.mediaID()
+	case TypeVideo:
+		var j videoItem
+		err = decodeItem(msgType, item, &j, &j.MsgType)
+		b.MediaID = j.Object.mediaID()
+	case TypeFile:
+		var j fileItem
+		err = decodeItem(msgType, item, &j, &j.MsgType)
+		b.MediaID = j.Object.mediaID()
 	case TypeEvent:
-		b.HasEvent, err = obj(j.Event, &b.Event)
+		var j eventItem
+		if err = decodeItem(msgType, item, &j, &j.MsgType); err == nil && j.Event != nil {
+			b.HasEvent, b.Event = true, *j.Event
+		}
+	default:
+		var j otherItem
+		err = decodeItem(msgType, item, &j, &j.MsgType)
 	}
 	if err != nil {
 		return Body{}, err
 	}
 	return b, nil
+}
+
+// decodeItem decodes item into v, whose msgtype field is itemType, and
+// checks that the item's msgtype (when it has one) is msgType.
+func decodeItem(msgType string, item []byte, v any, itemType *string) error {
+	if err := json.Unmarshal(item, v); err != nil {
+		return fmt.Errorf("%w: item of msgtype %q: %v", ErrMalformed, msgType, err)
+	}
+	if *itemType != "" && msgType != "" && *itemType != msgType {
+		return fmt.Errorf("%w: item's msgtype %q, message's %q", ErrMalformed, *itemType, msgType)
+	}
+	return nil
+}
+
+func (o *mediaObject) mediaID() string {
+	if o == nil {
+		return ""
+	}
+	return o.MediaID
 }
 
 // Body reads m's typed content (ParseBody of Content).

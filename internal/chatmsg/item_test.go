@@ -175,3 +175,23 @@ func FuzzParseItem(f *testing.F) {
 		_, _ = m.Body()
 	})
 }
+
+func BenchmarkParseItem(b *testing.B) {
+	item := []byte(`{"msgid":"msgid-0123456789abcdef","open_kfid":"wkAJ2GCAAAZSfhHCt7IFSvLKtMPxyJTw","external_userid":"wmAJ2GCAAAme1XQRC-NI-q0_ZM9ukoAw","send_time":1700000000,"origin":3,"msgtype":"text","text":{"content":"你好，我想咨询一下订单的发货时间","menu_id":"101"}}`)
+	b.Run("ParseItem", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ParseItem(item); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ParseBody", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ParseBody(TypeText, item); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
