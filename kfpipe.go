@@ -34,7 +34,8 @@ import (
 )
 
 // Message is one customer-service message or event, as kf-producer read it
-// from WeChat's sync_msg.
+// from WeChat's sync_msg: the handler's view of the record on the main
+// topic, built once per delivery with its typed content read then.
 type Message struct {
 	// ID is kfpipe's Snowflake ID, new each time WeChat's message is pulled.
 	ID int64
@@ -53,7 +54,8 @@ type Message struct {
 	ServicerUserID string
 	// SendTime is when the customer sent it (WeChat's send_time).
 	SendTime time.Time
-	// Raw is WeChat's message item exactly as received.
+	// Raw is WeChat's message item exactly as received, whatever its
+	// type; Text, MenuID, Event and Media read their content from it.
 	Raw json.RawMessage
 	// RetryFromDLQ is true when this delivery is a retry from the
 	// dead-letter queue (an operator's or the DLQ consumer's), possibly
