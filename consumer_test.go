@@ -11,7 +11,6 @@ import (
 	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
@@ -27,18 +26,18 @@ func TestNewConsumerRuns(t *testing.T) {
 	fake.AddText(kfID, "u1", "hello")
 	raw, _ := json.Marshal(map[string]any{"open_kfid": kfID, "external_userid": "u1", "origin": kfpipe.OriginServicer,
 		"servicer_userid": "alice", "msgtype": "text", "text": map[string]any{"content": "Hi, I am Alice"}})
-	fake.Append(kfID, wecom.Message{Raw: raw})
+	fake.Append(kfID, raw)
 	fake.AddText(kfID, "u1", "bye")
 	e.produce(t)
 	// A message the DLQ's recovery put back for the second time: its
 	// record carries the recovery's headers.
 	lateID := fake.AddText(kfID, "u2", "late")
 	for i, m := range fake.Messages(kfID) {
-		if m.MsgID != lateID {
+		if m.UpstreamMsgID != lateID {
 			continue
 		}
-		c := &chatmsg.ChatMessage{MessageID: int64(100 + i), UpstreamMsgID: m.MsgID, OpenKfID: kfID, ExternalUserID: "u2",
-			MsgType: m.MsgType, Origin: m.Origin, SendTime: m.SendTime, ProducedAt: time.Now().UnixMilli(), Content: m.Raw}
+		c := m
+		c.MessageID, c.ProducedAt = int64(100+i), time.Now().UnixMilli()
 		v, err := chatmsg.Encode(c)
 		if err != nil {
 			t.Fatal(err)

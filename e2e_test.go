@@ -49,10 +49,9 @@ func (e *e2e) produce(t *testing.T) {
 	var recs []testenv.Record
 	msgs := e.fake.Messages(e.kfID)
 	for i, m := range msgs[e.produced:] {
-		c := &chatmsg.ChatMessage{MessageID: int64(e.produced + i + 1), UpstreamMsgID: m.MsgID, OpenKfID: e.kfID,
-			ExternalUserID: m.ExternalUserID, MsgType: m.MsgType, Origin: m.Origin, SendTime: m.SendTime,
-			ProducedAt: time.Now().UnixMilli(), Content: m.Raw}
-		v, err := chatmsg.Encode(c)
+		c := *m // the fake's record, numbered and stamped as kf-producer does
+		c.MessageID, c.ProducedAt = int64(e.produced+i+1), time.Now().UnixMilli()
+		v, err := chatmsg.Encode(&c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"github.com/kfpipe/kfpipe/internal/wecom"
 )
 
 // TestFAQBotEndToEnd builds the examples module (its own go.mod: only
@@ -38,7 +37,7 @@ func TestFAQBotEndToEnd(t *testing.T) {
 	// customers only, so u-echo still gets one reply.
 	servicerMsg, _ := json.Marshal(map[string]any{"open_kfid": kfID, "external_userid": "u-echo", "origin": 5,
 		"servicer_userid": "alice", "msgtype": "text", "text": map[string]any{"content": "Hi, I am Alice from support"}})
-	fake.Append(kfID, wecom.Message{Raw: servicerMsg})
+	fake.Append(kfID, servicerMsg)
 	e.produce(t)
 	botA := e.startBot(t, bin, testenv.Name(t, "bot-a"), "FAQBOT_SERVICER=alice")
 

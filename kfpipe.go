@@ -34,7 +34,8 @@ import (
 )
 
 // Message is one customer-service message or event, as kf-producer read it
-// from WeChat's sync_msg.
+// from WeChat's sync_msg: the handler's view of the record on the main
+// topic, built once per delivery with its typed content read then.
 type Message struct {
 	// ID is kfpipe's Snowflake ID, new each time WeChat's message is pulled.
 	ID int64
@@ -53,7 +54,8 @@ type Message struct {
 	ServicerUserID string
 	// SendTime is when the customer sent it (WeChat's send_time).
 	SendTime time.Time
-	// Raw is WeChat's message item exactly as received.
+	// Raw is WeChat's message item exactly as received, whatever its
+	// type; Text, MenuID, Event and Media read their content from it.
 	Raw json.RawMessage
 	// RetryFromDLQ is true when this delivery is a retry from the
 	// dead-letter queue (an operator's or the DLQ consumer's), possibly
@@ -61,6 +63,29 @@ type Message struct {
 	// the message was put back from the DLQ (1 the first time).
 	RetryFromDLQ bool
 	RetryCount   int
+
+	// content is Raw's typed content (Text, MenuID, Event, Media), read
+	// once when the consumer built the Message; nil in a Message built by
+	// hand, whose Raw the accessors read at each call.
+	content *content
+}
+
+// content is what ParseBody made of raw for msgType.
+type content struct {
+	raw     json.RawMessage
+	msgType string
+	body    chatmsg.Body
+	err     error
+}
+
+// body is m's typed content: the one read when the consumer built m, as
+// long as Raw and MsgType are still the ones it was read from.
+func (m *Message) body() (chatmsg.Body, error) {
+	if c := m.content; c != nil && c.msgType == m.MsgType && len(c.raw) == len(m.Raw) &&
+		(len(m.Raw) == 0 || &c.raw[0] == &m.Raw[0]) {
+		return c.body, c.err
+	}
+	return chatmsg.ParseBody(m.MsgType, m.Raw)
 }
 
 // Age is how long ago the customer sent the message (SendTime): large for
@@ -83,19 +108,18 @@ func (m *Message) IdempotencyKey() string { return m.OpenKfID + ":" + m.Upstream
 // handler sends it as Kfpipe-Fencing-Token.
 func FencingToken(ctx context.Context) (token int64, ok bool) { return consumer.FencingToken(ctx) }
 
-// Text returns a text message's content (ok false for other types). A tap
+// Text returns a text message's content (ok false for other types, and
+// for a text message whose Raw carries no readable "text" object). A tap
 // on a menu item comes back as a text message too; MenuID gives its item.
 func (m *Message) Text() (content string, ok bool) {
 	if m.MsgType != MsgText {
 		return "", false
 	}
-	var item struct {
-		Text struct {
-			Content string `json:"content"`
-		} `json:"text"`
+	b, err := m.body()
+	if err != nil || !b.HasText {
+		return "", false
 	}
-	_ = json.Unmarshal(m.Raw, &item)
-	return item.Text.Content, true
+	return b.Text, true
 }
 
 // MenuID returns the id of the menu item the customer tapped, when this
@@ -104,13 +128,11 @@ func (m *Message) MenuID() string {
 	if m.MsgType != MsgText {
 		return ""
 	}
-	var item struct {
-		Text struct {
-			MenuID string `json:"menu_id"`
-		} `json:"text"`
+	b, err := m.body()
+	if err != nil {
+		return ""
 	}
-	_ = json.Unmarshal(m.Raw, &item)
-	return item.Text.MenuID
+	return b.MenuID
 }
 
 // Event is an event message's content (MsgType "event").
@@ -118,17 +140,25 @@ type Event struct {
 	// Type is WeChat's event_type: EventEnterSession, EventMsgSendFail,
 	// EventSessionStatusChange, …
 	Type string
+	// OpenKfID and ExternalUserID are the account and the customer the
+	// event concerns (also in Message.OpenKfID and ExternalUserID).
+	OpenKfID       string
+	ExternalUserID string
+	// ServicerUserID is the servicer of a servicer_status_change.
+	ServicerUserID string
 	// WelcomeCode is enter_session's code for the welcome message
 	// (Welcome), valid 20 seconds.
 	WelcomeCode string
 	// Scene and SceneParam say where the customer came from
 	// (enter_session).
-	Scene, SceneParam string
+	Scene      string
+	SceneParam string
 	// ChangeType, OldServicerUserID and NewServicerUserID describe a
 	// session_status_change: 1 a servicer took the session from the queue,
 	// 2 it was transferred, 3 a servicer ended it, 4 it was reopened.
-	ChangeType                           int
-	OldServicerUserID, NewServicerUserID string
+	ChangeType        int
+	OldServicerUserID string
+	NewServicerUserID string
 	// MsgCode is a session_status_change's code for the message about
 	// the change (SendEventMessage), valid 20 seconds, once.
 	MsgCode string
@@ -136,38 +166,35 @@ type Event struct {
 	// message that was not delivered and WeChat's reason code.
 	FailMsgID string
 	FailType  int
+	// Status is a servicer_status_change's new status: 1 on duty, 2 off.
+	Status int
+	// RecallMsgID is the msgid of the message a user_recall_msg or
+	// servicer_recall_msg recalled.
+	RecallMsgID string
 }
 
-// Event returns an event message's content (ok false for other types).
+// Event returns an event message's content (ok false for other types, and
+// for an event message whose Raw carries no readable "event" object).
 func (m *Message) Event() (Event, bool) {
 	if m.MsgType != MsgEvent {
 		return Event{}, false
 	}
-	var item struct {
-		Event struct {
-			Type        string `json:"event_type"`
-			WelcomeCode string `json:"welcome_code"`
-			Scene       string `json:"scene"`
-			SceneParam  string `json:"scene_param"`
-			ChangeType  int    `json:"change_type"`
-			OldServicer string `json:"old_servicer_userid"`
-			NewServicer string `json:"new_servicer_userid"`
-			MsgCode     string `json:"msg_code"`
-			FailMsgID   string `json:"fail_msgid"`
-			FailType    int    `json:"fail_type"`
-		} `json:"event"`
+	b, err := m.body()
+	if err != nil || !b.HasEvent {
+		return Event{}, false
 	}
-	_ = json.Unmarshal(m.Raw, &item)
-	e := item.Event
-	return Event{Type: e.Type, WelcomeCode: e.WelcomeCode, Scene: e.Scene, SceneParam: e.SceneParam,
-		ChangeType: e.ChangeType, OldServicerUserID: e.OldServicer, NewServicerUserID: e.NewServicer, MsgCode: e.MsgCode,
-		FailMsgID: e.FailMsgID, FailType: e.FailType}, true
+	return Event(b.Event), true
 }
 
+// fromChat is the handler's view of the record c: the one copy between
+// Kafka and a handler. Its typed content is read here, once.
 func fromChat(c *chatmsg.ChatMessage) *Message {
-	return &Message{ID: c.MessageID, UpstreamMsgID: c.UpstreamMsgID, OpenKfID: c.OpenKfID,
+	m := &Message{ID: c.MessageID, UpstreamMsgID: c.UpstreamMsgID, OpenKfID: c.OpenKfID,
 		ExternalUserID: c.ExternalUserID, MsgType: c.MsgType, Origin: c.Origin, ServicerUserID: c.ServicerUserID,
 		SendTime: time.Unix(c.SendTime, 0), Raw: c.Content}
+	b, err := c.Body()
+	m.content = &content{raw: m.Raw, msgType: m.MsgType, body: b, err: err}
+	return m
 }
 
 // Handler handles one message. It must be safe for concurrent use (other

@@ -26,11 +26,14 @@ type MediaRef struct {
 // media). WeChat's sync_msg gives only the media_id; the file's name and
 // type come with the media itself (MediaObject).
 func (m *Message) Media() (MediaRef, bool) {
-	id := media.MediaIDOf(m.MsgType, m.Raw)
-	if id == "" {
+	if !media.IsMediaType(m.MsgType) {
 		return MediaRef{}, false
 	}
-	return MediaRef{Type: m.MsgType, MediaID: id}, true
+	b, err := m.body()
+	if err != nil || b.MediaID == "" {
+		return MediaRef{}, false
+	}
+	return MediaRef{Type: m.MsgType, MediaID: b.MediaID}, true
 }
 
 // MediaObject is a message's media read from the media store. The caller

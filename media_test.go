@@ -31,9 +31,7 @@ func TestOpenMedia(t *testing.T) {
 	ctx := media.WithKeeper(context.Background(), k)
 	msg := func() *Message {
 		all := fake.Messages(kfID)
-		m := all[len(all)-1]
-		return &Message{UpstreamMsgID: m.MsgID, OpenKfID: kfID, ExternalUserID: m.ExternalUserID, MsgType: m.MsgType,
-			Origin: OriginCustomer, Raw: m.Raw}
+		return fromChat(all[len(all)-1])
 	}
 
 	doc := []byte("%PDF-1.7 a small contract")

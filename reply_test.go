@@ -93,9 +93,9 @@ func (rig *replyRig) wrap(h consumer.Handler) consumer.Handler {
 func (rig *replyRig) message(t *testing.T, id string) *chatmsg.ChatMessage {
 	t.Helper()
 	for _, m := range rig.fake.Messages("wk") {
-		if m.MsgID == id {
-			return &chatmsg.ChatMessage{MessageID: 1, UpstreamMsgID: id, OpenKfID: "wk", ExternalUserID: m.ExternalUserID,
-				MsgType: m.MsgType, Origin: m.Origin, Content: m.Raw}
+		if m.UpstreamMsgID == id {
+			m.MessageID = 1
+			return m
 		}
 	}
 	t.Fatalf("no message %s", id)

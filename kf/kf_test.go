@@ -114,9 +114,9 @@ func TestSessionStatesAndWelcome(t *testing.T) {
 func welcomeCode(t *testing.T, fake *wecomtest.Server) string {
 	t.Helper()
 	msgs := fake.Messages("wk1")
-	m := regexp.MustCompile(`"welcome_code":"([0-9a-f]+)"`).FindSubmatch(msgs[len(msgs)-1].Raw)
+	m := regexp.MustCompile(`"welcome_code":"([0-9a-f]+)"`).FindSubmatch(msgs[len(msgs)-1].Content)
 	if m == nil {
-		t.Fatalf("no welcome_code in %s", msgs[len(msgs)-1].Raw)
+		t.Fatalf("no welcome_code in %s", msgs[len(msgs)-1].Content)
 	}
 	return string(m[1])
 }
@@ -229,7 +229,7 @@ func TestServicerTakesAndEnds(t *testing.T) {
 	fake.AddText("wk1", "u3", "hi")
 	fake.ServicerTakes("wk1", "u3", "bob")
 	msgs := fake.Messages("wk1")
-	raw := string(msgs[len(msgs)-1].Raw)
+	raw := string(msgs[len(msgs)-1].Content)
 	m := regexp.MustCompile(`"msg_code":"([0-9a-f]+)"`).FindStringSubmatch(raw)
 	if !strings.Contains(raw, `"event_type":"session_status_change"`) || !strings.Contains(raw, `"change_type":1`) || m == nil {
 		t.Fatalf("event %s", raw)
@@ -242,7 +242,7 @@ func TestServicerTakesAndEnds(t *testing.T) {
 	}
 	fake.ServicerEnds("wk1", "u3")
 	msgs = fake.Messages("wk1")
-	if raw := string(msgs[len(msgs)-1].Raw); !strings.Contains(raw, `"change_type":3`) {
+	if raw := string(msgs[len(msgs)-1].Content); !strings.Contains(raw, `"change_type":3`) {
 		t.Fatalf("end event %s", raw)
 	}
 	if st, _, _ := c.ServiceState(ctx, "wk1", "u3"); st != kf.StateEnded {

@@ -34,7 +34,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/media"
 	"github.com/kfpipe/kfpipe/internal/reply"
-	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
 )
@@ -428,7 +427,7 @@ func (hs *Harness) show(m *kfpipe.Message) {
 	hs.seen[m.UpstreamMsgID] = true
 	hs.mu.Unlock()
 	if first {
-		hs.fake.Append(m.OpenKfID, wecom.Message{Raw: m.Raw})
+		hs.fake.Append(m.OpenKfID, m.Raw)
 		if ev, ok := m.Event(); ok && ev.Type == kfpipe.EventSessionStatusChange {
 			// The change the event announces has happened at WeChat.
 			switch ev.ChangeType {

@@ -135,7 +135,7 @@ func Producer(e *Env, o ProducerOptions) ([]Result, error) {
 // fakeSource is an in-memory sync_msg: per open_kfid a log of prebuilt
 // items, paged by a numeric cursor, like WeChat's (has_more, next_cursor).
 type fakeSource struct {
-	logs map[string][]producer.UpstreamMessage
+	logs map[string][]*chatmsg.ChatMessage
 }
 
 func (f *fakeSource) SyncMsg(_ context.Context, req producer.SyncRequest) (*producer.SyncResponse, error) {
@@ -145,7 +145,13 @@ func (f *fakeSource) SyncMsg(_ context.Context, req producer.SyncRequest) (*prod
 		pos, _ = strconv.Atoi(req.Cursor)
 	}
 	end := min(pos+req.Limit, len(log))
-	resp := &producer.SyncResponse{NextCursor: strconv.Itoa(end), MsgList: log[pos:end]}
+	// New records on every call, as the wecom client's parse makes them.
+	page := make([]*chatmsg.ChatMessage, end-pos)
+	for i, m := range log[pos:end] {
+		c := *m
+		page[i] = &c
+	}
+	resp := &producer.SyncResponse{NextCursor: strconv.Itoa(end), MsgList: page}
 	if end < len(log) {
 		resp.HasMore = 1
 	}
@@ -182,17 +188,17 @@ func syncerRun(e *Env, brokers string, o ProducerOptions, rawRate, size float64)
 	if err != nil {
 		return Result{}, err
 	}
-	src := &fakeSource{logs: map[string][]producer.UpstreamMessage{}}
+	src := &fakeSource{logs: map[string][]*chatmsg.ChatMessage{}}
 	var kfs []string
 	for k := range o.Streams {
 		kf := fmt.Sprintf("wkBench%02d", k)
 		kfs = append(kfs, kf)
 		per := o.Msgs / o.Streams
-		items := make([]producer.UpstreamMessage, per)
+		items := make([]*chatmsg.ChatMessage, per)
 		for i := range items {
 			m := Message(e.Prefix+"-s-"+kf, i, UserName((k*per+i)%500), "xxxxxxxxxxxxxx")
-			items[i] = producer.UpstreamMessage{MsgID: m.UpstreamMsgID, OpenKfID: kf, ExternalUserID: m.ExternalUserID,
-				SendTime: m.SendTime, Origin: m.Origin, MsgType: m.MsgType, Raw: m.Content}
+			m.MessageID, m.OpenKfID = 0, kf // the Syncer numbers it
+			items[i] = m
 		}
 		src.logs[kf] = items
 	}

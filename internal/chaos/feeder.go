@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -62,24 +63,34 @@ func (f *Feeder) account(userIdx int) string {
 // repeat) to the fake WeChat, users[i] on account kfOf(i, users[i]), in
 // that order, and sends one callback per account touched.
 func (f *Feeder) appendUsers(ctx context.Context, users []string, kfOf func(i int, user string) string) {
-	byKf := map[string][]wecom.Message{}
+	type item struct {
+		User   string `json:"external_userid"`
+		Origin int    `json:"origin"`
+		Type   string `json:"msgtype"`
+	}
+	byKf := map[string][]json.RawMessage{}
+	usersOf := map[string][]string{}
 	var order []string
 	for i, u := range users {
 		kf := kfOf(i, u)
 		if _, ok := byKf[kf]; !ok {
 			order = append(order, kf)
 		}
-		byKf[kf] = append(byKf[kf], wecom.Message{ExternalUserID: u, Origin: wecom.OriginCustomer, MsgType: "text"})
+		raw, err := json.Marshal(item{User: u, Origin: wecom.OriginCustomer, Type: "text"})
+		if err != nil {
+			panic(err)
+		}
+		byKf[kf] = append(byKf[kf], raw)
+		usersOf[kf] = append(usersOf[kf], u)
 	}
 	now := time.Now()
 	for _, kf := range order {
-		msgs := byKf[kf]
 		// The log's order is the WeChat order; Append under the feeder's
 		// lock keeps our record in the same order.
 		f.mu.Lock()
-		ids := f.p.Fake.Append(kf, msgs...)
+		ids := f.p.Fake.Append(kf, byKf[kf]...)
 		for i, id := range ids {
-			u := msgs[i].ExternalUserID
+			u := usersOf[kf][i]
 			f.sent = append(f.sent, Sent{MsgID: id, OpenKfID: kf, User: u, Index: f.perUser[u], At: now})
 			f.perUser[u]++
 		}

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -312,8 +311,8 @@ func (d *driver) apply(e event, touched map[string]bool) {
 		// The same item WeChat handed out before: same msgid, same
 		// send_time, same content.
 		for _, old := range d.fake.Messages(m.account) {
-			if old.MsgID == m.id {
-				d.fake.Append(m.account, wecom.Message{Raw: old.Raw})
+			if old.UpstreamMsgID == m.id {
+				d.fake.Append(m.account, old.Content)
 				touched[m.account] = true
 				d.mu.Lock()
 				d.redeliver++

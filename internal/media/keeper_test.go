@@ -55,9 +55,7 @@ func newRig(t *testing.T, store Store, cfg KeeperConfig) *rig {
 func (r *rig) message(t *testing.T) *chatmsg.ChatMessage {
 	t.Helper()
 	msgs := r.fake.Messages(kfID)
-	m := msgs[len(msgs)-1]
-	return &chatmsg.ChatMessage{UpstreamMsgID: m.MsgID, OpenKfID: kfID, ExternalUserID: m.ExternalUserID,
-		MsgType: m.MsgType, Content: m.Raw}
+	return msgs[len(msgs)-1]
 }
 
 func (r *rig) kept(stage, result string) float64 {

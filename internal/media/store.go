@@ -14,7 +14,6 @@ package media
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -99,30 +98,17 @@ func IsMediaType(msgType string) bool {
 	return false
 }
 
-// MediaIDOf returns the media_id of WeChat's message item raw of msgType
-// ("" when the type carries none or the item has none).
-func MediaIDOf(msgType string, raw json.RawMessage) string {
-	if !IsMediaType(msgType) || len(raw) == 0 {
-		return ""
-	}
-	var item map[string]json.RawMessage
-	if json.Unmarshal(raw, &item) != nil {
-		return ""
-	}
-	var obj struct {
-		MediaID string `json:"media_id"`
-	}
-	_ = json.Unmarshal(item[msgType], &obj)
-	return obj.MediaID
-}
-
-// RefOf returns the media of m for corp (ok false when m carries none).
+// RefOf returns the media of m for corp (ok false when m carries none or
+// its content cannot be read).
 func RefOf(corpID string, m *chatmsg.ChatMessage) (Ref, bool) {
-	id := MediaIDOf(m.MsgType, m.Content)
-	if id == "" {
+	if !IsMediaType(m.MsgType) {
 		return Ref{}, false
 	}
-	return Ref{CorpID: corpID, OpenKfID: m.OpenKfID, MsgID: m.UpstreamMsgID, MsgType: m.MsgType, MediaID: id}, true
+	b, err := m.Body()
+	if err != nil || b.MediaID == "" {
+		return Ref{}, false
+	}
+	return Ref{CorpID: corpID, OpenKfID: m.OpenKfID, MsgID: m.UpstreamMsgID, MsgType: m.MsgType, MediaID: b.MediaID}, true
 }
 
 // contextKey carries the Keeper of a handler's run.

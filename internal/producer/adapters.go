@@ -26,12 +26,7 @@ func (w WeComSource) SyncMsg(ctx context.Context, req SyncRequest) (*SyncRespons
 	default:
 		return nil, err
 	}
-	out := &SyncResponse{NextCursor: resp.NextCursor, HasMore: resp.HasMore, MsgList: make([]UpstreamMessage, len(resp.MsgList))}
-	for i, m := range resp.MsgList {
-		out.MsgList[i] = UpstreamMessage{MsgID: m.MsgID, OpenKfID: m.OpenKfID, ExternalUserID: m.ExternalUserID,
-			SendTime: m.SendTime, Origin: m.Origin, ServicerUserID: m.ServicerUserID, MsgType: m.MsgType, Raw: m.Raw}
-	}
-	return out, nil
+	return &SyncResponse{NextCursor: resp.NextCursor, HasMore: resp.HasMore, MsgList: resp.MsgList, Invalid: resp.Invalid}, nil
 }
 
 // LockAdapter adapts internal/lock to Locker. The Locker must be built

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/coord/coordtest"
 	"github.com/kfpipe/kfpipe/internal/lock"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -126,7 +127,7 @@ func TestIntegrationDeadHoldersLockRetriedWhenItExpires(t *testing.T) {
 			if logs.FilterMessageSnippet("retrying when it expires").Len() == 0 {
 				t.Fatal("no log says the sync waits for the held lock")
 			}
-			checkRecords(t, readTopic(t, brokers, topic), map[string][]wecom.Message{kf: fake.Messages(kf)}, true)
+			checkRecords(t, readTopic(t, brokers, topic), map[string][]*chatmsg.ChatMessage{kf: fake.Messages(kf)}, true)
 		})
 	}
 }

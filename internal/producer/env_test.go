@@ -11,7 +11,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
-	"github.com/kfpipe/kfpipe/internal/wecom"
 )
 
 // This file holds the real-service helpers of the integration tests: a
@@ -52,7 +51,7 @@ var header = testenv.Header
 // of logs present (exactly once when exact), each user in one partition, and
 // each user's first occurrences in log order. logs maps open_kfid to its
 // message log in WeChat order.
-func checkRecords(t *testing.T, recs []*kafka.Message, logs map[string][]wecom.Message, exact bool) {
+func checkRecords(t *testing.T, recs []*kafka.Message, logs map[string][]*chatmsg.ChatMessage, exact bool) {
 	t.Helper()
 	type pos struct {
 		kf  string
@@ -62,7 +61,7 @@ func checkRecords(t *testing.T, recs []*kafka.Message, logs map[string][]wecom.M
 	total := 0
 	for kf, log := range logs {
 		for i, m := range log {
-			where[m.MsgID] = pos{kf, i}
+			where[m.UpstreamMsgID] = pos{kf, i}
 		}
 		total += len(log)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,6 +170,12 @@ func (p *pageSource) SyncMsg(ctx context.Context, req SyncRequest) (*SyncRespons
 	if !ok { // caught up: nothing new, cursor stays
 		return &SyncResponse{NextCursor: req.Cursor}, nil
 	}
+	// New records on every call, as the wecom client returns them.
+	r.MsgList = slices.Clone(r.MsgList)
+	for i, m := range r.MsgList {
+		c := *m
+		r.MsgList[i] = &c
+	}
 	return &r, nil
 }
 
@@ -179,12 +186,12 @@ func (p *pageSource) requests() []SyncRequest {
 }
 
 // msgs builds n upstream messages named prefix-0…
-func msgs(kf, prefix string, n int) []UpstreamMessage {
-	out := make([]UpstreamMessage, n)
+func msgs(kf, prefix string, n int) []*chatmsg.ChatMessage {
+	out := make([]*chatmsg.ChatMessage, n)
 	for i := range out {
 		id := fmt.Sprintf("%s-%d", prefix, i)
-		out[i] = UpstreamMessage{MsgID: id, OpenKfID: kf, ExternalUserID: "u-" + id, MsgType: "text",
-			SendTime: int64(1700000000 + i), Raw: json.RawMessage(`{"msgid":"` + id + `"}`)}
+		out[i] = &chatmsg.ChatMessage{UpstreamMsgID: id, OpenKfID: kf, ExternalUserID: "u-" + id, MsgType: "text",
+			SendTime: int64(1700000000 + i), Content: json.RawMessage(`{"msgid":"` + id + `"}`)}
 	}
 	return out
 }

@@ -9,6 +9,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
 
 // WeChat keeps a customer-service message for 3 days: one not fetched with
@@ -95,7 +97,7 @@ func (s *Syncer) noteTrigger(kf string) {
 
 // noteUnacknowledged records the oldest send_time of items, fetched but not
 // acknowledged by Kafka.
-func (s *Syncer) noteUnacknowledged(kf string, items []UpstreamMessage) {
+func (s *Syncer) noteUnacknowledged(kf string, items []*chatmsg.ChatMessage) {
 	var oldest int64
 	for i := range items {
 		if t := items[i].SendTime; t > 0 && (oldest == 0 || t < oldest) {

@@ -102,8 +102,8 @@ func waitCaughtUp(t *testing.T, st *RedisState, fake *wecomtest.Server, kfs []st
 	}
 }
 
-func logs(fake *wecomtest.Server, kfs []string) map[string][]wecom.Message {
-	out := map[string][]wecom.Message{}
+func logs(fake *wecomtest.Server, kfs []string) map[string][]*chatmsg.ChatMessage {
+	out := map[string][]*chatmsg.ChatMessage{}
 	for _, kf := range kfs {
 		out[kf] = fake.Messages(kf)
 	}

@@ -2,7 +2,6 @@ package producer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -31,20 +30,13 @@ type SyncRequest struct {
 type SyncResponse struct {
 	NextCursor string
 	HasMore    int // 1 = more pages, even when MsgList is empty
-	MsgList    []UpstreamMessage
-}
-
-// UpstreamMessage is one item of msg_list. For events the Source has moved
-// external_userid out of the event object into ExternalUserID.
-type UpstreamMessage struct {
-	MsgID          string
-	OpenKfID       string
-	ExternalUserID string
-	SendTime       int64
-	Origin         int
-	ServicerUserID string
-	MsgType        string
-	Raw            json.RawMessage // the item exactly as WeChat sent it
+	// MsgList is the page's items read by chatmsg.ParseItem, in WeChat's
+	// order: the records to produce, new ones on every call (the Syncer
+	// sets their MessageID, the Publisher their ProducedAt).
+	MsgList []*chatmsg.ChatMessage
+	// Invalid is the page's items ParseItem refused: counted and logged,
+	// never produced (they cannot be keyed or deduplicated).
+	Invalid []*chatmsg.ItemError
 }
 
 // Source is WeChat's sync_msg (the wecom client behind an adapter). Errors
@@ -199,6 +191,7 @@ type syncMetrics struct {
 	advances prometheus.Counter
 	busy     prometheus.Counter
 	triggers *prometheus.CounterVec
+	invalid  *prometheus.CounterVec
 	failing  *prometheus.GaugeVec
 	// lastSuccess is kfpipe_sync_last_success_timestamp_seconds.
 	lastSuccess *prometheus.GaugeVec
@@ -230,6 +223,10 @@ func newSyncMetrics(reg prometheus.Registerer) syncMetrics {
 			Name: "kfpipe_sync_triggers_total",
 			Help: "Sync triggers by outcome (queued, coalesced, overloaded, unknown_open_kfid, suppressed: the open_kfid's last sync failed permanently and waits for its backoff).",
 		}, []string{"result"}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_sync_invalid_items_total",
+			Help: "sync_msg items not produced because they cannot be keyed or deduplicated, by reason (malformed: not a JSON object of WeChat's shape; missing_field: no msgid, open_kfid or external_userid). Each is logged with the item.",
+		}, []string{"reason"}),
 		failing: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kfpipe_sync_permanent_failure",
 			Help: "1 while an open_kfid's sync fails with a permanent WeChat errcode (bad credentials, unknown account, no permission); the errcode is a label. Retried every few minutes.",
@@ -240,7 +237,7 @@ func newSyncMetrics(reg prometheus.Registerer) syncMetrics {
 		}, []string{"open_kfid"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.runs, m.messages, m.pending, m.advances, m.busy, m.triggers, m.failing, m.lastSuccess)
+		reg.MustRegister(m.runs, m.messages, m.pending, m.advances, m.busy, m.triggers, m.invalid, m.failing, m.lastSuccess)
 	}
 	return m
 }
@@ -831,17 +828,16 @@ func (s *Syncer) pass(ctx context.Context, m Mutex, kf string, token *string) er
 			}
 			return &stepError{kind: kind, err: fmt.Errorf("sync_msg: %w", err)}
 		}
-		if len(resp.MsgList) > 0 {
-			msgs, err := s.build(kf, resp.MsgList)
-			if err != nil {
-				s.noteUnacknowledged(kf, resp.MsgList)
+		if msgs := resp.MsgList; len(msgs) > 0 {
+			if err := s.number(msgs); err != nil {
+				s.noteUnacknowledged(kf, msgs)
 				return &stepError{kind: "idgen_error", err: err}
 			}
 			dctx, cancel := context.WithTimeout(ctx, s.cfg.DeliveryWait)
 			err = s.d.Publisher.ProduceBatch(dctx, s.cfg.Topic, msgs)
 			cancel()
 			if err != nil {
-				s.noteUnacknowledged(kf, resp.MsgList)
+				s.noteUnacknowledged(kf, msgs)
 				if ctx.Err() == nil { // not our own cancellation (stop, lock lost)
 					s.setProduceErr(err)
 				}
@@ -851,6 +847,7 @@ func (s *Syncer) pass(ctx context.Context, m Mutex, kf string, token *string) er
 			s.m.messages.Add(float64(len(msgs)))
 			produced += len(msgs)
 		}
+		s.noteInvalid(kf, resp.Invalid)
 		if resp.NextCursor != "" && resp.NextCursor != cursor {
 			if err := m.SetIfHeld(ctx, cursorKey, resp.NextCursor, 0); err != nil {
 				return fmt.Errorf("store cursor: %w", err)
@@ -866,32 +863,39 @@ func (s *Syncer) pass(ctx context.Context, m Mutex, kf string, token *string) er
 	}
 }
 
-func (s *Syncer) build(kf string, items []UpstreamMessage) ([]*chatmsg.ChatMessage, error) {
-	msgs := make([]*chatmsg.ChatMessage, len(items))
-	for i := range items {
-		it := &items[i]
+// number gives each message of a page its Snowflake ID (new on every
+// pull; the dedup key is the upstream one).
+func (s *Syncer) number(msgs []*chatmsg.ChatMessage) error {
+	for _, m := range msgs {
 		id, err := s.d.IDs.Next()
 		if err != nil {
-			return nil, fmt.Errorf("message id: %w", err)
+			return fmt.Errorf("message id: %w", err)
 		}
-		openKfID := it.OpenKfID
-		if openKfID == "" {
-			openKfID = kf
-		}
-		msgs[i] = &chatmsg.ChatMessage{
-			MessageID:      id,
-			UpstreamMsgID:  it.MsgID,
-			OpenKfID:       openKfID,
-			ExternalUserID: it.ExternalUserID,
-			MsgType:        it.MsgType,
-			Origin:         it.Origin,
-			ServicerUserID: it.ServicerUserID,
-			SendTime:       it.SendTime,
-			Content:        it.Raw,
-		}
+		m.MessageID = id
 	}
-	return msgs, nil
+	return nil
 }
+
+// noteInvalid counts and logs the items of a produced page that were not
+// produced. They are not retried: WeChat returns them the same way again.
+func (s *Syncer) noteInvalid(kf string, items []*chatmsg.ItemError) {
+	for _, it := range items {
+		reason := "malformed"
+		if errors.Is(it, chatmsg.ErrMissingField) {
+			reason = "missing_field"
+		}
+		s.m.invalid.WithLabelValues(reason).Inc()
+		item := it.Item
+		if len(item) > maxLoggedItem {
+			item = item[:maxLoggedItem]
+		}
+		s.log.Warn("sync_msg item not produced: it cannot be keyed or deduplicated", zap.String("open_kfid", kf),
+			zap.Error(it.Err), zap.ByteString("item", item))
+	}
+}
+
+// maxLoggedItem bounds the bytes of a refused item in its log line.
+const maxLoggedItem = 2048
 
 // backoff is the wait after the attempt-th consecutive failure: RetryBase
 // doubling up to RetryMax, minus up to half of it as jitter so replicas do

@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestMain(m *testing.M) {
@@ -34,7 +37,7 @@ type rig struct {
 }
 
 // newRig builds a started Syncer on the given fakes (new ones when nil).
-func newRig(t *testing.T, cfg SyncerConfig, st *memStore, src *pageSource) *rig {
+func newRig(t *testing.T, cfg SyncerConfig, st *memStore, src *pageSource, opts ...Option) *rig {
 	t.Helper()
 	if st == nil {
 		st = newMemStore()
@@ -44,7 +47,7 @@ func newRig(t *testing.T, cfg SyncerConfig, st *memStore, src *pageSource) *rig 
 	}
 	r := &rig{st: st, lk: &fakeLocker{s: st}, src: src, pub: &recPublisher{}}
 	s, err := NewSyncer(cfg, SyncerDeps{Source: src, Locker: r.lk, State: st, Publisher: r.pub, IDs: &seqIDs{}},
-		WithRegisterer(prometheus.NewRegistry()))
+		append([]Option{WithRegisterer(prometheus.NewRegistry())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,10 +67,10 @@ func (s *Syncer) idle() bool {
 	return len(s.kfs) == 0
 }
 
-func ids(ms []UpstreamMessage) []string {
+func ids(ms []*chatmsg.ChatMessage) []string {
 	var out []string
 	for _, m := range ms {
-		out = append(out, m.MsgID)
+		out = append(out, m.UpstreamMsgID)
 	}
 	return out
 }
@@ -133,6 +136,46 @@ func TestSyncPaging(t *testing.T) {
 				t.Error("lock still held after the sync")
 			}
 		})
+	}
+}
+
+// TestInvalidItemsCountedNotProduced: an item the Source could not read
+// (not JSON, no external_userid) is counted and logged with the item, not
+// produced, and does not hold the cursor: the rest of its page goes out.
+func TestInvalidItemsCountedNotProduced(t *testing.T) {
+	var invalid []*chatmsg.ItemError
+	for _, item := range []string{`{"msgid":"x",`, `{"msgid":"y","msgtype":"event","event":{"event_type":"servicer_status_change","open_kfid":"kf"}}`} {
+		_, err := chatmsg.ParseItem([]byte(item))
+		var ie *chatmsg.ItemError
+		if !errors.As(err, &ie) {
+			t.Fatalf("ParseItem(%s) = %v, want an *ItemError", item, err)
+		}
+		invalid = append(invalid, ie)
+	}
+	a := msgs("kf", "a", 2)
+	src := &pageSource{}
+	src.set("kf", "", SyncResponse{NextCursor: "c1", MsgList: a, Invalid: invalid})
+	core, logs := observer.New(zap.WarnLevel)
+	r := newRig(t, unitCfg(), nil, src, WithLogger(zap.New(core)))
+	if err := r.s.Trigger("kf", ""); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() error { return testenv.Check(r.s.idle(), "sync done") })
+	if got := r.pub.ids(); !slices.Equal(got, ids(a)) {
+		t.Fatalf("produced %v, want %v", got, ids(a))
+	}
+	if !slices.Equal(r.st.writes, []string{"c1"}) {
+		t.Fatalf("cursor writes %v, want [c1]", r.st.writes)
+	}
+	for reason, want := range map[string]float64{"malformed": 1, "missing_field": 1} {
+		if n := testenv.MetricValue(r.s.m.invalid.WithLabelValues(reason)); n != want {
+			t.Errorf("invalid items %s = %v, want %v", reason, n, want)
+		}
+	}
+	lines := logs.FilterMessageSnippet("not produced").All()
+	if len(lines) != 2 || !strings.Contains(lines[1].ContextMap()["item"].(string), "servicer_status_change") ||
+		!strings.Contains(lines[1].ContextMap()["error"].(string), "external_userid") {
+		t.Fatalf("logged %+v", lines)
 	}
 }
 

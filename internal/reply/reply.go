@@ -11,7 +11,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -221,8 +220,10 @@ type Target struct {
 // TargetOf returns the Target of a consumed message.
 func TargetOf(c *chatmsg.ChatMessage) Target {
 	t := Target{OpenKfID: c.OpenKfID, UpstreamMsgID: c.UpstreamMsgID, User: c.ExternalUserID, SendTime: c.SendTime}
-	if c.MsgType == "event" {
-		t.WelcomeCode = welcomeCode(c.Content)
+	if c.MsgType == chatmsg.TypeEvent {
+		if b, err := c.Body(); err == nil && b.Event.Type == "enter_session" {
+			t.WelcomeCode = b.Event.WelcomeCode
+		}
 	}
 	return t
 }
@@ -457,19 +458,4 @@ func Fingerprint(what string, content any) string {
 	}
 	sum := sha256.Sum256(fmt.Appendf(nil, "%#v", content))
 	return fmt.Sprintf("%s %T %s", what, content, hex.EncodeToString(sum[:6]))
-}
-
-// welcomeCode reads an enter_session event's welcome_code from WeChat's
-// item ("" when there is none).
-func welcomeCode(item []byte) string {
-	var m struct {
-		Event struct {
-			Type string `json:"event_type"`
-			Code string `json:"welcome_code"`
-		} `json:"event"`
-	}
-	if json.Unmarshal(item, &m) != nil || m.Event.Type != "enter_session" {
-		return ""
-	}
-	return m.Event.Code
 }

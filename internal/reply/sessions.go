@@ -2,7 +2,6 @@ package reply
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -147,15 +146,10 @@ func Skips(ctx context.Context, rdb redis.UniversalClient, prefix string, openKf
 // event's customer before the event (and every later message of the
 // customer) is handled.
 func (fx *Effects) Observe(ctx context.Context, c *chatmsg.ChatMessage) {
-	if fx == nil || fx.sessions == nil || c.MsgType != "event" {
+	if fx == nil || fx.sessions == nil || c.MsgType != chatmsg.TypeEvent {
 		return
 	}
-	var m struct {
-		Event struct {
-			Type string `json:"event_type"`
-		} `json:"event"`
-	}
-	if json.Unmarshal(c.Content, &m) == nil && m.Event.Type == "session_status_change" {
+	if b, err := c.Body(); err == nil && b.Event.Type == "session_status_change" {
 		fx.sessions.Forget(ctx, c.OpenKfID, c.ExternalUserID)
 	}
 }

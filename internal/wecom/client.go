@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
 
 // MaxSyncLimit is the largest page sync_msg returns.
@@ -466,9 +468,15 @@ type SyncRequest struct {
 
 // SyncResponse is one page of sync_msg.
 type SyncResponse struct {
-	NextCursor string    `json:"next_cursor"`
-	HasMore    int       `json:"has_more"`
-	MsgList    []Message `json:"msg_list"`
+	NextCursor string
+	HasMore    int
+	// MsgList is the page's items that chatmsg.ParseItem read, in
+	// WeChat's order: the records the producer sends to Kafka, without
+	// MessageID and ProducedAt.
+	MsgList []*chatmsg.ChatMessage
+	// Invalid is the page's items ParseItem refused (not a JSON object;
+	// no msgid, open_kfid or external_userid), with why.
+	Invalid []*chatmsg.ItemError
 }
 
 // More reports whether another page follows. It can be true for a page
@@ -485,7 +493,9 @@ type syncBody struct {
 
 type syncResponse struct {
 	apiResult
-	SyncResponse
+	NextCursor string            `json:"next_cursor"`
+	HasMore    int               `json:"has_more"`
+	MsgList    []json.RawMessage `json:"msg_list"`
 }
 
 // SyncMsg fetches one page of messages for req.OpenKfID after req.Cursor.
@@ -512,5 +522,18 @@ func (c *Client) SyncMsg(ctx context.Context, req SyncRequest) (*SyncResponse, e
 	if err != nil {
 		return nil, fmt.Errorf("sync_msg %s: %w", req.OpenKfID, err)
 	}
-	return &sr.SyncResponse, nil
+	out := &SyncResponse{NextCursor: sr.NextCursor, HasMore: sr.HasMore, MsgList: make([]*chatmsg.ChatMessage, 0, len(sr.MsgList))}
+	for _, item := range sr.MsgList {
+		m, err := chatmsg.ParseItem(item)
+		var ie *chatmsg.ItemError
+		switch {
+		case err == nil:
+			out.MsgList = append(out.MsgList, m)
+		case errors.As(err, &ie):
+			out.Invalid = append(out.Invalid, ie)
+		default:
+			return nil, fmt.Errorf("sync_msg %s: %w", req.OpenKfID, err)
+		}
+	}
+	return out, nil
 }

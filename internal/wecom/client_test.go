@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -245,9 +246,9 @@ func TestClientRedisDown(t *testing.T) {
 
 // syncAll pages like the producer does: until has_more is 0, through empty
 // pages, returning the messages and the final cursor.
-func syncAll(t *testing.T, c *wecom.Client, kf, cursor string, limit int) ([]wecom.Message, string, int) {
+func syncAll(t *testing.T, c *wecom.Client, kf, cursor string, limit int) ([]*chatmsg.ChatMessage, string, int) {
 	t.Helper()
-	var all []wecom.Message
+	var all []*chatmsg.ChatMessage
 	pages := 0
 	for {
 		resp, err := c.SyncMsg(context.Background(), wecom.SyncRequest{OpenKfID: kf, Cursor: cursor, Limit: limit})
@@ -285,9 +286,9 @@ func TestClientPaging(t *testing.T) {
 		t.Fatalf("got %d messages, want %d", len(got), len(want))
 	}
 	for i, m := range got {
-		text, ok := m.Text()
-		if m.MsgID != want[i] || !ok || text != fmt.Sprintf("m%d", i) || m.OpenKfID != "wk-1" || m.ExternalUserID != fmt.Sprintf("u%d", i%3) {
-			t.Fatalf("message %d = %+v (%q)", i, m, text)
+		b, err := m.Body()
+		if m.UpstreamMsgID != want[i] || err != nil || b.Text != fmt.Sprintf("m%d", i) || m.OpenKfID != "wk-1" || m.ExternalUserID != fmt.Sprintf("u%d", i%3) {
+			t.Fatalf("message %d = %+v (%+v, %v)", i, m, b, err)
 		}
 	}
 	if cursor != s.LastCursor("wk-1") {
@@ -297,7 +298,7 @@ func TestClientPaging(t *testing.T) {
 	// Resuming from the stored cursor returns only what came after.
 	newer := s.AddText("wk-1", "u9", "late")
 	got, cursor, _ = syncAll(t, c, "wk-1", cursor, 10)
-	if len(got) != 1 || got[0].MsgID != newer || cursor != s.LastCursor("wk-1") {
+	if len(got) != 1 || got[0].UpstreamMsgID != newer || cursor != s.LastCursor("wk-1") {
 		t.Fatalf("resume got %v, cursor %q", got, cursor)
 	}
 	// Nothing new: an empty final page with the same position.
@@ -331,60 +332,72 @@ func TestClientRetention(t *testing.T) {
 
 	for _, cursor := range []string{"", cursorBefore} {
 		got, _, _ := syncAll(t, c, "wk-1", cursor, 1000)
-		if len(got) != 2 || got[0].MsgID != mid || got[1].MsgID != recent {
+		if len(got) != 2 || got[0].UpstreamMsgID != mid || got[1].UpstreamMsgID != recent {
 			t.Fatalf("cursor %q: got %d messages %v, want [mid recent]", cursor, len(got), got)
 		}
 	}
 }
 
-func TestMessageRawAndAccessors(t *testing.T) {
+// TestSyncMsgItems: SyncMsg reads each item once into the record the
+// producer sends (chatmsg.ParseItem): an unknown type whole, an event's
+// ids from inside "event", and the items it cannot key in Invalid, with
+// the rest of the page intact.
+func TestSyncMsgItems(t *testing.T) {
 	s := newFake(t, wecomtest.Options{})
 	c := newClient(t, s, nil)
 	unknown := `{"msgtype":"channels_shop_product","external_userid":"u1","origin":3,"channels_shop_product":{"product_id":"10000","title":"t","nested":{"x":[1,2,3]}}}`
-	s.Append("wk-1", wecom.Message{Raw: json.RawMessage(unknown)})
+	s.Append("wk-1", json.RawMessage(unknown))
 	eventID := s.AddEvent("wk-1", "u2", "enter_session")
-	got, _, _ := syncAll(t, c, "wk-1", "", 100)
-	if len(got) != 2 {
-		t.Fatalf("got %d messages", len(got))
+	// A servicer going on duty concerns no customer: it cannot be keyed.
+	noUser := s.Append("wk-1", json.RawMessage(`{"origin":4,"msgtype":"event","event":{"event_type":"servicer_status_change","open_kfid":"wk-1","servicer_userid":"alice","status":1}}`))[0]
+	after := s.AddText("wk-1", "u3", "after")
+
+	resp, err := c.SyncMsg(context.Background(), wecom.SyncRequest{OpenKfID: "wk-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := resp.MsgList
+	if len(got) != 3 || got[2].UpstreamMsgID != after {
+		t.Fatalf("got %d messages: %+v", len(got), got)
+	}
+	if len(resp.Invalid) != 1 || !errors.Is(resp.Invalid[0], chatmsg.ErrMissingField) ||
+		!strings.Contains(resp.Invalid[0].Error(), "external_userid") || !strings.Contains(string(resp.Invalid[0].Item), noUser) {
+		t.Fatalf("invalid = %+v", resp.Invalid)
 	}
 
 	u := got[0]
-	if u.MsgType != "channels_shop_product" || u.ExternalUserID != "u1" || u.OpenKfID != "wk-1" || u.MsgID == "" || u.SendTime == 0 {
+	if u.MsgType != "channels_shop_product" || u.ExternalUserID != "u1" || u.OpenKfID != "wk-1" || u.UpstreamMsgID == "" || u.SendTime == 0 ||
+		u.MessageID != 0 || u.ProducedAt != 0 {
 		t.Fatalf("unknown type = %+v", u)
 	}
 	var raw map[string]any
-	if err := json.Unmarshal(u.Raw, &raw); err != nil {
+	if err := json.Unmarshal(u.Content, &raw); err != nil {
 		t.Fatal(err)
 	}
 	prod, _ := raw["channels_shop_product"].(map[string]any)
 	if prod["product_id"] != "10000" || prod["nested"] == nil {
-		t.Fatalf("raw lost the unknown body: %s", u.Raw)
+		t.Fatalf("content lost the unknown body: %s", u.Content)
 	}
-	// Re-marshalling (what goes to Kafka) is the item as received.
-	out, err := json.Marshal(u)
-	if err != nil || string(out) != string(u.Raw) {
-		t.Fatalf("marshal = %s, %v", out, err)
-	}
-	if _, ok := u.Text(); ok {
-		t.Fatal("Text() on a non-text message")
+	if b, err := u.Body(); err != nil || b != (chatmsg.Body{}) {
+		t.Fatalf("body of an unknown type = %+v, %v", b, err)
 	}
 
 	e := got[1]
-	ev, ok := e.Event()
-	if e.MsgID != eventID || !ok || ev.EventType != "enter_session" || ev.ExternalUserID != "u2" {
-		t.Fatalf("event = %+v %+v", e, ev)
+	b, err := e.Body()
+	if e.UpstreamMsgID != eventID || err != nil || !b.HasEvent || b.Event.Type != "enter_session" || b.Event.ExternalUserID != "u2" {
+		t.Fatalf("event = %+v %+v %v", e, b, err)
 	}
-	// For events the identities sit inside "event"; the typed fields are
-	// filled from there so the producer can key by user.
+	// For events the identities sit inside "event"; the record's fields
+	// are filled from there so the producer can key by user.
 	if e.OpenKfID != "wk-1" || e.ExternalUserID != "u2" || e.Origin != wecom.OriginEvent {
 		t.Fatalf("event top-level fields = %+v", e)
 	}
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(e.Raw, &top); err != nil {
+	if err := json.Unmarshal(e.Content, &top); err != nil {
 		t.Fatal(err)
 	}
 	if _, has := top["open_kfid"]; has {
-		t.Fatalf("event raw has a top-level open_kfid, unlike WeChat: %s", e.Raw)
+		t.Fatalf("event item has a top-level open_kfid, unlike WeChat: %s", e.Content)
 	}
 }
 

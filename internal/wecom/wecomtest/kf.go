@@ -523,5 +523,5 @@ func (s *Server) sessionEvent(openKfID, user string, change int, old, new string
 		"event": map[string]any{"event_type": "session_status_change", "open_kfid": openKfID, "external_userid": user,
 			"change_type": change, "old_servicer_userid": old, "new_servicer_userid": new, "msg_code": code},
 	})
-	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
+	return s.Append(openKfID, raw)[0]
 }

@@ -78,7 +78,7 @@ func (s *Server) AddMedia(openKfID, externalUserID, msgType, fileName, contentTy
 		"open_kfid": openKfID, "external_userid": externalUserID, "origin": wecom.OriginCustomer,
 		"msgtype": msgType, msgType: map[string]any{"media_id": mediaID},
 	})
-	return s.Append(openKfID, wecom.Message{Raw: raw})[0], mediaID
+	return s.Append(openKfID, raw)[0], mediaID
 }
 
 // PutMedia makes media/get serve data with contentType and fileName (""

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 )
 
@@ -326,7 +327,7 @@ func (s *Server) AddText(openKfID, externalUserID, content string) string {
 		"open_kfid": openKfID, "external_userid": externalUserID, "origin": wecom.OriginCustomer,
 		"msgtype": "text", "text": map[string]any{"content": content},
 	})
-	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
+	return s.Append(openKfID, raw)[0]
 }
 
 // AddMenuClick appends the customer's tap on the item menuID of a menu
@@ -337,7 +338,7 @@ func (s *Server) AddMenuClick(openKfID, externalUserID, menuID, content string) 
 		"open_kfid": openKfID, "external_userid": externalUserID, "origin": wecom.OriginCustomer,
 		"msgtype": "text", "text": map[string]any{"content": content, "menu_id": menuID},
 	})
-	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
+	return s.Append(openKfID, raw)[0]
 }
 
 // AddServicerText appends a text message a servicer (servicerUserID)
@@ -348,7 +349,7 @@ func (s *Server) AddServicerText(openKfID, externalUserID, servicerUserID, conte
 		"open_kfid": openKfID, "external_userid": externalUserID, "origin": wecom.OriginServicer,
 		"servicer_userid": servicerUserID, "msgtype": "text", "text": map[string]any{"content": content},
 	})
-	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
+	return s.Append(openKfID, raw)[0]
 }
 
 // AddEvent appends an event item (enter_session …); as in WeChat,
@@ -358,26 +359,22 @@ func (s *Server) AddEvent(openKfID, externalUserID, eventType string) string {
 		"origin": wecom.OriginEvent, "msgtype": "event",
 		"event": map[string]any{"event_type": eventType, "open_kfid": openKfID, "external_userid": externalUserID},
 	})
-	return s.Append(openKfID, wecom.Message{Raw: raw})[0]
+	return s.Append(openKfID, raw)[0]
 }
 
-// Append adds messages to openKfID's log and returns their msgids. A
-// message's Raw (any JSON object, so unknown types can be tested) is used
-// when set, otherwise its typed fields; missing msgid, send_time (now) and
-// top-level open_kfid (except for events) are filled in.
-func (s *Server) Append(openKfID string, msgs ...wecom.Message) []string {
+// Append adds items to openKfID's log and returns their msgids. An item
+// is any JSON object in WeChat's shape (so unknown types and broken items
+// can be tested); a missing msgid, send_time (now) and top-level
+// open_kfid (except for events) are filled in.
+func (s *Server) Append(openKfID string, items ...json.RawMessage) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.accounts[openKfID] = true
-	ids := make([]string, 0, len(msgs))
-	for _, m := range msgs {
-		raw, err := json.Marshal(m)
-		if err != nil {
-			panic(fmt.Sprintf("wecomtest: Append: %v", err))
-		}
+	ids := make([]string, 0, len(items))
+	for _, raw := range items {
 		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			panic(fmt.Sprintf("wecomtest: Append: message is not a JSON object: %v", err))
+		if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+			panic(fmt.Sprintf("wecomtest: Append: item is not a JSON object: %s", raw))
 		}
 		id := jsonString(obj["msgid"])
 		if id == "" {
@@ -409,14 +406,17 @@ func (s *Server) Len(openKfID string) int {
 	return len(s.logs[openKfID])
 }
 
-// Messages returns openKfID's log as sync_msg would decode it.
-func (s *Server) Messages(openKfID string) []wecom.Message {
+// Messages returns openKfID's log as the client's SyncMsg reads it
+// (chatmsg.ParseItem), expired messages included: new records each call,
+// without MessageID and ProducedAt. Items ParseItem refuses are left out,
+// as SyncMsg leaves them out of MsgList.
+func (s *Server) Messages(openKfID string) []*chatmsg.ChatMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]wecom.Message, len(s.logs[openKfID]))
-	for i, e := range s.logs[openKfID] {
-		if err := json.Unmarshal(e.raw, &out[i]); err != nil {
-			panic(err)
+	out := make([]*chatmsg.ChatMessage, 0, len(s.logs[openKfID]))
+	for _, e := range s.logs[openKfID] {
+		if m, err := chatmsg.ParseItem(e.raw); err == nil {
+			out = append(out, m)
 		}
 	}
 	return out

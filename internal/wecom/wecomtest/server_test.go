@@ -148,7 +148,7 @@ func TestNotifyEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.MsgList) != 1 || resp.MsgList[0].MsgID != id || resp.More() {
+	if len(resp.MsgList) != 1 || resp.MsgList[0].UpstreamMsgID != id || resp.More() {
 		t.Fatalf("sync = %+v", resp)
 	}
 	if calls := s.SyncCalls(); len(calls) != 1 || calls[0].Token != sent || calls[0].OpenKfID != "wk-1" {
@@ -160,17 +160,17 @@ func TestAppendFillsFields(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	s := wecomtest.NewHandler(wecomtest.Options{Clock: clk.now})
 	ids := s.Append("wk-1",
-		wecom.Message{MsgID: "given", ExternalUserID: "u1", MsgType: "text", Origin: wecom.OriginCustomer},
-		wecom.Message{Raw: json.RawMessage(`{"msgtype":"image","image":{"media_id":"m"},"send_time":5}`)})
+		json.RawMessage(`{"msgid":"given","external_userid":"u1","msgtype":"text","origin":3}`),
+		json.RawMessage(`{"msgtype":"image","external_userid":"u1","image":{"media_id":"m"},"send_time":5}`))
 	if len(ids) != 2 || ids[0] != "given" || ids[1] == "" {
 		t.Fatalf("ids = %v", ids)
 	}
 	msgs := s.Messages("wk-1")
-	if msgs[0].OpenKfID != "wk-1" || msgs[0].SendTime != 1_700_000_000 || msgs[1].SendTime != 5 || msgs[1].MsgID != ids[1] {
+	if msgs[0].OpenKfID != "wk-1" || msgs[0].SendTime != 1_700_000_000 || msgs[1].SendTime != 5 || msgs[1].UpstreamMsgID != ids[1] {
 		t.Fatalf("messages = %+v", msgs)
 	}
-	if !strings.Contains(string(msgs[1].Raw), `"media_id":"m"`) {
-		t.Fatalf("raw = %s", msgs[1].Raw)
+	if !strings.Contains(string(msgs[1].Content), `"media_id":"m"`) {
+		t.Fatalf("raw = %s", msgs[1].Content)
 	}
 	if s.Len("wk-1") != 2 || s.LastCursor("wk-1") != s.Cursor("wk-1", 2) {
 		t.Fatal("Len/LastCursor disagree")
@@ -183,8 +183,8 @@ func TestAddServicerText(t *testing.T) {
 	s := wecomtest.NewHandler(wecomtest.Options{})
 	id := s.AddServicerText("wk-1", "u1", "alice", "Hi, I am Alice")
 	msgs := s.Messages("wk-1")
-	if len(msgs) != 1 || msgs[0].MsgID != id || msgs[0].Origin != wecom.OriginServicer || msgs[0].ServicerUserID != "alice" ||
-		msgs[0].ExternalUserID != "u1" || msgs[0].MsgType != "text" || !strings.Contains(string(msgs[0].Raw), "Hi, I am Alice") {
+	if len(msgs) != 1 || msgs[0].UpstreamMsgID != id || msgs[0].Origin != wecom.OriginServicer || msgs[0].ServicerUserID != "alice" ||
+		msgs[0].ExternalUserID != "u1" || msgs[0].MsgType != "text" || !strings.Contains(string(msgs[0].Content), "Hi, I am Alice") {
 		t.Fatalf("messages = %+v", msgs)
 	}
 }
@@ -195,8 +195,8 @@ func TestAddMenuClick(t *testing.T) {
 	s := wecomtest.NewHandler(wecomtest.Options{})
 	id := s.AddMenuClick("wk-1", "u1", "shipping", "Shipping")
 	msgs := s.Messages("wk-1")
-	if len(msgs) != 1 || msgs[0].MsgID != id || msgs[0].Origin != wecom.OriginCustomer || msgs[0].MsgType != "text" ||
-		!strings.Contains(string(msgs[0].Raw), `"menu_id":"shipping"`) {
+	if len(msgs) != 1 || msgs[0].UpstreamMsgID != id || msgs[0].Origin != wecom.OriginCustomer || msgs[0].MsgType != "text" ||
+		!strings.Contains(string(msgs[0].Content), `"menu_id":"shipping"`) {
 		t.Fatalf("messages = %+v", msgs)
 	}
 }
