@@ -45,13 +45,15 @@ type Config struct {
 	MediaRange int64
 }
 
-// TokenCache stores access tokens under a key for a time to live.
-type TokenCache interface {
-	// Get returns the cached value and whether there was one.
-	Get(ctx context.Context, key string) (string, bool, error)
-	Set(ctx context.Context, key, val string, ttl time.Duration) error
-	Del(ctx context.Context, key string) error
-}
+// TokenCache stores access tokens under a key for a time to live:
+//
+//	Get(ctx context.Context, key string) (val string, ok bool, err error)
+//	Set(ctx context.Context, key, val string, ttl time.Duration) error
+//	Del(ctx context.Context, key string) error
+//
+// It is the one token cache interface of kfpipe (the WeChat client below
+// uses the same), so the Redis cache the daemons share serves here too.
+type TokenCache = wecom.TokenCache
 
 // Client calls the customer-service API. It is safe for concurrent use.
 type Client struct {
