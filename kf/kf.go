@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/permanent"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 )
 
@@ -44,13 +45,15 @@ type Config struct {
 	MediaRange int64
 }
 
-// TokenCache stores access tokens under a key for a time to live.
-type TokenCache interface {
-	// Get returns the cached value and whether there was one.
-	Get(ctx context.Context, key string) (string, bool, error)
-	Set(ctx context.Context, key, val string, ttl time.Duration) error
-	Del(ctx context.Context, key string) error
-}
+// TokenCache stores access tokens under a key for a time to live:
+//
+//	Get(ctx context.Context, key string) (val string, ok bool, err error)
+//	Set(ctx context.Context, key, val string, ttl time.Duration) error
+//	Del(ctx context.Context, key string) error
+//
+// It is the one token cache interface of kfpipe (the WeChat client below
+// uses the same), so the Redis cache the daemons share serves here too.
+type TokenCache = wecom.TokenCache
 
 // Client calls the customer-service API. It is safe for concurrent use.
 type Client struct {
@@ -112,16 +115,20 @@ func (e *Error) Error() string { return fmt.Sprintf("kf %s: errcode %d: %s", e.A
 
 // Retryable reports whether the same call may succeed later: -1 (busy) and
 // 45009 (frequency limit).
-func (e *Error) Retryable() bool { return e.Code == CodeSystemBusy || e.Code == CodeFrequencyLimit }
+func (e *Error) Retryable() bool { return wecom.RetryableCode(e.Code) }
 
-// IsPermanent reports whether err is a WeChat refusal that retrying cannot
-// fix: any errcode that is not Retryable. A handler should return such an
-// error wrapped in kfpipe.Permanent (kfpipe.Reply does), so the message is
-// not retried in a loop against the 5-in-48h window or an ended session.
-func IsPermanent(err error) bool {
-	var e *Error
-	return errors.As(err, &e) && !e.Retryable()
-}
+// Permanent reports whether retrying cannot fix e: any errcode that is not
+// Retryable. It makes e a permanent error to kfpipe: a handler that
+// returns it (wrapped or not) dead-letters its message at once, as
+// kfpipe.Permanent does, instead of retrying it in a loop against the
+// 5-in-48h window or an ended session.
+func (e *Error) Permanent() bool { return wecom.PermanentCode(e.Code) }
+
+// IsPermanent reports whether err is permanent: a WeChat refusal that
+// retrying cannot fix (an *Error whose errcode is not Retryable), or an
+// error marked with kfpipe.Permanent. It is kfpipe.IsPermanent: one
+// notion of permanent across the handler, this client and the producer.
+func IsPermanent(err error) bool { return permanent.Is(err) }
 
 // IsRetryable reports whether err is a WeChat error worth retrying later.
 func IsRetryable(err error) bool {

@@ -3,23 +3,8 @@
 package main
 
 import (
-	"fmt"
-	"os"
-
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/service"
-	"github.com/kfpipe/kfpipe/internal/version"
 )
 
-func main() {
-	if version.Handle(os.Stdout, "dlq-consumer", os.Args[1:], daemon.Librdkafka) {
-		return
-	}
-	ctx, stop := daemon.SignalContext()
-	err := service.RunDLQ(ctx, os.Args[1:])
-	stop()
-	if daemon.Failed(ctx, err) {
-		fmt.Fprintf(os.Stderr, "dlq-consumer: %v\n", err)
-		os.Exit(1)
-	}
-}
+func main() { daemon.Main("dlq-consumer", service.RunDLQ) }

@@ -53,7 +53,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/producer"
-	"github.com/kfpipe/kfpipe/internal/version"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -74,16 +73,7 @@ var profiles = map[string]profile{
 }
 
 func main() {
-	if version.Handle(os.Stdout, "kf-loadgen", os.Args[1:], daemon.Librdkafka) {
-		return
-	}
-	ctx, cancel := daemon.SignalContext()
-	err := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kf-loadgen:", err)
-		os.Exit(1)
-	}
+	daemon.Main("kf-loadgen", func(ctx context.Context, args []string) error { return dispatch(ctx, args, os.Stdout, os.Stderr) })
 }
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {

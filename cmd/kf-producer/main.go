@@ -4,23 +4,8 @@
 package main
 
 import (
-	"fmt"
-	"os"
-
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/service"
-	"github.com/kfpipe/kfpipe/internal/version"
 )
 
-func main() {
-	if version.Handle(os.Stdout, "kf-producer", os.Args[1:], daemon.Librdkafka) {
-		return
-	}
-	ctx, stop := daemon.SignalContext()
-	err := service.RunProducer(ctx, os.Args[1:])
-	stop()
-	if daemon.Failed(ctx, err) {
-		fmt.Fprintf(os.Stderr, "kf-producer: %v\n", err)
-		os.Exit(1)
-	}
-}
+func main() { daemon.Main("kf-producer", service.RunProducer) }

@@ -9,26 +9,15 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/demo"
-	"github.com/kfpipe/kfpipe/internal/version"
 )
 
 func main() {
-	if version.Handle(os.Stdout, "kfpipe-demo", os.Args[1:], daemon.Librdkafka) {
-		return
-	}
-	ctx, stop := daemon.SignalContext()
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(os.Stderr, "kfpipe-demo: %v\n", err)
-		os.Exit(1)
-	}
+	daemon.Main("kfpipe-demo", func(ctx context.Context, args []string) error { return run(ctx, args, os.Stdout, os.Stderr) })
 }
 
 // errViolated is returned when the report shows a lost or reordered

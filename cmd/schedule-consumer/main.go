@@ -5,23 +5,12 @@
 package main
 
 import (
-	"fmt"
-	"os"
+	"context"
 
 	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/internal/daemon"
-	"github.com/kfpipe/kfpipe/internal/version"
 )
 
 func main() {
-	if version.Handle(os.Stdout, "schedule-consumer", os.Args[1:], daemon.Librdkafka) {
-		return
-	}
-	ctx, stop := daemon.SignalContext()
-	err := kfpipe.RunConsumer(ctx, os.Args[1:], nil)
-	stop()
-	if daemon.Failed(ctx, err) {
-		fmt.Fprintf(os.Stderr, "schedule-consumer: %v\n", err)
-		os.Exit(1)
-	}
+	daemon.Main("schedule-consumer", func(ctx context.Context, args []string) error { return kfpipe.RunConsumer(ctx, args, nil) })
 }

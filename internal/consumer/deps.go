@@ -8,6 +8,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/clock"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
@@ -225,18 +226,12 @@ type DeadLetters interface {
 	Send(dl *DeadLetter, done func(error))
 }
 
-// Clock is the time source; tests may inject their own.
-type Clock interface {
-	Now() time.Time
-	// AfterFunc calls f in its own goroutine after d.
-	AfterFunc(d time.Duration, f func()) Timer
-}
+// Clock is the time source (Now, and AfterFunc: f in its own goroutine
+// after d); tests may inject their own.
+type Clock = clock.TimerClock
 
 // Timer is a stoppable, resettable timer from Clock.AfterFunc.
-type Timer interface {
-	Stop() bool
-	Reset(d time.Duration) bool
-}
+type Timer = clock.Timer
 
 type realClock struct{}
 

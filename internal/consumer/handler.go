@@ -17,6 +17,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/permanent"
 )
 
 // Handler is the business logic plugged into the consumer. Handle is called
@@ -37,26 +38,16 @@ type HandlerFunc func(ctx context.Context, m *chatmsg.ChatMessage) error
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, m *chatmsg.ChatMessage) error { return f(ctx, m) }
 
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
-
 // Permanent marks err as not retryable: the message goes straight to the
-// DLQ as invalid_message, not recoverable. Permanent(nil) is nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err: err}
-}
+// DLQ as invalid_message, not recoverable. Permanent(nil) is nil. It is
+// permanent.Mark; a WeChat errcode that retrying cannot fix (kf.Error,
+// wecom.APIError) is permanent without it.
+func Permanent(err error) error { return permanent.Mark(err) }
 
-// IsPermanent reports whether err (or an error it wraps) was made by
-// Permanent.
-func IsPermanent(err error) bool {
-	var p *permanentError
-	return errors.As(err, &p)
-}
+// IsPermanent reports whether err (or an error it wraps) is permanent:
+// made by Permanent, or a WeChat errcode that retrying cannot fix
+// (permanent.Is).
+func IsPermanent(err error) bool { return permanent.Is(err) }
 
 // NoopHandler accepts every message and does nothing.
 var NoopHandler Handler = HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { return nil })

@@ -69,11 +69,10 @@ type Base struct {
 	Coord  *coord.Provider
 	Fleet  *fleet.Self
 	common config.Common
-	// etcdDown is the start of the current etcd outage (unix ns; 0: up),
-	// stopPing ends the pinger and pingDone says it has.
+	// etcdDown is the start of the current etcd outage (unix ns; 0: up).
 	etcdDown atomic.Int64
-	stopPing context.CancelFunc
-	pingDone chan struct{}
+	// closers closes what Start built, last built first (Close).
+	closers Closers
 }
 
 // Start builds the logger, registry, Redis client, Kafka admin client, the
@@ -87,22 +86,26 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 		return nil, err
 	}
 	b := &Base{Name: name, Log: log, Registry: obs.NewRegistryLabels(name, obs.BuildLabels(version.Get(Librdkafka()))), common: c}
+	b.closers.AddFunc("logger", func() error { _ = log.Sync(); return nil }) // stderr's sync fails on a terminal
 	b.Redis = redisconn.New(c.Redis)
+	b.closers.AddFunc("redis", func() error { _ = b.Redis.Close(); return nil })
 	redisErrs := redisconn.Instrument(b.Redis, b.Registry)
 	b.Admin, err = kafka.NewAdminClient(kafkaclient.Admin(c.Kafka))
 	if err != nil {
-		_ = b.Redis.Close()
+		_ = b.Close(context.Background())
 		return nil, fmt.Errorf("kafka admin client: %w", err)
 	}
+	b.closers.AddFunc("kafka admin client", func() error { b.Admin.Close(); return nil })
 	b.Ops = obs.NewServer(obs.ServerConfig{Addr: c.Ops.Addr, Pprof: c.Ops.Pprof, ReadyTimeout: c.Ops.ReadyTimeout,
 		Starting: true}, b.Registry, log)
 	b.Ops.AddCheck("kafka", func(ctx context.Context) error { return kafkaclient.Ping(ctx, b.Admin) })
 	b.Ops.AddCheck("redis", redisconn.Ping(b.Redis))
 	b.Ops.AddDetail("redis", redisErrs.OOMDetail)
 	if err := b.Ops.Start(); err != nil {
-		b.closeClients()
+		_ = b.Close(context.Background())
 		return nil, err
 	}
+	b.closers.Add("ops server", b.Ops.Shutdown)
 	bctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if err := b.checkRedisPolicy(bctx); err != nil {
@@ -132,6 +135,12 @@ func (b *Base) startCoord(ctx context.Context) error {
 		p, err := coord.New(ctx, b.common.Coord.Config, coord.WithLogger(b.Log), coord.WithRegisterer(b.Registry))
 		if err == nil {
 			b.Coord = p
+			b.closers.AddFunc("coord", func() error {
+				if err := p.Close(); err != nil {
+					b.Log.Warn("close coord", zap.Error(err))
+				}
+				return nil
+			})
 			break
 		}
 		b.Log.Warn("etcd not reachable yet; retrying", zap.Error(err))
@@ -146,13 +155,20 @@ func (b *Base) startCoord(ctx context.Context) error {
 		return err
 	}
 	b.Fleet = self
+	b.closers.Add("fleet", func(ctx context.Context) error {
+		if err := self.Leave(ctx); err != nil {
+			b.Log.Warn("leave the fleet", zap.Error(err))
+		}
+		return nil
+	})
 	up := prometheus.NewGauge(prometheus.GaugeOpts{Name: "kfpipe_coord_reachable",
 		Help: "1 while etcd (coord.endpoints) answered the last ping (every 5 s), 0 while it does not."})
 	b.Registry.MustRegister(up)
 	up.Set(1)
 	pctx, stop := context.WithCancel(context.Background())
-	b.stopPing, b.pingDone = stop, make(chan struct{})
-	go b.pingEtcd(pctx, up)
+	pingDone := make(chan struct{})
+	go b.pingEtcd(pctx, up, pingDone)
+	b.closers.AddFunc("etcd pinger", func() error { stop(); <-pingDone; return nil })
 	b.Ops.AddDetail("etcd", func() string {
 		since := b.etcdDown.Load()
 		if since == 0 {
@@ -164,9 +180,9 @@ func (b *Base) startCoord(ctx context.Context) error {
 	return nil
 }
 
-// pingEtcd pings etcd every 5 s until ctx ends.
-func (b *Base) pingEtcd(ctx context.Context, up prometheus.Gauge) {
-	defer close(b.pingDone)
+// pingEtcd pings etcd every 5 s until ctx ends, then closes done.
+func (b *Base) pingEtcd(ctx context.Context, up prometheus.Gauge, done chan<- struct{}) {
+	defer close(done)
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {
@@ -240,33 +256,10 @@ func (b *Base) checkRedisPolicy(ctx context.Context) error {
 	}
 }
 
-func (b *Base) closeClients() {
-	b.Admin.Close()
-	_ = b.Redis.Close()
-}
-
-// Close stops the ops server, leaves the fleet and closes the shared
-// clients.
-func (b *Base) Close(ctx context.Context) error {
-	err := b.Ops.Shutdown(ctx)
-	if b.stopPing != nil {
-		b.stopPing()
-		<-b.pingDone
-	}
-	if b.Fleet != nil {
-		if lerr := b.Fleet.Leave(ctx); lerr != nil {
-			b.Log.Warn("leave the fleet", zap.Error(lerr))
-		}
-	}
-	if b.Coord != nil {
-		if cerr := b.Coord.Close(); cerr != nil {
-			b.Log.Warn("close coord", zap.Error(cerr))
-		}
-	}
-	b.closeClients()
-	_ = b.Log.Sync()
-	return err
-}
+// Close releases what Start built, last built first: the etcd pinger,
+// the fleet entry and etcd client (their errors logged, not returned), the
+// ops server, the Kafka admin and Redis clients, the logger's buffer.
+func (b *Base) Close(ctx context.Context) error { return b.closers.Close(ctx) }
 
 // SignalContext returns a context cancelled on SIGINT or SIGTERM.
 func SignalContext() (context.Context, context.CancelFunc) {

@@ -2,23 +2,17 @@ package dlq
 
 import (
 	"errors"
-	"time"
 
+	"github.com/kfpipe/kfpipe/internal/clock"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
 // Clock is the time source; tests inject a manual one.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
+type Clock = clock.Clock
 
 // SystemClock is the wall clock.
-var SystemClock Clock = systemClock{}
+var SystemClock Clock = clock.System
 
 // Option configures a Producer, Consumer, Index or Scheduler. An option
 // that does not apply to a constructor is ignored by it.

@@ -236,35 +236,28 @@ func dlqRecord(topic *string, dl *DeadLetterMessage, value []byte, opaque any) *
 	}
 }
 
+// deliveryLoop reads the producer's events. A fatal error is logged:
+// every later produce fails too and lands in the emergency file; the
+// process should be restarted.
 func (p *Producer) deliveryLoop() {
 	defer p.deliveryWG.Done()
-	for ev := range p.kp.Events() {
-		switch e := ev.(type) {
-		case *kafka.Message:
-			job, ok := e.Opaque.(*sendJob)
-			if !ok {
-				continue
-			}
-			job.brDone(e.TopicPartition.Error)
-			if e.TopicPartition.Error == nil {
-				p.m.produced.WithLabelValues(string(job.dl.Reason)).Inc()
-				job.done(nil)
-				p.pending.Add(-1)
-				continue
-			}
-			p.m.produceErrors.Inc()
-			job.kafkaEr = e.TopicPartition.Error
-			p.emq <- job
-		case kafka.Error:
-			if e.IsFatal() {
-				// Every later produce fails too and lands in the
-				// emergency file; the process should be restarted.
-				p.log.Error("dlq producer fatal error", zap.Error(e))
-			} else {
-				p.log.Debug("dlq producer error", zap.Error(e))
-			}
-		}
+	kafkaclient.DrainEvents(p.kp.Events(), kafkaclient.Events[*sendJob]{
+		Delivered: p.delivered, Log: p.log, ErrorLevel: zap.DebugLevel, Name: "dlq producer"})
+}
+
+// delivered settles a job by its delivery report: done, or on to the
+// emergency file.
+func (p *Producer) delivered(job *sendJob, err error) {
+	job.brDone(err)
+	if err == nil {
+		p.m.produced.WithLabelValues(string(job.dl.Reason)).Inc()
+		job.done(nil)
+		p.pending.Add(-1)
+		return
 	}
+	p.m.produceErrors.Inc()
+	job.kafkaEr = err
+	p.emq <- job
 }
 
 // emergencyLoop writes jobs Kafka did not take to the emergency file,

@@ -186,11 +186,10 @@ func (s *Scheduler) producer(ctx context.Context) (*kafka.Producer, error) {
 	s.txDrain.Add(1)
 	go func() {
 		defer s.txDrain.Done()
-		for ev := range kp.Events() {
-			if e, ok := ev.(kafka.Error); ok {
-				s.log.Debug("retry producer error", zap.Error(e))
-			}
-		}
+		// No delivery reports to settle: the transaction's commit is the
+		// outcome (a fatal error fails it, and the producer is dropped).
+		kafkaclient.DrainEvents(kp.Events(), kafkaclient.Events[struct{}]{
+			Log: s.log, ErrorLevel: zap.DebugLevel, Name: "retry producer"})
 	}()
 	ictx, cancel := context.WithTimeout(ctx, s.cfg.Kafka.Producer.DeliveryTimeout+10*time.Second)
 	defer cancel()

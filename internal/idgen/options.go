@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/clock"
 	"github.com/kfpipe/kfpipe/internal/obs"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,10 +17,7 @@ import (
 // a fake clock advances its own time in Sleep so tests are exact and fast.
 // A Clock that also has a UnixNano() int64 method is read through it on the
 // hot path (SystemClock does, to avoid building a time.Time per ID).
-type Clock interface {
-	Now() time.Time
-	Sleep(d time.Duration)
-}
+type Clock = clock.SleepClock
 
 // SystemClock is the wall clock, read cheaply. time.Now reads two clocks
 // (wall and monotonic); time.Since one. Next is bounded by its clock read,

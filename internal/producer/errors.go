@@ -1,6 +1,11 @@
 package producer
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/kfpipe/kfpipe/internal/permanent"
+	"github.com/kfpipe/kfpipe/internal/wecom"
+)
 
 // Errors of this package.
 var (
@@ -35,15 +40,17 @@ var (
 	// must not resend it) and ignored.
 	ErrUnknownOpenKfID = errors.New("sync trigger: open_kfid not in wecom.open_kfids")
 	// ErrPermanent marks a sync_msg error that retrying soon cannot fix
-	// (see permanentCodes); the open_kfid is retried after a capped backoff
-	// of minutes instead of in a tight loop.
-	ErrPermanent = errors.New("sync_msg: permanent error")
+	// (see permanentCode); the open_kfid is retried after a capped backoff
+	// of minutes instead of in a tight loop. It is itself permanent
+	// (permanent.Is).
+	ErrPermanent = permanent.Mark(errors.New("sync_msg: permanent error"))
 )
 
-// permanentCodes are WeChat errcodes after which a sync retried seconds
-// later fails the same way: the account or the credentials are wrong, or
-// the app may not call the API. An operator must act; until then the
-// open_kfid is retried every few minutes (permanentBackoff), not in a loop.
+// permanentCodes say what the permanent errcodes an operator most often
+// meets on sync_msg mean: the account or the credentials are wrong, or the
+// app may not call the API. An operator must act; until then the open_kfid
+// is retried every few minutes (permanentBackoff), not in a loop. Which
+// errcodes are permanent is wecom.PermanentCode's call, not this list's.
 var permanentCodes = map[int]string{
 	40001: "invalid credential (wecom.secret)",
 	40013: "invalid corp id (wecom.corp_id)",
@@ -52,11 +59,13 @@ var permanentCodes = map[int]string{
 	95000: "invalid open_kfid: not a customer-service account of this corp",
 }
 
-// permanentCode returns err's errcode when it is permanent.
+// permanentCode returns err's errcode (0 when it carries none) and whether
+// err is permanent: marked so (permanent.Is: a wecom.APIError, kf.Error) or
+// carrying an errcode wecom.PermanentCode calls permanent — the one check
+// the handler path and kf.IsPermanent make too.
 func permanentCode(err error) (int, bool) {
 	c := wecomCode(err)
-	_, ok := permanentCodes[c]
-	return c, ok
+	return c, permanent.Is(err) || wecom.PermanentCode(c)
 }
 
 // WeChat errcodes the sync loop reacts to. A Source may return an error

@@ -239,37 +239,24 @@ func (b *batch) result() error {
 }
 
 // readEvents is the only reader of the Events channel; it ends when Close
-// closes the producer.
+// closes the producer. A fatal error is kept for the next ProduceBatch.
 func (kp *KafkaProducer) readEvents() {
 	defer kp.readers.Done()
-	for ev := range kp.p.Events() {
-		switch e := ev.(type) {
-		case *kafka.Message:
-			f, ok := e.Opaque.(*inflight)
-			if !ok {
-				continue
-			}
-			if err := e.TopicPartition.Error; err != nil {
-				kp.m.errors.Inc()
-				f.b.settle(1, fmt.Errorf("%w: %w", ErrDelivery, err))
-				continue
-			}
-			kp.m.produced.Inc()
-			kp.m.latency.Observe(time.Since(f.sent).Seconds())
-			f.b.settle(1, nil)
-		case *kafka.Stats:
-			kp.onStats(e.String())
-		case kafka.Error:
-			if e.IsFatal() {
-				kp.fatal.Store(&e)
-				kp.log.Error("kafka producer fatal error", zap.Error(e))
-				continue
-			}
-			// Broker connectivity errors are informational: librdkafka keeps
-			// retrying, and failures that matter come back as delivery reports.
-			kp.log.Warn("kafka producer error", zap.Error(e))
-		}
+	kafkaclient.DrainEvents(kp.p.Events(), kafkaclient.Events[*inflight]{
+		Delivered: kp.delivered, Stats: kp.onStats, Fatal: func(e kafka.Error) { kp.fatal.Store(&e) },
+		Log: kp.log, ErrorLevel: zap.WarnLevel, Name: "kafka producer"})
+}
+
+// delivered settles one record of its batch by its delivery report.
+func (kp *KafkaProducer) delivered(f *inflight, err error) {
+	if err != nil {
+		kp.m.errors.Inc()
+		f.b.settle(1, fmt.Errorf("%w: %w", ErrDelivery, err))
+		return
 	}
+	kp.m.produced.Inc()
+	kp.m.latency.Observe(time.Since(f.sent).Seconds())
+	f.b.settle(1, nil)
 }
 
 // ProduceBatch hands every message to librdkafka without waiting for any

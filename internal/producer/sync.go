@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/clock"
 )
 
 // SyncRequest is one sync_msg call. OpenKfID is always set; Token is the
@@ -84,10 +85,7 @@ type IDGenerator interface {
 }
 
 // Clock is the time source for backoff and the safety sync.
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
+type Clock = clock.AfterClock
 
 type realClock struct{}
 

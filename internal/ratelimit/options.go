@@ -6,14 +6,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/clock"
 	"github.com/kfpipe/kfpipe/internal/coord"
 )
 
 // Clock is the time source for everything whose behaviour depends on time
 // (block ends, breaker timeouts, listing of live blocks), so tests are exact.
-type Clock interface {
-	Now() time.Time
-}
+type Clock = clock.Clock
 
 // SystemClock is the wall clock.
 type SystemClock struct{}

@@ -71,7 +71,8 @@ func (c ClientConfig) Validate() error {
 }
 
 // TokenCache stores access tokens shared by every replica, so that they do
-// not each call gettoken (which WeChat rate-limits).
+// not each call gettoken (which WeChat rate-limits). kf.TokenCache is this
+// interface; RedisTokenCache is its one shared implementation.
 type TokenCache interface {
 	// Get returns the cached value and whether there was one.
 	Get(ctx context.Context, key string) (string, bool, error)

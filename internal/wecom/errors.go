@@ -35,6 +35,22 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("wecom: errcode %d: %s", e.Code, e.Msg)
 }
 
+// RetryableCode reports whether a call answered with errcode code may
+// succeed when made again soon: -1 (system busy) and 45009 (frequency
+// limit).
+func RetryableCode(code int) bool { return code == CodeSystemBusy || code == CodeRateLimited }
+
+// PermanentCode reports whether a call answered with errcode code fails
+// the same way when made again: every errcode but 0 and the RetryableCode
+// ones. It is the one classification of WeChat errcodes: APIError and
+// kf.Error are permanent.Error by it, and the producer's sync loop checks
+// the errcode a Source returns with it.
+func PermanentCode(code int) bool { return code != 0 && !RetryableCode(code) }
+
+// Permanent reports whether retrying cannot fix e (PermanentCode); it
+// makes e a permanent.Error, so permanent.Is (kfpipe.IsPermanent) knows it.
+func (e *APIError) Permanent() bool { return PermanentCode(e.Code) }
+
 func apiCode(err error) (int, bool) {
 	var ae *APIError
 	if errors.As(err, &ae) {

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/clock"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,11 +34,7 @@ const (
 )
 
 // Clock gives the audit entries their time.
-type Clock interface{ Now() time.Time }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
+type Clock = clock.Clock
 
 // Config configures the admin API. Tokens and MaxBodyBytes come from
 // config.Admin; Prefix is the Redis key prefix (the audit stream is
@@ -155,7 +152,7 @@ func New(cfg Config, dlq DLQStore, rl RateLimitAdmin, rdb redis.UniversalClient,
 	s := &Server{cfg: cfg, dlq: dlq, rl: rl, rdb: rdb, log: logger.Named("admin"), clock: cfg.Clock,
 		auth: newAuthenticator(cfg.Tokens), mux: http.NewServeMux(), m: newMetrics(reg)}
 	if s.clock == nil {
-		s.clock = systemClock{}
+		s.clock = clock.System
 	}
 	s.batches = newBatches(s)
 	s.register()
