@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/obs"
+	"github.com/kfpipe/kfpipe/internal/obs/gather"
 )
 
 // Report is what a run found. The per-message figures are distinct
@@ -438,7 +438,7 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 // counterValue sums a counter family of g's registry, all labels (0 when
 // it cannot be read: the report shows what it has).
 func counterValue(g prometheus.Gatherer, name string) float64 {
-	v, _, _ := obs.Sum(g, name)
+	v, _, _ := gather.Sum(g, name)
 	return v
 }
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/obs"
+	"github.com/kfpipe/kfpipe/internal/obs/gather"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -75,7 +75,7 @@ func MetricValue(m prometheus.Metric) float64 {
 // goroutine).
 func Gathered(t testing.TB, g prometheus.Gatherer, name string, labels ...string) (float64, bool) {
 	t.Helper()
-	sum, found, err := obs.Sum(g, name, labels...)
+	sum, found, err := gather.Sum(g, name, labels...)
 	if err != nil {
 		t.Fatalf("testenv.Gathered: %v", err)
 	}

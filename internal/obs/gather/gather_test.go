@@ -1,4 +1,4 @@
-package obs
+package gather
 
 import (
 	"testing"
