@@ -160,7 +160,7 @@ func TestValidationNamesKey(t *testing.T) {
 	}{
 		{"kafka:\n  topics:\n    main:\n      partitions: 0\n", "kafka.topics.main.partitions must be in [1, 10000], got 0"},
 		{"kafka:\n  topics:\n    dlq:\n      replication_factor: 0\n", "kafka.topics.dlq.replication_factor must be in [1, 16], got 0"},
-		{"kafka:\n  topics:\n    main:\n      min_insync_replicas: 2\n", "kafka.topics.main.min_insync_replicas must be in [1, 1], got 2"},
+		{"kafka:\n  topics:\n    main:\n      min_insync_replicas: 2\n", "kafka.topics.main.min_insync_replicas must be <= kafka.topics.main.replication_factor (1), got 2"},
 		{"kafka:\n  topics:\n    main:\n      compression_type: brotli\n", "kafka.topics.main.compression_type must be one of"},
 		{"kafka:\n  topics:\n    dlq:\n      name: qywx-chat-messages\n", "kafka.topics.dlq.name must differ"},
 		{"kafka:\n  brokers: \"\"\n", "kafka.brokers must not be empty"},
@@ -174,7 +174,7 @@ func TestValidationNamesKey(t *testing.T) {
 		{"redis:\n  mode: sentinel\n", "redis.sentinel_addrs must list at least one sentinel"},
 		{"log:\n  level: loud\n", "log.level must be one of"},
 		{"processor:\n  mailbox_size: 0\n", "processor.mailbox_size must be in [1, 1048576], got 0"},
-		{"processor:\n  resume_below: 50000\n", "processor.resume_below must be in [0, 19999], got 50000"},
+		{"processor:\n  resume_below: 50000\n", "processor.resume_below must be below processor.max_in_flight (20000), got 50000"},
 		{"dedup:\n  ttl: 24h\n", "dedup.ttl must be >= 72h0m0s, got 24h0m0s"},
 		{"dedup:\n  ttl: 96h\n", "dedup.ttl is 96h0m0s, shorter than the DLQ's retry horizon (recovery.default_ttl = 168h0m0s)"},
 		{"dedup:\n  ttl: 200h\nrecovery:\n  ttl:\n    downstream_error: 300h\n", "dedup.ttl is 200h0m0s, shorter than the DLQ's retry horizon (recovery.ttl.downstream_error = 300h0m0s)"},
@@ -204,7 +204,7 @@ func TestProducerValidation(t *testing.T) {
 		{"callback:\n  path: cb\n", "callback.path must start with /"},
 		{"wecom:\n  page_limit: 5000\n", "wecom.page_limit must be in [1, 1000], got 5000"},
 		{"idgen:\n  allocator:\n    max_id: 2000\n", "idgen.allocator.max_id must be in [1, 1024], got 2000"},
-		{"idgen:\n  datacenter_id: 3\n  allocator:\n    max_id: 100\n", "idgen.allocator.max_id must be in [1, 32], got 100"},
+		{"idgen:\n  datacenter_id: 3\n  allocator:\n    max_id: 100\n", "idgen.allocator.max_id must be in [1, 32] when idgen.datacenter_id is set, got 100"},
 		{"idgen:\n  allocator:\n    backend: zk\n", "idgen.allocator.backend must be one of redis|etcd"},
 		{"idgen:\n  allocator:\n    backend: etcd\n", "idgen.allocator.backend is etcd, which needs coord.enabled: true"},
 		{"sync:\n  lock:\n    backend: etcd\n", "sync.lock.backend is etcd, which needs coord.enabled: true"},
@@ -229,7 +229,7 @@ func TestDLQConsumerValidation(t *testing.T) {
 	cases := []struct{ yaml, want string }{
 		{"admin:\n  tokens:\n    - {name: a, token: short, role: operator}\n", "admin.tokens[0].token must be at least 16 characters"},
 		{"admin:\n  tokens:\n    - {name: a, token: aaaaaaaaaaaaaaaaaaaa, role: root}\n", "admin.tokens[0].role must be one of viewer|operator"},
-		{"recovery:\n  max_delay: 1s\n", "recovery.max_delay must be in [1m0s, 168h0m0s], got 1s"},
+		{"recovery:\n  max_delay: 1s\n", "recovery.max_delay must be >= recovery.base_delay (1m0s), got 1s"},
 		{"recovery:\n  max_retries:\n    rate_limited: -1\n", "recovery.max_retries.rate_limited must be in [0, 1000], got -1"},
 		// The index reads letters back from the topic: it may not keep
 		// them longer than the topic does.
