@@ -33,12 +33,13 @@ type Common struct {
 
 // Coord is the etcd coordination section (internal/coord): the fleet
 // registry, and the backend of idgen.allocator.backend: etcd. Off in
-// development and test (the demo needs no etcd), on in production.
-//
-// Its keys are checked by coordconfig's own Validate, and only when
-// enabled (coordconfig.Config's Validate, promoted to Coord, makes the
-// generic bounds check leave the section to it).
+// development and test (the demo needs no etcd), on in production; its
+// keys are checked only when it is on.
 type Coord struct {
+	// coordconfig.Config's Validate, promoted to Coord, makes the generic
+	// bounds check leave the section to it; Common.validate calls it when
+	// the section is enabled.
+
 	// Enabled connects to etcd at start (and waits for it); production
 	// defaults to true.
 	Enabled            bool `mapstructure:"enabled"`
@@ -57,8 +58,8 @@ type Log struct {
 // Ops configures the per-daemon operations HTTP server (/metrics,
 // /healthz, /readyz, /debug/pprof).
 type Ops struct {
-	// Addr is the listen address (default loopback: kf-producer
-	// 127.0.0.1:9100, schedule-consumer :9101, dlq-consumer :9102).
+	// Addr is the listen address: loopback by default, a port per daemon,
+	// so one host runs all three.
 	Addr string `mapstructure:"addr"`
 	// Addrs sets the address per daemon in the shared file, by daemon name
 	// (kf-producer, schedule-consumer, dlq-consumer); an entry replaces
@@ -77,8 +78,7 @@ type Ops struct {
 type Kafka struct {
 	// Brokers is the bootstrap list, host:port comma-separated.
 	Brokers string `mapstructure:"brokers"`
-	// ClientID names the daemon to the brokers (quotas, logs); default
-	// kfpipe-producer, kfpipe-consumer or kfpipe-dlq.
+	// ClientID names the daemon to the brokers (quotas, logs).
 	ClientID string        `mapstructure:"client_id"`
 	Topics   Topics        `mapstructure:"topics"`
 	Producer KafkaProducer `mapstructure:"producer"`
@@ -142,8 +142,7 @@ type KafkaProducer struct {
 // KafkaConsumer tunes the librdkafka consumer. Manual commits and
 // read_committed are not configurable: I2 depends on them.
 type KafkaConsumer struct {
-	// GroupID is the consumer group; default kfpipe-consumer for the
-	// schedule-consumer, kfpipe-dlq for the dlq-consumer.
+	// GroupID is the daemon's consumer group.
 	GroupID string `mapstructure:"group_id"`
 	// SessionTimeout is how long the group waits for a silent member
 	// before it hands its partitions to the others.
@@ -167,7 +166,7 @@ type KafkaConsumer struct {
 }
 
 // Redis configures the shared UniversalClient: a single node in
-// development, Sentinel in production. Never Redis Cluster (locks).
+// development, Sentinel in production, or a Redis Cluster.
 type Redis struct {
 	// Mode is single (addr), sentinel (master_name, sentinel_addrs) or
 	// cluster (cluster_addrs).

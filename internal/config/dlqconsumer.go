@@ -76,9 +76,12 @@ type Admin struct {
 
 // AdminToken is one bearer token and its role.
 type AdminToken struct {
-	Name  string `mapstructure:"name"`
+	// Name names the token's holder in the audit log.
+	Name string `mapstructure:"name"`
+	// Token is the bearer token, at least 16 characters.
 	Token string `mapstructure:"token"`
-	Role  string `mapstructure:"role" enum:"viewer|operator"`
+	// Role is viewer (reads) or operator (also retries and purges).
+	Role string `mapstructure:"role" enum:"viewer|operator"`
 }
 
 func defaultDLQConsumer(env string) DLQConsumer {

@@ -1,3 +1,5 @@
+//go:generate go run ./gen
+
 // Package config loads each daemon's typed configuration with viper: a YAML
 // file (from --config or KFPIPE_CONFIG), then KFPIPE_… environment
 // overrides, then defaults for the chosen environment. Unknown keys in the
