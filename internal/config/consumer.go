@@ -338,6 +338,10 @@ func (c *Consumer) Validate() error {
 	if p.RetryMax < p.RetryBase {
 		v.addf("processor.retry_max", "must be >= processor.retry_base (%s), got %s", p.RetryBase, p.RetryMax)
 	}
+	// The horizon's keys are recovery's: checked by that section's tags.
+	r := defaultDLQConsumer(c.Env).Recovery
+	r.TTL, r.DefaultTTL = c.Recovery.TTL, c.Recovery.DefaultTTL
+	v.boundsAt("recovery", r)
 	// Retention consistency: a letter the DLQ may still retry must find
 	// the done mark its message got from a copy (issue #30, hole 6).
 	horizon, from := c.Recovery.DefaultTTL, "recovery.default_ttl"
