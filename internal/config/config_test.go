@@ -138,7 +138,7 @@ func TestUnknownKeyRejected(t *testing.T) {
 	if err == nil {
 		t.Fatal("unknown keys accepted")
 	}
-	for _, want := range []string{"unknown key", "kafka.brokerz", "procesor", "processor.mailbox_siz"} {
+	for _, want := range []string{"unknown key", "kafka.brokerz", "procesor", "processor.mailbox_siz", "see docs/config.md for the keys"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

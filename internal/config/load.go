@@ -191,7 +191,7 @@ func checkKnownKeys(path string) error {
 	walk("", doc)
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return fmt.Errorf("unknown key(s) %s (typo? config/development.yaml lists the known keys)", strings.Join(unknown, ", "))
+		return fmt.Errorf("unknown key(s) %s (typo? see %s for the keys)", strings.Join(unknown, ", "), ReferencePath)
 	}
 	return nil
 }
