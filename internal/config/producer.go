@@ -191,6 +191,11 @@ func (w WeCom) validateClient(v *validator) {
 // it, so kf-producer's configuration and the syncer share one bound each.
 func (s Sync) ValidateTimings() error {
 	v := &validator{}
+	// The syncer is given the timings only: the other keys are
+	// kf-producer's configuration's to check.
+	var d Sync
+	names.SetDefaults(&d)
+	s.Lock, s.Workers = d.Lock, d.Workers
 	v.boundsAt("sync", s)
 	s.validate(v)
 	return v.err()
