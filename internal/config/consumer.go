@@ -116,38 +116,10 @@ type Outage struct {
 	ProbeInterval time.Duration `mapstructure:"probe_interval" default:"5s" range:"[10ms, 10m]"`
 }
 
-// Dedup configures the idempotency keys (I3).
-type Dedup struct {
-	// TTL is how long a message's done mark is kept: at least WeChat's
-	// re-pull window (3 days) and the DLQ's retry horizon
-	// (recovery.default_ttl, recovery.ttl).
-	TTL time.Duration `mapstructure:"ttl" default:"DefaultRecoveryTTL" range:"[72h,]"`
-	// Lease is how long a "processing" claim lives without renewal: it
-	// bounds how long a crashed consumer's users wait for their claims
-	// (about the group session timeout), while a live owner renews it
-	// every quarter lease and stops its handler after two thirds without a
-	// successful renewal. At least 1s (stricter than the store's own
-	// minimum, which is for its tests): a claim renewed every lease/4 must
-	// survive a GC pause.
-	Lease time.Duration `mapstructure:"lease" default:"DefaultDedupLease" range:"[1s, state.MaxLease]"`
-	// Store is no longer a setting (one per-partition store); it is read
-	// only to refuse a configuration that still sets it.
-	Store string `mapstructure:"store"`
-	// Legacy: read (the default) also looks a message up among the marks
-	// of the old dedup stores (claims and leases), off does not. Keep it
-	// read for one dedup.ttl after switching from either
-	// (docs/operations.md, "Switching to the per-partition store").
-	Legacy string `mapstructure:"legacy" default:"read" enum:"off|read"`
-	// Buckets is how many digest sets a partition's done marks of one
-	// 10-second send-time slot are spread over, so that each stays a Redis
-	// intset (at most ~400 members: 8 B a mark; beyond 512 Redis converts
-	// it to a hash table, ~70 B a mark). Size it as messages a second per
-	// partition × 10 / 400, rounded up to a power of two: 1 up to ~40 msg/s
-	// a partition, 16 for the seeds' 5,000 msg/s over 12 partitions. A
-	// change applies from the next slot, at most once per dedup.ttl (the
-	// marks written before stay found; docs/operations.md).
-	Buckets int `mapstructure:"buckets" default:"state.DefaultBuckets" range:"[1, state.MaxBuckets]"`
-}
+// Dedup configures the idempotency keys (I3): the consumer-state store's
+// section, owned by package state (its keys, defaults, bounds and
+// Validate).
+type Dedup = state.Settings
 
 // RateLimit configures the per-user sliding-window limiter (package
 // ratelimit; docs/operations.md, "The rate limiter's rules").
@@ -353,9 +325,9 @@ func (c *Consumer) Validate() error {
 	if c.Dedup.TTL < horizon {
 		v.addf("dedup.ttl", "is %s, shorter than the DLQ's retry horizon (%s = %s): a letter retried after its message's done mark expired would run again; raise dedup.ttl to at least %s", c.Dedup.TTL, from, horizon, horizon)
 	}
-	if c.Dedup.Store != "" {
-		v.addf("dedup.store", "is set (%q), but there is one consumer-state store now (per partition) and no choice: delete the key; "+
-			"a deployment of the claims or leases store switches as docs/operations.md says (\"Switching to the per-partition store\")", c.Dedup.Store)
+	// The dedup section checks itself (package state owns it).
+	if err := c.Dedup.Validate(); err != nil {
+		v.errs = append(v.errs, err.(interface{ Unwrap() []error }).Unwrap()...)
 	}
 	c.RateLimit.validate(v, c.Coord.Enabled)
 	if c.Handler.Type == "http" {

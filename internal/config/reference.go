@@ -84,6 +84,8 @@ func Reference(root string) ([]byte, error) {
 			if prefix == "" && f.Type.Kind() == reflect.Struct {
 				sections = append(sections, key)
 				td, _ := docs.typeDoc(f.Type)
+				// Its first paragraph: what follows is for programmers.
+				td, _, _ = strings.Cut(td, "\n\n")
 				sectionDoc[key] = meaningOf(td, f.Type.Name(), key)
 			} else if prefix == "" {
 				sections = append(sections, key)

@@ -12,20 +12,14 @@ import (
 // names are the values the tags name instead of spelling them: bounds and
 // defaults another package owns (state's), or that code uses too.
 var names = schema.Names{
-	"state.MaxLease":               state.MaxLease,
-	"state.MaxFlush":               state.MaxFlush,
-	"state.MaxBatch":               state.MaxBatch,
-	"state.MaxBuckets":             state.MaxBuckets,
-	"state.DefaultBuckets":         state.DefaultBuckets,
 	"DefaultSessionTimeout":        DefaultSessionTimeout,
-	"DefaultDedupLease":            DefaultDedupLease,
 	"DefaultStandbyAfterRedisLost": DefaultStandbyAfterRedisLost,
 	"DefaultRecoveryTTL":           DefaultRecoveryTTL,
 	"MinWindowSeconds":             MinWindowSeconds,
 	"MaxWindowSeconds":             MaxWindowSeconds,
 	"MaxBlockHours":                MaxBlockHours,
 	"maxRateCount":                 maxRateCount,
-}
+}.With(state.Names)
 
 // validator collects every rule violation so that one start attempt reports
 // all bad keys at once, each message naming the key and what is allowed.

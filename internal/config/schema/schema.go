@@ -40,6 +40,18 @@ import (
 // there only.
 type Names map[string]any
 
+// With returns n and others in one registry (a configuration that
+// composes sections of other packages names their values too).
+func (n Names) With(others ...Names) Names {
+	out := Names{}
+	for _, m := range append([]Names{n}, others...) {
+		for k, v := range m {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 var durationType = reflect.TypeOf(time.Duration(0))
 
 // Key returns the field's key (its mapstructure tag), "" for a squashed
