@@ -84,7 +84,10 @@ type Kafka struct {
 	Producer KafkaProducer `mapstructure:"producer"`
 	Consumer KafkaConsumer `mapstructure:"consumer"`
 	// Overrides are extra librdkafka properties applied last (for TLS/SASL
-	// and tuning we do not model); keys are librdkafka property names.
+	// and tuning we do not model); keys are librdkafka property names. The
+	// ones the delivery guarantees rest on (acks, enable.idempotence,
+	// enable.auto.commit, enable.auto.offset.store, isolation.level,
+	// partitioner) are refused.
 	Overrides map[string]string `mapstructure:"overrides"`
 }
 
@@ -101,7 +104,7 @@ type Topics struct {
 // Topic is a topic and the settings it is created with when missing
 // (docs/operations.md, "Topic sizing"); an existing topic is not altered.
 type Topic struct {
-	// Name is the topic's name.
+	// Name is the topic's name; the two topics' must differ.
 	Name string `mapstructure:"name"`
 	// Partitions bounds the consumers that share the work; production
 	// defaults to 12 (main) and 6 (dlq).
@@ -186,7 +189,8 @@ type Redis struct {
 	// environment (KFPIPE_REDIS_PASSWORD) rather than the file.
 	Password string `mapstructure:"password"`
 	// KeyPrefix starts every key kfpipe writes, so a shared Redis (or two
-	// deployments) never mix keys.
+	// deployments) never mix keys; no braces in cluster mode (a hash tag
+	// would put every key in one slot).
 	KeyPrefix string `mapstructure:"key_prefix" default:"kfpipe:"`
 	// PoolSize bounds the client's connections.
 	PoolSize int `mapstructure:"pool_size" default:"64" range:"[1, 10000]"`
@@ -260,9 +264,7 @@ func (c Common) validate(v *validator) {
 	c.Redis.validate(v)
 	if c.Coord.Enabled {
 		// coord's own rules; each error names its coord.* key.
-		if err := c.Coord.Config.Validate(); err != nil {
-			v.errs = append(v.errs, err)
-		}
+		v.addErr(c.Coord.Config.Validate())
 	}
 }
 

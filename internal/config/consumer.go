@@ -326,9 +326,7 @@ func (c *Consumer) Validate() error {
 		v.addf("dedup.ttl", "is %s, shorter than the DLQ's retry horizon (%s = %s): a letter retried after its message's done mark expired would run again; raise dedup.ttl to at least %s", c.Dedup.TTL, from, horizon, horizon)
 	}
 	// The dedup section checks itself (package state owns it).
-	if err := c.Dedup.Validate(); err != nil {
-		v.errs = append(v.errs, err.(interface{ Unwrap() []error }).Unwrap()...)
-	}
+	v.addErr(c.Dedup.Validate())
 	c.RateLimit.validate(v, c.Coord.Enabled)
 	if c.Handler.Type == "http" {
 		v.nonEmpty("handler.http.url", c.Handler.HTTP.URL)

@@ -42,7 +42,8 @@ func (m Media) BoundsApply() bool { return m.Store != "off" }
 type MediaS3 struct {
 	// Endpoint is the server, host:port (tls picks https).
 	Endpoint string `mapstructure:"endpoint"`
-	// Bucket is the bucket media are kept in.
+	// Bucket is the bucket media are kept in: 3 to 63 characters of
+	// [a-z0-9.-].
 	Bucket string `mapstructure:"bucket"`
 	// Region is the bucket's region (servers other than AWS accept any).
 	Region string `mapstructure:"region"`

@@ -21,7 +21,7 @@ type Callback struct {
 	// Addr is the callback server's listen address.
 	Addr string `mapstructure:"addr" default:"127.0.0.1:8081"`
 	// Path is the URL path WeChat posts to, as set in the WeChat Work
-	// console.
+	// console; it starts with /.
 	Path string `mapstructure:"path" default:"/wecom/callback"`
 	// Token verifies WeChat's signature of each callback (the console's
 	// Token); from the environment (KFPIPE_CALLBACK_TOKEN) in production.
@@ -131,7 +131,7 @@ type Sequencer struct {
 	// Step is added per value.
 	Step int64 `mapstructure:"step" default:"1" range:"[1,]"`
 	// MaxValue makes a sequence wrap back to step once it would pass it
-	// (values then no longer increase); 0 never wraps.
+	// (values then no longer increase), so at least step; 0 never wraps.
 	MaxValue int64 `mapstructure:"max_value" range:"[0,]"`
 	// TTL expires a sequence idle this long; 0 keeps sequences forever.
 	TTL time.Duration `mapstructure:"ttl" default:"24h" range:"[1s,]" zero:"kept forever"`

@@ -37,8 +37,16 @@ func (v *validator) bounds(cfg any) { v.boundsAt("", cfg) }
 
 // boundsAt checks a section whose keys are under prefix.
 func (v *validator) boundsAt(prefix string, section any) {
-	if err := names.Check(prefix, section); err != nil {
-		v.errs = append(v.errs, err.(interface{ Unwrap() []error }).Unwrap()...)
+	v.addErr(names.Check(prefix, section))
+}
+
+// addErr adds the errors of a check that reports its own (a section's
+// Validate), each error one entry.
+func (v *validator) addErr(err error) {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		v.errs = append(v.errs, j.Unwrap()...)
+	} else if err != nil {
+		v.errs = append(v.errs, err)
 	}
 }
 
