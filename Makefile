@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 GO    ?= go
 BIN   ?= bin
 
-.PHONY: all build test demo bench chaos soak up down vet fmt clean image package image-check
+.PHONY: all build test demo bench chaos soak up down vet fmt clean image package image-check config-docs
 
 all: build
 
@@ -54,6 +54,11 @@ package:
 ## services, install and remove the .deb (make test runs it too).
 image-check:
 	scripts/image-check.sh
+
+## config-docs: regenerate docs/config.md from internal/config's schema
+## (a test fails when it is out of date).
+config-docs:
+	$(GO) run ./internal/config/gen
 
 vet:
 	$(GO) vet ./...

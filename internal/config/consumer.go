@@ -33,7 +33,8 @@ type Consumer struct {
 
 // RetryHorizon is the part of the dlq-consumer's recovery section the
 // schedule-consumer checks dedup.ttl against: how long a letter stays
-// retryable, per reason and by default.
+// retryable, per reason and by default. Its keys, defaults and bounds are
+// Recovery's (the dlq-consumer's, which checks them).
 type RetryHorizon struct {
 	TTL        map[string]time.Duration `mapstructure:"ttl"`
 	DefaultTTL time.Duration            `mapstructure:"default_ttl"`
@@ -45,122 +46,174 @@ const DefaultRecoveryTTL = 7 * 24 * time.Hour
 
 // Processor configures per-user actors and per-partition flow control.
 type Processor struct {
-	MailboxSize        int           `mapstructure:"mailbox_size"`
-	IdleTimeout        time.Duration `mapstructure:"idle_timeout"`
-	MaxInFlight        int           `mapstructure:"max_in_flight"` // per partition; pause above
-	ResumeBelow        int           `mapstructure:"resume_below"`  // per partition; resume below
-	RetryAttempts      int           `mapstructure:"retry_attempts"`
-	RetryBase          time.Duration `mapstructure:"retry_base"`
-	RetryMax           time.Duration `mapstructure:"retry_max"`
-	AttemptTimeout     time.Duration `mapstructure:"attempt_timeout"`
-	MaxMessageBytes    int           `mapstructure:"max_message_bytes"`
-	PipelineFlush      time.Duration `mapstructure:"pipeline_flush"` // Redis batching window
-	PipelineMaxBatched int           `mapstructure:"pipeline_max_batched"`
+	// MailboxSize is how many messages a user's actor holds waiting; one
+	// more is dead-lettered as queue_full.
+	MailboxSize int `mapstructure:"mailbox_size" default:"256" range:"[1, 1048576]"`
+	// IdleTimeout stops a user's actor after this long without messages
+	// (a new message starts it again).
+	IdleTimeout time.Duration `mapstructure:"idle_timeout" default:"2m" range:"[100ms, 24h]"`
+	// MaxInFlight is how many records of one partition may be in flight
+	// (read, not yet done) before the partition is paused ...
+	MaxInFlight int `mapstructure:"max_in_flight" default:"20000" range:"[1,]"`
+	// ResumeBelow ... and how few resume it; below max_in_flight.
+	ResumeBelow int `mapstructure:"resume_below" default:"10000" range:"[0,]"`
+	// RetryAttempts is how many times the handler is called for a message
+	// before it is dead-lettered (downstream_error, process_timeout).
+	RetryAttempts int `mapstructure:"retry_attempts" default:"3" range:"[1, 100]"`
+	// RetryBase is the first wait between two attempts, doubled each time
+	// up to retry_max.
+	RetryBase time.Duration `mapstructure:"retry_base" default:"100ms" range:"[0, 1m]"`
+	// RetryMax bounds the wait between two attempts; at least retry_base.
+	RetryMax time.Duration `mapstructure:"retry_max" default:"2s" range:"[0, 1h]"`
+	// AttemptTimeout bounds one handler call (the handler's context).
+	AttemptTimeout time.Duration `mapstructure:"attempt_timeout" default:"10s" range:"[1ms, 1h]"`
+	// MaxMessageBytes is the largest record handled; a larger one is
+	// dead-lettered as invalid_message.
+	MaxMessageBytes int `mapstructure:"max_message_bytes" default:"1048576" range:"[1024, 104857600]"`
+	// PipelineFlush is how long the consumer-state store gathers Redis
+	// commands (done marks, look-ups) into one round trip; 0 flushes at
+	// once.
+	PipelineFlush time.Duration `mapstructure:"pipeline_flush" default:"1ms" range:"[0, state.MaxFlush]"`
+	// PipelineMaxBatched flushes a batch that reaches this many commands
+	// before pipeline_flush.
+	PipelineMaxBatched int `mapstructure:"pipeline_max_batched" default:"256" range:"[1, state.MaxBatch]"`
 	// DeadLetterQueue is how many dead letters of one partition may wait
 	// for their durable DLQ write before the partition is paused (it
 	// resumes below half of it): a slow DLQ then holds back only the
 	// partitions that dead-letter, never the poll goroutine (I5, I6).
-	DeadLetterQueue int `mapstructure:"dead_letter_queue"`
+	//
+	// 1024 by default: four poll batches (256), so one batch of refusals
+	// never pauses a partition while the DLQ acknowledges in
+	// milliseconds, and a twentieth of max_in_flight, so a slow DLQ
+	// pauses long before the in-flight cap would (above max_in_flight it
+	// never pauses: the in-flight cap, which counts the same letters,
+	// pauses first). The letters are records already in memory (counted
+	// by max_in_flight); waiting costs no more.
+	DeadLetterQueue int `mapstructure:"dead_letter_queue" default:"1024" range:"[1, 1048576]"`
 	// StandbyAfterRedisLost: a consumer whose Redis has been unreachable
 	// this long leaves its group (its partitions go to members that still
 	// have Redis) and joins again once Redis answers; 0 never leaves.
-	StandbyAfterRedisLost time.Duration `mapstructure:"standby_after_redis_lost"`
+	StandbyAfterRedisLost time.Duration `mapstructure:"standby_after_redis_lost" default:"DefaultStandbyAfterRedisLost" range:"[1s, 1h]" zero:"never leaves"`
 }
 
 // Outage configures the consumer's downstream health gate: when the
 // handler fails for many users at once, messages wait (a few probe the
 // downstream) instead of being dead-lettered (docs/operations.md).
 type Outage struct {
-	// MinUsers distinct users with a retryable failure within Window open
+	// MinUsers distinct users with a retryable failure within window open
 	// the gate (0 turns it off) ...
-	MinUsers int `mapstructure:"min_users"`
-	// ... when failures are at least FailureRatio of the attempts.
-	FailureRatio float64       `mapstructure:"failure_ratio"`
-	Window       time.Duration `mapstructure:"window"`
-	// Probes handler calls at a time while open, one started every
-	// ProbeInterval.
-	Probes        int           `mapstructure:"probes"`
-	ProbeInterval time.Duration `mapstructure:"probe_interval"`
+	MinUsers int `mapstructure:"min_users" default:"10" range:"[0, 1_000_000]"`
+	// FailureRatio ... when failures are at least this share of the
+	// attempts.
+	FailureRatio float64 `mapstructure:"failure_ratio" default:"0.8" range:"(0, 1]"`
+	// Window is the span over which failing users and the ratio are
+	// counted.
+	Window time.Duration `mapstructure:"window" default:"30s" range:"[1s, 1h]"`
+	// Probes is how many handler calls may run at a time while the gate
+	// is open ...
+	Probes int `mapstructure:"probes" default:"2" range:"[1, 100]"`
+	// ProbeInterval ... one started every this long.
+	ProbeInterval time.Duration `mapstructure:"probe_interval" default:"5s" range:"[10ms, 10m]"`
 }
 
-// Dedup configures the idempotency keys (I3).
-type Dedup struct {
-	TTL time.Duration `mapstructure:"ttl"` // >= 3 days: WeChat's re-pull window
-	// Lease is how long a "processing" claim lives without renewal: it
-	// bounds how long a crashed consumer's users wait for their claims
-	// (about the group session timeout), while a live owner renews it
-	// every quarter lease and stops its handler after two thirds without a
-	// successful renewal.
-	Lease time.Duration `mapstructure:"lease"`
-	// Store is no longer a setting (one per-partition store); it is read
-	// only to refuse a configuration that still sets it.
-	Store string `mapstructure:"store"`
-	// Legacy: read (the default) also looks a message up among the marks
-	// of the old dedup stores (claims and leases), off does not. Keep it
-	// read for one dedup.ttl after switching from either
-	// (docs/operations.md, "Switching to the per-partition store").
-	Legacy string `mapstructure:"legacy"`
-	// Buckets is how many digest sets a partition's done marks of one
-	// 10-second send-time slot are spread over, so that each stays a Redis
-	// intset (at most ~400 members: 8 B a mark; beyond 512 Redis converts
-	// it to a hash table, ~70 B a mark). Size it as messages a second per
-	// partition × 10 / 400, rounded up to a power of two: 1 up to ~40 msg/s
-	// a partition, 16 for the seeds' 5,000 msg/s over 12 partitions. A
-	// change applies from the next slot, at most once per dedup.ttl (the
-	// marks written before stay found; docs/operations.md).
-	Buckets int `mapstructure:"buckets"`
-}
+// Dedup configures the idempotency keys (I3): the consumer-state store's
+// section, owned by package state (its keys, defaults, bounds and
+// Validate).
+type Dedup = state.Settings
 
-// RateLimit configures the per-user sliding-window limiter (package ratelimit).
+// RateLimit configures the per-user sliding-window limiter (package
+// ratelimit; docs/operations.md, "The rate limiter's rules").
 type RateLimit struct {
-	Enabled bool `mapstructure:"enabled"`
+	// Enabled turns the limiter on; off, every message passes.
+	Enabled bool `mapstructure:"enabled" default:"true"`
 	// RulesBackend is where the operators' rules override and per-user
 	// group assignments live: redis (rl:rules, changes announced on Redis
 	// pub/sub) or etcd (coord's config center, followed by a watch; needs
 	// coord.enabled). Blocks stay in Redis either way.
-	RulesBackend string               `mapstructure:"rules_backend"`
-	DefaultGroup string               `mapstructure:"default_group"`
-	Groups       map[string]RateGroup `mapstructure:"groups"`
-	Progressive  Progressive          `mapstructure:"progressive"`
+	RulesBackend string `mapstructure:"rules_backend" default:"redis" enum:"redis|etcd"`
+	// DefaultGroup is the group of a user assigned to none; it must be
+	// one of groups.
+	DefaultGroup string `mapstructure:"default_group" default:"normal"`
+	// Groups are the window rules by group name; a file's group replaces
+	// the shipped one of that name and keeps the others.
+	Groups map[string]RateGroup `mapstructure:"groups"`
+	// Progressive lengthens the block of a user blocked again.
+	Progressive Progressive `mapstructure:"progressive"`
 }
+
+// Bounds of a rate-limit group; the limiter (package ratelimit) checks the
+// rules it is given, at start and on a live change, with the same function
+// (ValidateRateGroups).
+const (
+	MinWindowSeconds = 0.001
+	MaxWindowSeconds = 7 * 86400.0
+	MaxBlockHours    = 365 * 24.0
+	maxRateCount     = math.MaxInt32
+)
 
 // RateGroup is one group's window rule.
 type RateGroup struct {
-	WindowSeconds    float64 `mapstructure:"window_seconds"`
-	MaxMessages      int     `mapstructure:"max_messages"`
-	PenaltyThreshold int     `mapstructure:"penalty_threshold"`
-	BlockHours       float64 `mapstructure:"block_hours"`
+	// WindowSeconds is the sliding window's length, in seconds ...
+	WindowSeconds float64 `mapstructure:"window_seconds" range:"[MinWindowSeconds, MaxWindowSeconds]"`
+	// MaxMessages ... and how many messages a user may send within it;
+	// one more is refused (rate_limited).
+	MaxMessages int `mapstructure:"max_messages" range:"[1, maxRateCount]"`
+	// PenaltyThreshold is how many refusals, before the window drains to
+	// half, block the user ...
+	PenaltyThreshold int `mapstructure:"penalty_threshold" range:"[1, maxRateCount]"`
+	// BlockHours ... for this many hours (0: refusals never block).
+	BlockHours float64 `mapstructure:"block_hours" range:"[0, MaxBlockHours]"`
 }
 
-// Progressive configures the optional escalating block.
+// Progressive configures the optional escalating block: its keys are
+// checked only when it is enabled.
 type Progressive struct {
-	Enabled bool          `mapstructure:"enabled"`
-	Base    time.Duration `mapstructure:"base"`
-	Max     time.Duration `mapstructure:"max"`
-	History time.Duration `mapstructure:"history"`
+	// Enabled makes each new block of a user within history longer.
+	Enabled bool `mapstructure:"enabled"`
+	// Base is the first escalated block ...
+	Base time.Duration `mapstructure:"base" default:"1h" range:"[1s,]"`
+	// Max ... doubled each time up to this; at least base.
+	Max time.Duration `mapstructure:"max" default:"24h" range:"[1s,]"`
+	// History is how long a block counts toward the next one.
+	History time.Duration `mapstructure:"history" default:"24h" range:"[1m,]"`
 }
+
+// BoundsApply reports whether the section's bounds are checked: only
+// while it is enabled.
+func (p Progressive) BoundsApply() bool { return p.Enabled }
 
 // Breaker configures the per-user circuit breaker.
 type Breaker struct {
-	FailureThreshold int           `mapstructure:"failure_threshold"`
-	OpenTimeout      time.Duration `mapstructure:"open_timeout"`
-	HalfOpenMax      int           `mapstructure:"half_open_max"`
+	// FailureThreshold is how many consecutive failed messages of a user
+	// open the user's breaker (its messages are then dead-lettered as
+	// circuit_open) ...
+	FailureThreshold int `mapstructure:"failure_threshold" default:"100" range:"[1,]"`
+	// OpenTimeout ... for this long, after which it is half-open.
+	OpenTimeout time.Duration `mapstructure:"open_timeout" default:"30s" range:"[10ms, 24h]"`
+	// HalfOpenMax is how many trial messages a half-open breaker admits
+	// at a time.
+	HalfOpenMax int `mapstructure:"half_open_max" default:"5" range:"[1,]"`
 }
 
 // Handler selects the business handler.
 type Handler struct {
-	Type string      `mapstructure:"type"` // log|http|noop
+	// Type is log (logs each message), http (posts it to handler.http.url)
+	// or noop; a program built on the kfpipe package brings its own.
+	Type string      `mapstructure:"type" default:"log" enum:"log|http|noop"`
 	HTTP HTTPHandler `mapstructure:"http"`
 }
 
-// HTTPHandler posts each message to a URL.
+// HTTPHandler posts each message to a URL (docs/handler-protocol.md).
 type HTTPHandler struct {
-	URL     string        `mapstructure:"url"`
-	Timeout time.Duration `mapstructure:"timeout"`
+	// URL receives each message (http or https); required with
+	// handler.type http.
+	URL string `mapstructure:"url"`
+	// Timeout bounds one request.
+	Timeout time.Duration `mapstructure:"timeout" default:"5s" range:"[1ms, 5m]"`
 	// MaxConns caps the connections (and so the requests in flight) to
 	// the receiver; that many are kept alive between messages. Actors
 	// beyond it wait for a connection, bounded by the attempt's timeout.
-	MaxConns int `mapstructure:"max_conns"`
+	MaxConns int `mapstructure:"max_conns" default:"64" range:"[1, 4096]"`
 	// Secret signs each request (Kfpipe-Signature, HMAC-SHA256 over the
 	// timestamp and the body; docs/handler-protocol.md) so the receiver can
 	// reject forgeries and replays. From the environment
@@ -178,11 +231,22 @@ func (d DLQ) emergencyPath(daemon string) string {
 
 // DLQ configures the dead-letter producer side (I6).
 type DLQ struct {
-	EmergencyFile   string        `mapstructure:"emergency_file"`
-	ReplayInterval  time.Duration `mapstructure:"replay_interval"`
-	ProduceTimeout  time.Duration `mapstructure:"produce_timeout"`
-	BreakerFailures int           `mapstructure:"breaker_failures"`
-	BreakerOpen     time.Duration `mapstructure:"breaker_open"`
+	// EmergencyFile is where a dead letter goes when the DLQ topic cannot
+	// take it (an fsync'd append; replayed to the topic later); "{daemon}"
+	// is replaced by the daemon's name, so one shared file serves every
+	// daemon.
+	EmergencyFile string `mapstructure:"emergency_file" default:"/var/lib/kfpipe/{daemon}-dlq-emergency.jsonl"`
+	// ReplayInterval is how often the emergency file is replayed to the
+	// DLQ topic.
+	ReplayInterval time.Duration `mapstructure:"replay_interval" default:"5s" range:"[10ms, 1h]"`
+	// ProduceTimeout bounds one dead letter's write to the DLQ topic
+	// before it goes to the emergency file.
+	ProduceTimeout time.Duration `mapstructure:"produce_timeout" default:"10s" range:"[100ms, 10m]"`
+	// BreakerFailures is how many failed DLQ writes in a row open the DLQ
+	// producer's breaker (letters go straight to the emergency file) ...
+	BreakerFailures int `mapstructure:"breaker_failures" default:"5" range:"[1,]"`
+	// BreakerOpen ... for this long before a write is tried again.
+	BreakerOpen time.Duration `mapstructure:"breaker_open" default:"10s" range:"[10ms, 1h]"`
 }
 
 // defaultRateGroups are the shipped rules (docs/operations.md, "The rate
@@ -206,20 +270,16 @@ func defaultRateGroups() map[string]RateGroup {
 // the DLQ daemon's, which paces re-injection by it): enabled, default group
 // normal, the groups of defaultRateGroups, progressive penalty off.
 func DefaultRateLimit() RateLimit {
-	return RateLimit{Enabled: true, RulesBackend: "redis", DefaultGroup: "normal", Groups: defaultRateGroups(),
-		Progressive: Progressive{Base: time.Hour, Max: 24 * time.Hour, History: 24 * time.Hour}}
+	r := RateLimit{Groups: defaultRateGroups()}
+	names.SetDefaults(&r)
+	return r
 }
 
-func defaultDLQ() DLQ {
-	return DLQ{EmergencyFile: "/var/lib/kfpipe/{daemon}-dlq-emergency.jsonl", ReplayInterval: 5 * time.Second,
-		ProduceTimeout: 10 * time.Second, BreakerFailures: 5, BreakerOpen: 10 * time.Second}
-}
-
-// DefaultDedupLease is dedup.lease's default: a crashed consumer's claims
-// free this long after its last renewal, so its users wait about the group
-// session timeout (kafka.consumer.session_timeout, DefaultSessionTimeout)
-// and not longer.
-const DefaultDedupLease = 10 * time.Second
+// DefaultDedupLease is dedup.lease's default, the store's own: a crashed
+// consumer's claims free this long after its last renewal, so its users
+// wait about the group session timeout (kafka.consumer.session_timeout,
+// DefaultSessionTimeout) and not longer.
+const DefaultDedupLease = state.DefaultLease
 
 // DefaultStandbyAfterRedisLost is processor.standby_after_redis_lost's
 // default: three dedup leases, so a blip (a Sentinel failover takes ~2 s)
@@ -228,64 +288,32 @@ const DefaultDedupLease = 10 * time.Second
 const DefaultStandbyAfterRedisLost = 3 * DefaultDedupLease
 
 func defaultConsumer(env string) Consumer {
-	return Consumer{
-		Common: defaultCommon(env, "consumer"),
-		Processor: Processor{MailboxSize: 256, IdleTimeout: 2 * time.Minute, MaxInFlight: 20000, ResumeBelow: 10000,
-			RetryAttempts: 3, RetryBase: 100 * time.Millisecond, RetryMax: 2 * time.Second, AttemptTimeout: 10 * time.Second,
-			MaxMessageBytes: 1 << 20, PipelineFlush: time.Millisecond, PipelineMaxBatched: 256,
-			// 1024 dead letters waiting per partition: four poll batches
-			// (256), so one batch of refusals never pauses a partition
-			// while the DLQ acknowledges in milliseconds, and a twentieth
-			// of max_in_flight, so a slow DLQ pauses long before the
-			// in-flight cap would. The letters are records already in
-			// memory (counted by max_in_flight); waiting costs no more.
-			DeadLetterQueue:       1024,
-			StandbyAfterRedisLost: DefaultStandbyAfterRedisLost},
-		Outage:    Outage{MinUsers: 10, FailureRatio: 0.8, Window: 30 * time.Second, Probes: 2, ProbeInterval: 5 * time.Second},
-		Dedup:     Dedup{TTL: DefaultRecoveryTTL, Lease: DefaultDedupLease, Legacy: "read", Buckets: 1},
-		RateLimit: DefaultRateLimit(),
-		Breaker:   Breaker{FailureThreshold: 100, OpenTimeout: 30 * time.Second, HalfOpenMax: 5},
-		Handler:   Handler{Type: "log", HTTP: HTTPHandler{Timeout: 5 * time.Second, MaxConns: 64}},
-		DLQ:       defaultDLQ(),
-		WeCom:     WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000},
-		Media:     defaultMedia(env),
-		Recovery:  RetryHorizon{TTL: map[string]time.Duration{}, DefaultTTL: DefaultRecoveryTTL},
-	}
+	var c Consumer
+	defaultCommon(&c.Common, env, "consumer")
+	c.RateLimit.Groups = defaultRateGroups()
+	c.Media.Dir = defaultMediaDir(env)
+	names.SetDefaults(&c)
+	r := defaultDLQConsumer(env).Recovery
+	c.Recovery = RetryHorizon{TTL: r.TTL, DefaultTTL: r.DefaultTTL}
+	return c
 }
 
 // Validate reports every invalid key.
 func (c *Consumer) Validate() error {
 	v := &validator{}
+	v.bounds(c)
 	c.Common.validate(v)
 	p := c.Processor
-	v.between("processor.mailbox_size", p.MailboxSize, 1, 1<<20)
-	v.durationBetween("processor.idle_timeout", p.IdleTimeout, 100*time.Millisecond, 24*time.Hour)
-	v.atLeast("processor.max_in_flight", p.MaxInFlight, 1)
-	v.between("processor.resume_below", p.ResumeBelow, 0, p.MaxInFlight-1)
-	v.between("processor.retry_attempts", p.RetryAttempts, 1, 100)
-	v.durationBetween("processor.retry_base", p.RetryBase, 0, time.Minute)
-	v.durationBetween("processor.retry_max", p.RetryMax, p.RetryBase, time.Hour)
-	v.durationBetween("processor.attempt_timeout", p.AttemptTimeout, time.Millisecond, time.Hour)
-	v.between("processor.max_message_bytes", p.MaxMessageBytes, 1024, 100<<20)
-	// Mapped onto the once client's batch: its bounds.
-	v.durationBetween("processor.pipeline_flush", p.PipelineFlush, 0, state.MaxFlush)
-	v.between("processor.pipeline_max_batched", p.PipelineMaxBatched, 1, state.MaxBatch)
-	// Above processor.max_in_flight it never pauses: the in-flight cap,
-	// which counts the same letters, pauses first.
-	v.between("processor.dead_letter_queue", p.DeadLetterQueue, 1, 1<<20)
-	if p.StandbyAfterRedisLost != 0 {
-		v.durationBetween("processor.standby_after_redis_lost", p.StandbyAfterRedisLost, time.Second, time.Hour)
+	if p.ResumeBelow >= p.MaxInFlight {
+		v.addf("processor.resume_below", "must be below processor.max_in_flight (%d), got %d", p.MaxInFlight, p.ResumeBelow)
 	}
-	o := c.Outage
-	v.between("outage.min_users", o.MinUsers, 0, 1_000_000)
-	if o.FailureRatio <= 0 || o.FailureRatio > 1 {
-		v.addf("outage.failure_ratio", "must be in (0, 1], got %g", o.FailureRatio)
+	if p.RetryMax < p.RetryBase {
+		v.addf("processor.retry_max", "must be >= processor.retry_base (%s), got %s", p.RetryBase, p.RetryMax)
 	}
-	v.durationBetween("outage.window", o.Window, time.Second, time.Hour)
-	v.between("outage.probes", o.Probes, 1, 100)
-	v.durationBetween("outage.probe_interval", o.ProbeInterval, 10*time.Millisecond, 10*time.Minute)
-	// I3: WeChat may hand a message out again for 3 days.
-	v.durationAtLeast("dedup.ttl", c.Dedup.TTL, 72*time.Hour)
+	// The horizon's keys are recovery's: checked by that section's tags.
+	r := defaultDLQConsumer(c.Env).Recovery
+	r.TTL, r.DefaultTTL = c.Recovery.TTL, c.Recovery.DefaultTTL
+	v.boundsAt("recovery", r)
 	// Retention consistency: a letter the DLQ may still retry must find
 	// the done mark its message got from a copy (issue #30, hole 6).
 	horizon, from := c.Recovery.DefaultTTL, "recovery.default_ttl"
@@ -297,21 +325,9 @@ func (c *Consumer) Validate() error {
 	if c.Dedup.TTL < horizon {
 		v.addf("dedup.ttl", "is %s, shorter than the DLQ's retry horizon (%s = %s): a letter retried after its message's done mark expired would run again; raise dedup.ttl to at least %s", c.Dedup.TTL, from, horizon, horizon)
 	}
-	// Stricter than the once client's own minimum (short leases are for
-	// its tests): a claim renewed every lease/4 must survive a GC pause.
-	v.durationBetween("dedup.lease", c.Dedup.Lease, time.Second, state.MaxLease)
-	if c.Dedup.Store != "" {
-		v.addf("dedup.store", "is set (%q), but there is one consumer-state store now (per partition) and no choice: delete the key; "+
-			"a deployment of the claims or leases store switches as docs/operations.md says (\"Switching to the per-partition store\")", c.Dedup.Store)
-	}
-	v.oneOf("dedup.legacy", c.Dedup.Legacy, "off", "read")
-	v.between("dedup.buckets", c.Dedup.Buckets, 1, 1<<16)
+	// The dedup section checks itself (package state owns it).
+	v.addErr(c.Dedup.Validate())
 	c.RateLimit.validate(v, c.Coord.Enabled)
-	b := c.Breaker
-	v.atLeast("breaker.failure_threshold", b.FailureThreshold, 1)
-	v.durationBetween("breaker.open_timeout", b.OpenTimeout, 10*time.Millisecond, 24*time.Hour)
-	v.atLeast("breaker.half_open_max", b.HalfOpenMax, 1)
-	v.oneOf("handler.type", c.Handler.Type, "log", "http", "noop")
 	if c.Handler.Type == "http" {
 		v.nonEmpty("handler.http.url", c.Handler.HTTP.URL)
 	}
@@ -320,8 +336,6 @@ func (c *Consumer) Validate() error {
 			v.addf("handler.http.url", "must be an http(s) URL, got %q", c.Handler.HTTP.URL)
 		}
 	}
-	v.durationBetween("handler.http.timeout", c.Handler.HTTP.Timeout, time.Millisecond, 5*time.Minute)
-	v.between("handler.http.max_conns", c.Handler.HTTP.MaxConns, 1, 4096)
 	c.DLQ.validate(v)
 	// Replies (kfpipe.Reply) go through this client; its keys are checked
 	// whether or not credentials are set.
@@ -332,59 +346,36 @@ func (c *Consumer) Validate() error {
 
 func (r RateLimit) validate(v *validator, coordEnabled bool) {
 	r.validateGroups(v)
-	v.oneOf("rate_limit.rules_backend", r.RulesBackend, "redis", "etcd")
 	if r.RulesBackend == "etcd" && !coordEnabled {
 		v.addf("rate_limit.rules_backend", "is etcd, which needs coord.enabled: true (the etcd of the coord section)")
 	}
-	if r.Progressive.Enabled {
-		v.durationAtLeast("rate_limit.progressive.base", r.Progressive.Base, time.Second)
-		v.durationAtLeast("rate_limit.progressive.max", r.Progressive.Max, r.Progressive.Base)
-		v.durationAtLeast("rate_limit.progressive.history", r.Progressive.History, time.Minute)
+	if r.Progressive.Enabled && r.Progressive.Max < r.Progressive.Base {
+		v.addf("rate_limit.progressive.max", "must be >= rate_limit.progressive.base (%s), got %s", r.Progressive.Base, r.Progressive.Max)
 	}
 }
-
-// Bounds of a rate-limit group; the limiter (package ratelimit) checks the
-// rules it is given, at start and on a live change, with the same function
-// (ValidateRateGroups).
-const (
-	MinWindowSeconds = 0.001
-	MaxWindowSeconds = 7 * 86400.0
-	MaxBlockHours    = 365 * 24.0
-	maxRateCount     = math.MaxInt32
-)
 
 // ValidateRateGroups checks rate-limit groups and the default group's
 // name, naming each bad key.
 func ValidateRateGroups(groups map[string]RateGroup, defaultGroup string) error {
 	v := &validator{}
+	v.boundsAt("rate_limit", struct {
+		Groups map[string]RateGroup `mapstructure:"groups"`
+	}{groups})
 	RateLimit{Groups: groups, DefaultGroup: defaultGroup}.validateGroups(v)
 	return v.err()
 }
 
+// validateGroups checks what the groups' tags cannot: the default group
+// names one, and no name is empty.
 func (r RateLimit) validateGroups(v *validator) {
 	if _, ok := r.Groups[r.DefaultGroup]; !ok {
 		v.addf("rate_limit.default_group", "must name a group in rate_limit.groups, got %q", r.DefaultGroup)
 	}
-	for _, n := range sortedKeys(r.Groups) {
-		g, key := r.Groups[n], "rate_limit.groups."+n
-		if n == "" {
-			v.addf("rate_limit.groups", "has a group with an empty name")
-		}
-		if g.WindowSeconds < MinWindowSeconds || g.WindowSeconds > MaxWindowSeconds {
-			v.addf(key+".window_seconds", "must be in [%g, %g], got %g", MinWindowSeconds, MaxWindowSeconds, g.WindowSeconds)
-		}
-		v.between(key+".max_messages", g.MaxMessages, 1, maxRateCount)
-		v.between(key+".penalty_threshold", g.PenaltyThreshold, 1, maxRateCount)
-		if g.BlockHours < 0 || g.BlockHours > MaxBlockHours {
-			v.addf(key+".block_hours", "must be in [0, %g], got %g", MaxBlockHours, g.BlockHours)
-		}
+	if _, ok := r.Groups[""]; ok {
+		v.addf("rate_limit.groups", "has a group with an empty name")
 	}
 }
 
 func (d DLQ) validate(v *validator) {
 	v.nonEmpty("dlq.emergency_file", d.EmergencyFile)
-	v.durationBetween("dlq.replay_interval", d.ReplayInterval, 10*time.Millisecond, time.Hour)
-	v.durationBetween("dlq.produce_timeout", d.ProduceTimeout, 100*time.Millisecond, 10*time.Minute)
-	v.atLeast("dlq.breaker_failures", d.BreakerFailures, 1)
-	v.durationBetween("dlq.breaker_open", d.BreakerOpen, 10*time.Millisecond, time.Hour)
 }

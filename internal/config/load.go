@@ -1,3 +1,5 @@
+//go:generate go run ./gen
+
 // Package config loads each daemon's typed configuration with viper: a YAML
 // file (from --config or KFPIPE_CONFIG), then KFPIPE_… environment
 // overrides, then defaults for the chosen environment. Unknown keys in the
@@ -189,7 +191,7 @@ func checkKnownKeys(path string) error {
 	walk("", doc)
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return fmt.Errorf("unknown key(s) %s (typo? config/development.yaml lists the known keys)", strings.Join(unknown, ", "))
+		return fmt.Errorf("unknown key(s) %s (typo? see %s for the keys)", strings.Join(unknown, ", "), ReferencePath)
 	}
 	return nil
 }

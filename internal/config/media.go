@@ -11,57 +11,69 @@ import (
 // consumer keep the media customers send before WeChat's media_id
 // expires (3 days). Both daemons read it and must name the same store.
 type Media struct {
-	// Store is dir (default), s3 or off.
-	Store string `mapstructure:"store"`
-	// Dir is the directory of store dir.
+	// Store is dir (a directory, media.dir), s3 (media.s3) or off (media
+	// are not kept; kfpipe.OpenMedia returns ErrNoMediaStore). Off, the
+	// other media keys are not checked.
+	Store string `mapstructure:"store" default:"dir" enum:"dir|s3|off"`
+	// Dir is the directory of store dir; production defaults to
+	// /var/lib/kfpipe/media, test to kfpipe-media in the system's
+	// temporary directory.
 	Dir string `mapstructure:"dir"`
-	// MaxBytes bounds an object; a larger one is refused with a reason,
-	// 1 KiB … 1 GiB (default 20 MiB, WeChat's largest: a file).
-	MaxBytes int `mapstructure:"max_bytes"`
-	// Retries (0 … 20) of a failed download or store write, waiting
-	// RetryBase (10ms … 1m) doubled each time.
-	Retries   int           `mapstructure:"retries"`
-	RetryBase time.Duration `mapstructure:"retry_base"`
-	// Workers (1 … 256) and QueueSize (1 … 1,000,000) size kf-producer's
-	// keeping stage.
-	Workers   int     `mapstructure:"workers"`
-	QueueSize int     `mapstructure:"queue_size"`
+	// MaxBytes bounds an object; a larger one is refused with a reason
+	// (default 20 MiB, WeChat's largest: a file).
+	MaxBytes int `mapstructure:"max_bytes" default:"20971520" range:"[1024, 1073741824]"`
+	// Retries of a failed download or store write ...
+	Retries int `mapstructure:"retries" default:"3" range:"[0, 20]"`
+	// RetryBase ... waiting this long, doubled each time.
+	RetryBase time.Duration `mapstructure:"retry_base" default:"200ms" range:"[10ms, 1m]"`
+	// Workers is how many downloads kf-producer's keeping stage runs at a
+	// time ...
+	Workers int `mapstructure:"workers" default:"4" range:"[1, 256]"`
+	// QueueSize ... and how many media jobs wait for them.
+	QueueSize int     `mapstructure:"queue_size" default:"1000" range:"[1, 1_000_000]"`
 	S3        MediaS3 `mapstructure:"s3"`
 }
 
+// BoundsApply reports whether the section's bounds are checked: not when
+// media are off.
+func (m Media) BoundsApply() bool { return m.Store != "off" }
+
 // MediaS3 is media.s3: an S3-compatible server.
 type MediaS3 struct {
-	Endpoint  string `mapstructure:"endpoint"` // host:port
-	Bucket    string `mapstructure:"bucket"`
-	Region    string `mapstructure:"region"`
+	// Endpoint is the server, host:port (tls picks https).
+	Endpoint string `mapstructure:"endpoint"`
+	// Bucket is the bucket media are kept in: 3 to 63 characters of
+	// [a-z0-9.-].
+	Bucket string `mapstructure:"bucket"`
+	// Region is the bucket's region (servers other than AWS accept any).
+	Region string `mapstructure:"region"`
+	// AccessKey and secret_key authenticate (both or neither); from the
+	// environment (KFPIPE_MEDIA_S3_ACCESS_KEY).
 	AccessKey string `mapstructure:"access_key"`
+	// SecretKey is access_key's secret; from the environment
+	// (KFPIPE_MEDIA_S3_SECRET_KEY).
 	SecretKey string `mapstructure:"secret_key"`
-	Prefix    string `mapstructure:"prefix"`
-	TLS       bool   `mapstructure:"tls"`
+	// Prefix starts every object's name (no leading /).
+	Prefix string `mapstructure:"prefix"`
+	// TLS talks https to the endpoint.
+	TLS bool `mapstructure:"tls"`
 }
 
-func defaultMedia(env string) Media {
-	dir := ".run/media"
+// defaultMediaDir is media.dir's default, by environment.
+func defaultMediaDir(env string) string {
 	switch env {
 	case EnvProduction:
-		dir = "/var/lib/kfpipe/media"
+		return "/var/lib/kfpipe/media"
 	case EnvTest: // tests run in their package's directory: not there
-		dir = filepath.Join(os.TempDir(), "kfpipe-media")
+		return filepath.Join(os.TempDir(), "kfpipe-media")
 	}
-	return Media{Store: "dir", Dir: dir, MaxBytes: 20 << 20, Retries: 3, RetryBase: 200 * time.Millisecond,
-		Workers: 4, QueueSize: 1000}
+	return ".run/media"
 }
 
 func (m Media) validate(v *validator) {
-	v.oneOf("media.store", m.Store, "dir", "s3", "off")
 	if m.Store == "off" {
 		return
 	}
-	v.between("media.max_bytes", m.MaxBytes, 1<<10, 1<<30)
-	v.between("media.retries", m.Retries, 0, 20)
-	v.durationBetween("media.retry_base", m.RetryBase, 10*time.Millisecond, time.Minute)
-	v.between("media.workers", m.Workers, 1, 256)
-	v.between("media.queue_size", m.QueueSize, 1, 1_000_000)
 	switch m.Store {
 	case "dir":
 		v.nonEmpty("media.dir", m.Dir)

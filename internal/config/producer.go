@@ -18,40 +18,76 @@ type Producer struct {
 
 // Callback configures the WeChat callback endpoint (I7, I8).
 type Callback struct {
-	Addr            string        `mapstructure:"addr"`
-	Path            string        `mapstructure:"path"`
-	Token           string        `mapstructure:"token"`
-	EncodingAESKey  string        `mapstructure:"encoding_aes_key"`
-	MaxBodyBytes    int           `mapstructure:"max_body_bytes"`
-	TimestampWindow time.Duration `mapstructure:"timestamp_window"`
-	ReplayWindow    time.Duration `mapstructure:"replay_window"`
+	// Addr is the callback server's listen address.
+	Addr string `mapstructure:"addr" default:"127.0.0.1:8081"`
+	// Path is the URL path WeChat posts to, as set in the WeChat Work
+	// console; it starts with /.
+	Path string `mapstructure:"path" default:"/wecom/callback"`
+	// Token verifies WeChat's signature of each callback (the console's
+	// Token); from the environment (KFPIPE_CALLBACK_TOKEN) in production.
+	Token string `mapstructure:"token"`
+	// EncodingAESKey decrypts the callbacks (the console's
+	// EncodingAESKey, 43 characters); from the environment
+	// (KFPIPE_CALLBACK_ENCODING_AES_KEY) in production.
+	EncodingAESKey string `mapstructure:"encoding_aes_key"`
+	// MaxBodyBytes bounds a callback's body; a larger one gets 413.
+	MaxBodyBytes int `mapstructure:"max_body_bytes" default:"1048576" range:"[1024, 16777216]"`
+	// TimestampWindow refuses a callback whose timestamp is further than
+	// this from the clock, either way (0: not checked).
+	TimestampWindow time.Duration `mapstructure:"timestamp_window" default:"5m" range:"[0, 24h]"`
+	// ReplayWindow is how long a callback's (timestamp, nonce, signature)
+	// is remembered: a repeat within it is acknowledged and not acted on.
+	ReplayWindow time.Duration `mapstructure:"replay_window" default:"10m" range:"[1s, 24h]"`
 }
 
 // WeCom configures the WeChat Work API client.
 type WeCom struct {
-	BaseURL        string        `mapstructure:"base_url"`
-	CorpID         string        `mapstructure:"corp_id"`
-	Secret         string        `mapstructure:"secret"`
-	OpenKfIDs      []string      `mapstructure:"open_kfids"` // synced periodically even without callbacks
-	RequestTimeout time.Duration `mapstructure:"request_timeout"`
-	PageLimit      int           `mapstructure:"page_limit"`
+	// BaseURL is WeChat Work's API (a fake one in the demo and tests).
+	BaseURL string `mapstructure:"base_url" default:"https://qyapi.weixin.qq.com"`
+	// CorpID is the corp's ID; from the environment (KFPIPE_WECOM_CORP_ID)
+	// in production. kf-producer needs it; the consumers' replies too.
+	CorpID string `mapstructure:"corp_id"`
+	// Secret is the customer-service app's secret; from the environment
+	// (KFPIPE_WECOM_SECRET), never a committed file.
+	Secret string `mapstructure:"secret"`
+	// OpenKfIDs are accounts synced periodically even without callbacks;
+	// empty, kf-producer lists the corp's accounts (account/list).
+	OpenKfIDs []string `mapstructure:"open_kfids"`
+	// RequestTimeout bounds one API call.
+	RequestTimeout time.Duration `mapstructure:"request_timeout" default:"5s" range:"[100ms, 1m]"`
+	// PageLimit is how many messages one sync_msg call asks for (WeChat's
+	// most is 1000).
+	PageLimit int `mapstructure:"page_limit" default:"1000" range:"[1, 1000]"`
 	// DenyOpenKfIDs are accounts never synced, listed or not.
 	DenyOpenKfIDs []string `mapstructure:"deny_open_kfids"`
 	// AccountsRefresh is how often kf-producer lists the corp's accounts
 	// (account/list) besides at start and on kf_account_auth_change, when
 	// open_kfids is empty; 0 lists them only at start and on the event.
-	AccountsRefresh time.Duration `mapstructure:"accounts_refresh"`
+	AccountsRefresh time.Duration `mapstructure:"accounts_refresh" default:"10m" range:"[0,]"`
 }
 
 // Sync configures the per-open_kfid sync loop.
 type Sync struct {
-	Lock           SyncLock      `mapstructure:"lock"`
-	LockTTL        time.Duration `mapstructure:"lock_ttl"`
-	SafetyInterval time.Duration `mapstructure:"safety_interval"`
-	RetryBase      time.Duration `mapstructure:"retry_base"`
-	RetryMax       time.Duration `mapstructure:"retry_max"`
-	Workers        int           `mapstructure:"workers"`
-	DeliveryWait   time.Duration `mapstructure:"delivery_wait"`
+	Lock SyncLock `mapstructure:"lock"`
+	// LockTTL is the lease of an account's sync lock: one kf-producer
+	// syncs an account at a time, and another takes over this long after
+	// it died.
+	LockTTL time.Duration `mapstructure:"lock_ttl" default:"10s" range:"[1s, 10m]"`
+	// SafetyInterval syncs every known account this often even without a
+	// callback (a callback WeChat never delivered); 0 syncs only at start
+	// and on callbacks.
+	SafetyInterval time.Duration `mapstructure:"safety_interval" default:"1m" range:"[0, 24h]"`
+	// RetryBase is the first wait before a failed sync is retried,
+	// doubled each time up to retry_max.
+	RetryBase time.Duration `mapstructure:"retry_base" default:"200ms" range:"[1ms, 1m]"`
+	// RetryMax bounds the wait between retries; at least retry_base.
+	RetryMax time.Duration `mapstructure:"retry_max" default:"30s" range:"[1ms, 1h]"`
+	// Workers is how many accounts are synced at a time.
+	Workers int `mapstructure:"workers" default:"8" range:"[1, 1024]"`
+	// DeliveryWait bounds how long one page of messages waits for its
+	// Kafka delivery reports (a page is never delivered with a hole, so
+	// kafka.producer.delivery_timeout does not apply to it).
+	DeliveryWait time.Duration `mapstructure:"delivery_wait" default:"45s" range:"[1s, 10m]"`
 }
 
 // SyncLock chooses where an account's sync lock and cursor live.
@@ -60,13 +96,17 @@ type SyncLock struct {
 	// compare of the lock's token) or etcd (coord: a lease-bound lock, the
 	// cursor written in a transaction comparing the lock key's create
 	// revision; needs coord.enabled).
-	Backend string `mapstructure:"backend"`
+	Backend string `mapstructure:"backend" default:"redis" enum:"redis|etcd"`
 }
 
 // IDGen configures Snowflake IDs and the worker-ID allocator.
 type IDGen struct {
-	Epoch        string    `mapstructure:"epoch"` // RFC 3339
-	DatacenterID int       `mapstructure:"datacenter_id"`
+	// Epoch is the Snowflake epoch, an RFC 3339 time in the past; never
+	// change it once IDs were issued (they would repeat).
+	Epoch string `mapstructure:"epoch" default:"2024-01-01T00:00:00Z"`
+	// DatacenterID, when not 0, splits the 10 worker bits into 5 of
+	// datacenter and 5 of worker (idgen.allocator.max_id at most 32).
+	DatacenterID int       `mapstructure:"datacenter_id" range:"[0, 31]"`
 	Allocator    Allocator `mapstructure:"allocator"`
 	Sequencer    Sequencer `mapstructure:"sequencer"`
 }
@@ -75,38 +115,40 @@ type IDGen struct {
 type Allocator struct {
 	// Backend redis|etcd; etcd uses the coord section's etcd (and its
 	// coord.keep_alive as the lease, instead of TTL).
-	Backend string        `mapstructure:"backend"`
-	MaxID   int           `mapstructure:"max_id"`
-	TTL     time.Duration `mapstructure:"ttl"`
+	Backend string `mapstructure:"backend" default:"redis" enum:"redis|etcd"`
+	// MaxID is how many worker IDs there are (at most 32 with a
+	// datacenter_id): the most kf-producers running at once.
+	MaxID int `mapstructure:"max_id" default:"1024" range:"[1, 1024]"`
+	// TTL is the lease of a worker ID on Redis: a dead kf-producer's ID is
+	// free again this long after its last renewal.
+	TTL time.Duration `mapstructure:"ttl" default:"30s" range:"[1s, 1h]"`
 }
 
 // Sequencer configures the Redis sequencer.
 type Sequencer struct {
-	Driver   string        `mapstructure:"driver"`
-	Step     int64         `mapstructure:"step"`
-	MaxValue int64         `mapstructure:"max_value"`
-	TTL      time.Duration `mapstructure:"ttl"`
+	// Driver is where sequences live: redis.
+	Driver string `mapstructure:"driver" default:"redis" enum:"redis"`
+	// Step is added per value.
+	Step int64 `mapstructure:"step" default:"1" range:"[1,]"`
+	// MaxValue makes a sequence wrap back to step once it would pass it
+	// (values then no longer increase), so at least step; 0 never wraps.
+	MaxValue int64 `mapstructure:"max_value" range:"[0,]"`
+	// TTL expires a sequence idle this long; 0 keeps sequences forever.
+	TTL time.Duration `mapstructure:"ttl" default:"24h" range:"[1s,]" zero:"kept forever"`
 }
 
 func defaultProducer(env string) Producer {
-	return Producer{
-		Common: defaultCommon(env, "producer"),
-		Callback: Callback{Addr: "127.0.0.1:8081", Path: "/wecom/callback", MaxBodyBytes: 1 << 20,
-			TimestampWindow: 5 * time.Minute, ReplayWindow: 10 * time.Minute},
-		WeCom: WeCom{BaseURL: "https://qyapi.weixin.qq.com", RequestTimeout: 5 * time.Second, PageLimit: 1000,
-			AccountsRefresh: 10 * time.Minute},
-		Sync: Sync{Lock: SyncLock{Backend: "redis"}, LockTTL: 10 * time.Second, SafetyInterval: time.Minute, RetryBase: 200 * time.Millisecond,
-			RetryMax: 30 * time.Second, Workers: 8, DeliveryWait: 45 * time.Second},
-		IDGen: IDGen{Epoch: "2024-01-01T00:00:00Z",
-			Allocator: Allocator{Backend: "redis", MaxID: 1024, TTL: 30 * time.Second},
-			Sequencer: Sequencer{Driver: "redis", Step: 1, MaxValue: 0, TTL: 24 * time.Hour}},
-		Media: defaultMedia(env),
-	}
+	var c Producer
+	defaultCommon(&c.Common, env, "producer")
+	c.Media.Dir = defaultMediaDir(env)
+	names.SetDefaults(&c)
+	return c
 }
 
 // Validate reports every invalid key.
 func (c *Producer) Validate() error {
 	v := &validator{}
+	v.bounds(c)
 	c.Common.validate(v)
 	cb := c.Callback
 	v.nonEmpty("callback.addr", cb.Addr)
@@ -117,41 +159,31 @@ func (c *Producer) Validate() error {
 	if len(cb.EncodingAESKey) != 43 {
 		v.addf("callback.encoding_aes_key", "must be 43 characters, got %d", len(cb.EncodingAESKey))
 	}
-	v.between("callback.max_body_bytes", cb.MaxBodyBytes, 1024, 16<<20)
-	v.durationBetween("callback.timestamp_window", cb.TimestampWindow, 0, 24*time.Hour)
-	v.durationBetween("callback.replay_window", cb.ReplayWindow, time.Second, 24*time.Hour)
 	w := c.WeCom
 	w.validateClient(v)
 	v.nonEmpty("wecom.corp_id", w.CorpID)
 	v.nonEmpty("wecom.secret", w.Secret)
-	v.between("wecom.page_limit", w.PageLimit, 1, 1000)
 	for i, kf := range w.DenyOpenKfIDs {
 		v.nonEmpty("wecom.deny_open_kfids["+itoa(i)+"]", kf)
-	}
-	if w.AccountsRefresh < 0 {
-		v.addf("wecom.accounts_refresh", "must not be negative")
 	}
 	for i, kf := range w.OpenKfIDs {
 		v.nonEmpty("wecom.open_kfids["+itoa(i)+"]", kf)
 	}
-	s := c.Sync
-	s.validate(v)
-	v.oneOf("sync.lock.backend", s.Lock.Backend, "redis", "etcd")
-	if s.Lock.Backend == "etcd" && !c.Coord.Enabled {
+	c.Sync.validate(v)
+	if c.Sync.Lock.Backend == "etcd" && !c.Coord.Enabled {
 		v.addf("sync.lock.backend", "is etcd, which needs coord.enabled: true (the etcd of the coord section)")
 	}
-	v.between("sync.workers", s.Workers, 1, 1024)
 	c.IDGen.validate(v, c.Coord.Enabled)
 	c.Media.validate(v)
 	return v.err()
 }
 
-// validateClient checks the keys of the WeChat API client.
+// validateClient checks the keys of the WeChat API client the tags
+// cannot.
 func (w WeCom) validateClient(v *validator) {
 	if u, err := url.Parse(w.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		v.addf("wecom.base_url", "must be an http(s) URL, got %q", w.BaseURL)
 	}
-	v.durationBetween("wecom.request_timeout", w.RequestTimeout, 100*time.Millisecond, time.Minute)
 }
 
 // ValidateTimings reports every sync duration out of its range, by its
@@ -159,16 +191,21 @@ func (w WeCom) validateClient(v *validator) {
 // it, so kf-producer's configuration and the syncer share one bound each.
 func (s Sync) ValidateTimings() error {
 	v := &validator{}
+	// The syncer is given the timings only: the other keys are
+	// kf-producer's configuration's to check.
+	var d Sync
+	names.SetDefaults(&d)
+	s.Lock, s.Workers = d.Lock, d.Workers
+	v.boundsAt("sync", s)
 	s.validate(v)
 	return v.err()
 }
 
+// validate checks the rule between the sync keys.
 func (s Sync) validate(v *validator) {
-	v.durationBetween("sync.lock_ttl", s.LockTTL, time.Second, 10*time.Minute)
-	v.durationBetween("sync.safety_interval", s.SafetyInterval, 0, 24*time.Hour)
-	v.durationBetween("sync.retry_base", s.RetryBase, time.Millisecond, time.Minute)
-	v.durationBetween("sync.retry_max", s.RetryMax, s.RetryBase, time.Hour)
-	v.durationBetween("sync.delivery_wait", s.DeliveryWait, time.Second, 10*time.Minute)
+	if s.RetryMax < s.RetryBase {
+		v.addf("sync.retry_max", "must be >= sync.retry_base (%s), got %s", s.RetryBase, s.RetryMax)
+	}
 }
 
 func (g IDGen) validate(v *validator, coordEnabled bool) {
@@ -177,33 +214,15 @@ func (g IDGen) validate(v *validator, coordEnabled bool) {
 	} else if t.After(time.Now()) {
 		v.addf("idgen.epoch", "must not be in the future (IDs would be negative), got %s", g.Epoch)
 	}
-	v.between("idgen.datacenter_id", g.DatacenterID, 0, 31)
-	a := g.Allocator
-	v.oneOf("idgen.allocator.backend", a.Backend, "redis", "etcd")
-	maxID := 1024
-	if g.DatacenterID != 0 {
-		maxID = 32 // 5+5 bit layout
+	if g.DatacenterID != 0 && g.Allocator.MaxID > 32 { // 5+5 bit layout
+		v.addf("idgen.allocator.max_id", "must be in [1, 32] when idgen.datacenter_id is set, got %d", g.Allocator.MaxID)
 	}
-	v.between("idgen.allocator.max_id", a.MaxID, 1, maxID)
-	v.durationBetween("idgen.allocator.ttl", a.TTL, time.Second, time.Hour)
-	if a.Backend == "etcd" && !coordEnabled {
+	if g.Allocator.Backend == "etcd" && !coordEnabled {
 		v.addf("idgen.allocator.backend", "is etcd, which needs coord.enabled: true (the etcd of the coord section)")
 	}
 	q := g.Sequencer
-	v.oneOf("idgen.sequencer.driver", q.Driver, "redis")
-	if q.Step < 1 {
-		v.addf("idgen.sequencer.step", "must be >= 1, got %d", q.Step)
-	}
-	if q.MaxValue < 0 {
-		v.addf("idgen.sequencer.max_value", "must be >= 0 (0 = no wrap), got %d", q.MaxValue)
-	}
 	if q.MaxValue > 0 && q.MaxValue < q.Step {
 		v.addf("idgen.sequencer.max_value", "must be 0 (no wrap) or >= idgen.sequencer.step (%d), got %d", q.Step, q.MaxValue)
-	}
-	// 0 keeps sequences forever; a positive TTL shorter than a second
-	// would expire a sequence between two calls.
-	if q.TTL != 0 {
-		v.durationAtLeast("idgen.sequencer.ttl", q.TTL, time.Second)
 	}
 }
 

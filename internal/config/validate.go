@@ -4,8 +4,22 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config/schema"
+	"github.com/kfpipe/kfpipe/internal/state"
 )
+
+// names are the values the tags name instead of spelling them: bounds and
+// defaults another package owns (state's), or that code uses too.
+var names = schema.Names{
+	"DefaultSessionTimeout":        DefaultSessionTimeout,
+	"DefaultStandbyAfterRedisLost": DefaultStandbyAfterRedisLost,
+	"DefaultRecoveryTTL":           DefaultRecoveryTTL,
+	"MinWindowSeconds":             MinWindowSeconds,
+	"MaxWindowSeconds":             MaxWindowSeconds,
+	"MaxBlockHours":                MaxBlockHours,
+	"maxRateCount":                 maxRateCount,
+}.With(state.Names)
 
 // validator collects every rule violation so that one start attempt reports
 // all bad keys at once, each message naming the key and what is allowed.
@@ -17,27 +31,22 @@ func (v *validator) addf(key, format string, args ...any) {
 	v.errs = append(v.errs, fmt.Errorf("%s %s", key, fmt.Sprintf(format, args...)))
 }
 
-func (v *validator) atLeast(key string, got, min int) {
-	if got < min {
-		v.addf(key, "must be >= %d, got %d", min, got)
-	}
+// bounds checks every key of a daemon's configuration against its field's
+// range and enum tags (package schema).
+func (v *validator) bounds(cfg any) { v.boundsAt("", cfg) }
+
+// boundsAt checks a section whose keys are under prefix.
+func (v *validator) boundsAt(prefix string, section any) {
+	v.addErr(names.Check(prefix, section))
 }
 
-func (v *validator) between(key string, got, min, max int) {
-	if got < min || got > max {
-		v.addf(key, "must be in [%d, %d], got %d", min, max, got)
-	}
-}
-
-func (v *validator) durationAtLeast(key string, got, min time.Duration) {
-	if got < min {
-		v.addf(key, "must be >= %s, got %s", min, got)
-	}
-}
-
-func (v *validator) durationBetween(key string, got, min, max time.Duration) {
-	if got < min || got > max {
-		v.addf(key, "must be in [%s, %s], got %s", min, max, got)
+// addErr adds the errors of a check that reports its own (a section's
+// Validate), each error one entry.
+func (v *validator) addErr(err error) {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		v.errs = append(v.errs, j.Unwrap()...)
+	} else if err != nil {
+		v.errs = append(v.errs, err)
 	}
 }
 
@@ -45,15 +54,6 @@ func (v *validator) nonEmpty(key, got string) {
 	if strings.TrimSpace(got) == "" {
 		v.addf(key, "must not be empty")
 	}
-}
-
-func (v *validator) oneOf(key, got string, allowed ...string) {
-	for _, a := range allowed {
-		if got == a {
-			return
-		}
-	}
-	v.addf(key, "must be one of %s, got %q", strings.Join(allowed, "|"), got)
 }
 
 func (v *validator) err() error {

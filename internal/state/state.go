@@ -57,12 +57,14 @@ var ErrFenced = errors.New("state: partition lease held by another owner (fenced
 var ErrLost = errors.New("state: partition lease lost")
 
 // Bounds of the settings the consumer's configuration maps onto the store
-// (dedup.lease, processor.pipeline_flush, processor.pipeline_max_batched):
-// the one definition, which internal/config's validation uses.
+// (dedup.lease, processor.pipeline_flush, processor.pipeline_max_batched,
+// dedup.buckets): the one definition, which internal/config's range tags
+// name.
 const (
-	MaxLease = 24 * time.Hour
-	MaxFlush = 100 * time.Millisecond
-	MaxBatch = 10000
+	MaxLease   = 24 * time.Hour
+	MaxFlush   = 100 * time.Millisecond
+	MaxBatch   = 10000
+	MaxBuckets = 1 << 16
 )
 
 // Config configures a Store.
@@ -113,8 +115,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("state: TTL must be at least 1m, got %s", c.TTL)
 	case c.Slot < time.Second || c.Slot%time.Second != 0:
 		return fmt.Errorf("state: Slot must be a whole number of seconds, at least 1s, got %s", c.Slot)
-	case c.Buckets < 1 || c.Buckets > 1<<16:
-		return fmt.Errorf("state: Buckets must be in [1, 65536], got %d", c.Buckets)
+	case c.Buckets < 1 || c.Buckets > MaxBuckets:
+		return fmt.Errorf("state: Buckets must be in [1, %d], got %d", MaxBuckets, c.Buckets)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 // Package coordconfig is the coord section of the configuration: the etcd
-// connection settings and their validation. It imports nothing of kfpipe,
-// so the config package can embed it without importing coord.
+// connection settings and their validation. It imports nothing of kfpipe
+// but the leaf package that reads its tags (internal/config/schema), so
+// the config package can embed it without importing coord.
 package coordconfig
 
 import (
@@ -13,6 +14,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config/schema"
 )
 
 // Defaults applied to zero fields of Config.
@@ -22,43 +25,45 @@ const (
 	DefaultNamespace   = "/kfpipe/"
 )
 
-// Bounds checked by Config.Validate.
-const (
-	minDialTimeout = 100 * time.Millisecond
-	maxDialTimeout = time.Minute
-	// etcd counts lease TTLs in whole seconds (and raises very short ones
-	// to its own minimum, about 2 s with default election settings).
-	minKeepAlive = time.Second
-	maxKeepAlive = time.Hour
-)
-
 // Config is the coord section of the configuration. Zero durations and an
 // empty namespace take their defaults.
 type Config struct {
 	// Endpoints are the etcd client URLs ("http://host:2379") or host:port
 	// pairs.
 	Endpoints []string `mapstructure:"endpoints"`
-	// DialTimeout bounds connecting to etcd (default 5s).
-	DialTimeout time.Duration `mapstructure:"dial_timeout"`
+	// DialTimeout bounds connecting to etcd.
+	DialTimeout time.Duration `mapstructure:"dial_timeout" default:"DefaultDialTimeout" range:"[100ms, 1m]"`
 	// KeepAlive is the lease TTL used when a caller passes ttl 0, and the
-	// TTL of instance-ID leases (default 10s): how long a dead process keeps
-	// its registrations, locks and IDs.
-	KeepAlive time.Duration `mapstructure:"keep_alive"`
-	// Namespace prefixes every key (default "/kfpipe/"); it must end in "/".
-	Namespace string `mapstructure:"namespace"`
-	// Username and Password enable etcd authentication when set.
+	// TTL of instance-ID leases: how long a dead process keeps its
+	// registrations, locks and IDs. etcd counts lease TTLs in whole
+	// seconds (and raises very short ones to its own minimum, about 2 s
+	// with default election settings).
+	KeepAlive time.Duration `mapstructure:"keep_alive" default:"DefaultKeepAlive" range:"[1s, 1h]"`
+	// Namespace prefixes every key; it must end in "/".
+	Namespace string `mapstructure:"namespace" default:"DefaultNamespace"`
+	// Username and password enable etcd authentication when set (both or
+	// neither).
 	Username string `mapstructure:"username"`
+	// Password is username's password; from the environment
+	// (KFPIPE_COORD_PASSWORD), never a committed file.
 	Password string `mapstructure:"password"`
 	// TLS enables TLS when any of its files is set.
 	TLS TLSConfig `mapstructure:"tls"`
 }
 
+// names are the defaults the tags name.
+var names = schema.Names{
+	"DefaultDialTimeout": DefaultDialTimeout,
+	"DefaultKeepAlive":   DefaultKeepAlive,
+	"DefaultNamespace":   DefaultNamespace,
+}
+
 // TLSConfig names the PEM files of a TLS connection to etcd.
 type TLSConfig struct {
-	// CertFile and KeyFile are the client certificate and key (both or
-	// neither).
+	// CertFile is the client certificate (with key_file, or neither).
 	CertFile string `mapstructure:"cert_file"`
-	KeyFile  string `mapstructure:"key_file"`
+	// KeyFile is the client certificate's key.
+	KeyFile string `mapstructure:"key_file"`
 	// CAFile verifies the server; empty means the system roots.
 	CAFile string `mapstructure:"ca_file"`
 }
@@ -72,15 +77,7 @@ func DefaultConfig() Config {
 
 // WithDefaults returns c with its zero fields set to the defaults.
 func (c Config) WithDefaults() Config {
-	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
-	}
-	if c.KeepAlive == 0 {
-		c.KeepAlive = DefaultKeepAlive
-	}
-	if c.Namespace == "" {
-		c.Namespace = DefaultNamespace
-	}
+	names.SetDefaults(&c)
 	return c
 }
 
@@ -93,6 +90,9 @@ func (c Config) Validate() error {
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("coord.%s %s", key, fmt.Sprintf(format, args...)))
 	}
+	if err := names.Check("coord", c); err != nil {
+		errs = append(errs, err)
+	}
 	if len(c.Endpoints) == 0 {
 		bad("endpoints", "must not be empty")
 	}
@@ -100,12 +100,6 @@ func (c Config) Validate() error {
 		if err := checkEndpoint(ep); err != nil {
 			bad(fmt.Sprintf("endpoints[%d]", i), "%q %v", ep, err)
 		}
-	}
-	if c.DialTimeout < minDialTimeout || c.DialTimeout > maxDialTimeout {
-		bad("dial_timeout", "must be in [%s, %s], got %s", minDialTimeout, maxDialTimeout, c.DialTimeout)
-	}
-	if c.KeepAlive < minKeepAlive || c.KeepAlive > maxKeepAlive {
-		bad("keep_alive", "must be in [%s, %s], got %s", minKeepAlive, maxKeepAlive, c.KeepAlive)
 	}
 	if !strings.HasSuffix(c.Namespace, "/") {
 		bad("namespace", "must end in \"/\", got %q", c.Namespace)
