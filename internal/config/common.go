@@ -206,7 +206,6 @@ type Redis struct {
 	SkipEvictionPolicyCheck bool `mapstructure:"skip_eviction_policy_check"`
 }
 
-const week = 7 * 24 * time.Hour
 
 // Daemons are the daemons' names, as ops.addrs and "{daemon}" in
 // dlq.emergency_file spell them.
