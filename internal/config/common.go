@@ -206,7 +206,6 @@ type Redis struct {
 	SkipEvictionPolicyCheck bool `mapstructure:"skip_eviction_policy_check"`
 }
 
-
 // Daemons are the daemons' names, as ops.addrs and "{daemon}" in
 // dlq.emergency_file spell them.
 var Daemons = []string{"kf-producer", "schedule-consumer", "dlq-consumer"}
