@@ -17,7 +17,7 @@ import (
 )
 
 // startConsumer starts the full schedule-consumer (service.StartConsumer:
-// batched once dedup, ratelimit limiter, breakers, DLQ producer) on topic
+// the per-partition state store, ratelimit limiter, breakers, DLQ producer) on topic
 // with h, after mutate adjusts the configuration. It returns the
 // consumer's metrics registry too.
 func (e *Env) startConsumer(name, topic string, h consumer.Handler, mutate func(*config.Consumer)) (*service.Consumer, prometheus.Gatherer, error) {
@@ -47,30 +47,6 @@ func (e *Env) startConsumer(name, topic string, h consumer.Handler, mutate func(
 		return nil, nil, err
 	}
 	return s, base.Registry, nil
-}
-
-// histogramMean is the mean of the histogram name in reg (0 when absent
-// or empty).
-func histogramMean(reg prometheus.Gatherer, name string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		return 0
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		var sum float64
-		var n uint64
-		for _, m := range mf.GetMetric() {
-			sum += m.GetHistogram().GetSampleSum()
-			n += m.GetHistogram().GetSampleCount()
-		}
-		if n > 0 {
-			return sum / float64(n)
-		}
-	}
-	return 0
 }
 
 // counter is a handler that counts and, when lat is set, records the
@@ -178,11 +154,7 @@ func Consumer(e *Env, o ConsumerOptions) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	rate, fromStart, cpu, redisCPU, rss, active, reg := ph.rate, ph.fromStart, ph.cpu, ph.redisCPU, ph.rss, ph.active, ph.reg
-	opsPerPipeline := 0.0
-	if reg != nil {
-		opsPerPipeline = histogramMean(reg, "kfpipe_once_batch_ops")
-	}
+	rate, fromStart, cpu, redisCPU, rss, active := ph.rate, ph.fromStart, ph.cpu, ph.redisCPU, ph.rss, ph.active
 	name := "consumer_pipeline"
 	if o.Bare {
 		name = "consumer_bare"
@@ -196,11 +168,10 @@ func Consumer(e *Env, o ConsumerOptions) (Result, error) {
 			"actors_at_end":    active, "peak_rss_mib": PeakRSSMiB(),
 			// CPU per message: this process (both phases) and the Redis
 			// server (the pipeline phase; the raw loop does not use it).
-			"cpu_us_per_msg":         round(float64(cpu.Microseconds())/float64(o.Msgs), 2),
-			"raw_cpu_us_per_msg":     round(float64(rawCPU.Microseconds())/float64(o.Msgs), 2),
-			"redis_cpu_us_per_msg":   round(float64(redisCPU.Microseconds())/float64(o.Msgs), 2),
-			"dedup_ops_per_pipeline": round(opsPerPipeline, 1),
-			"path":                   "service.StartConsumer: decode, breaker, limiter (loose group), mailbox, actor, batched once dedup (claim+done), offset tracker commits"}}, nil
+			"cpu_us_per_msg":       round(float64(cpu.Microseconds())/float64(o.Msgs), 2),
+			"raw_cpu_us_per_msg":   round(float64(rawCPU.Microseconds())/float64(o.Msgs), 2),
+			"redis_cpu_us_per_msg": round(float64(redisCPU.Microseconds())/float64(o.Msgs), 2),
+			"path":                 "service.StartConsumer: decode, breaker, limiter (loose group), mailbox, actor, the partition's state store (lease, batched look-ups, done marks), offset tracker commits"}}, nil
 }
 
 // phase is what one run of a kfpipe consumer over a prefilled topic
@@ -214,7 +185,6 @@ type phase struct {
 	cpu, redisCPU time.Duration
 	rss           float64
 	active        int
-	reg           prometheus.Gatherer // nil for the bare consumer
 }
 
 // pipelinePhase runs kfpipe's consumer (o.Bare: the core alone; else the
@@ -230,7 +200,6 @@ func (e *Env) pipelinePhase(name, topic string, o ConsumerOptions) (phase, error
 	start := time.Now()
 	var s closer
 	var cc *consumer.Consumer
-	var reg prometheus.Gatherer
 	var err error
 	if o.Bare {
 		cc, err = e.startBare(topic, h)
@@ -246,7 +215,7 @@ func (e *Env) pipelinePhase(name, topic string, o ConsumerOptions) (phase, error
 				c.Redis.Mode, c.Redis.ClusterAddrs, c.Redis.DB = "cluster", e.ClusterAddrs, 0
 			}
 		}
-		sc, reg, err = e.startConsumer(name, topic, h, mutate)
+		sc, _, err = e.startConsumer(name, topic, h, mutate)
 		if sc != nil {
 			s, cc = sc, sc.C
 		}
@@ -260,7 +229,7 @@ func (e *Env) pipelinePhase(name, topic string, o ConsumerOptions) (phase, error
 	}
 	ok := waitUntil(limit, func() bool { return h.n.Load() >= int64(o.Msgs) })
 	stopProfile()
-	ph := phase{cpu: CPUTime() - cpu0, redisCPU: e.redisCPUOn(o.Cluster) - redis0, rss: RSSMiB(), active: cc.ActiveProcessors(), reg: reg}
+	ph := phase{cpu: CPUTime() - cpu0, redisCPU: e.redisCPUOn(o.Cluster) - redis0, rss: RSSMiB(), active: cc.ActiveProcessors()}
 	cerr := s.Close(context.Background())
 	if !ok {
 		return phase{}, fmt.Errorf("%s: %d of %d handled", name, h.n.Load(), o.Msgs)
