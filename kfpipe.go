@@ -186,6 +186,27 @@ func (m *Message) Event() (Event, bool) {
 	return Event(b.Event), true
 }
 
+// Location is a location message's content (MsgType "location"): a place
+// the customer shared.
+type Location struct {
+	Latitude, Longitude float64
+	Name, Address       string
+}
+
+// Location returns a location message's content (ok false for other
+// types, and for a location message whose Raw carries no readable
+// "location" object).
+func (m *Message) Location() (Location, bool) {
+	if m.MsgType != MsgLocation {
+		return Location{}, false
+	}
+	b, err := m.body()
+	if err != nil || !b.HasLocation {
+		return Location{}, false
+	}
+	return Location(b.Location), true
+}
+
 // fromChat is the handler's view of the record c: the one copy between
 // Kafka and a handler. Its typed content is read here, once.
 func fromChat(c *chatmsg.ChatMessage) *Message {

@@ -56,6 +56,14 @@ func TestMessageFromRecord(t *testing.T) {
 		t.Fatalf("Media = %+v, %v", ref, ok)
 	}
 
+	loc := item(t, `{"msgid":"m5","open_kfid":"wk1","external_userid":"u1","origin":3,"msgtype":"location","location":{"latitude":23.1,"longitude":113.3,"name":"Canton Tower","address":"Guangzhou"}}`)
+	if l, ok := loc.Location(); !ok || l != (Location{Latitude: 23.1, Longitude: 113.3, Name: "Canton Tower", Address: "Guangzhou"}) {
+		t.Fatalf("Location = %+v, %v", l, ok)
+	}
+	if _, ok := m.Location(); ok {
+		t.Fatal("Location of a text message")
+	}
+
 	// A type kfpipe does not know reaches the handler whole in Raw.
 	const unknown = `{"msgid":"m4","open_kfid":"wk1","external_userid":"u1","origin":3,"msgtype":"channels_shop_product","channels_shop_product":{"product_id":"10000"}}`
 	u := item(t, unknown)
@@ -80,6 +88,7 @@ func TestMessageBrokenContent(t *testing.T) {
 		{"event of another shape", MsgEvent, `{"msgtype":"event","event":{"event_type":"msg_send_fail","fail_type":"x"}}`},
 		{"no event object", MsgEvent, `{"msgtype":"event"}`},
 		{"image of another shape", MsgImage, `{"msgtype":"image","image":[1]}`},
+		{"location of another shape", MsgLocation, `{"msgtype":"location","location":{"latitude":"north"}}`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			byHand := &Message{MsgType: tt.msgType, Raw: json.RawMessage(tt.raw)}
@@ -93,6 +102,9 @@ func TestMessageBrokenContent(t *testing.T) {
 				}
 				if ref, ok := m.Media(); ok {
 					t.Errorf("Media = %+v", ref)
+				}
+				if l, ok := m.Location(); ok || l != (Location{}) {
+					t.Errorf("Location = %+v, %v", l, ok)
 				}
 				if id := m.MenuID(); id != "" {
 					t.Errorf("MenuID = %q", id)

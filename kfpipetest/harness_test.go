@@ -33,6 +33,10 @@ func TestBuilders(t *testing.T) {
 			t.Fatalf("%s: %+v %s", m.MsgType, m, m.Raw)
 		}
 	}
+	if l, ok := Location("u", "Canton Tower", "Guangzhou", 23.1, 113.3).Location(); !ok ||
+		l != (kfpipe.Location{Latitude: 23.1, Longitude: 113.3, Name: "Canton Tower", Address: "Guangzhou"}) {
+		t.Fatalf("Location reads %+v %v", l, ok)
+	}
 	ev, ok := EnterSession("u", "s", "p").Event()
 	if !ok || ev.Type != kfpipe.EventEnterSession || ev.WelcomeCode == "" || ev.Scene != "s" || ev.SceneParam != "p" {
 		t.Fatalf("EnterSession: %+v", ev)

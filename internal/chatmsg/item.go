@@ -85,12 +85,13 @@ func ParseItem(item []byte) (*ChatMessage, error) {
 
 // Message types whose content Body reads (WeChat's msgtype).
 const (
-	TypeText  = "text"
-	TypeImage = "image"
-	TypeVoice = "voice"
-	TypeVideo = "video"
-	TypeFile  = "file"
-	TypeEvent = "event"
+	TypeText     = "text"
+	TypeImage    = "image"
+	TypeVoice    = "voice"
+	TypeVideo    = "video"
+	TypeFile     = "file"
+	TypeLocation = "location"
+	TypeEvent    = "event"
 )
 
 // Body is the typed content of an item: what a handler reads without
@@ -107,6 +108,19 @@ type Body struct {
 	// HasEvent is true when an event message carries its "event" object.
 	HasEvent bool
 	Event    Event
+	// HasLocation is true when a location message carries its
+	// "location" object.
+	HasLocation bool
+	Location    Location
+}
+
+// Location is the "location" object of a location item: a place the
+// customer shared.
+type Location struct {
+	Latitude  float64 `json:"latitude"`
+	Longitude float64 `json:"longitude"`
+	Name      string  `json:"name"`
+	Address   string  `json:"address"`
 }
 
 // Event is the "event" object of an event item (msgtype event). The field
@@ -159,6 +173,10 @@ type (
 		MsgType string       `json:"msgtype"`
 		Object  *mediaObject `json:"file"`
 	}
+	locationItem struct {
+		MsgType  string    `json:"msgtype"`
+		Location *Location `json:"location"`
+	}
 	eventItem struct {
 		MsgType string `json:"msgtype"`
 		Event   *Event `json:"event"`
@@ -200,6 +218,11 @@ func ParseBody(msgType string, item []byte) (Body, error) {
 		var j fileItem
 		err = decodeItem(msgType, item, &j, &j.MsgType)
 		b.MediaID = j.Object.mediaID()
+	case TypeLocation:
+		var j locationItem
+		if err = decodeItem(msgType, item, &j, &j.MsgType); err == nil && j.Location != nil {
+			b.HasLocation, b.Location = true, *j.Location
+		}
 	case TypeEvent:
 		var j eventItem
 		if err = decodeItem(msgType, item, &j, &j.MsgType); err == nil && j.Event != nil {

@@ -108,6 +108,10 @@ func TestParseBody(t *testing.T) {
 		{"voice", "voice", `{"msgtype":"voice","voice":{"media_id":"mv"}}`, Body{MediaID: "mv"}, false},
 		{"video", "video", `{"msgtype":"video","video":{"media_id":"mo"}}`, Body{MediaID: "mo"}, false},
 		{"file", "file", `{"msgtype":"file","file":{"media_id":"mf"}}`, Body{MediaID: "mf"}, false},
+		{"location", "location", `{"msgtype":"location","location":{"latitude":23.1,"longitude":113.3,"name":"Canton Tower","address":"Guangzhou"}}`,
+			Body{HasLocation: true, Location: Location{Latitude: 23.1, Longitude: 113.3, Name: "Canton Tower", Address: "Guangzhou"}}, false},
+		{"location without its object", "location", `{"msgtype":"location"}`, Body{}, false},
+		{"location of another shape", "location", `{"msgtype":"location","location":{"latitude":"23.1"}}`, Body{}, true},
 		// Another type's object is not read.
 		{"image beside an odd text field", "image", `{"msgtype":"image","image":{"media_id":"mi"},"text":5}`, Body{MediaID: "mi"}, false},
 		{"enter_session", "event", `{"msgtype":"event","event":{"event_type":"enter_session","open_kfid":"wk1","external_userid":"u1","scene":"s","scene_param":"p","welcome_code":"w"}}`,
