@@ -6,7 +6,7 @@ REPO_ROOT="$(cd "$SCRIPTS_DIR/.." && pwd)"
 RUN_DIR="${KFPIPE_RUN_DIR:-$REPO_ROOT/.run}"
 CACHE_DIR="${KFPIPE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kfpipe}"
 
-log() { printf '[%s] %s\n' "${LOG_TAG:-kfpipe}" "$*" >&2; }
+log() { printf '[%s] %s (+%ss)\n' "${LOG_TAG:-kfpipe}" "$*" "$SECONDS" >&2; }
 die() { printf '[%s] ERROR: %s\n' "${LOG_TAG:-kfpipe}" "$*" >&2; exit 1; }
 
 # port_open PORT [HOST]: true when something accepts TCP connections there.

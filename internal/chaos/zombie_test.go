@@ -20,10 +20,16 @@ import (
 // (fenced_refused). Every message must have its effect once and in order,
 // and the zombie's users wait at most twice the session timeout, with the
 // shipped timings (session timeout, lease, commit interval).
+//
+// It runs in make chaos only: make test's cover of the same rules is the
+// state store's (TestHole1FencedMarkIsRecorded, TestMarkerFenced) and the
+// consumer's (TestPausedPartitionRevokedAndReassignedResumes,
+// TestHandlerGetsFencingToken), and consumer-kill9's hand-over.
 func TestChaosConsumerZombie(t *testing.T) {
+	SkipUnlessFull(t)
 	svc := NeedServices(t)
-	load := Size(Load{Total: 6000, Users: 200, Rate: 200}, Load{Total: 40000, Users: 1000, Rate: 500})
-	freezes := Size(1, 2)
+	load := Load{Total: 40000, Users: 1000, Rate: 500}
+	freezes := 2
 	frozenFor := config.DefaultSessionTimeout + config.DefaultDedupLease // past both
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2,
 		SinkSleep: 2 * time.Millisecond, StallLimit: 2 * config.DefaultSessionTimeout,
@@ -31,7 +37,7 @@ func TestChaosConsumerZombie(t *testing.T) {
 	p.Sink.Fence(true)
 	p.Opts.Judge = func(_ *Evidence, rep *Report) { rep.Extra("fenced_refused", p.Sink.Fenced()) }
 	feedFor := time.Duration(float64(load.Total)/load.Rate) * time.Second
-	Run(t, "consumer-zombie", p, load, Size(90*time.Second, 3*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
+	Run(t, "consumer-zombie", p, load, 3*time.Minute, func(ctx context.Context, p *Pipeline, rec *Report) error {
 		gap := (feedFor - time.Duration(freezes)*frozenFor) / time.Duration(freezes+1)
 		pages := pageSignal(p)
 		defer p.OnSyncMsg(nil)
