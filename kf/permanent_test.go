@@ -25,6 +25,8 @@ func TestPermanentIsOneConcept(t *testing.T) {
 		{"invalid media", &kf.Error{API: "send_msg", Code: kf.CodeInvalidMediaID}, true},
 		{"system busy", &kf.Error{API: "send_msg", Code: kf.CodeSystemBusy}, false},
 		{"frequency limit, wrapped", fmt.Errorf("reply: %w", &kf.Error{API: "send_msg", Code: kf.CodeFrequencyLimit}), false},
+		{"called too often", &kf.Error{API: "send_msg", Code: 45011}, false},
+		{"too many concurrent calls", &kf.Error{API: "send_msg", Code: 45033}, false},
 		{"marked by the handler", kfpipe.Permanent(errors.New("unsupported")), true},
 		{"plain", errors.New("network down"), false},
 		{"a context's end", context.DeadlineExceeded, false},

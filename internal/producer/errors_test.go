@@ -28,6 +28,8 @@ func TestPermanentCodeIsTheSharedCheck(t *testing.T) {
 		{"wecom client, rate limited", fmt.Errorf("%w: %w", ErrRateLimited, &wecom.APIError{Code: wecom.CodeRateLimited}), 45009, false},
 		{"an errcode carrier", codeErr(48002), 48002, true},
 		{"an errcode carrier, rate limited", codeErr(45009), 45009, false},
+		{"an errcode carrier, called too often", codeErr(45011), 45011, false},
+		{"an errcode carrier, too many concurrent calls", codeErr(45033), 45033, false},
 		{"no errcode", errors.New("connection reset"), 0, false},
 		{"marked", permanent.Mark(errors.New("unusable source")), 0, true},
 	}

@@ -15,6 +15,8 @@ const (
 	CodeMissingAccessToken = 41001
 	CodeAccessTokenExpired = 42001 // token expired: refetch once
 	CodeRateLimited        = 45009 // API frequency limit reached
+	CodeTooFrequent        = 45011 // API called too often: try again shortly
+	CodeConcurrencyLimit   = 45033 // too many concurrent calls of the API
 	CodeInvalidOpenKfID    = 95000
 	CodeInvalidMsgToken    = 95007 // the callback token is expired or unknown
 )
@@ -36,9 +38,16 @@ func (e *APIError) Error() string {
 }
 
 // RetryableCode reports whether a call answered with errcode code may
-// succeed when made again soon: -1 (system busy) and 45009 (frequency
-// limit).
-func RetryableCode(code int) bool { return code == CodeSystemBusy || code == CodeRateLimited }
+// succeed when made again soon: -1 (system busy) and WeChat's throttles,
+// 45009 (frequency limit), 45011 (called too often) and 45033 (too many
+// concurrent calls).
+func RetryableCode(code int) bool {
+	switch code {
+	case CodeSystemBusy, CodeRateLimited, CodeTooFrequent, CodeConcurrencyLimit:
+		return true
+	}
+	return false
+}
 
 // PermanentCode reports whether a call answered with errcode code fails
 // the same way when made again: every errcode but 0 and the RetryableCode
