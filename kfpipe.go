@@ -27,6 +27,7 @@ package kfpipe
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
@@ -35,7 +36,8 @@ import (
 
 // Message is one customer-service message or event, as kf-producer read it
 // from WeChat's sync_msg: the handler's view of the record on the main
-// topic, built once per delivery with its typed content read then.
+// topic, built once per delivery; its typed content is read the first
+// time an accessor asks for it, and kept.
 type Message struct {
 	// ID is kfpipe's Snowflake ID, new each time WeChat's message is pulled.
 	ID int64
@@ -65,24 +67,28 @@ type Message struct {
 	RetryCount   int
 
 	// content is Raw's typed content (Text, MenuID, Event, Media), read
-	// once when the consumer built the Message; nil in a Message built by
-	// hand, whose Raw the accessors read at each call.
+	// once, by the first accessor that asks, in a Message the consumer
+	// built; nil in a Message built by hand, whose Raw the accessors read
+	// at each call.
 	content *content
 }
 
-// content is what ParseBody made of raw for msgType.
+// content is what ParseBody makes of raw for msgType, made at most once
+// (a handler that reads no content costs no parse).
 type content struct {
 	raw     json.RawMessage
 	msgType string
+	once    sync.Once
 	body    chatmsg.Body
 	err     error
 }
 
-// body is m's typed content: the one read when the consumer built m, as
-// long as Raw and MsgType are still the ones it was read from.
+// body is m's typed content: read once for the Message the consumer
+// built, as long as Raw and MsgType are still the ones it was built with.
 func (m *Message) body() (chatmsg.Body, error) {
 	if c := m.content; c != nil && c.msgType == m.MsgType && len(c.raw) == len(m.Raw) &&
 		(len(m.Raw) == 0 || &c.raw[0] == &m.Raw[0]) {
+		c.once.Do(func() { c.body, c.err = chatmsg.ParseBody(c.msgType, c.raw) })
 		return c.body, c.err
 	}
 	return chatmsg.ParseBody(m.MsgType, m.Raw)
@@ -208,13 +214,12 @@ func (m *Message) Location() (Location, bool) {
 }
 
 // fromChat is the handler's view of the record c: the one copy between
-// Kafka and a handler. Its typed content is read here, once.
+// Kafka and a handler. Its typed content is read later, once, if asked.
 func fromChat(c *chatmsg.ChatMessage) *Message {
 	m := &Message{ID: c.MessageID, UpstreamMsgID: c.UpstreamMsgID, OpenKfID: c.OpenKfID,
 		ExternalUserID: c.ExternalUserID, MsgType: c.MsgType, Origin: c.Origin, ServicerUserID: c.ServicerUserID,
 		SendTime: time.Unix(c.SendTime, 0), Raw: c.Content}
-	b, err := c.Body()
-	m.content = &content{raw: m.Raw, msgType: m.MsgType, body: b, err: err}
+	m.content = &content{raw: m.Raw, msgType: m.MsgType}
 	return m
 }
 

@@ -35,7 +35,7 @@ func TestMessageFromRecord(t *testing.T) {
 	if _, ok := m.Media(); ok {
 		t.Fatal("Media of a text message")
 	}
-	// Read once when the view was built: the accessors parse nothing.
+	// Read once, by the first accessor above: later calls parse nothing.
 	if n := testing.AllocsPerRun(100, func() { _, _ = m.Text(); _ = m.MenuID(); _, _ = m.Event() }); n != 0 {
 		t.Fatalf("the accessors allocate %v times a call: they parse Raw again", n)
 	}
