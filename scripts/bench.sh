@@ -24,6 +24,12 @@
 # replicas, started by services.sh), Redis's figures summed over the masters
 # (KFPIPE_BENCH_ARGS="-cluster-workloads dense,write-once" for more, "-cluster-workloads=" for none).
 #   KFPIPE_KEEP_SERVICES=1                  leave the services running afterwards
+#
+# Last, the regression guard compares each row with the last accepted
+# figures (bench/baseline.json, committed): the change in CPU a message
+# (process and Redis) and in the ratio to the raw loop, a row worse by more
+# than 20% flagged and the script's status non-zero.
+#   KFPIPE_BENCH_ACCEPT="date, commit, load"   accept this run's rows into bench/baseline.json
 set -euo pipefail
 LOG_TAG=bench
 # shellcheck source=lib.sh
@@ -73,4 +79,16 @@ if [[ ${KFPIPE_BENCH_NO_PLOT:-} != 1 ]]; then
   fi
 fi
 log "results: $results"
+if [[ -n ${KFPIPE_BENCH_ACCEPT:-} ]]; then
+  "$out/kfpipe-bench" -guard "$results" -baseline bench/baseline.json -accept "$KFPIPE_BENCH_ACCEPT" || status=1
+else
+  guard=0
+  "$out/kfpipe-bench" -guard "$results" -baseline bench/baseline.json || guard=$?
+  if ((guard == 3)); then
+    log "regression guard: rows worse than the accepted figures (above); if the change is meant, accept it with KFPIPE_BENCH_ACCEPT and say why in BENCHMARKS.md"
+    status=1
+  elif ((guard != 0)); then
+    status=1
+  fi
+fi
 exit "$status"

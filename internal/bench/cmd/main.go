@@ -54,7 +54,13 @@ func run() error {
 	workloads := flag.String("workloads", "", "state scenario: comma-separated workloads of dense, conversation, write-once (default all)")
 	noOld := flag.Bool("no-old", false, "state scenario: skip the full pipeline, run the store-level phase only")
 	legacy := flag.String("legacy", "off", "state scenario: comma-separated dedup.legacy modes the full pipeline runs with in turn (off, read)")
+	guardResults := flag.String("guard", "", "compare this results file (JSON lines of a run) with -baseline, print the change a row and exit 3 when a row is worse by more than 20%; runs no scenario")
+	baselinePath := flag.String("baseline", "bench/baseline.json", "-guard: the committed file of accepted figures")
+	accept := flag.String("accept", "", "-guard: fold the results into -baseline as the accepted figures, with this text as their source (date, commit, command, load)")
 	flag.Parse()
+	if *guardResults != "" {
+		return guard(*guardResults, *baselinePath, *accept)
+	}
 
 	logCfg := zap.NewProductionConfig()
 	lvl, err := zapcore.ParseLevel(*logLevel)
@@ -214,6 +220,37 @@ func writeAllocs(path string) {
 	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
 		fmt.Fprintln(os.Stderr, "allocation profile:", err)
 	}
+}
+
+// guard is the regression guard's run (make bench's last step): see
+// bench.Compare.
+func guard(resultsPath, baselinePath, accept string) error {
+	f, err := os.Open(resultsPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	results, err := bench.ReadResults(f)
+	if err != nil {
+		return fmt.Errorf("%s: %w", resultsPath, err)
+	}
+	base, err := bench.ReadBaseline(baselinePath)
+	if err != nil {
+		return err
+	}
+	rows, notRun := bench.Compare(base, results)
+	worse := bench.PrintComparison(os.Stdout, base, rows, notRun)
+	if accept != "" {
+		if err := bench.WriteBaseline(baselinePath, bench.Accept(base, results, accept)); err != nil {
+			return err
+		}
+		fmt.Printf("regression guard: %d rows accepted into %s\n", len(results), baselinePath)
+		return nil
+	}
+	if worse > 0 {
+		os.Exit(3)
+	}
+	return nil
 }
 
 func envOr(k, def string) string {
