@@ -28,11 +28,12 @@ func (a *app) healthCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "health",
 		Short: "The on-call overview: DLQ counters, review backlog, blocked users, accounts, lag, consumers",
-		Long: `The on-call overview from GET /admin/health, then the console's overview
+		Long: `The on-call overview. First the health verdict (GET /admin/verdict): green,
+amber or red per area by the alert rules' own bounds, with the rules the values pass.
+Then the DLQ's figures from GET /admin/health and the console's overview
 (GET /admin/overview) as tables: every WeChat account against the 72-hour horizon,
 the main topic's partitions (lag, commit age), the schedule-consumers (actors, open
-breakers), and the health verdict (GET /admin/verdict): green, amber or red per area
-by the alert rules' own bounds, with the rules the values pass. The status is "attention" when dead letters wait for manual review or are
+breakers). The DLQ status is "attention" when dead letters wait for manual review or are
 due for a retry now; the command still exits 0 (it answered), scripts read the
 status from --output json (the health answer only).`,
 		Args: args(0, "no arguments"),
@@ -52,13 +53,28 @@ status from --output json (the health answer only).`,
 			if err := decode(data, &h); err != nil {
 				return err
 			}
+			// The verdict leads: it is the answer to "is it healthy?", and a
+			// DLQ status of "ok" printed above an amber verdict read as the
+			// answer to on-call people.
+			vdata, err := c.do(cmd.Context(), "GET", "/admin/verdict", nil, nil)
+			if err != nil {
+				return err
+			}
+			var v admin.Verdict
+			if err := decode(vdata, &v); err != nil {
+				return err
+			}
+			if err := a.printVerdict(v); err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out)
 			blocked := strconv.Itoa(h.BlockedUsers)
 			if h.BlockedUsersCapped {
 				blocked = "≥ " + blocked
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 			rows := [][2]string{
-				{"status", h.Status}, {"time", h.Time.UTC().Format(time.RFC3339)},
+				{"dlq status", h.Status}, {"time", h.Time.UTC().Format(time.RFC3339)},
 				{"dlq total", fmt.Sprint(h.DLQ.Total)}, {"dlq due", fmt.Sprint(h.DLQ.Due)},
 				{"dlq due now", fmt.Sprint(h.DLQ.DueNow)}, {"review backlog", fmt.Sprint(h.ReviewBacklog)},
 				{"dlq retried", fmt.Sprint(h.DLQ.Retried)}, {"blocked users", blocked},
@@ -88,18 +104,7 @@ status from --output json (the health answer only).`,
 			if err := decode(data, &o); err != nil {
 				return err
 			}
-			if err := a.printOverview(o); err != nil {
-				return err
-			}
-			data, err = c.do(cmd.Context(), "GET", "/admin/verdict", nil, nil)
-			if err != nil {
-				return err
-			}
-			var v admin.Verdict
-			if err := decode(data, &v); err != nil {
-				return err
-			}
-			return a.printVerdict(v)
+			return a.printOverview(o)
 		},
 	}
 }
@@ -223,7 +228,7 @@ func auditFlags(who, action, target string) string {
 // alert rules whose bounds the values pass.
 func (a *app) printVerdict(v admin.Verdict) error {
 	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "\nVERDICT\t%s\n", v.State)
+	fmt.Fprintf(tw, "VERDICT\t%s\n", v.State)
 	fmt.Fprintln(tw, "AREA\tSTATE\tDETAIL\tPAST")
 	for _, ar := range v.Areas {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", ar.Area, ar.State, ar.Detail, strings.Join(ar.Firing, ","))

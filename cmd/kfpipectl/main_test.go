@@ -183,8 +183,13 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	if h.Status != "attention" || h.ReviewBacklog != 1 || h.BlockedUsers != 0 {
 		t.Errorf("health %+v, want attention with 1 in review, 0 blocked", h)
 	}
-	contains(t, viewer.must(0, "health"), "VERDICT", "consumer_lag", "status", "attention", "review backlog", "dlq rate_limited",
+	healthOut := viewer.must(0, "health")
+	contains(t, healthOut, "VERDICT", "consumer_lag", "dlq status", "attention", "review backlog", "dlq rate_limited",
 		"active actors", "ACCOUNT", "HORIZON LEFT", "PARTITION", "COMMIT AGE", "CONSUMER")
+	// The verdict leads: an on-call person reads the first line as the answer.
+	if !strings.HasPrefix(healthOut.out, "VERDICT") {
+		t.Errorf("health does not lead with the verdict:\n%s", healthOut.out)
+	}
 
 	// dlq ls: table and JSON, filtered.
 	contains(t, viewer.must(0, "dlq", "ls"), "ID", a, b, c, dd, "invalid_message", "hello u2")
