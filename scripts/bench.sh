@@ -7,7 +7,7 @@
 # (matplotlib, installed with pip into .run/benchvenv on first use).
 #
 #   scripts/bench.sh                        all scenarios (about 5-8 minutes)
-#   scripts/bench.sh consumer e2e           some of: producer consumer peer replies e2e memory isolation state
+#   scripts/bench.sh consumer e2e           some of: producer consumer paced peer replies e2e memory isolation state
 #
 # The peer scenario runs Confluent's Parallel Consumer (bench/pc-peer, built here with
 # Maven from Maven Central into .run/bench/pc-peer.jar) beside kfpipe on the same topic.
@@ -44,7 +44,7 @@ use_services
 log "building the harness"
 go build -o "$out/kfpipe-bench" ./internal/bench/cmd
 
-(($#)) || set -- producer consumer peer replies e2e memory isolation state
+(($#)) || set -- producer consumer paced peer replies e2e memory isolation state
 for sc in "$@"; do
   if [[ $sc == peer && ! -s $out/pc-peer.jar ]]; then
     log "building the Parallel Consumer peer (Maven)"

@@ -33,7 +33,7 @@ func main() {
 }
 
 func run() error {
-	scenario := flag.String("scenario", "", "producer|consumer|peer|replies|e2e|memory|isolation|state")
+	scenario := flag.String("scenario", "", "producer|consumer|paced|peer|replies|e2e|memory|isolation|state")
 	pcJar := flag.String("pc-jar", ".run/bench/pc-peer.jar", "peer scenario: the Parallel Consumer runner (bench/pc-peer)")
 	pcConcurrency := flag.Int("pc-concurrency", 16, "peer scenario: the Parallel Consumer's max concurrency")
 	brokers := flag.String("brokers", envOr("KFPIPE_TEST_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap servers")
@@ -57,9 +57,19 @@ func run() error {
 	guardResults := flag.String("guard", "", "compare this results file (JSON lines of a run) with -baseline, print the change a row and exit 3 when a row is worse by more than 20%; runs no scenario")
 	baselinePath := flag.String("baseline", "bench/baseline.json", "-guard: the committed file of accepted figures")
 	accept := flag.String("accept", "", "-guard: fold the results into -baseline as the accepted figures, with this text as their source (date, commit, command, load)")
+	pacedTopic := flag.String("paced-topic", "", "paced-peer (the paced scenario's child): the topic to feed")
+	pacedGaps := flag.String("paced-gaps", "15s,40s", "paced scenario: a customer's pause between two messages, min,max")
+	pacedIdle := flag.Duration("paced-idle", 15*time.Second, "paced scenario: the quiet period the consumer's idle CPU is measured over")
 	flag.Parse()
 	if *guardResults != "" {
 		return guard(*guardResults, *baselinePath, *accept)
+	}
+	minGap, maxGap, err := gaps(*pacedGaps)
+	if err != nil {
+		return err
+	}
+	if *scenario == "paced-peer" {
+		return bench.PacedPeer(*brokers, *pacedTopic, *users, *duration, minGap, maxGap, *pacedIdle, os.Stdin, os.Stdout)
 	}
 
 	logCfg := zap.NewProductionConfig()
@@ -131,6 +141,15 @@ func run() error {
 	}
 	var results []bench.Result
 	switch *scenario {
+	case "paced":
+		self, serr := os.Executable()
+		if serr != nil {
+			return serr
+		}
+		var r bench.Result
+		r, err = bench.Paced(e, bench.PacedOptions{Users: or(*users, 3000), Partitions: *partitions,
+			Duration: ord(*duration, 90*time.Second), MinGap: minGap, MaxGap: maxGap, Idle: *pacedIdle, Self: self})
+		results = []bench.Result{r}
 	case "producer":
 		results, err = bench.Producer(e, bench.ProducerOptions{Msgs: or(*msgs, 300000), Streams: 4, Page: 1000})
 	case "consumer":
@@ -251,6 +270,26 @@ func guard(resultsPath, baselinePath, accept string) error {
 		os.Exit(3)
 	}
 	return nil
+}
+
+// gaps reads -paced-gaps ("min,max").
+func gaps(v string) (time.Duration, time.Duration, error) {
+	lo, hi, ok := strings.Cut(v, ",")
+	if !ok {
+		return 0, 0, fmt.Errorf("-paced-gaps %q: want min,max (e.g. 15s,40s)", v)
+	}
+	lo2, err := time.ParseDuration(lo)
+	if err != nil {
+		return 0, 0, fmt.Errorf("-paced-gaps: %w", err)
+	}
+	hi2, err := time.ParseDuration(hi)
+	if err != nil {
+		return 0, 0, fmt.Errorf("-paced-gaps: %w", err)
+	}
+	if lo2 <= 0 || hi2 < lo2 {
+		return 0, 0, fmt.Errorf("-paced-gaps %q: want 0 < min <= max", v)
+	}
+	return lo2, hi2, nil
 }
 
 func envOr(k, def string) string {
