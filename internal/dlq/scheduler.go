@@ -531,16 +531,13 @@ func (s *Scheduler) heldByBlock(ctx context.Context, st RecoveryStrategy, dl *De
 // judges at its re-injection time, which this pacing keeps inside the
 // limit. When refused it returns the time the user's next window starts.
 func (s *Scheduler) admit(dl *DeadLetterMessage, now time.Time) (time.Time, bool) {
-	rl := s.cfg.RateLimit
-	if !rl.Enabled || dl.UserID == "" {
+	if dl.UserID == "" {
 		return time.Time{}, true
 	}
-	g, ok := rl.Groups[dl.UserGroup]
-	if !ok {
-		g = rl.Groups[rl.DefaultGroup]
+	allow, window, paced := RetryPace(s.cfg.RateLimit, dl.UserGroup)
+	if !paced {
+		return time.Time{}, true
 	}
-	window := time.Duration(g.WindowSeconds * float64(time.Second))
-	allow := max(g.MaxMessages/2, 1)
 	s.paceMu.Lock()
 	defer s.paceMu.Unlock()
 	w, ok := s.pace[dl.UserID]
@@ -560,6 +557,25 @@ func (s *Scheduler) admit(dl *DeadLetterMessage, now time.Time) (time.Time, bool
 	}
 	w.n++
 	return time.Time{}, true
+}
+
+// RetryPace is the pacing rule admit applies to a user of group (the
+// default group when group is unknown): at most allow retries a window.
+// paced is false when the rate limiter is off (retries are not paced).
+// The console's batch estimate reads the same rule.
+func RetryPace(rl config.RateLimit, group string) (allow int, window time.Duration, paced bool) {
+	if !rl.Enabled {
+		return 0, 0, false
+	}
+	g, ok := rl.Groups[group]
+	if !ok {
+		g = rl.Groups[rl.DefaultGroup]
+	}
+	window = time.Duration(g.WindowSeconds * float64(time.Second))
+	if window <= 0 {
+		return 0, 0, false
+	}
+	return max(g.MaxMessages/2, 1), window, true
 }
 
 // Close stops the loop, releases the lock and closes the retry producer

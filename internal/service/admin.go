@@ -45,6 +45,8 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLa
 		}
 		ac.Fleet = view
 	}
+	rl := cfg.RateLimit
+	ac.RetryPace = func() (int, time.Duration, bool) { return dlq.RetryPace(rl, rl.DefaultGroup) }
 	srv, err := admin.New(ac, dlqStore{x: d.Index, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}, rateLimitAdmin{a: d.Admin, x: d.Index}, base.Redis, base.Log, base.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)

@@ -63,6 +63,11 @@ type Config struct {
 	// minute into Redis); FromConfig sets it. Without it the history holds
 	// what other replicas sampled.
 	SampleHistory bool
+	// RetryPace, when set, is the DLQ scheduler's pacing of one user's
+	// retries (dlq.RetryPace for the default group): a batch retry's time
+	// is the slowest user's paced time when that is longer than the
+	// batch's own rate. Nil: retries are not paced.
+	RetryPace func() (allow int, window time.Duration, paced bool)
 	// Fleet, when set, is the running daemons GET /admin/fleet lists
 	// (coord.enabled); without it that endpoint answers 503.
 	Fleet FleetView

@@ -163,3 +163,26 @@ func TestGroups(t *testing.T) {
 		t.Fatalf("groups in review: %s", r.body)
 	}
 }
+
+// TestBatchRetryDryRunCountsThePacing: 300 letters of 10 users at 1000 a
+// second take 0.3 s of the batch's own rate, but the DLQ scheduler lets a
+// user's retries back at most 15 a minute: each user's 30 letters take a
+// minute after the first 15. The dry run says 60 s, not "about 0 s", and
+// names the slowest user; a purge is not paced.
+func TestBatchRetryDryRunCountsThePacing(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	f := &fixture{dlq: reviewLetters(300), rl: newMemRL(t0), rdb: rdb, prefix: prefix}
+	f.start(t, Config{BatchRate: 1000, RetryPace: func() (int, time.Duration, bool) { return 15, time.Minute, true }})
+	op := "Bearer " + operatorToken
+	dry := plan(t, f.do(t, op, "POST", "/admin/dlq/batch-retry", `{"filter":{"review":true},"reason":"fixed","dry_run":true}`))
+	if dry.Count != 300 || dry.RateSeconds != 0.3 {
+		t.Fatalf("dry run %+v, want 300 letters, 0.3 s at the batch's rate", dry)
+	}
+	if dry.Pace == nil || dry.Seconds != 60 || dry.Pace.SlowestLetters != 30 || dry.Pace.PacedUsers != 10 || dry.Pace.SlowestUser != "u0" {
+		t.Fatalf("dry run %+v pace %+v, want 60 s: u0's 30 letters at 15 a minute, 10 users paced", dry, dry.Pace)
+	}
+	purge := plan(t, f.do(t, op, "POST", "/admin/dlq/purge", `{"filter":{"review":true},"reason":"gone","dry_run":true}`))
+	if purge.Pace != nil || purge.Seconds != 0.3 {
+		t.Fatalf("purge dry run %+v, want 0.3 s and no pacing", purge)
+	}
+}

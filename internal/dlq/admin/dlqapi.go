@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 )
 
 func (s *Server) dlqStats(w http.ResponseWriter, r *http.Request) {
@@ -183,9 +184,16 @@ type BatchPlan struct {
 	Unblocked      string `json:"unblocked,omitempty"`
 	IncludeInvalid bool   `json:"include_invalid,omitempty"`
 	Rate           int    `json:"rate"`
-	// Seconds is how long the batch takes at Rate.
+	// Seconds is how long until the last letter is back in the main
+	// topic: the batch's own time at Rate or, for a retry, the slowest
+	// user's time at the scheduler's per-user pace, whichever is longer.
 	Seconds float64 `json:"seconds"`
-	Batch   *Batch  `json:"batch,omitempty"`
+	// RateSeconds is the batch's own time at Rate.
+	RateSeconds float64 `json:"rate_seconds"`
+	// Pace is the per-user pacing a retry's letters go back at (absent
+	// when retries are not paced, and for a purge).
+	Pace  *RetryPacing `json:"pace,omitempty"`
+	Batch *Batch       `json:"batch,omitempty"`
 }
 
 func (s *Server) batchOp(r *http.Request, action string) (writeOp, *apiError) {
@@ -278,7 +286,14 @@ func (s *Server) batchOp(r *http.Request, action string) (writeOp, *apiError) {
 		plan.Count = len(ls)
 		plan.Messages = countMessages(ls)
 		plan.TopUsers, plan.Users = topUsers(ls, 20)
-		plan.Seconds = float64(len(ls)) / float64(s.cfg.BatchRate)
+		plan.RateSeconds = float64(len(ls)) / float64(s.cfg.BatchRate)
+		plan.Seconds = plan.RateSeconds
+		if action == ActionRetry && s.cfg.RetryPace != nil {
+			if allow, window, paced := s.cfg.RetryPace(); paced {
+				plan.Pace = retryPacing(ls, allow, window)
+				plan.Seconds = max(plan.Seconds, plan.Pace.SlowestSeconds)
+			}
+		}
 		if action == ActionRetry {
 			if plan.Blocked, err = s.blockedAmong(ctx, ls); err != nil {
 				return nil, err
@@ -501,4 +516,41 @@ func (s *Server) dlqGroups(w http.ResponseWriter, r *http.Request) {
 	out.Users = len(out.ByUser)
 	out.ByUser = out.ByUser[:min(len(out.ByUser), groupedUsers)]
 	writeJSON(w, http.StatusOK, out)
+}
+
+// RetryPacing is how a retry's letters go back: at most Allow of one user's
+// a window of WindowSeconds (the DLQ scheduler's rule, the default group's
+// figures), so a user with many letters takes windows, whatever the
+// batch's rate.
+type RetryPacing struct {
+	Allow         int     `json:"allow"`
+	WindowSeconds float64 `json:"window_seconds"`
+	// SlowestUser has the most letters; SlowestSeconds is how long after
+	// the first of them the last goes back.
+	SlowestUser    string  `json:"slowest_user"`
+	SlowestLetters int     `json:"slowest_letters"`
+	SlowestSeconds float64 `json:"slowest_seconds"`
+	// PacedUsers have more letters than one window takes.
+	PacedUsers int `json:"paced_users"`
+}
+
+// retryPacing applies the scheduler's pacing to the letters: a user's k
+// letters go back allow a window, the last after ceil(k/allow)-1 windows.
+func retryPacing(ls []Letter, allow int, window time.Duration) *RetryPacing {
+	p := &RetryPacing{Allow: allow, WindowSeconds: window.Seconds()}
+	counts := map[string]int{}
+	for _, l := range ls {
+		counts[l.User]++
+	}
+	for u, k := range counts {
+		if k > allow {
+			p.PacedUsers++
+		}
+		if k > p.SlowestLetters || (k == p.SlowestLetters && u < p.SlowestUser) {
+			p.SlowestUser, p.SlowestLetters = u, k
+		}
+	}
+	windows := (p.SlowestLetters+allow-1)/allow - 1
+	p.SlowestSeconds = float64(max(windows, 0)) * window.Seconds()
+	return p
 }

@@ -118,6 +118,18 @@ function ago(iso, now) {
   return duration((now - new Date(iso)) / 1000) + " ago";
 }
 
+// paceText says what the dry run's time is made of: the batch's own rate,
+// or the DLQ's per-user pacing when a user's letters take longer than that.
+function paceText(dry) {
+  const p = dry.pace;
+  if (!p || p.slowest_seconds <= dry.rate_seconds) {
+    return ` at ${dry.rate} a second`;
+  }
+  return `: retries go back at most ${p.allow} of a user's every ${duration(p.window_seconds)}, ` +
+    `and ${p.slowest_user} has ${p.slowest_letters} letters` +
+    (p.paced_users > 1 ? ` (${p.paced_users} users are paced)` : "");
+}
+
 function duration(sec) {
   sec = Math.max(0, Math.round(sec));
   if (sec < 120) return sec + " s";
@@ -448,7 +460,7 @@ async function batch(kind) {
   p.textContent = `${what} ${kind === "purge" ? dry.count : dry.messages} message(s) of ${dry.users} user(s)` +
     (dry.already_done ? `; ${dry.already_done} more selected are done already and will be skipped` : "") +
     (skipped && skipped !== `${dry.already_done} already done` ? ` (skipped: ${skipped})` : "") +
-    ` — about ${duration(dry.seconds)} at ${dry.rate} a second, each user's letters in order.` +
+    ` — about ${duration(dry.seconds)}` + paceText(dry) + `, each user's letters in order.` +
     ((dry.blocked || []).length ? ` Warning: ${dry.blocked.length} of these users are blocked by the rate limiter ` +
       `(${dry.blocked.map((b) => b.user).join(", ")}); their letters would be refused again: unblock them first.` : "");
   plan.appendChild(p);
