@@ -162,6 +162,23 @@ func TestGroups(t *testing.T) {
 	if err := json.Unmarshal(r.body, &g); err != nil || g.Total != 2 || g.Users != 2 {
 		t.Fatalf("groups in review: %s", r.body)
 	}
+	// u1's rate_limited message was processed after all (its dedup mark):
+	// its letter is counted apart, not among the letters still to handle.
+	f.dlq.done["m1"] = true
+	r = f.do(t, "Bearer "+viewerToken, "GET", "/admin/dlq/groups", "")
+	g = groupsResponse{}
+	if err := json.Unmarshal(r.body, &g); err != nil || r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	rateLimited := 0
+	for _, rg := range g.ByReason {
+		if rg.Reason == "rate_limited" {
+			rateLimited = rg.Count
+		}
+	}
+	if g.Total != 3 || g.Done != 1 || g.ByUser[0].Count != 1 || rateLimited != 1 {
+		t.Fatalf("groups with m1 done %+v, want 3 counted, 1 done apart, u1 with 1, rate_limited of 1 user", g)
+	}
 }
 
 // TestBatchRetryDryRunCountsThePacing: 300 letters of 10 users at 1000 a

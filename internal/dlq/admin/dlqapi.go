@@ -449,9 +449,12 @@ func (s *Server) batchCancel(r *http.Request) (writeOp, *apiError) {
 type groupsResponse struct {
 	Total int `json:"total"`
 	// Truncated: more letters match than were counted (maxBatchLimit).
-	Truncated bool          `json:"truncated"`
-	Users     int           `json:"users"`
-	ByReason  []reasonGroup `json:"by_reason"`
+	Truncated bool `json:"truncated"`
+	// Done letters matched the filter but their message is done in the
+	// dedup store (processed after all): left out of every count here.
+	Done     int           `json:"done"`
+	Users    int           `json:"users"`
+	ByReason []reasonGroup `json:"by_reason"`
 	// ByUser are the users with the most letters, most first.
 	ByUser []userGroup `json:"by_user"`
 }
@@ -478,14 +481,25 @@ func (s *Server) dlqGroups(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.Limit = maxBatchLimit + 1
-	ls, err := s.dlq.Select(r.Context(), f, nil)
+	// Selected as a retry's dry run would (acting on nothing), so that a
+	// letter whose message is done after all is known: it is counted
+	// apart, not among the letters an operator still has to deal with.
+	sel, err := s.dlq.Select(r.Context(), f, &RetryOptions{DryRun: true, IncludeInvalid: true})
 	if e := s.storeError(err, "dlq.groups"); e != nil {
 		writeError(w, e)
 		return
 	}
 	out := groupsResponse{ByReason: []reasonGroup{}, ByUser: []userGroup{}}
-	if len(ls) > maxBatchLimit {
-		ls, out.Truncated = ls[:maxBatchLimit], true
+	if len(sel) > maxBatchLimit {
+		sel, out.Truncated = sel[:maxBatchLimit], true
+	}
+	ls := sel[:0:0]
+	for _, l := range sel {
+		if l.Skip == SkipDone {
+			out.Done++
+			continue
+		}
+		ls = append(ls, l)
 	}
 	out.Total = len(ls)
 	byReason := map[string]map[string]bool{}

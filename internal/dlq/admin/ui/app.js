@@ -366,7 +366,8 @@ async function loadMessages(append) {
 async function loadGroups() {
   const g = await api("GET", "/admin/dlq/groups?" + filterQuery(filter()).toString());
   $("groups-summary").textContent = `${g.total}${g.truncated ? "+" : ""} letter(s) of ${g.users} user(s)` +
-    (g.users > g.by_user.length ? ` — the ${g.by_user.length} with the most shown` : "");
+    (g.users > g.by_user.length ? ` — the ${g.by_user.length} with the most shown` : "") +
+    (g.done ? `; ${g.done} more matched but their message is done already (not counted)` : "");
   const rb = $("groups-reason").querySelector("tbody");
   rb.replaceChildren();
   g.by_reason.forEach((r) => {
