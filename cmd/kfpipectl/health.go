@@ -228,10 +228,19 @@ func auditFlags(who, action, target string) string {
 // alert rules whose bounds the values pass.
 func (a *app) printVerdict(v admin.Verdict) error {
 	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "VERDICT\t%s\n", v.State)
+	fmt.Fprintf(tw, "VERDICT\t%s%s\n", v.State, sinceText(v.Since))
 	fmt.Fprintln(tw, "AREA\tSTATE\tDETAIL\tPAST")
 	for _, ar := range v.Areas {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", ar.Area, ar.State, ar.Detail, strings.Join(ar.Firing, ","))
+		fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\n", ar.Area, ar.State, sinceText(ar.Since), ar.Detail, strings.Join(ar.Firing, ","))
 	}
 	return tw.Flush()
+}
+
+// sinceText is " since 2026-12-06T14:02:00Z" ("" when the console could
+// not record when the state began).
+func sinceText(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return " since " + t.UTC().Format(time.RFC3339)
 }

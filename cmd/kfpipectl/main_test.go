@@ -187,8 +187,8 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	contains(t, healthOut, "VERDICT", "consumer_lag", "dlq status", "attention", "review backlog", "dlq rate_limited",
 		"active actors", "ACCOUNT", "HORIZON LEFT", "PARTITION", "COMMIT AGE", "CONSUMER")
 	// The verdict leads: an on-call person reads the first line as the answer.
-	if !strings.HasPrefix(healthOut.out, "VERDICT") {
-		t.Errorf("health does not lead with the verdict:\n%s", healthOut.out)
+	if !strings.HasPrefix(healthOut.out, "VERDICT") || !strings.Contains(strings.SplitN(healthOut.out, "\n", 2)[0], " since ") {
+		t.Errorf("health does not lead with the verdict and since when:\n%s", healthOut.out)
 	}
 
 	// dlq ls: table and JSON, filtered.

@@ -63,7 +63,7 @@ func TestConsoleOverviewOfRunningPipeline(t *testing.T) {
 		// The on-call cards: the verdict of every area, both topics with
 		// their in-sync replicas.
 		if err := poll("the health verdict and the Kafka card", `document.querySelectorAll('#hv-areas .area').length === 5
-			&& ["green", "amber", "red", "unknown"].includes(document.querySelector('#hv-state')?.textContent)
+			&& ["green", "amber", "red", "unknown"].includes(document.querySelector('#hv-state')?.dataset.state)
 			&& document.querySelectorAll('#kc-topics tr[data-topic="main"]').length > 0
 			&& document.querySelectorAll('#kc-topics tr[data-topic="dlq"]').length > 0`, 30*time.Second); err != nil {
 			return err

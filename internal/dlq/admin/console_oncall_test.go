@@ -56,7 +56,7 @@ func TestConsoleHealthKafkaAndBlocks(t *testing.T) {
 	poll("nav hidden before login", `document.querySelector('#nav')?.hidden === true && getComputedStyle(document.querySelector('#nav')).display === "none"`)
 	do("log in", consoleLogin(f.http.URL, operatorToken)...)
 
-	poll("health verdict", fmt.Sprintf(`document.querySelector('#hv-state')?.textContent === "red"
+	poll("health verdict", fmt.Sprintf(`document.querySelector('#hv-state')?.dataset.state === "red" && document.querySelector('#hv-state').textContent.startsWith("red since ")
 		&& document.querySelector('[data-area=%q]')?.dataset.state === "amber"
 		&& document.querySelector('[data-area=%q]')?.dataset.state === "red"
 		&& document.querySelector('[data-area=%q] [data-item="c2"]')?.textContent.includes("gate open")

@@ -28,8 +28,8 @@ func TestConsoleRefreshesDespiteAFailingCard(t *testing.T) {
 	if err := chromedp.Do(bctx, consoleLogin(f.http.URL, operatorToken)...); err != nil {
 		t.Fatal(err)
 	}
-	testenv.PollJS(t, bctx, "green", `document.querySelector('#hv-state')?.textContent === "green"`, 10*time.Second)
+	testenv.PollJS(t, bctx, "green", `document.querySelector('#hv-state')?.dataset.state === "green"`, 10*time.Second)
 	critical := int64(bound(t, "KfpipeConsumerLagCritical") + 1)
 	src.setLag([]PartitionLag{{Partition: 0, End: critical, Committed: 0, Lag: critical}}, nil)
-	testenv.PollJS(t, bctx, "red at the next refresh", `document.querySelector('#hv-state')?.textContent === "red"`, 25*time.Second)
+	testenv.PollJS(t, bctx, "red at the next refresh", `document.querySelector('#hv-state')?.dataset.state === "red" && document.querySelector('#hv-state').textContent.startsWith("red since ")`, 25*time.Second)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,12 +72,22 @@ type AreaVerdict struct {
 	Detail string      `json:"detail"`
 	Bounds []BoundView `json:"bounds"`
 	Items  []AreaItem  `json:"items,omitempty"`
+	// Since is when the area last changed to State (as first seen by a
+	// console; absent when it could not be recorded).
+	Since *time.Time `json:"since,omitempty"`
+	// ClearsBy, for an area graded over a window that passes its bound
+	// now, is when it turns green again if nothing more happens; CauseLast
+	// is when its cause was last seen.
+	ClearsBy  *time.Time `json:"clears_by,omitempty"`
+	CauseLast *time.Time `json:"cause_last,omitempty"`
 }
 
 // Verdict is the answer of GET /admin/verdict.
 type Verdict struct {
-	Time    time.Time     `json:"time"`
-	State   string        `json:"state"`
+	Time  time.Time `json:"time"`
+	State string    `json:"state"`
+	// Since is when the verdict last changed to State.
+	Since   *time.Time    `json:"since,omitempty"`
 	Areas   []AreaVerdict `json:"areas"`
 	History HistoryView   `json:"history"`
 	// HistoryError says why the history could not be read.
@@ -120,7 +131,43 @@ func (s *Server) verdict(ctx context.Context, now time.Time) Verdict {
 	for _, a := range v.Areas {
 		v.State = worse(v.State, a.State)
 	}
+	s.recordSince(ctx, now, &v)
 	return v
+}
+
+// verdictSinceKey is the hash of each area's (and the verdict's, field
+// "verdict") state and when it changed to it: "state|unix seconds".
+func verdictSinceKey(prefix string) string { return prefix + "verdict:since" }
+
+// recordSince fills the verdict's and each area's Since from Redis, and
+// records a change: an on-call person reads "amber since 14:02", not only
+// "amber". The first console to see a change records it; every replica
+// answers the same time. A Redis error leaves Since absent.
+func (s *Server) recordSince(ctx context.Context, now time.Time, v *Verdict) {
+	key := verdictSinceKey(s.cfg.Prefix)
+	seen, err := s.rdb.HGetAll(ctx, key).Result()
+	if err != nil {
+		return
+	}
+	changed := map[string]any{}
+	since := func(field, state string) *time.Time {
+		if prev, at, ok := strings.Cut(seen[field], "|"); ok && prev == state {
+			if sec, err := strconv.ParseInt(at, 10, 64); err == nil {
+				t := time.Unix(sec, 0).UTC()
+				return &t
+			}
+		}
+		changed[field] = state + "|" + strconv.FormatInt(now.Unix(), 10)
+		t := now.Truncate(time.Second)
+		return &t
+	}
+	v.Since = since("verdict", v.State)
+	for i := range v.Areas {
+		v.Areas[i].Since = since(v.Areas[i].Area, v.Areas[i].State)
+	}
+	if len(changed) > 0 {
+		_ = s.rdb.HSet(ctx, key, changed).Err()
+	}
 }
 
 const noPipeline = "not available: the admin API was started without the pipeline's view"
@@ -219,7 +266,63 @@ func (s *Server) dlqArea(ctx context.Context, now time.Time) AreaVerdict {
 	a := gradeArea(obs.AreaDLQ, map[string]float64{"KfpipeDLQGrowthHigh": float64(hour),
 		"KfpipeDLQManualReviewBacklog": float64(st.Review)})
 	a.Detail = fmt.Sprintf("%d dead letter(s) in the last hour; %d wait for manual review", hour, st.Review)
+	if slices.Contains(a.Firing, "KfpipeDLQGrowthHigh") {
+		a.CauseLast, a.ClearsBy = growthClears(in, now)
+		if a.CauseLast != nil && a.ClearsBy != nil {
+			a.Detail += fmt.Sprintf("; the last came by %s; with no more, the hour's count falls under the bound by %s",
+				a.CauseLast.Format("15:04"), a.ClearsBy.Format("15:04"))
+		}
+	}
 	return a
+}
+
+// growthClears reads the hour's inflow (inflowBuckets of inflowStep,
+// oldest first, ending at now) for when the last dead letter came (the end
+// of the newest bucket that holds one) and when the hour's count, with no
+// more letters, falls to the KfpipeDLQGrowthHigh bound as the old buckets
+// leave the window. An amber that stays an hour after its cause stopped is
+// the window, not a live problem: this says so, and until when.
+func growthClears(in map[string][]int64, now time.Time) (last, clears *time.Time) {
+	buckets := make([]int64, inflowBuckets)
+	for _, counts := range in {
+		for i, c := range counts {
+			if i < len(buckets) {
+				buckets[i] += c
+			}
+		}
+	}
+	from := now.Add(-inflowBuckets * inflowStep)
+	for i := len(buckets) - 1; i >= 0; i-- {
+		if buckets[i] > 0 {
+			t := from.Add(time.Duration(i+1) * inflowStep)
+			if t.After(now) {
+				t = now
+			}
+			last = &t
+			break
+		}
+	}
+	var bound obs.Threshold
+	for _, t := range obs.ThresholdsOf(obs.AreaDLQ) {
+		if t.Alert == "KfpipeDLQGrowthHigh" {
+			bound = t
+		}
+	}
+	var rest int64
+	for _, c := range buckets {
+		rest += c
+	}
+	for k := 0; k <= len(buckets); k++ {
+		if !bound.Exceeded(float64(rest)) {
+			t := now.Add(time.Duration(k) * inflowStep)
+			clears = &t
+			break
+		}
+		if k < len(buckets) {
+			rest -= buckets[k]
+		}
+	}
+	return last, clears
 }
 
 // redisArea pings Redis and reads its memory: its rule

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/obs"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 func (f *fixture) verdict(t *testing.T, query string) Verdict {
@@ -243,5 +244,56 @@ func TestOverviewHorizonIsTheTable(t *testing.T) {
 	}
 	if got, want := horizonCritical, time.Duration(bound(t, "KfpipeWeChatHorizonCritical"))*time.Second; got != want {
 		t.Errorf("overview's horizon critical %s, the table's %s", got, want)
+	}
+}
+
+// TestVerdictSinceAndClearsBy: the verdict says since when it is amber
+// (recorded once, the same on every read), and an amber DLQ area whose
+// letters stopped coming says when the last came and when it clears,
+// rather than staying amber for an hour with nothing saying why.
+func TestVerdictSinceAndClearsBy(t *testing.T) {
+	p := &memPipeline{
+		accounts:  []AccountSync{{OpenKfID: "wk1", Reported: t0}},
+		consumers: []ConsumerStatus{{Node: "c1", Partitions: 4, Reported: t0}},
+	}
+	rdb, prefix := testenv.Redis(t)
+	f := &fixture{dlq: newMemDLQ(t0), rl: newMemRL(t0), rdb: rdb, prefix: prefix}
+	f.start(t, Config{Pipeline: p})
+	clock := f.srv.clock.(*testenv.Clock)
+	v := f.verdict(t, "")
+	if v.State != StateGreen || v.Since == nil || !v.Since.Equal(t0) {
+		t.Fatalf("quiet pipeline: %s since %v, want green since %v", v.State, v.Since, t0)
+	}
+	growth := bound(t, "KfpipeDLQGrowthHigh")
+	had := int(v.area(t, obs.AreaDLQ).Values["KfpipeDLQGrowthHigh"])
+	// A burst 40 minutes ago of bound+1 letters, none since.
+	f.addLetters(growth+1-had, "retried", 40*time.Minute)
+	clock.Advance(time.Minute)
+	v = f.verdict(t, "")
+	a := v.area(t, obs.AreaDLQ)
+	if v.State != StateAmber || a.State != StateAmber || v.Since == nil || !v.Since.Equal(t0.Add(time.Minute)) || !a.Since.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("after the burst: verdict %s since %v, area %s since %v, want amber since %v", v.State, v.Since, a.State, a.Since, t0.Add(time.Minute))
+	}
+	// The burst's 5-minute bucket ended 35 minutes before now (+1 min);
+	// the burst leaves the hour's window with its bucket, ~20 min on.
+	if a.CauseLast == nil || a.ClearsBy == nil {
+		t.Fatalf("amber DLQ area without cause_last/clears_by: %+v", a)
+	}
+	if got := t0.Add(time.Minute).Sub(*a.CauseLast); got < 35*time.Minute || got > 40*time.Minute {
+		t.Errorf("cause_last %v is %v before now, want 35-40 min (the burst's bucket)", a.CauseLast, got)
+	}
+	if got := a.ClearsBy.Sub(t0.Add(time.Minute)); got < 15*time.Minute || got > 25*time.Minute {
+		t.Errorf("clears_by %v is %v from now, want ~20 min (when the burst leaves the hour)", a.ClearsBy, got)
+	}
+	// Read again later: the same since (recorded, not now).
+	clock.Advance(5 * time.Minute)
+	if v2 := f.verdict(t, ""); v2.Since == nil || !v2.Since.Equal(*v.Since) {
+		t.Errorf("second read: since %v, want %v", v2.Since, v.Since)
+	}
+	// Past the clearing time the area is green again, since then.
+	clock.Advance(a.ClearsBy.Sub(clock.Now()) + 5*time.Minute)
+	v = f.verdict(t, "")
+	if a := v.area(t, obs.AreaDLQ); a.State != StateGreen || a.Since == nil || !a.Since.Equal(clock.Now().Truncate(time.Second)) {
+		t.Errorf("past clears_by: area %s since %v (%s), want green since now", a.State, a.Since, a.Detail)
 	}
 }

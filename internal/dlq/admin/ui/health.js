@@ -63,10 +63,20 @@ function sparkline(title, points, pick, fmt) {
   return box;
 }
 
+// sinceText is " since 14:02" (with the day when it is not today), or ""
+// when the console could not record when the state began.
+function sinceText(since) {
+  if (!since) return "";
+  const d = new Date(since);
+  const today = new Date().toDateString() === d.toDateString();
+  return " since " + (today ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" }) : d.toLocaleString());
+}
+
 async function loadVerdict() {
   const v = await api("GET", "/admin/verdict?hours=" + encodeURIComponent($("hv-hours").value));
   const st = $("hv-state");
-  st.textContent = v.state;
+  st.textContent = v.state + sinceText(v.since);
+  st.dataset.state = v.state;
   st.className = "verdict v-" + v.state;
   const box = $("hv-areas");
   box.replaceChildren();
@@ -76,7 +86,7 @@ async function loadVerdict() {
     div.dataset.area = a.area;
     div.dataset.state = a.state;
     const h = document.createElement("strong");
-    h.textContent = `${areaNames[a.area] || a.area}: ${a.state}`;
+    h.textContent = `${areaNames[a.area] || a.area}: ${a.state}${sinceText(a.since)}`;
     div.appendChild(h);
     const p = document.createElement("span");
     p.textContent = a.detail + (a.firing.length ? " — past " + a.firing.join(", ") : "");
