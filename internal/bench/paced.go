@@ -155,12 +155,12 @@ func Paced(e *Env, o PacedOptions) (Result, error) {
 		P50Ms: done.P50Ms, P99Ms: done.P99Ms, RSSMiB: RSSMiB(),
 		Goal: "cpu_us_per_msg (net of idle, HTTP handler included) <= 80", Pass: perMsg <= 80,
 		Extra: map[string]any{"users": o.Users, "partitions": o.Partitions, "gaps": o.MinGap.String() + "–" + o.MaxGap.String(),
-			"cpu_us_per_msg":       perMsg,
-			"gross_cpu_us_per_msg": round(float64(cpu)/1e3/n, 1),
-			"idle_cpu_ms_per_s":    round(idlePerSec/1e6, 2),
-			"redis_cpu_us_per_msg": round(float64(redisCPU)/1e3/n, 2),
+			"cpu_us_per_msg":        perMsg,
+			"gross_cpu_us_per_msg":  round(float64(cpu)/1e3/n, 1),
+			"idle_cpu_ms_per_s":     round(idlePerSec/1e6, 2),
+			"redis_cpu_us_per_msg":  round(float64(redisCPU)/1e3/n, 2),
 			"feeder_cpu_us_per_msg": round(float64(done.CPUus)/n, 1),
-			"receiver_duplicates":  done.Duplicates, "actors_at_end": actors,
+			"receiver_duplicates":   done.Duplicates, "actors_at_end": actors,
 			"path": "service.StartConsumer with handler.type http (built-in HTTP handler) to a receiver in a child process; CPU of this process only, the idle rate subtracted"}}, nil
 }
 
