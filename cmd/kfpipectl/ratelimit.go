@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"text/tabwriter"
@@ -145,6 +146,21 @@ func (a *app) userWrite(cmd *cobra.Command, user, path, what string, body map[st
 		return a.printJSON(data)
 	}
 	fmt.Fprintf(a.out, "done: %s\n", what)
+	// An unblock answers the user's letters that still wait for their
+	// scheduled retry (after the block's old end): say so, and how to
+	// send them now.
+	var ans struct {
+		WaitingLetters int        `json:"waiting_letters"`
+		WaitingUntil   *time.Time `json:"waiting_until"`
+	}
+	if err := json.Unmarshal(data, &ans); err == nil && ans.WaitingLetters > 0 {
+		until := ""
+		if ans.WaitingUntil != nil {
+			until = " (the last until " + ans.WaitingUntil.UTC().Format(time.RFC3339) + ")"
+		}
+		fmt.Fprintf(a.out, "%d dead letter(s) of %s still wait for their scheduled retry%s; to retry them now:\n  kfpipectl dlq retry --user %s --reason '…'\n",
+			ans.WaitingLetters, user, until, user)
+	}
 	return nil
 }
 

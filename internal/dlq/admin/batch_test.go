@@ -203,3 +203,26 @@ func TestBatchRetryDryRunCountsThePacing(t *testing.T) {
 		t.Fatalf("purge dry run %+v, want 0.3 s and no pacing", purge)
 	}
 }
+
+// TestUnblockSaysWhatStillWaits: u1's rate_limited letter was scheduled
+// for an hour on (after its block's end); unblocking u1 does not bring it
+// forward, so the answer says one letter still waits, until when, and how
+// to retry it now. The letter in review (invalid_message) is not counted.
+func TestUnblockSaysWhatStillWaits(t *testing.T) {
+	f := newFixture(t)
+	f.rl.block["u1"] = time.Hour
+	r := f.do(t, "Bearer "+operatorToken, "POST", "/admin/ratelimit/unblock/u1", `{"reason":"appeal"}`)
+	if r.status != 200 {
+		t.Fatalf("unblock: %d %s", r.status, r.body)
+	}
+	var ans unblockAnswer
+	if err := json.Unmarshal(r.body, &ans); err != nil {
+		t.Fatal(err)
+	}
+	if !ans.OK || ans.WaitingLetters != 1 || ans.WaitingUntil == nil || !ans.WaitingUntil.Equal(t0.Add(time.Hour)) || ans.Retry == "" {
+		t.Fatalf("unblock answer %+v, want 1 letter waiting until %v and the retry to send it now", ans, t0.Add(time.Hour))
+	}
+	if _, ok := f.rl.block["u1"]; ok {
+		t.Error("u1 still blocked")
+	}
+}

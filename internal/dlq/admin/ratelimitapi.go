@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 func (s *Server) pathUser(r *http.Request) (string, *apiError) {
@@ -83,8 +85,57 @@ func (s *Server) userOp(r *http.Request, run func(r *http.Request, user string) 
 	}}, nil
 }
 
+// unblockAnswer is POST /admin/ratelimit/unblock/{user}'s answer: the
+// user's dead letters that still wait for their scheduled retry, which
+// the scheduler placed after the block's old end (or later, paced): an
+// unblock does not bring them forward. WaitingUntil is the latest of their
+// retry times; a batch retry of the user's letters sends them now.
+type unblockAnswer struct {
+	OK             bool       `json:"ok"`
+	WaitingLetters int        `json:"waiting_letters"`
+	WaitingUntil   *time.Time `json:"waiting_until,omitempty"`
+	// Retry is the request that retries them now, when there are any.
+	Retry string `json:"retry,omitempty"`
+}
+
 func (s *Server) rlUnblock(r *http.Request) (writeOp, *apiError) {
-	return s.userOp(r, func(r *http.Request, u string) error { return s.rl.Unblock(r.Context(), u) })
+	user, reason, e := pathAndReason(r, "user", maxUserLen)
+	if e != nil {
+		return writeOp{}, e
+	}
+	return writeOp{target: "user:" + user, reason: reason, do: func(r *http.Request) (any, error) {
+		ctx := r.Context()
+		if err := s.rl.Unblock(ctx, user); err != nil {
+			return nil, err
+		}
+		ans := unblockAnswer{OK: true}
+		// The letters a retry of the user would act on now (not done, not
+		// settled, not due already): those wait for their scheduled time.
+		ls, err := s.dlq.Select(ctx, DLQFilter{User: user, Limit: maxBatchLimit}, &RetryOptions{DryRun: true})
+		if err != nil {
+			// The unblock happened; the count is a courtesy.
+			s.log.Warn("unblock: the user's waiting letters not counted", zap.String("user_id", user), zap.Error(err))
+			return ans, nil
+		}
+		var ids []string
+		for _, l := range ls {
+			if l.Skip == "" {
+				ans.WaitingLetters++
+				ids = append(ids, l.ID)
+			}
+		}
+		if ans.WaitingLetters == 0 {
+			return ans, nil
+		}
+		for _, id := range ids[:min(len(ids), 50)] {
+			if m, err := s.dlq.Get(ctx, id); err == nil && m.NextRetryTime != nil && (ans.WaitingUntil == nil || m.NextRetryTime.After(*ans.WaitingUntil)) {
+				t := *m.NextRetryTime
+				ans.WaitingUntil = &t
+			}
+		}
+		ans.Retry = `POST /admin/dlq/batch-retry {"filter":{"user":"` + user + `"},"reason":"…"} (kfpipectl dlq retry --user ` + user + `)`
+		return ans, nil
+	}}, nil
 }
 
 func (s *Server) rlWhitelistAdd(r *http.Request) (writeOp, *apiError) {

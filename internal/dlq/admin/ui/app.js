@@ -626,9 +626,18 @@ async function loadBlocked() {
 async function unblock(user) {
   const reason = await askReason("Unblock user " + user);
   if (reason === null) return;
-  await api("POST", "/admin/ratelimit/unblock/" + encodeURIComponent(user), { reason });
+  const ans = await api("POST", "/admin/ratelimit/unblock/" + encodeURIComponent(user), { reason });
   await loadBlocked();
-  say("Unblocked " + user);
+  say("Unblocked " + user + waitingText(user, ans));
+}
+
+// waitingText: an unblock does not bring the user's dead letters forward;
+// the answer counts those still waiting for their scheduled retry.
+function waitingText(user, ans) {
+  if (!ans || !ans.waiting_letters) return "";
+  const until = ans.waiting_until ? ` (the last at ${new Date(ans.waiting_until).toLocaleString()})` : "";
+  return `. ${ans.waiting_letters} dead letter(s) of ${user} still wait for their scheduled retry${until}: ` +
+    `filter the dead letters by this user and "Retry all matching…" to send them now.`;
 }
 
 // ---- Rate limits -----------------------------------------------------
@@ -686,8 +695,8 @@ async function lookupUser(user) {
 async function rlWrite(title, method, path, extra) {
   const reason = await askReason(title + " " + rlUser);
   if (reason === null) return;
-  await api(method, path + encodeURIComponent(rlUser), Object.assign({ reason }, extra || {}));
-  say(title + " " + rlUser + ": done");
+  const ans = await api(method, path + encodeURIComponent(rlUser), Object.assign({ reason }, extra || {}));
+  say(title + " " + rlUser + ": done" + waitingText(rlUser, ans));
   await Promise.all([lookupUser(rlUser), loadBlocked()]);
 }
 
