@@ -47,6 +47,16 @@ func TestREADMEHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The repository's own modules are tidy too: what the README's reader
+	// builds against and the examples beside it.
+	for _, mod := range []string{root, filepath.Join(root, "examples")} {
+		cmd := exec.Command("go", "mod", "tidy", "-diff")
+		cmd.Dir = mod
+		cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go mod tidy -diff in %s: %v\n%s", mod, err, out)
+		}
+	}
 	dir := t.TempDir()
 	gomod := "module example.com/bot\n\ngo 1.26\n\n" + strings.ReplaceAll(modLines, "../kfpipe", root)
 	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte(gomod), 0o644); err != nil {
@@ -58,7 +68,7 @@ func TestREADMEHandler(t *testing.T) {
 		}
 	}
 	bin := filepath.Join(dir, "bot")
-	for _, args := range [][]string{{"mod", "tidy"}, {"vet", "."}, {"test", "-count=1", "."}, {"build", "-o", bin, "."}} {
+	for _, args := range [][]string{{"mod", "tidy"}, {"mod", "tidy", "-diff"}, {"vet", "."}, {"test", "-count=1", "."}, {"build", "-o", bin, "."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
