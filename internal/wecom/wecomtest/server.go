@@ -102,7 +102,8 @@ type Server struct {
 	kfs          *kfState       // the reply side (kf.go)
 	accs         *accountsState // the account side (accounts.go)
 	failSend     []int
-	media        *mediaState // inbound media (media.go)
+	media        *mediaState      // inbound media (media.go)
+	faults       map[string][]int // FailCalls: API → errcodes to answer
 }
 
 // New starts a fake server on a loopback port; Close stops it.
@@ -180,6 +181,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-t.C:
 		}
+	}
+	if s.injectFault(w, r) {
+		return
 	}
 	if s.serveAccounts(w, r) {
 		return
