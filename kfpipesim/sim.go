@@ -73,7 +73,14 @@ func WithOutput(w io.Writer) Option { return func(o *options) { o.out = w } }
 // still chooses the configuration it starts from), otherwise
 // kfpipe.RunConsumer(ctx, args, h). args are the command-line arguments
 // without the program name (os.Args[1:]).
+//
+// -h or --help prints the bot's usage (its name, --config and --simulate)
+// to stderr and returns nil.
 func Main(ctx context.Context, args []string, h kfpipe.Handler) error {
+	if kfpipe.HelpAsked(args) {
+		kfpipe.PrintUsage(os.Stderr, true)
+		return nil
+	}
 	sim, opts, err := parseArgs(args)
 	if err != nil {
 		return err
