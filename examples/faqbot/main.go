@@ -1,7 +1,7 @@
 // Command faqbot is a customer-service bot written against kfpipe's public
 // API only: it welcomes a customer who opens a session, answers a few
-// questions, shows a menu for "menu", and hands the customer to a human
-// servicer on "human". Every reply reaches the customer once, even when a
+// questions, shows a menu for "menu", says how large a picture is, and
+// hands the customer to a human servicer on "human". Every reply reaches the customer once, even when a
 // consumer crashes and the message is handled again.
 //
 //	faqbot --config config.yaml   (FAQBOT_SERVICER: the servicer's userid)
@@ -68,6 +68,7 @@ func bot(servicer string) kfpipe.Handler {
 		text, _ := m.Text()
 		return kfpipe.Reply(ctx, kf.Text{Content: "You said: " + text})
 	}))
+	r.Type(kfpipe.MsgImage, kfpipe.HandlerFunc(picture))
 	r.Default(say(kf.Text{Content: "Sorry, I can only read text."}))
 	return r
 }
@@ -80,6 +81,20 @@ func welcome(ctx context.Context, m *kfpipe.Message) error {
 		return nil
 	}
 	return kfpipe.Welcome(ctx, kf.Text{Content: "Welcome! Type \"menu\" to see what I can do."})
+}
+
+// picture answers a customer's picture with its size, read from the
+// media store (kfpipe.OpenMedia: kept before the handler ran, so a re-run
+// days later reads the same size and replies the same way).
+func picture(ctx context.Context, m *kfpipe.Message) error {
+	obj, err := kfpipe.OpenMedia(ctx, m)
+	if err != nil {
+		// No media store configured, or WeChat's 3 days passed before it
+		// was kept: a reply without the size.
+		return kfpipe.Reply(ctx, kf.Text{Content: "Thanks for the picture."})
+	}
+	defer obj.Close()
+	return kfpipe.Reply(ctx, kf.Text{Content: fmt.Sprintf("Thanks for the picture (%d KB).", (obj.Size+1023)/1024)})
 }
 
 // say is a route that replies msg.

@@ -58,6 +58,9 @@ type Transfer struct {
 	From, To       int
 	Servicer       string
 	At             time.Time
+	// ByServicer: a servicer's own change from the WeCom client
+	// (ServicerTakes, ServicerEnds), not an API call.
+	ByServicer bool
 }
 
 const (
@@ -494,7 +497,7 @@ func (s *Server) ServicerTakes(openKfID, user, servicer string) string {
 		change = ChangeTransfer
 	}
 	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 3, Servicer: servicer,
-		At: s.opts.Clock()})
+		At: s.opts.Clock(), ByServicer: true})
 	se.state, se.servicer = 3, servicer
 	s.mu.Unlock()
 	return s.sessionEvent(openKfID, user, change, old, servicer)
@@ -507,7 +510,8 @@ func (s *Server) ServicerEnds(openKfID, user string) string {
 	s.mu.Lock()
 	se := s.sessionOf(openKfID, user)
 	old := se.servicer
-	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 4, At: s.opts.Clock()})
+	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 4, At: s.opts.Clock(),
+		ByServicer: true})
 	se.state, se.servicer = 4, ""
 	s.mu.Unlock()
 	return s.sessionEvent(openKfID, user, ChangeEnded, old, "")
