@@ -14,8 +14,10 @@ import (
 // TestREADMEHandler follows the README's "Write a handler in Go" alone: its
 // Go snippet as main.go of a scratch module outside the repository, its
 // "Test it" snippet as main_test.go, its require and replace lines
-// (pointing at this checkout) in go.mod, go mod tidy, go vet, go test. The
-// snippet must answer customers only. Then the bot's own binary runs with
+// (pointing at this checkout) in go.mod, go mod tidy (and tidy -diff clean
+// there, at the root and in examples/), go vet, go test. The snippet is a
+// Router with an image echo whose upload is kept with kfpipe.Memo; its
+// test runs that echo twice and an injected 95018. Then the bot's own binary runs with
 // --simulate, as "Chat with it" says, and its page is used in headless
 // chromium: typed as the customer, "hello" gets the bot's answer; typed as
 // a servicer, a message is handled and gets none.
@@ -34,8 +36,15 @@ func TestREADMEHandler(t *testing.T) {
 	if !strings.Contains(unitTest, "kfpipetest.") {
 		t.Fatalf("the README's test does not use kfpipetest:\n%s", unitTest)
 	}
-	if !strings.Contains(code, "m.FromCustomer()") {
-		t.Fatalf("the README's handler does not filter the message's origin:\n%s", code)
+	for _, want := range []string{"kfpipe.NewRouter()", "kfpipe.Memo(", "UploadMedia("} {
+		if !strings.Contains(code, want) {
+			t.Fatalf("the README's handler does not use %s (a router; an image echo with a memo):\n%s", want, code)
+		}
+	}
+	for _, want := range []string{"RunTwice(h.ImageWith(", "ErrcodeServicerSession", "ExpectNoReplies()"} {
+		if !strings.Contains(unitTest, want) {
+			t.Fatalf("the README's test does not use %s (RunTwice of the image echo; an injected 95018; no reply at all):\n%s", want, unitTest)
+		}
 	}
 	if !strings.Contains(modLines, "=> ../kfpipe") {
 		t.Fatalf("the README's go.mod lines do not replace kfpipe with ../kfpipe:\n%s", modLines)
