@@ -86,6 +86,8 @@ func TestSimulatorJourney(t *testing.T) {
 	}
 	testenv.PollJS(t, bctx, "the photo's size", botMsgs+`.length === 1 && `+botMsgs+`[0].innerText.includes("Thanks for the picture (7 KB).")`, 60*time.Second)
 	testenv.PollJS(t, bctx, "the photo on the page", `document.querySelector('#log .msg[data-from=customer]').innerText.includes("[image] parcel.jpg, 7 KB")`, 5*time.Second)
+	// WeChat's quota, as the fake keeps it: 5 after the customer's message, one used.
+	testenv.PollJS(t, bctx, "the replies left", `document.querySelector('#quota').innerText.startsWith("4 replies left until ")`, 5*time.Second)
 
 	// 2. A human: the bot says so and hands the session to servicer-1.
 	sendInSimulator(t, bctx, false, "human")

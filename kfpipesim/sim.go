@@ -476,10 +476,15 @@ type deadLetter struct {
 
 // state is what GET /api/state answers.
 type state struct {
-	User        string       `json:"user"`
-	Account     string       `json:"account"`
-	Session     int          `json:"session"`
-	SessionName string       `json:"session_name"`
+	User        string `json:"user"`
+	Account     string `json:"account"`
+	Session     int    `json:"session"`
+	SessionName string `json:"session_name"`
+	// RepliesLeft is how many more messages the bot may send the
+	// customer (WeChat's 5 after each of their messages, within 48 hours
+	// of the last: the fake's rule); WindowEnd when those 48 hours end.
+	RepliesLeft int          `json:"replies_left"`
+	WindowEnd   time.Time    `json:"window_end"`
 	Messages    []entry      `json:"messages"`
 	DeadLetters []deadLetter `json:"dead_letters"`
 	DLQError    string       `json:"dlq_error,omitempty"`
@@ -496,6 +501,7 @@ func (s *sim) snapshot(ctx context.Context, user string) state {
 	acc := s.sb.Account
 	st := state{User: user, Account: acc, Session: s.sb.Fake.SessionState(acc, user), Kafka: s.sb.Kafka,
 		Redis: s.sb.Redis, AdminURL: s.sb.AdminURL + "/admin/ui/", Messages: []entry{}, DeadLetters: []deadLetter{}}
+	st.RepliesLeft, st.WindowEnd = s.sb.Fake.ReplyQuota(acc, user)
 	if st.Session >= 0 && st.Session < len(sessionNames) {
 		st.SessionName = sessionNames[st.Session]
 	}

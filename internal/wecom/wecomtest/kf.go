@@ -467,6 +467,19 @@ func (s *Server) uploadMedia(w http.ResponseWriter, r *http.Request) {
 		"created_at": strconv.FormatInt(s.opts.Clock().Unix(), 10)})
 }
 
+// ReplyQuota returns how many more messages the API may send user now
+// (WeChat's 5 after each of the customer's messages) and when the 48-hour
+// window since the customer's last message ends (zero before they wrote).
+func (s *Server) ReplyQuota(openKfID, user string) (left int, windowEnd time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	se := s.sessionOf(openKfID, user)
+	if !s.opts.Clock().Before(se.windowEnd) {
+		return 0, se.windowEnd
+	}
+	return se.quota, se.windowEnd
+}
+
 // Session status change types (the change_type of session_status_change).
 const (
 	ChangeFromQueue = 1 // a servicer took the session from the queue
