@@ -29,13 +29,14 @@ import (
 // through wecom.base_url with wecom.corp_id and wecom.secret, with the
 // access token cached in Redis beside kf-producer's.
 //
-// -h or --help in args prints the usage, naming the program, to stderr
-// and returns nil. With a handler h, RunConsumer first checks that one of
+// With a handler h, -h or --help in args prints the bot's usage, naming
+// the program, to stderr and returns nil; and RunConsumer first checks
+// that one of
 // kafka.brokers and redis.addr (single mode) accept a connection, for a
 // few seconds, and returns one error naming the key when not, instead of
 // starting a consumer that logs connection errors.
 func RunConsumer(ctx context.Context, args []string, h Handler) error {
-	if HelpAsked(args) {
+	if h != nil && HelpAsked(args) {
 		PrintUsage(os.Stderr, false)
 		return nil
 	}

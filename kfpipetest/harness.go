@@ -13,6 +13,12 @@
 // WeChat and kept in a temporary media store before the handler runs, so
 // kfpipe.OpenMedia works in a test.
 //
+// FailNext makes the fake WeChat answer an errcode to the next calls of an
+// API (a reply, a transfer, a media download or upload): how a handler
+// meets WeChat busy (-1), throttling (45009), a stale token (40014) or a
+// human holding the session (95018). ExpectNoReplies checks that a
+// message got no reply of any kind.
+//
 // Nothing is started outside the test process; no Kafka, Redis or network
 // is needed.
 package kfpipetest
