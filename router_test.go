@@ -33,7 +33,7 @@ func TestRouterRoutes(t *testing.T) {
 			return kfpipe.Welcome(ctx, kf.Text{Content: "welcome"})
 		})).
 		Menu("human", replyWith("menu:human")).
-		Keyword(replyWith("keyword:human"), "human", "agent").
+		Keyword(replyWith("keyword:human"), "human", "person").
 		Keyword(replyWith("keyword:hours"), "hours").
 		Type(kfpipe.MsgText, replyWith("type:text")).
 		Type(kfpipe.MsgImage, replyWith("type:image")).
@@ -55,8 +55,8 @@ func TestRouterRoutes(t *testing.T) {
 	}{
 		{kfpipetest.MenuClick("u1", "human", "hours"), "menu:human"}, // the id, not the item's text
 		{kfpipetest.MenuClick("u1", "unknown", "Hours"), "keyword:hours"},
-		{kfpipetest.Text("u1", "  AGENT "), "keyword:human"},
-		{kfpipetest.Text("u1", "agent please"), "type:text"},
+		{kfpipetest.Text("u1", "  PERSON "), "keyword:human"},
+		{kfpipetest.Text("u1", "person please"), "type:text"},
 		{kfpipetest.Image("u1", "media-1"), "type:image"},
 		{kfpipetest.Location("u1", "Shop", "Main St 1", 31.2, 121.4), "default"},
 	} {
