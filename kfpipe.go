@@ -19,6 +19,11 @@
 // before its done mark was written; the resend then carries the same msgid
 // (see docs/replies.md).
 //
+// Router routes messages to handlers by event type, menu item, keyword and
+// message type, with middleware; Memo keeps a side step's result (an
+// upload's media_id) with the message, so a handler that runs again
+// replies the same way.
+//
 // NewConsumer and Run build the consumer in code from a Config (LoadConfig
 // reads the daemons' file into one). Package kfpipetest unit-tests a
 // handler in-process with the real reply path.

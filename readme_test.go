@@ -14,8 +14,10 @@ import (
 // TestREADMEHandler follows the README's "Write a handler in Go" alone: its
 // Go snippet as main.go of a scratch module outside the repository, its
 // "Test it" snippet as main_test.go, its require and replace lines
-// (pointing at this checkout) in go.mod, go mod tidy, go vet, go test. The
-// snippet must answer customers only. Then the bot's own binary runs with
+// (pointing at this checkout) in go.mod, go mod tidy (and tidy -diff clean
+// there, at the root and in examples/), go vet, go test. The snippet is a
+// Router with an image echo whose upload is kept with kfpipe.Memo; its
+// test runs that echo twice and an injected 95018. Then the bot's own binary runs with
 // --simulate, as "Chat with it" says, and its page is used in headless
 // chromium: typed as the customer, "hello" gets the bot's answer; typed as
 // a servicer, a message is handled and gets none.
@@ -34,8 +36,15 @@ func TestREADMEHandler(t *testing.T) {
 	if !strings.Contains(unitTest, "kfpipetest.") {
 		t.Fatalf("the README's test does not use kfpipetest:\n%s", unitTest)
 	}
-	if !strings.Contains(code, "m.FromCustomer()") {
-		t.Fatalf("the README's handler does not filter the message's origin:\n%s", code)
+	for _, want := range []string{"kfpipe.NewRouter()", "kfpipe.Memo(", "UploadMedia("} {
+		if !strings.Contains(code, want) {
+			t.Fatalf("the README's handler does not use %s (a router; an image echo with a memo):\n%s", want, code)
+		}
+	}
+	for _, want := range []string{"RunTwice(h.ImageWith(", "ErrcodeServicerSession", "ExpectNoReplies()"} {
+		if !strings.Contains(unitTest, want) {
+			t.Fatalf("the README's test does not use %s (RunTwice of the image echo; an injected 95018; no reply at all):\n%s", want, unitTest)
+		}
 	}
 	if !strings.Contains(modLines, "=> ../kfpipe") {
 		t.Fatalf("the README's go.mod lines do not replace kfpipe with ../kfpipe:\n%s", modLines)
@@ -46,6 +55,16 @@ func TestREADMEHandler(t *testing.T) {
 	root, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The repository's own modules are tidy too: what the README's reader
+	// builds against and the examples beside it.
+	for _, mod := range []string{root, filepath.Join(root, "examples")} {
+		cmd := exec.Command("go", "mod", "tidy", "-diff")
+		cmd.Dir = mod
+		cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go mod tidy -diff in %s: %v\n%s", mod, err, out)
+		}
 	}
 	dir := t.TempDir()
 	gomod := "module example.com/bot\n\ngo 1.26\n\n" + strings.ReplaceAll(modLines, "../kfpipe", root)
@@ -58,7 +77,7 @@ func TestREADMEHandler(t *testing.T) {
 		}
 	}
 	bin := filepath.Join(dir, "bot")
-	for _, args := range [][]string{{"mod", "tidy"}, {"vet", "."}, {"test", "-count=1", "."}, {"build", "-o", bin, "."}} {
+	for _, args := range [][]string{{"mod", "tidy"}, {"mod", "tidy", "-diff"}, {"vet", "."}, {"test", "-count=1", "."}, {"build", "-o", bin, "."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")

@@ -3,6 +3,13 @@ package kfpipe
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
@@ -21,7 +28,23 @@ import (
 // sent (docs/handler-protocol.md). Replies (Reply, Welcome, Transfer) go
 // through wecom.base_url with wecom.corp_id and wecom.secret, with the
 // access token cached in Redis beside kf-producer's.
+//
+// With a handler h, -h or --help in args prints the bot's usage, naming
+// the program, to stderr and returns nil; and RunConsumer first checks
+// that one of
+// kafka.brokers and redis.addr (single mode) accept a connection, for a
+// few seconds, and returns one error naming the key when not, instead of
+// starting a consumer that logs connection errors.
 func RunConsumer(ctx context.Context, args []string, h Handler) error {
+	if h != nil && HelpAsked(args) {
+		PrintUsage(os.Stderr, false)
+		return nil
+	}
+	if h != nil {
+		if err := reachable(ctx, args); err != nil {
+			return err
+		}
+	}
 	return service.RunConsumerWith(ctx, args, func(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (consumer.Handler, func(), error) {
 		fx, closeFx, err := reply.FromConfig(ctx, cfg, base)
 		if err != nil {
@@ -131,4 +154,80 @@ func (c *Consumer) Run(ctx context.Context) error {
 	err = s.Close(sctx)
 	closeFx()
 	return errors.Join(err, base.Close(sctx))
+}
+
+// HelpAsked reports whether args ask for the usage (-h, -help, --help).
+func HelpAsked(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "-h", "-help", "--help":
+			return true
+		case "--", "-":
+			return false
+		}
+	}
+	return false
+}
+
+// PrintUsage writes a bot's usage, named after the running program, to w:
+// its flags, and --simulate with simulate (kfpipesim.Main's).
+func PrintUsage(w io.Writer, simulate bool) {
+	name := filepath.Base(os.Args[0])
+	fmt.Fprintf(w, "Usage of %s (a kfpipe bot: the schedule-consumer with its own handler):\n", name)
+	fmt.Fprintf(w, "  %s --config FILE\n", name)
+	if simulate {
+		fmt.Fprintf(w, "  %s --simulate[=ADDR] [--config FILE]\n", name)
+	}
+	fmt.Fprintln(w, "\nFlags:")
+	fmt.Fprintln(w, "  --config FILE      the configuration file the daemons read (default $KFPIPE_CONFIG);")
+	fmt.Fprintln(w, "                     KFPIPE_<KEY> environment variables override its keys")
+	fmt.Fprintln(w, "                     (KFPIPE_KAFKA_BROKERS for kafka.brokers)")
+	if simulate {
+		fmt.Fprintln(w, "  --simulate[=ADDR]  chat with the bot in a browser on ADDR (default 127.0.0.1:8095):")
+		fmt.Fprintln(w, "                     the whole pipeline in this process, no Kafka or Redis needed")
+	}
+	fmt.Fprintln(w, "  -h, --help         this text")
+}
+
+// reachTimeout is how long reachable waits for Kafka and Redis.
+const reachTimeout = 5 * time.Second
+
+// reachable checks that a broker of kafka.brokers and, in single mode,
+// redis.addr accept a TCP connection within reachTimeout; the error names
+// the key, its value and how to set it.
+func reachable(ctx context.Context, args []string) error {
+	flags, err := daemon.ParseFlags("schedule-consumer", args)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.LoadConsumer(flags.Config)
+	if err != nil {
+		return err
+	}
+	check := func(key, env, value string, addrs []string) error {
+		deadline := time.Now().Add(reachTimeout)
+		var last error
+		for {
+			for _, a := range addrs {
+				c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", strings.TrimSpace(a))
+				if err == nil {
+					_ = c.Close()
+					return nil
+				}
+				last = err
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("%s is %q and nothing there accepts a connection (%v): start it, or set %s in --config FILE or %s; to chat with the bot without Kafka or Redis, run it with --simulate",
+					key, value, last, key, env)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	if err := check("kafka.brokers", "KFPIPE_KAFKA_BROKERS", cfg.Kafka.Brokers, strings.Split(cfg.Kafka.Brokers, ",")); err != nil {
+		return err
+	}
+	if cfg.Redis.Mode == "single" || cfg.Redis.Mode == "" {
+		return check("redis.addr", "KFPIPE_REDIS_ADDR", cfg.Redis.Addr, []string{cfg.Redis.Addr})
+	}
+	return nil
 }

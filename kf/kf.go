@@ -331,7 +331,9 @@ const (
 // UploadMedia uploads a temporary media file (kept by WeChat 3 days) and
 // returns its media_id, for an Image message or a Link's or MiniProgram's
 // ThumbMediaID. An upload is not an exactly-once effect (nothing reaches
-// the customer): a handler may upload again when it runs again.
+// the customer), and each upload gets a new media_id: a handler that
+// replies with what it uploads keeps the media_id with kfpipe.Memo, so it
+// replies the same way when it runs again.
 func (c *Client) UploadMedia(ctx context.Context, mediaType, filename string, data []byte) (string, error) {
 	var r struct {
 		MediaID string `json:"media_id"`

@@ -73,7 +73,14 @@ func WithOutput(w io.Writer) Option { return func(o *options) { o.out = w } }
 // still chooses the configuration it starts from), otherwise
 // kfpipe.RunConsumer(ctx, args, h). args are the command-line arguments
 // without the program name (os.Args[1:]).
+//
+// -h or --help prints the bot's usage (its name, --config and --simulate)
+// to stderr and returns nil.
 func Main(ctx context.Context, args []string, h kfpipe.Handler) error {
+	if kfpipe.HelpAsked(args) {
+		kfpipe.PrintUsage(os.Stderr, true)
+		return nil
+	}
 	sim, opts, err := parseArgs(args)
 	if err != nil {
 		return err
@@ -203,6 +210,7 @@ func start(ctx context.Context, h kfpipe.Handler, o options) (*sim, error) {
 		_, _ = w.Write(page)
 	})
 	mux.HandleFunc("POST /api/send", s.handleSend)
+	mux.HandleFunc("POST /api/session", s.handleSession)
 	mux.HandleFunc("GET /api/state", s.handleState)
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = s.srv.Serve(ln) }()
@@ -251,7 +259,27 @@ type sendRequest struct {
 	// MenuID: the customer tapped this item of a menu (Text is its
 	// content).
 	MenuID string `json:"menu_id,omitempty"`
+	// Type is what the customer sends: "text" (or ""), "image",
+	// "voice", "video", "file" (Data, FileName, ContentType) or
+	// "location" (Location).
+	Type        string    `json:"type,omitempty"`
+	Data        []byte    `json:"data,omitempty"` // base64 in JSON
+	FileName    string    `json:"file_name,omitempty"`
+	ContentType string    `json:"content_type,omitempty"`
+	Location    *location `json:"location,omitempty"`
 }
+
+// location is a place the customer shares.
+type location struct {
+	Latitude  float64 `json:"latitude"`
+	Longitude float64 `json:"longitude"`
+	Name      string  `json:"name"`
+	Address   string  `json:"address"`
+}
+
+// maxSendBytes bounds a send's body: WeChat's largest media (a 20 MB
+// file) in base64, and the JSON around it.
+const maxSendBytes = 28 << 20
 
 // send appends a message to the fake WeChat's log and notifies
 // kf-producer, as WeChat does when someone writes.
@@ -260,7 +288,11 @@ func (s *sim) send(ctx context.Context, r sendRequest) (string, error) {
 	if r.User == "" {
 		return "", errors.New("user: empty (the customer's external_userid)")
 	}
-	if r.As != asEnter && strings.TrimSpace(r.Text) == "" {
+	media := r.Type != "" && r.Type != "text"
+	if media && r.As != asCustomer && r.As != "" {
+		return "", fmt.Errorf("type %s: only the customer sends media or a location here", r.Type)
+	}
+	if r.As != asEnter && !media && strings.TrimSpace(r.Text) == "" {
 		return "", errors.New("text: empty")
 	}
 	if r.MenuID != "" && r.As != asCustomer && r.As != "" {
@@ -271,6 +303,13 @@ func (s *sim) send(ctx context.Context, r sendRequest) (string, error) {
 	switch r.As {
 	case asCustomer, "":
 		r.As = asCustomer
+		if media {
+			var err error
+			if id, r.Text, err = s.sendMedia(acc, r); err != nil {
+				return "", err
+			}
+			break
+		}
 		if r.MenuID != "" {
 			id = s.sb.Fake.AddMenuClick(acc, r.User, r.MenuID, r.Text)
 			r.Text = "[tap] " + r.Text
@@ -289,21 +328,111 @@ func (s *sim) send(ctx context.Context, r sendRequest) (string, error) {
 	if from == asEnter {
 		from = "event"
 	}
-	l := &line{From: from, Text: r.Text, At: time.Now(), MsgID: id, Status: "queued"}
+	s.note(r.User, &line{From: from, Text: r.Text, At: s.sb.Fake.ReceivedAt(acc, id), MsgID: id, Status: "queued"})
+	return id, s.notify(ctx)
+}
+
+// note adds l to user's conversation.
+func (s *sim) note(user string, l *line) {
 	s.mu.Lock()
-	s.sent[r.User] = append(s.sent[r.User], l)
-	s.seen[id] = l
+	s.sent[user] = append(s.sent[user], l)
+	s.seen[l.MsgID] = l
 	s.mu.Unlock()
+}
+
+// sendMedia appends r's media or location to the fake WeChat's log (the
+// media served by its media/get, as WeChat's, kept 3 days) and returns its
+// msgid and the line the page shows.
+func (s *sim) sendMedia(acc string, r sendRequest) (id, text string, err error) {
+	switch r.Type {
+	case "image", "voice", "video", "file":
+		if len(r.Data) == 0 {
+			return "", "", fmt.Errorf("data: empty (the %s's bytes)", r.Type)
+		}
+		ct := r.ContentType
+		if ct == "" {
+			ct = http.DetectContentType(r.Data)
+		}
+		id, _ = s.sb.Fake.AddMedia(acc, r.User, r.Type, r.FileName, ct, r.Data)
+		name := r.FileName
+		if name == "" {
+			name = ct
+		}
+		return id, fmt.Sprintf("[%s] %s, %d KB", r.Type, name, (len(r.Data)+1023)/1024), nil
+	case "location":
+		if r.Location == nil {
+			return "", "", errors.New("location: missing")
+		}
+		l := r.Location
+		raw, _ := json.Marshal(map[string]any{"external_userid": r.User, "origin": 3, "msgtype": "location",
+			"location": map[string]any{"latitude": l.Latitude, "longitude": l.Longitude, "name": l.Name, "address": l.Address}})
+		id = s.sb.Fake.Append(acc, raw)[0]
+		return id, fmt.Sprintf("[location] %s, %s (%.5f, %.5f)", l.Name, l.Address, l.Latitude, l.Longitude), nil
+	}
+	return "", "", fmt.Errorf("type: %q, want text, image, voice, video, file or location", r.Type)
+}
+
+// notify sends WeChat's callback, as WeChat does when someone writes.
+func (s *sim) notify(ctx context.Context) error {
 	if err := s.sb.Notify(ctx); err != nil {
 		// kf-producer's periodic sync still pulls it.
-		return id, fmt.Errorf("callback to kf-producer: %w (the message is in WeChat's log and will be pulled by the periodic sync)", err)
+		return fmt.Errorf("callback to kf-producer: %w (the message is in WeChat's log and will be pulled by the periodic sync)", err)
 	}
-	return id, nil
+	return nil
+}
+
+type sessionRequest struct {
+	User string `json:"user"`
+	// Action is "take" (the servicer takes the session, state 3) or
+	// "end" (the servicer ends it, state 4).
+	Action string `json:"action"`
+}
+
+// session changes the customer's session as the servicer does from the
+// WeCom client: the fake WeChat changes the state and appends the
+// session_status_change event the bot then receives.
+func (s *sim) session(ctx context.Context, r sessionRequest) (string, error) {
+	r.User = strings.TrimSpace(r.User)
+	if r.User == "" {
+		return "", errors.New("user: empty (the customer's external_userid)")
+	}
+	acc := s.sb.Account
+	var id, text string
+	switch r.Action {
+	case "take":
+		id = s.sb.Fake.ServicerTakes(acc, r.User, servicerID)
+		text = "(" + servicerID + " takes the session: session_status_change)"
+	case "end":
+		id = s.sb.Fake.ServicerEnds(acc, r.User)
+		text = "(" + servicerID + " ends the session: session_status_change)"
+	default:
+		return "", fmt.Errorf("action: %q, want take or end", r.Action)
+	}
+	s.note(r.User, &line{From: "event", Text: text, At: s.sb.Fake.ReceivedAt(acc, id), MsgID: id, Status: "queued"})
+	return id, s.notify(ctx)
+}
+
+func (s *sim) handleSession(w http.ResponseWriter, r *http.Request) {
+	var req sessionRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
+		return
+	}
+	id, err := s.session(r.Context(), req)
+	if err != nil && id == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
+	resp := map[string]string{"msgid": id}
+	if err != nil {
+		resp["warning"] = err.Error()
+	}
+	writeJSON(w, http.StatusOK, resp)
 }
 
 func (s *sim) handleSend(w http.ResponseWriter, r *http.Request) {
 	var req sendRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil {
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxSendBytes)).Decode(&req); err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
 		return
 	}
@@ -347,10 +476,15 @@ type deadLetter struct {
 
 // state is what GET /api/state answers.
 type state struct {
-	User        string       `json:"user"`
-	Account     string       `json:"account"`
-	Session     int          `json:"session"`
-	SessionName string       `json:"session_name"`
+	User        string `json:"user"`
+	Account     string `json:"account"`
+	Session     int    `json:"session"`
+	SessionName string `json:"session_name"`
+	// RepliesLeft is how many more messages the bot may send the
+	// customer (WeChat's 5 after each of their messages, within 48 hours
+	// of the last: the fake's rule); WindowEnd when those 48 hours end.
+	RepliesLeft int          `json:"replies_left"`
+	WindowEnd   time.Time    `json:"window_end"`
 	Messages    []entry      `json:"messages"`
 	DeadLetters []deadLetter `json:"dead_letters"`
 	DLQError    string       `json:"dlq_error,omitempty"`
@@ -367,6 +501,7 @@ func (s *sim) snapshot(ctx context.Context, user string) state {
 	acc := s.sb.Account
 	st := state{User: user, Account: acc, Session: s.sb.Fake.SessionState(acc, user), Kafka: s.sb.Kafka,
 		Redis: s.sb.Redis, AdminURL: s.sb.AdminURL + "/admin/ui/", Messages: []entry{}, DeadLetters: []deadLetter{}}
+	st.RepliesLeft, st.WindowEnd = s.sb.Fake.ReplyQuota(acc, user)
 	if st.Session >= 0 && st.Session < len(sessionNames) {
 		st.SessionName = sessionNames[st.Session]
 	}
@@ -385,15 +520,15 @@ func (s *sim) snapshot(ctx context.Context, user string) state {
 			At: r.At, MsgID: r.MsgID, Status: kind}})
 	}
 	for _, t := range s.sb.Fake.Transfers() {
-		if t.OpenKfID == acc && t.User == user {
+		// A servicer's own change is on the page as its event's line.
+		if t.OpenKfID == acc && t.User == user && !t.ByServicer {
 			st.Messages = append(st.Messages, entry{Reply: true, line: line{From: "bot", Status: "transfer",
-				Text: fmt.Sprintf("(session %d → %d %s)", t.From, t.To, t.Servicer)}})
+				At: t.At, Text: fmt.Sprintf("(session %d → %d %s)", t.From, t.To, t.Servicer)}})
 		}
 	}
-	sort.SliceStable(st.Messages, func(i, j int) bool {
-		a, b := st.Messages[i].At, st.Messages[j].At
-		return !a.IsZero() && !b.IsZero() && a.Before(b)
-	})
+	// Every entry has the time WeChat took it (a message's arrival, a
+	// reply's or a transfer's acceptance): the conversation in that order.
+	sort.SliceStable(st.Messages, func(i, j int) bool { return st.Messages[i].At.Before(st.Messages[j].At) })
 	es, _, err := s.sb.DLQ.List(ctx, dlq.Filter{User: user, Limit: 100})
 	if err == nil {
 		err = s.sb.DLQ.Whole(ctx, es) // the upstream msgid is in the letter

@@ -13,6 +13,12 @@
 // WeChat and kept in a temporary media store before the handler runs, so
 // kfpipe.OpenMedia works in a test.
 //
+// FailNext makes the fake WeChat answer an errcode to the next calls of an
+// API (a reply, a transfer, a media download or upload): how a handler
+// meets WeChat busy (-1), throttling (45009), a stale token (40014) or a
+// human holding the session (95018). ExpectNoReplies checks that a
+// message got no reply of any kind.
+//
 // Nothing is started outside the test process; no Kafka, Redis or network
 // is needed.
 package kfpipetest
@@ -38,42 +44,66 @@ import (
 	"github.com/kfpipe/kfpipe/kf"
 )
 
-// Reply kinds (Reply.Kind).
+// Reply kinds (Reply.Kind): which of kfpipe's exactly-once calls made the
+// reply.
 const (
-	KindReply    = "reply"    // kfpipe.Reply
-	KindWelcome  = "welcome"  // kfpipe.Welcome
-	KindTransfer = "transfer" // kfpipe.Transfer
-	// KindEventMessage is kfpipe.SendEventMessage (the message of a
-	// Transfer's msg_code).
+	// KindReply is kfpipe.Reply (send_msg); a long kf.Text split into
+	// parts is one KindReply per part.
+	KindReply = "reply"
+	// KindWelcome is kfpipe.Welcome (send_msg_on_event with an
+	// enter_session's welcome_code).
+	KindWelcome = "welcome"
+	// KindTransfer is kfpipe.Transfer (service_state/trans): Reply.State
+	// and Reply.Servicer say what it asked for; Message is nil.
+	KindTransfer = "transfer"
+	// KindEventMessage is kfpipe.SendEventMessage (send_msg_on_event with
+	// the msg_code a Transfer returned).
 	KindEventMessage = "event_message"
 )
 
-// Reply outcomes (Reply.Outcome), as kfpipe_replies_total counts them.
+// Reply outcomes (Reply.Outcome), as kfpipe_replies_total{outcome} counts
+// them, and what the call returned to the handler.
 const (
-	Sent    = "sent"    // WeChat accepted it
-	Skipped = "skipped" // an earlier run already sent this reply of the message
-	Refused = "refused" // WeChat refused it for good (returned as Permanent)
-	Failed  = "failed"  // it failed and is retried with the message
+	// Sent: WeChat accepted it; the call returned nil.
+	Sent = "sent"
+	// Skipped: an earlier attempt or Run already sent this reply of the
+	// message (the same number); nothing was sent, the call returned nil
+	// (and a Transfer the earlier run's msg_code).
+	Skipped = "skipped"
+	// Refused: WeChat refused it for good; the call returned a
+	// kfpipe.Permanent error. A routine refusal also matches
+	// kfpipe.ErrReplyWindow (95001/95002), ErrSessionEnded (95013) or
+	// ErrWelcomeCodeExpired (95017): a handler that returns it finishes
+	// the message (Done), any other Permanent error dead-letters it.
+	Refused = "refused"
+	// Failed: it failed in a way a retry may fix (WeChat busy after the
+	// client's own retries, the network, the reply store); the call
+	// returned an error the handler returns, and the message is retried.
+	Failed = "failed"
 	// ServicerSession: WeChat refused it with 95018 because a human
-	// servicer holds the session; a handler that returns the refusal
-	// (kfpipe.ErrServicerSession) finishes the message.
+	// servicer holds the session; the call returned
+	// kfpipe.ErrServicerSession, which finishes the message (Done) when
+	// the handler returns it.
 	ServicerSession = "servicer_session"
 )
 
-// Reply is one Reply, Welcome or Transfer the handler made.
+// Reply is one Reply, Welcome, Transfer or SendEventMessage the handler
+// made, in any attempt.
 type Reply struct {
-	// Kind is KindReply, KindWelcome or KindTransfer.
+	// Kind is KindReply, KindWelcome, KindTransfer or KindEventMessage.
 	Kind string
 	// N is the reply's number in its handler call (0, 1, …): kfpipe sends
 	// a message's n-th reply once.
 	N int
-	// Message is what Reply and Welcome sent (kf.Text, kf.Menu, …).
+	// Message is what Reply, Welcome and SendEventMessage sent (kf.Text,
+	// kf.Menu, kf.Image, …); nil for a Transfer.
 	Message kf.Message
 	// State and Servicer are what Transfer asked for.
 	State    kf.State
 	Servicer string
-	// Outcome is Sent, Skipped, Refused or Failed; Err the error the call
-	// returned to the handler.
+	// Outcome is Sent, Skipped, Refused, Failed or ServicerSession; Err
+	// the error the call returned to the handler (nil when Sent or
+	// Skipped).
 	Outcome string
 	Err     error
 	// Attempt is the handler call (1, 2, … within one Run) that made it.
@@ -219,7 +249,9 @@ func (r *Result) ExpectDeadLettered(reason string) *Result {
 }
 
 // ExpectTexts fails the test unless the last attempt's text replies are
-// exactly texts, in order.
+// exactly texts, in order. It looks at text replies only: a Transfer or
+// an image is not a text; ExpectNoReplies checks for no reply of any
+// kind.
 func (r *Result) ExpectTexts(texts ...string) *Result {
 	r.t.Helper()
 	if got := r.Texts(); !reflect.DeepEqual(got, texts) && (len(got) != 0 || len(texts) != 0) {

@@ -29,6 +29,16 @@ version=${image##*:}
 size=$(podman image inspect --format '{{.Size}}' "$image")
 echo "image: $image size=${size} bytes ($((size / 1024 / 1024)) MiB)"
 
+# The size the docs state ("about N MiB" in docs/operations.md, "The image
+# and the package") is the image's, within 5 %.
+stated=$(sed -n '/^## The image and the package/,/^## /p' docs/operations.md | tr '\n' ' ' |
+  sed -n 's/.*(about \([0-9][0-9]*\) MiB.*/\1/p')
+[[ -n $stated ]] || die "docs/operations.md states no image size (\"about N MiB\")"
+mib=$((size / 1024 / 1024))
+((mib * 100 >= stated * 95 && mib * 100 <= stated * 105)) ||
+  die "the image is $mib MiB; docs/operations.md says about $stated MiB"
+echo "image size: $mib MiB, docs/operations.md says about $stated MiB"
+
 # The image's files, as a container of it sees them.
 cid=$(podman create "$image")
 podman export "$cid" | tar -x -C "$work" --exclude='dev/*'
@@ -64,6 +74,16 @@ for try in "podman run" "podman --runtime runc run --ulimit nofile=$(ulimit -Hn)
   fi
   log "cannot run containers with '$try': ${out##*$'\n'}"
 done
+# The README's container command, as written (the line make image-check
+# names, after `make image &&`), where containers run.
+if ((${#run[@]})); then
+  readme_cmd=$(sed -n '/^# Container:/,/^# then the daemon/p' README.md | sed -n '/^make image && /,/--version$/p' |
+    sed -e 's/^make image && //' -e 's/\\$//' | tr '\n' ' ')
+  [[ $readme_cmd == podman* ]] || die "no container command in README.md's Deploy section"
+  out=$(bash -c "$readme_cmd" 2>&1) || die "the README's container command failed: $readme_cmd: $out"
+  [[ $out == "kf-producer $version"* ]] || die "the README's container command printed \"$out\", want \"kf-producer $version\""
+  echo "README's container command: ok ($out)"
+fi
 if ((${#run[@]})); then
   log "running the daemons in containers (${run[*]})"
 else

@@ -29,6 +29,11 @@ if [[ ${KFPIPE_SKIP_VET:-} != 1 ]]; then
   # version is pinned there and go.sum, and its cache makes a rerun quick.
   log "staticcheck ./..."
   go tool staticcheck ./...
+  # go.mod and go.sum as `go mod tidy` would write them, in both modules:
+  # a tool directive's new dependency otherwise leaves go.sum short unseen.
+  log "go mod tidy -diff (root, examples/)"
+  go mod tidy -diff
+  (cd examples && go mod tidy -diff)
 fi
 
 # shellcheck disable=SC2206

@@ -1,7 +1,7 @@
 // Command faqbot is a customer-service bot written against kfpipe's public
 // API only: it welcomes a customer who opens a session, answers a few
-// questions, shows a menu for "menu", and hands the customer to a human
-// servicer on "human". Every reply reaches the customer once, even when a
+// questions, shows a menu for "menu", says how large a picture is, and
+// hands the customer to a human servicer on "human". Every reply reaches the customer once, even when a
 // consumer crashes and the message is handled again.
 //
 //	faqbot --config config.yaml   (FAQBOT_SERVICER: the servicer's userid)
@@ -16,7 +16,6 @@ import (
 	"log"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -44,43 +43,63 @@ var menu = kf.Menu{
 	TailContent: "Or type your question.",
 }
 
-// bot is the handler.
+// bot is the handler: a kfpipe.Router, one route per thing the bot
+// does. The Router finishes a servicer's own messages and the events it
+// has no route for unanswered: they are not the bot's to answer.
 func bot(servicer string) kfpipe.Handler {
-	return kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
-		if ev, ok := m.Event(); ok {
-			if ev.Type == kfpipe.EventEnterSession && ev.WelcomeCode != "" {
-				return kfpipe.Welcome(ctx, kf.Text{Content: "Welcome! Type \"menu\" to see what I can do."})
-			}
-			return nil
-		}
-		if !m.FromCustomer() {
-			// A servicer's own message reaches the handler too: it is not
-			// the bot's to answer.
-			return nil
-		}
-		text, ok := m.Text()
-		if !ok {
-			return kfpipe.Reply(ctx, kf.Text{Content: "Sorry, I can only read text."})
-		}
-		key := strings.ToLower(strings.TrimSpace(text))
-		if id := m.MenuID(); id != "" {
-			key = id
-		}
-		switch {
-		case key == "menu":
-			return kfpipe.Reply(ctx, menu)
-		case key == "human":
-			if err := kfpipe.Reply(ctx, kf.Text{Content: "Connecting you to a person..."}); err != nil {
-				return err
-			}
-			_, err := kfpipe.Transfer(ctx, kf.StateServicer, servicer)
+	r := kfpipe.NewRouter()
+	r.Event(kfpipe.EventEnterSession, kfpipe.HandlerFunc(welcome))
+	r.Keyword(say(menu), "menu")
+	human := kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		if err := kfpipe.Reply(ctx, kf.Text{Content: "Connecting you to a person..."}); err != nil {
 			return err
-		case faq[key] != "":
-			return kfpipe.Reply(ctx, kf.Text{Content: faq[key]})
-		default:
-			return kfpipe.Reply(ctx, kf.Text{Content: "You said: " + text})
 		}
+		_, err := kfpipe.Transfer(ctx, kf.StateServicer, servicer)
+		return err
 	})
+	r.Keyword(human, "human")
+	r.Menu("human", human)
+	for key, answer := range faq {
+		// Typed ("Hours") or tapped in the menu (its item's id).
+		r.Keyword(say(kf.Text{Content: answer}), key)
+		r.Menu(key, say(kf.Text{Content: answer}))
+	}
+	r.Type(kfpipe.MsgText, kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		text, _ := m.Text()
+		return kfpipe.Reply(ctx, kf.Text{Content: "You said: " + text})
+	}))
+	r.Type(kfpipe.MsgImage, kfpipe.HandlerFunc(picture))
+	r.Default(say(kf.Text{Content: "Sorry, I can only read text."}))
+	return r
+}
+
+// welcome greets a customer who opens a session, when WeChat gave a
+// welcome_code: it gives one only to a customer who got no welcome and
+// sent no message in the last 48 hours; without it nothing may be sent.
+func welcome(ctx context.Context, m *kfpipe.Message) error {
+	if ev, _ := m.Event(); ev.WelcomeCode == "" {
+		return nil
+	}
+	return kfpipe.Welcome(ctx, kf.Text{Content: "Welcome! Type \"menu\" to see what I can do."})
+}
+
+// picture answers a customer's picture with its size, read from the
+// media store (kfpipe.OpenMedia: kept before the handler ran, so a re-run
+// days later reads the same size and replies the same way).
+func picture(ctx context.Context, m *kfpipe.Message) error {
+	obj, err := kfpipe.OpenMedia(ctx, m)
+	if err != nil {
+		// No media store configured, or WeChat's 3 days passed before it
+		// was kept: a reply without the size.
+		return kfpipe.Reply(ctx, kf.Text{Content: "Thanks for the picture."})
+	}
+	defer obj.Close()
+	return kfpipe.Reply(ctx, kf.Text{Content: fmt.Sprintf("Thanks for the picture (%d KB).", (obj.Size+1023)/1024)})
+}
+
+// say is a route that replies msg.
+func say(msg kf.Message) kfpipe.Handler {
+	return kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error { return kfpipe.Reply(ctx, msg) })
 }
 
 func main() {

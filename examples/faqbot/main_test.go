@@ -53,7 +53,7 @@ func TestHandsOverToAHuman(t *testing.T) {
 func TestEchoesOtherTextAndExplainsOtherTypes(t *testing.T) {
 	h := kfpipetest.New(t, bot("alice"))
 	h.RunTwice(kfpipetest.Text("u1", "is it raining?"))
-	h.RunTwice(kfpipetest.Image("u1", "media-1"))
+	h.RunTwice(kfpipetest.Location("u1", "Shop", "Main St 1", 31.2, 121.4))
 	want := []string{"You said: is it raining?", "Sorry, I can only read text."}
 	if d := h.Delivered("u1"); len(d) != 2 || d[0] != want[0] || d[1] != want[1] {
 		t.Fatalf("delivered %q, want %q", d, want)
@@ -71,11 +71,18 @@ func TestIgnoresNonCustomerMessages(t *testing.T) {
 		kfpipetest.UserRecallMsg("u1", "some-msgid"),
 		kfpipetest.ServicerStatusChange("alice", 1),
 	} {
-		if r := h.Run(m).ExpectDone(); len(r.Replies) != 0 {
-			t.Fatalf("%s (origin %d) got replies %v", m.MsgType, m.Origin, r.Replies)
-		}
+		h.Run(m).ExpectDone().ExpectNoReplies()
 	}
 	if d := h.Delivered("u1"); len(d) != 1 {
 		t.Fatalf("delivered %q, want the answer to the customer's message only", d)
 	}
+}
+
+// TestPictureSize: a picture is answered with its size, the same on a
+// re-run.
+func TestPictureSize(t *testing.T) {
+	h := kfpipetest.New(t, bot("alice"))
+	photo := append([]byte("\xff\xd8\xff\xe0"), make([]byte, 5000)...)
+	r, _ := h.RunTwice(h.ImageWith("u1", photo))
+	r.ExpectDone().ExpectTexts("Thanks for the picture (5 KB).")
 }

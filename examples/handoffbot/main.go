@@ -21,7 +21,6 @@ import (
 	"log"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -39,37 +38,49 @@ const (
 	help        = "I can help with photos of your order: send one, or type \"human\" to talk to a person."
 )
 
-// bot is the handler; servicer is who photos are handed to.
+// bot is the handler, a kfpipe.Router; servicer is who photos are handed
+// to. The Router finishes a servicer's own messages and the events it has
+// no route for (session_status_change: the consumer drops its cached
+// state on its own) unanswered.
 func bot(servicer string) kfpipe.Handler {
-	return kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
-		if ev, ok := m.Event(); ok {
-			if ev.Type == kfpipe.EventEnterSession && ev.WelcomeCode != "" {
-				return kfpipe.Welcome(ctx, kf.Text{Content: welcome})
-			}
-			return nil // session_status_change: the consumer drops its cached state
+	r := kfpipe.NewRouter()
+	r.Use(quietWhileHumanServes)
+	r.Event(kfpipe.EventEnterSession, kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		if ev, _ := m.Event(); ev.WelcomeCode == "" {
+			return nil // WeChat gave no welcome_code: no welcome may be sent
 		}
+		return kfpipe.Welcome(ctx, kf.Text{Content: welcome})
+	}))
+	r.Type(kfpipe.MsgImage, kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		return handOff(ctx, servicer, thanksFor(ctx, m))
+	}))
+	r.Keyword(kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		return handOff(ctx, servicer, "Connecting you to a person...")
+	}), "human")
+	// A reply refused because a human took the session since the state
+	// was read is kfpipe.ErrServicerSession: returning it finishes the
+	// message as a skipped reply.
+	r.Default(kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
+		return kfpipe.Reply(ctx, kf.Text{Content: help})
+	}))
+	return r
+}
+
+// quietWhileHumanServes is the Router's middleware: a customer's message
+// while a human serves (or will: queued) goes to no route.
+func quietWhileHumanServes(next kfpipe.Handler) kfpipe.Handler {
+	return kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message) error {
 		if !m.FromCustomer() {
-			return nil // a servicer's own message
+			return next.Handle(ctx, m)
 		}
 		state, _, err := kfpipe.SessionState(ctx)
 		if err != nil {
 			return err
 		}
 		if state == kf.StateServicer || state == kf.StateQueue {
-			return nil // a human serves (or will): stay quiet
+			return nil
 		}
-		text, _ := m.Text()
-		switch {
-		case m.MsgType == kfpipe.MsgImage:
-			return handOff(ctx, servicer, thanksFor(ctx, m))
-		case strings.EqualFold(strings.TrimSpace(text), "human"):
-			return handOff(ctx, servicer, "Connecting you to a person...")
-		default:
-			// A reply refused because a human took the session since the
-			// state was read is kfpipe.ErrServicerSession: returning it
-			// finishes the message as a skipped reply.
-			return kfpipe.Reply(ctx, kf.Text{Content: help})
-		}
+		return next.Handle(ctx, m)
 	})
 }
 

@@ -69,12 +69,9 @@ func TestPhotoSize(t *testing.T) {
 func TestQuietWhileHumanServes(t *testing.T) {
 	h := kfpipetest.New(t, bot("alice"))
 	h.Run(kfpipetest.Image("u1", "media-1")).ExpectDone()
-	r := h.Run(kfpipetest.Text("u1", "hello? is anyone there?")).ExpectDone()
-	if len(r.Replies) != 0 {
-		t.Fatalf("replies %v while alice serves", r.Replies)
-	}
-	h.Run(kfpipetest.ServicerText("u1", "alice", "Hi, I see the photo")).ExpectDone()
-	h.Run(kfpipetest.SessionStatusChange("u1", 3, "alice", "")).ExpectDone()
+	h.Run(kfpipetest.Text("u1", "hello? is anyone there?")).ExpectDone().ExpectNoReplies()
+	h.Run(kfpipetest.ServicerText("u1", "alice", "Hi, I see the photo")).ExpectDone().ExpectNoReplies()
+	h.Run(kfpipetest.SessionStatusChange("u1", 3, "alice", "")).ExpectDone().ExpectNoReplies()
 	h.Run(kfpipetest.Text("u1", "thanks")).ExpectDone().ExpectTexts(help)
 }
 
@@ -93,5 +90,20 @@ func TestReplyRefusedByHumanSessionIsSkipped(t *testing.T) {
 	}
 	if d := h.Delivered("u1"); len(d) != 1 {
 		t.Fatalf("delivered %q: the refused reply reached the customer", d)
+	}
+}
+
+// TestInjected95018: WeChat refuses the reply with 95018 (a servicer took
+// the session this instant): the message is finished, not dead-lettered,
+// and nothing reached the customer.
+func TestInjected95018(t *testing.T) {
+	h := kfpipetest.New(t, bot("alice"))
+	h.FailNext(kfpipetest.APISendMsg, 1, kfpipetest.ErrcodeServicerSession)
+	r := h.Run(kfpipetest.Text("u1", "where is my parcel?"))
+	if rs := r.ExpectDone().Replies; len(rs) != 1 || rs[0].Outcome != kfpipetest.ServicerSession {
+		t.Fatalf("replies %v, want one refused with 95018", rs)
+	}
+	if d := h.Delivered("u1"); len(d) != 0 {
+		t.Fatalf("delivered %q, want nothing", d)
 	}
 }

@@ -58,6 +58,9 @@ type Transfer struct {
 	From, To       int
 	Servicer       string
 	At             time.Time
+	// ByServicer: a servicer's own change from the WeCom client
+	// (ServicerTakes, ServicerEnds), not an API call.
+	ByServicer bool
 }
 
 const (
@@ -464,6 +467,19 @@ func (s *Server) uploadMedia(w http.ResponseWriter, r *http.Request) {
 		"created_at": strconv.FormatInt(s.opts.Clock().Unix(), 10)})
 }
 
+// ReplyQuota returns how many more messages the API may send user now
+// (WeChat's 5 after each of the customer's messages) and when the 48-hour
+// window since the customer's last message ends (zero before they wrote).
+func (s *Server) ReplyQuota(openKfID, user string) (left int, windowEnd time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	se := s.sessionOf(openKfID, user)
+	if !s.opts.Clock().Before(se.windowEnd) {
+		return 0, se.windowEnd
+	}
+	return se.quota, se.windowEnd
+}
+
 // Session status change types (the change_type of session_status_change).
 const (
 	ChangeFromQueue = 1 // a servicer took the session from the queue
@@ -494,7 +510,7 @@ func (s *Server) ServicerTakes(openKfID, user, servicer string) string {
 		change = ChangeTransfer
 	}
 	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 3, Servicer: servicer,
-		At: s.opts.Clock()})
+		At: s.opts.Clock(), ByServicer: true})
 	se.state, se.servicer = 3, servicer
 	s.mu.Unlock()
 	return s.sessionEvent(openKfID, user, change, old, servicer)
@@ -507,7 +523,8 @@ func (s *Server) ServicerEnds(openKfID, user string) string {
 	s.mu.Lock()
 	se := s.sessionOf(openKfID, user)
 	old := se.servicer
-	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 4, At: s.opts.Clock()})
+	s.kf().transfers = append(s.kf().transfers, Transfer{OpenKfID: openKfID, User: user, From: se.state, To: 4, At: s.opts.Clock(),
+		ByServicer: true})
 	se.state, se.servicer = 4, ""
 	s.mu.Unlock()
 	return s.sessionEvent(openKfID, user, ChangeEnded, old, "")

@@ -102,7 +102,9 @@ type Server struct {
 	kfs          *kfState       // the reply side (kf.go)
 	accs         *accountsState // the account side (accounts.go)
 	failSend     []int
-	media        *mediaState // inbound media (media.go)
+	media        *mediaState          // inbound media (media.go)
+	faults       map[string][]int     // FailCalls: API → errcodes to answer
+	arrived      map[string]time.Time // msgid → when Append took it (ReceivedAt)
 }
 
 // New starts a fake server on a loopback port; Close stops it.
@@ -180,6 +182,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-t.C:
 		}
+	}
+	if s.injectFault(w, r) {
+		return
 	}
 	if s.serveAccounts(w, r) {
 		return
@@ -391,12 +396,24 @@ func (s *Server) Append(openKfID string, items ...json.RawMessage) []string {
 		if _, isEvent := obj["event"]; !isEvent && jsonString(obj["open_kfid"]) == "" {
 			obj["open_kfid"], _ = json.Marshal(openKfID)
 		}
+		if s.arrived == nil {
+			s.arrived = map[string]time.Time{}
+		}
+		s.arrived[id] = s.opts.Clock()
 		s.noteIncoming(openKfID, obj, sendTime)
 		out, _ := json.Marshal(obj)
 		s.logs[openKfID] = append(s.logs[openKfID], entry{raw: out, sendTime: sendTime})
 		ids = append(ids, id)
 	}
 	return ids
+}
+
+// ReceivedAt is when the fake took the message msgid into openKfID's log
+// (its send_time, to the nanosecond); zero for an unknown msgid.
+func (s *Server) ReceivedAt(openKfID, msgID string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.arrived[msgID]
 }
 
 // Len returns how many messages openKfID's log holds (expired included).

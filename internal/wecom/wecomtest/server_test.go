@@ -200,3 +200,17 @@ func TestAddMenuClick(t *testing.T) {
 		t.Fatalf("messages = %+v", msgs)
 	}
 }
+
+// TestReplyQuota: 5 messages after each of the customer's, none before
+// they wrote.
+func TestReplyQuota(t *testing.T) {
+	s := wecomtest.New(wecomtest.Options{Accounts: []string{"wk"}})
+	defer s.Close()
+	if left, end := s.ReplyQuota("wk", "u1"); left != 0 || !end.IsZero() {
+		t.Fatalf("before the customer wrote: %d left, window end %v", left, end)
+	}
+	s.AddText("wk", "u1", "hi")
+	if left, end := s.ReplyQuota("wk", "u1"); left != 5 || time.Until(end) < 47*time.Hour {
+		t.Fatalf("after the customer's message: %d left, window end %v; want 5 and 48 h", left, end)
+	}
+}
