@@ -122,7 +122,7 @@ func (lk *Looker) send(batch []*lookReq) {
 		r.out = make([]Status, len(r.items))
 		for i, it := range r.items {
 			d := Digest(it.Key)
-			k := lk.s.bucketKey(r.l.tag, r.l.layout, it.SendTime, d)
+			k := lk.s.bucketKey(r.l.tag, r.l.layout(), it.SendTime, d)
 			b := byKey[k]
 			if b == nil {
 				b = &bucket{key: k}

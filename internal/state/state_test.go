@@ -388,7 +388,7 @@ func TestHole6OldLetterRecognised(t *testing.T) {
 	if err := l.Mark(ctxT(t, time.Second), 5, msgs(sent, "old")); err != nil {
 		t.Fatal(err)
 	}
-	k := s.bucketKey(s.tag("t", 0), l.layout, sent, Digest("old"))
+	k := s.bucketKey(s.tag("t", 0), l.layout(), sent, Digest("old"))
 	ttl, err := rdb.TTL(context.Background(), k).Result()
 	if err != nil || ttl < 168*time.Hour {
 		t.Fatalf("bucket TTL = %s %v, want >= 168h (the DLQ's retry horizon)", ttl, err)
@@ -411,7 +411,7 @@ func TestBucketsAreIntsets(t *testing.T) {
 	if err := l.Mark(ctxT(t, time.Second), 399, items); err != nil {
 		t.Fatal(err)
 	}
-	k := s.bucketKey(s.tag("t", 0), l.layout, 2000, 0)
+	k := s.bucketKey(s.tag("t", 0), l.layout(), 2000, 0)
 	enc, err := rdb.ObjectEncoding(context.Background(), k).Result()
 	if err != nil || enc != "intset" {
 		t.Fatalf("bucket encoding %q %v, want intset", enc, err)
@@ -655,64 +655,36 @@ func TestRepliesBesideMarks(t *testing.T) {
 	}
 }
 
-// TestBucketsChangeKeepsMarksFound: the first owner records its bucket
-// count in the partition's record; an owner configured with another count
-// applies it from the next slot on, so the marks written before are still
-// found — by the new owner and by DoneAnywhere. An owner with the old
-// count that takes the partition while that change is younger than the
-// TTL (a rolling restart) keeps the recorded layout instead of flipping it
-// back, which would hide the marks written since.
-func TestBucketsChangeKeepsMarksFound(t *testing.T) {
+// TestBucketsConfigDoesNotFlipLayout: a consumer configured with another
+// dedup.buckets (a rolling restart) keeps the recorded layout, and every
+// mark stays found by owners and readers alike.
+func TestBucketsConfigDoesNotFlipLayout(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := ctxT(t, 20*time.Second)
 	now := time.Now().Unix()
-	var before []Item
+	var all []Item
 	for i := range 64 {
-		before = append(before, Item{Key: fmt.Sprintf("wk:before-%d", i), SendTime: now - 3600})
+		all = append(all, Item{Key: fmt.Sprintf("wk:before-%d", i), SendTime: now - 3600})
 	}
 	one := newStore(t, rdb, prefix, "one", func(c *Config) { c.Buckets = 1 })
 	l1 := acquire(t, one, "t", 0, 5*time.Second)
-	if err := l1.Mark(ctx, 10, before); err != nil {
+	if err := l1.Mark(ctx, 10, all); err != nil {
 		t.Fatal(err)
 	}
 	_ = l1.Release(ctx)
-
 	eight := newStore(t, rdb, prefix, "eight", func(c *Config) { c.Buckets = 8 })
 	l8 := acquire(t, eight, "t", 0, 5*time.Second)
-	if l8.layout.bk != 8 || l8.layout.bk0 != 1 || l8.layout.from <= eight.slotOf(now) {
-		t.Fatalf("layout after the change %+v: want 8 buckets from the next slot, 1 before", l8.layout)
+	if got := l8.layout(); len(got.gens) != 1 || got.gens[0].bk != 1 {
+		t.Fatalf("layout after a consumer configured with 8 took the partition: %+v, want the recorded 1 bucket", got)
 	}
-	var after []Item
 	for i := range 64 {
-		after = append(after, Item{Key: fmt.Sprintf("wk:after-%d", i), SendTime: now + 3600})
+		all = append(all, Item{Key: fmt.Sprintf("wk:after-%d", i), SendTime: now + 60})
 	}
-	if err := l8.Mark(ctx, 20, after); err != nil {
+	if err := l8.Mark(ctx, 20, all[64:]); err != nil {
 		t.Fatal(err)
-	}
-	all := append(append([]Item(nil), before...), after...)
-	seen, err := l8.Seen(ctx, all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, ok := range seen {
-		if !ok {
-			t.Fatalf("%s not found by the owner with 8 buckets", all[i].Key)
-		}
-	}
-	n, err := rdb.Keys(ctx, prefix+"st:{t:0}:d:"+strconv.FormatInt(eight.slotOf(now+3600), 10)+":*").Result()
-	if err != nil || len(n) != 8 {
-		t.Fatalf("the slot after the change has %d buckets (%v), want 8", len(n), err)
-	}
-	_ = l8.Release(ctx)
-
-	// A consumer still configured with 1 (a rolling restart) takes it.
-	again := newStore(t, rdb, prefix, "one-again", func(c *Config) { c.Buckets = 1 })
-	l1b := acquire(t, again, "t", 0, 5*time.Second)
-	if l1b.layout != l8.layout {
-		t.Fatalf("an owner with the old count flipped the layout back: %+v, recorded %+v", l1b.layout, l8.layout)
 	}
 	for _, look := range []func() ([]bool, error){
-		func() ([]bool, error) { return l1b.Seen(ctx, all) },
+		func() ([]bool, error) { return l8.Seen(ctx, all) },
 		func() ([]bool, error) { return DoneAnywhere(ctx, rdb, prefix, all) },
 	} {
 		got, err := look()
@@ -721,7 +693,7 @@ func TestBucketsChangeKeepsMarksFound(t *testing.T) {
 		}
 		for i, ok := range got {
 			if !ok {
-				t.Fatalf("%s not found after the rolling restart", all[i].Key)
+				t.Fatalf("%s not found", all[i].Key)
 			}
 		}
 	}
@@ -790,4 +762,108 @@ func TestLookerBatches(t *testing.T) {
 	if st, err := lk.Look(ctx, l0, msgs(100, "late")); err != nil || st[0] != Done {
 		t.Fatalf("a look-up after the mark landed: %v %v, want done", st, err)
 	}
+}
+
+// markAll queues items on m and waits until every mark is recorded.
+func markAll(t *testing.T, m *Marker, items []Item, off int64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed error
+	for i, it := range items {
+		wg.Add(1)
+		m.Add(it, off+int64(i), func(err error) {
+			if err != nil {
+				mu.Lock()
+				failed = err
+				mu.Unlock()
+			}
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	if failed != nil {
+		t.Fatalf("mark: %v", failed)
+	}
+}
+
+// TestLayoutFollowsRate (issue 43, item 4): no operator sizing. A
+// partition's buckets follow its observed rate per send-time slot: a 40×
+// jump turns into more buckets from the next slot on, so the jump's slots
+// stay intsets, and a drop back into one bucket after the shrink spacing;
+// a mark written late into a slot of each earlier generation is found by
+// the owner, by a later owner and by Store.Look.
+func TestLayoutFollowsRate(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		ctx := ctxT(t, 60*time.Second)
+		s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Slot = time.Second; c.Lease = 2 * time.Second })
+		l := acquire(t, s, "t", 0, 5*time.Second)
+		m := l.NewMarker(time.Millisecond, 1000)
+		base := time.Now().Unix() - 3600
+		var all []Item
+		slotItems := func(slot int64, n int, name string) []Item {
+			out := make([]Item, n)
+			for i := range out {
+				out[i] = Item{Key: fmt.Sprintf("%s-%d-%d", name, slot, i), SendTime: base + slot}
+			}
+			all = append(all, out...)
+			return out
+		}
+		off := int64(0)
+		run := func(from, to int64, n int, name string) {
+			for sl := from; sl < to; sl++ {
+				items := slotItems(sl, n, name)
+				markAll(t, m, items, off)
+				off += int64(n)
+			}
+		}
+		run(0, 4, 50, "calm")    // 50 a slot: 1 bucket
+		run(4, 10, 2000, "jump") // 40×: 2000 a slot
+		jumpBk := l.layout().bucketsAt(s.slotOf(base + 9))
+		if jumpBk < 4 {
+			t.Fatalf("after a 40x jump the partition has %d buckets a slot, want >= 4 (layout %+v)", jumpBk, l.layout())
+		}
+		// Every bucket of the jump's slots after the first is an intset.
+		for sl := int64(6); sl < 10; sl++ {
+			keys, err := scanAll(ctx, rdb, l.tag+":d:"+strconv.FormatInt(s.slotOf(base+sl), 10)+":*")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				enc, err := rdb.ObjectEncoding(ctx, k).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if enc != "intset" {
+					t.Fatalf("bucket %s of the jump is %s (%d keys in the slot), want intset", k, enc, len(keys))
+				}
+			}
+		}
+		run(10, 10+shrinkEvery+6, 50, "calm-again")
+		if got := l.layout().bucketsAt(s.slotOf(base + 10 + shrinkEvery + 5)); got != 1 {
+			t.Fatalf("after the rate fell back the partition has %d buckets a slot, want 1 (layout %+v)", got, l.layout())
+		}
+		if n := len(l.layout().gens); n < 3 {
+			t.Fatalf("layout %+v: want 3 generations", l.layout())
+		}
+		// Late marks (a backlog, a letter retried) into a slot of each
+		// earlier generation, written after the later changes.
+		late := append(append(slotItems(1, 20, "late"), slotItems(7, 20, "late")...), slotItems(12, 20, "late")...)
+		markAll(t, m, late, off)
+		m.Close()
+		mustAllSeen(t, l, all, 10*time.Second, "the owner")
+		_ = l.Release(ctx)
+		b := newStore(t, rdb, prefix, "b", func(c *Config) { c.Slot = time.Second; c.Lease = 2 * time.Second; c.Buckets = 16 })
+		lb := acquire(t, b, "t", 0, 5*time.Second)
+		mustAllSeen(t, lb, all, 10*time.Second, "the next owner")
+		st, err := b.Look(ctx, "t", 0, all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range st {
+			if v != Done {
+				t.Fatalf("Store.Look: %s not found", all[i].Key)
+			}
+		}
+	})
 }
