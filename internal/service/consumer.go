@@ -101,6 +101,10 @@ func (pl *partitionLease) Mark(it consumer.StateItem, offset int64, done func(bo
 	})
 }
 
+// Admit implements consumer.Admitter: the partition's marker holds new
+// attempts while its marks lag or cannot be written.
+func (pl *partitionLease) Admit(ctx context.Context) error { return pl.m.Admit(ctx) }
+
 // Replied implements consumer.ReplyLog.
 func (pl *partitionLease) Replied(ctx context.Context, it consumer.StateItem) (string, bool, error) {
 	return pl.l.Replied(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User})

@@ -44,6 +44,9 @@ type Lease struct {
 	// cutOff, in tests, makes every renewal fail as if Redis were
 	// unreachable from this owner only.
 	cutOff atomic.Bool
+	// marksCutOff, in tests, makes every Mark fail as if Redis did not
+	// answer.
+	marksCutOff atomic.Bool
 
 	markMu sync.Mutex // one mark in flight: hw only grows in order
 	stop   chan struct{}
@@ -325,7 +328,12 @@ func (l *Lease) markOnce(ctx context.Context, hw int64, items []Item) error {
 		}
 	}
 	l.mu.Unlock()
-	n, err := markScript.Run(ctx, l.s.cfg.Client, keys, args...).Int64()
+	n, err := int64(0), error(nil)
+	if l.marksCutOff.Load() {
+		err = errors.New("cut off from Redis (test)")
+	} else {
+		n, err = markScript.Run(ctx, l.s.cfg.Client, keys, args...).Int64()
+	}
 	if err != nil {
 		// The expiry we meant to set may not be set: set it next time.
 		l.mu.Lock()

@@ -27,6 +27,11 @@ type Marker struct {
 	wake    chan struct{}
 	stopped chan struct{}
 	sends   int // Mark calls made (tests)
+	// failing is set while the last Mark call failed (Redis did not
+	// answer): the marks cannot be written. progress is closed (and
+	// replaced) whenever a call returns, so that Admit looks again.
+	failing  bool
+	progress chan struct{}
 
 	// The observed rate, by send-time slot (run's goroutine only): marks
 	// per slot for the last few slots, the highest slot seen, and the
@@ -39,6 +44,7 @@ type Marker struct {
 type pending struct {
 	it   Item
 	off  int64
+	at   time.Time // when it was queued
 	done func(error)
 }
 
@@ -49,7 +55,7 @@ var ErrMarkerClosed = errors.New("state: marker closed before the mark was recor
 // NewMarker starts a marker on l.
 func (l *Lease) NewMarker(flush time.Duration, maxBatch int) *Marker {
 	m := &Marker{l: l, flush: max(flush, time.Millisecond), maxBatch: max(maxBatch, 1),
-		wake: make(chan struct{}, 1), stopped: make(chan struct{}),
+		wake: make(chan struct{}, 1), stopped: make(chan struct{}), progress: make(chan struct{}),
 		perSlot: map[int64]int{}, first: -1, top: -1, lastChange: -1 << 62}
 	go m.run()
 	return m
@@ -63,7 +69,7 @@ func (m *Marker) Add(it Item, off int64, done func(error)) {
 		done(ErrMarkerClosed)
 		return
 	}
-	m.queue = append(m.queue, pending{it, off, done})
+	m.queue = append(m.queue, pending{it, off, time.Now(), done})
 	full := len(m.queue) >= m.maxBatch
 	first := len(m.queue) == 1
 	m.mu.Unlock()
@@ -72,6 +78,48 @@ func (m *Marker) Add(it Item, off int64, done func(error)) {
 		case m.wake <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// MaxMarkLag is how long a handled message's mark may stay unwritten
+// before Admit holds the partition's next attempt: the bound of the
+// effect→mark window while Redis answers (issue 43).
+const MaxMarkLag = time.Second
+
+// Admit returns when the partition may start another handler attempt
+// (an effect): at once while its marks are being written in time; it
+// waits while the oldest mark queued is older than MaxMarkLag (or twice
+// the flush interval, when longer), and while the last attempt to write
+// marks failed (Redis does not answer: no new effect at all until one
+// lands). It returns ctx's error when ctx ends first, and
+// ErrMarkerClosed once the marker was closed (the lease is gone). The
+// consumer calls it before every attempt, so a kill -9 leaves at most the
+// marks of the attempts that ended in the last MaxMarkLag unwritten.
+func (m *Marker) Admit(ctx context.Context) error {
+	lag := max(MaxMarkLag, 2*m.flush)
+	for {
+		m.mu.Lock()
+		closed, failing, progress := m.closed, m.failing, m.progress
+		var wait time.Duration
+		if !failing && len(m.queue) > 0 {
+			wait = lag - time.Since(m.queue[0].at)
+		}
+		m.mu.Unlock()
+		switch {
+		case closed:
+			return ErrMarkerClosed
+		case !failing && wait >= 0:
+			return nil
+		}
+		t := time.NewTimer(lag / 4)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-progress:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 }
 
@@ -134,6 +182,9 @@ func (m *Marker) run() {
 		m.mu.Lock()
 		m.sends++
 		closed = m.closed
+		m.failing = err != nil && !errors.Is(err, ErrFenced)
+		close(m.progress)
+		m.progress = make(chan struct{})
 		m.mu.Unlock()
 		if err != nil && !errors.Is(err, ErrFenced) && !closed {
 			time.Sleep(backoff)

@@ -867,3 +867,48 @@ func TestLayoutFollowsRate(t *testing.T) {
 		}
 	})
 }
+
+// TestMarkerAdmitHoldsEffects (issue 43, item 3): the effect→mark window
+// is bounded by backpressure. While a partition's marks cannot be written
+// Admit holds the next attempt (no new effect); once they land it admits
+// at once.
+func TestMarkerAdmitHoldsEffects(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Lease = 5 * time.Second })
+		l := acquire(t, s, "t", 0, 5*time.Second)
+		m := l.NewMarker(5*time.Millisecond, 100)
+		defer m.Close()
+		if err := m.Admit(ctxT(t, time.Second)); err != nil {
+			t.Fatalf("Admit with nothing queued: %v", err)
+		}
+		l.marksCutOff.Store(true)
+		recorded := make(chan error, 1)
+		it := Item{Key: "wk:admit-1", SendTime: time.Now().Unix()}
+		m.Add(it, 1, func(err error) { recorded <- err })
+		// The marker tries, fails and tries again; meanwhile no attempt
+		// is admitted.
+		time.Sleep(100 * time.Millisecond)
+		held := 2 * MaxMarkLag
+		t0 := time.Now()
+		if err := m.Admit(ctxT(t, held)); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Admit while the marks cannot be written returned %v after %s, want it held for %s", err, time.Since(t0), held)
+		}
+		l.marksCutOff.Store(false)
+		t0 = time.Now()
+		if err := m.Admit(ctxT(t, 5*time.Second)); err != nil {
+			t.Fatalf("Admit once the marks can be written: %v", err)
+		}
+		if d := time.Since(t0); d > MaxMarkLag+time.Second {
+			t.Fatalf("Admit took %s after the marks could be written again", d)
+		}
+		select {
+		case err := <-recorded:
+			if err != nil {
+				t.Fatalf("mark: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the mark was not recorded once Redis answered")
+		}
+		mustAllSeen(t, l, []Item{it}, 5*time.Second, "after the outage")
+	})
+}
