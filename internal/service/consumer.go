@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
@@ -115,6 +117,30 @@ func (pl *partitionLease) RecordReply(ctx context.Context, it consumer.StateItem
 	return pl.l.RecordReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, record)
 }
 
+// topicPartitions tells the state store a topic's partition count from
+// Kafka's metadata (nil without an admin client), so that it records the
+// counts its marks were written under (issue 43: partitions added).
+func topicPartitions(admin *kafka.AdminClient) func(ctx context.Context, topic string) (int, error) {
+	if admin == nil {
+		return nil
+	}
+	return func(ctx context.Context, topic string) (int, error) {
+		ms := 5000
+		if dl, ok := ctx.Deadline(); ok {
+			ms = max(1, min(ms, int(time.Until(dl).Milliseconds())))
+		}
+		md, err := admin.GetMetadata(&topic, false, ms)
+		if err != nil {
+			return 0, err
+		}
+		tm, ok := md.Topics[topic]
+		if !ok || tm.Error.Code() != kafka.ErrNoError {
+			return 0, fmt.Errorf("metadata of %s: %v", topic, tm.Error)
+		}
+		return len(tm.Partitions), nil
+	}
+}
+
 // markRetryFor is how long a done mark the lease's marker could not take
 // is retried (through a Redis outage).
 const markRetryFor = 10 * time.Minute
@@ -221,7 +247,8 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		legacy = &state.Legacy{Prefix: dedupPrefix(prefix), Claims: true, Leases: true}
 	}
 	st, err := state.New(ctx, state.Config{Client: base.Redis, KeyPrefix: prefix, Owner: nodeName(),
-		Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Buckets: cfg.Dedup.Buckets, Legacy: legacy})
+		Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Buckets: cfg.Dedup.Buckets, Legacy: legacy,
+		Partitions: topicPartitions(base.Admin)})
 	if err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}

@@ -64,6 +64,9 @@ func (s *Store) Acquire(ctx context.Context, topic string, partition int32) (*Le
 	key := s.ownKey(topic, partition)
 	leaseUs := s.cfg.Lease.Microseconds()
 	poll := min(s.cfg.Lease/20, 200*time.Millisecond)
+	// A count not learnt now is learnt at the next acquisition; it must
+	// not keep the partition from its owner.
+	_ = s.recordCount(ctx, topic, partition)
 	for {
 		t0 := time.Now()
 		res, err := acquireScript.Run(ctx, s.cfg.Client, []string{key}, s.owner, leaseUs, s.grace().Microseconds(),
@@ -360,7 +363,7 @@ func (l *Lease) Seen(ctx context.Context, items []Item) ([]bool, error) {
 
 // Look is Store.Look on the lease's partition.
 func (l *Lease) Look(ctx context.Context, items []Item) ([]Status, error) {
-	return l.s.look(ctx, l.tag, l.layout(), items)
+	return l.s.look(ctx, l.topic, l.partition, l.layout(), items)
 }
 
 // SetLogEnd tells a lease whose partition was never owned under this

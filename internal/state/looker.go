@@ -156,6 +156,11 @@ func (lk *Looker) send(batch []*lookReq) {
 			}
 		}
 	}
+	for _, r := range batch {
+		if err := lk.s.lookMoved(ctx, r.l.topic, r.l.partition, r.items, r.out); err != nil {
+			r.err = err
+		}
+	}
 	if lk.s.cfg.Legacy.on() {
 		// One pipeline for the whole batch too.
 		var items []Item

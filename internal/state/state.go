@@ -91,6 +91,11 @@ type Config struct {
 	// Legacy, when set, makes look-ups also read the old dedup stores'
 	// keys: for one dedup TTL after switching to this store.
 	Legacy *Legacy
+	// Partitions, when set, tells a topic's partition count (Kafka's
+	// metadata): Acquire records it, so that after partitions are added
+	// look-ups also ask the partition a user had before (see
+	// RecordPartitions).
+	Partitions func(ctx context.Context, topic string) (int, error)
 }
 
 func (c *Config) setDefaults() {
@@ -139,6 +144,7 @@ type Store struct {
 	cfg     Config
 	owner   string
 	slotSec int64
+	pl      placements
 }
 
 // New returns a Store; it loads the scripts, so it fails when Redis is
@@ -321,11 +327,12 @@ func (s *Store) Look(ctx context.Context, topic string, partition int32, items [
 	if err != nil {
 		return nil, err
 	}
-	return s.look(ctx, s.tag(topic, partition), ly, items)
+	return s.look(ctx, topic, partition, ly, items)
 }
 
-// look is Look with the partition's tag and layout known.
-func (s *Store) look(ctx context.Context, tag string, ly layout, items []Item) ([]Status, error) {
+// look is Look with the partition's layout known.
+func (s *Store) look(ctx context.Context, topic string, partition int32, ly layout, items []Item) ([]Status, error) {
+	tag := s.tag(topic, partition)
 	type q struct {
 		idx     []int
 		members []any
@@ -359,6 +366,9 @@ func (s *Store) look(ctx context.Context, tag string, ly layout, items []Item) (
 				out[byKey[k].idx[n]] = Done
 			}
 		}
+	}
+	if err := s.lookMoved(ctx, topic, partition, items, out); err != nil {
+		return nil, err
 	}
 	if s.cfg.Legacy.on() {
 		if err := s.legacyLook(ctx, items, out); err != nil {

@@ -912,3 +912,96 @@ func TestMarkerAdmitHoldsEffects(t *testing.T) {
 		mustAllSeen(t, l, []Item{it}, 5*time.Second, "after the outage")
 	})
 }
+
+// TestPartitionsAddedMarksFound (issue 43, item 6): partitions are added
+// to a topic; a copy of a message handled before lands in the partition
+// its user has now, and every look-up (the lease's, the Looker's, the
+// store's) still finds the mark written in the partition the user had.
+func TestPartitionsAddedMarksFound(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		ctx := ctxT(t, 20*time.Second)
+		var count sync.Map
+		count.Store("t", 4)
+		parts := func(c *Config) {
+			c.Partitions = func(_ context.Context, topic string) (int, error) {
+				n, _ := count.Load(topic)
+				return n.(int), nil
+			}
+		}
+		// Users that move when 4 partitions become 8.
+		var moved []Item
+		for i := 0; len(moved) < 20; i++ {
+			u := fmt.Sprintf("wm-user-%d", i)
+			if KeyPartition(u, 4) != KeyPartition(u, 8) {
+				moved = append(moved, Item{Key: "wk:" + u + ":m1", SendTime: time.Now().Unix(), User: u})
+			}
+		}
+		a := newStore(t, rdb, prefix, "a", parts)
+		for p := range int32(4) {
+			l := acquire(t, a, "t", p, 5*time.Second)
+			var mine []Item
+			for _, it := range moved {
+				if KeyPartition(it.User, 4) == p {
+					mine = append(mine, it)
+				}
+			}
+			if err := l.Mark(ctx, 1, mine); err != nil {
+				t.Fatal(err)
+			}
+			_ = l.Release(ctx)
+		}
+		time.Sleep(1100 * time.Millisecond) // the new count is first seen a second later
+		count.Store("t", 8)
+		b := newStore(t, rdb, prefix, "b", parts)
+		lk := b.NewLooker(100)
+		defer lk.Close()
+		for p := range int32(8) {
+			var copies []Item
+			for _, it := range moved {
+				if KeyPartition(it.User, 8) == p {
+					copies = append(copies, it)
+				}
+			}
+			if len(copies) == 0 {
+				continue
+			}
+			l := acquire(t, b, "t", p, 5*time.Second)
+			for name, look := range map[string]func() ([]Status, error){
+				"lease":  func() ([]Status, error) { return l.Look(ctx, copies) },
+				"looker": func() ([]Status, error) { return lk.Look(ctx, l, copies) },
+				"store":  func() ([]Status, error) { return b.Look(ctx, "t", p, copies) },
+			} {
+				st, err := look()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range st {
+					if v != Done {
+						t.Fatalf("%s look-up in partition %d after partitions were added: %s (marked in partition %d) not found",
+							name, p, copies[i].Key, KeyPartition(copies[i].User, 4))
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestLiveCounts: an older partition count is asked for two TTLs after
+// the next one was first seen, then no more.
+func TestLiveCounts(t *testing.T) {
+	s := &Store{cfg: Config{TTL: time.Hour}}
+	h := []countEntry{{4, 1000}, {8, 5000}, {12, 9000}}
+	for _, c := range []struct {
+		now  int64
+		want []int
+	}{
+		{9000, []int{4, 8, 12}},
+		{5000 + 7199, []int{4, 8, 12}},
+		{5000 + 7200, []int{8, 12}},
+		{9000 + 7200, []int{12}},
+	} {
+		if got := s.liveCounts(h, time.Unix(c.now, 0)); fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("at %d: %v, want %v", c.now, got, c.want)
+		}
+	}
+}
