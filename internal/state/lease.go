@@ -437,3 +437,9 @@ func (l *Lease) relayout(ctx context.Context, from, bk int64) (changed bool, err
 	l.ly.Store(&nl)
 	return toInt(res[0]) == 1, nil
 }
+
+// Buckets is how many buckets the marks of messages sent at sendTime are
+// spread over in the lease's partition (as the lease knows its layout).
+func (l *Lease) Buckets(sendTime int64) int {
+	return int(l.layout().bucketsAt(l.s.slotOf(sendTime)))
+}
