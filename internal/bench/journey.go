@@ -134,7 +134,7 @@ func (e *Env) journeyRow(cfg *config.Consumer, row journeyRow) (Result, error) {
 			"redis_key_bytes_per_msg": round(keyPerMsg, 2), "redis_keys": keys,
 			"redis_cmds_per_msg": round(d.calls, 3), "redis_calls_per_msg_by_command": d.perCmd,
 			"redis_cpu_us_per_msg": round(d.cpu, 2),
-			"note": "store-level, simulated time: a lease's Marker (the consumer's path) marks every message once, send times advancing at each phase's rate; key bytes the MEMORY USAGE sum of the row's keys; the INFO deltas (cmds, cpu) include whatever else the shared Redis served meanwhile"}}, nil
+			"note":                 "store-level, simulated time: a lease's Marker (the consumer's path) marks every message once, send times advancing at each phase's rate; key bytes the MEMORY USAGE sum of the row's keys; the INFO deltas (cmds, cpu) include whatever else the shared Redis served meanwhile"}}, nil
 }
 
 // journeyPartition marks the partition's messages phase after phase
@@ -180,4 +180,3 @@ func journeyPartition(ctx context.Context, st *state.Store, cfg *config.Consumer
 	}
 	return n, int64(l.Buckets(base + sec - 1)), nil
 }
-
