@@ -229,14 +229,6 @@ func (ly layout) bucketsAt(slot int64) int64 {
 	return max(b, 1)
 }
 
-// last is the newest generation.
-func (ly layout) last() gen {
-	if len(ly.gens) == 0 {
-		return gen{0, 1}
-	}
-	return ly.gens[len(ly.gens)-1]
-}
-
 // layoutOf reads a layout from the record's ly and lyv values, or from
 // the old fields bk, bk0, bkfrom of a record no owner of this version
 // took yet (def when the record has neither: a partition no owner took
