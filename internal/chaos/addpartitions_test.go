@@ -24,7 +24,7 @@ func TestChaosAddPartitions(t *testing.T) {
 	svc := NeedServices(t)
 	load := Size(Load{Total: 600, Users: 60, Rate: 200}, Load{Total: 20000, Users: 1000, Rate: 500})
 	const before, after = 4, 8
-	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2, Partitions: before,
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: Size(1, 2), Partitions: before,
 		DedupLease: 2 * time.Second})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
