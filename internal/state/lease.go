@@ -337,17 +337,18 @@ func (l *Lease) markOnce(ctx context.Context, hw int64, items []Item) error {
 	} else {
 		n, err = markScript.Run(ctx, l.s.cfg.Client, keys, args...).Int64()
 	}
-	if err != nil {
-		// The expiry we meant to set may not be set: set it next time.
+	if err != nil || n == -1 {
+		// The expiry we meant to set may not be set (nothing was written
+		// when the layout changed meanwhile): set it next time.
 		l.mu.Lock()
 		for _, g := range groups {
 			delete(l.expires, g.key)
 		}
 		l.mu.Unlock()
+		if err == nil {
+			return errStaleLayout
+		}
 		return fmt.Errorf("state: mark %s/%d: %w", l.topic, l.partition, err)
-	}
-	if n == -1 {
-		return errStaleLayout
 	}
 	if n != 1 {
 		l.lose(ErrFenced)

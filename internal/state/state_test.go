@@ -1005,3 +1005,28 @@ func TestLiveCounts(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleLayoutMarkRebucketed: a former owner (cut off, its lease
+// taken over) whose layout predates the new owner's change writes a late
+// mark into a slot of the new generation: the mark script refuses the
+// stale buckets, the lease reads the layout again, and the mark lands
+// where the new owner looks.
+func TestStaleLayoutMarkRebucketed(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		ctx := ctxT(t, 20*time.Second)
+		a, la, lb := takenOver(t, rdb, prefix, 0)
+		now := time.Now().Unix()
+		from := a.slotOf(now) + 1
+		if changed, err := lb.relayout(ctx, from, 8); err != nil || !changed {
+			t.Fatalf("relayout: %v, %v", changed, err)
+		}
+		if la.layout().ver == lb.layout().ver {
+			t.Fatal("the former owner already knows the new layout: the test proves nothing")
+		}
+		late := numbered("wk:late-", 40, now+2*int64(a.slotSec))
+		if err := la.Mark(ctx, 5, late); !errors.Is(err, ErrFenced) {
+			t.Fatalf("late mark of the former owner: %v, want ErrFenced (recorded)", err)
+		}
+		mustAllSeen(t, lb, late, 5*time.Second, "the new owner after the former owner's late mark")
+	})
+}
