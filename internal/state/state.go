@@ -80,12 +80,14 @@ type Config struct {
 	// Lease is how long an acquisition or renewal holds a partition.
 	Lease time.Duration
 	// TTL is how long a done mark is kept after its bucket's last write.
-	// It must cover the DLQ's retry horizon.
+	// It must cover WeChat's 3-day re-pull window plus the DLQ's retry
+	// horizon.
 	TTL time.Duration
-	// Slot is the send-time span of one bucket generation; Buckets is the
-	// number of hash buckets per partition and slot. Size them so that a
-	// bucket holds at most MaxIntset members (see SuggestBuckets). Every
-	// owner of a partition must use the same values while marks live.
+	// Slot is the send-time span of one bucket set (every owner of a
+	// partition must use the same value while marks live); Buckets is the
+	// number of hash buckets per slot a new partition starts with: from
+	// then on its owner's Marker sizes each new slot from the observed
+	// rate (see layout).
 	Slot    time.Duration
 	Buckets int
 	// Legacy, when set, makes look-ups also read the old dedup stores'
