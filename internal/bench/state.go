@@ -266,7 +266,7 @@ func (d redisDelta) pass() bool { return d.bytes <= 16 && d.calls <= 1.5 && d.cp
 func State(e *Env, o StateOptions) ([]Result, error) {
 	wls := o.Workloads
 	if len(wls) == 0 {
-		wls = []string{WorkloadDense, WorkloadConversation, WorkloadWriteOnce}
+		wls = []string{WorkloadDense, WorkloadConversation, WorkloadWriteOnce, WorkloadJourney}
 	}
 	var out []Result
 	msgsOf := map[string][]*chatmsg.ChatMessage{}
@@ -275,6 +275,14 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 	// the pipelines (minutes each on a loaded box); a pipeline that fails
 	// is reported and the next one still runs.
 	for _, wl := range wls {
+		if wl == WorkloadJourney {
+			rows, err := e.stateJourney(1)
+			out = append(out, rows...)
+			if err != nil {
+				return out, err
+			}
+			continue
+		}
 		msgs, users, err := WorkloadMessages(e.Prefix+"-"+wl, wl, o.Msgs, o.Users, 30)
 		if err != nil {
 			return out, err
@@ -299,6 +307,9 @@ func State(e *Env, o StateOptions) ([]Result, error) {
 	}
 	var errs []error
 	for _, wl := range wls {
+		if wl == WorkloadJourney {
+			continue // store-level only
+		}
 		old, err := e.statePipeline(wl, msgsOf[wl], usersOf[wl], o)
 		out = append(out, old...)
 		if err != nil {

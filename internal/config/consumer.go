@@ -322,8 +322,12 @@ func (c *Consumer) Validate() error {
 			horizon, from = d, "recovery.ttl."+k
 		}
 	}
-	if c.Dedup.TTL < horizon {
-		v.addf("dedup.ttl", "is %s, shorter than the DLQ's retry horizon (%s = %s): a letter retried after its message's done mark expired would run again; raise dedup.ttl to at least %s", c.Dedup.TTL, from, horizon, horizon)
+	// A copy re-pulled up to 3 days after its message was handled and
+	// dead-lettered without a look-up (refused) stays retryable a horizon
+	// from its own failure (issue 43): the mark must outlive both.
+	if need := state.MinTTL + horizon; c.Dedup.TTL < need {
+		v.addf("dedup.ttl", "is %s, shorter than WeChat's re-pull window (%s) plus the DLQ's retry horizon (%s = %s): a copy re-pulled on day 3 and dead-lettered stays retryable a horizon from its own failure, and would run again once its message's done mark expired; raise dedup.ttl to at least %s",
+			c.Dedup.TTL, state.MinTTL, from, horizon, need)
 	}
 	// The dedup section checks itself (package state owns it).
 	v.addErr(c.Dedup.Validate())

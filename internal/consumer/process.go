@@ -292,6 +292,11 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 				return attempts, false, errStopping
 			}
 		}
+		// No new effect while the partition's marks lag or cannot be
+		// written (issue 43): the effect→mark window stays bounded.
+		if err := c.admitAttempt(ctx); err != nil {
+			return attempts, false, err
+		}
 		// While the gate is open only probes call the handler.
 		probe, ok := c.gate.hold(ctx)
 		if !ok {

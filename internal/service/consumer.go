@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
@@ -101,6 +103,10 @@ func (pl *partitionLease) Mark(it consumer.StateItem, offset int64, done func(bo
 	})
 }
 
+// Admit implements consumer.Admitter: the partition's marker holds new
+// attempts while its marks lag or cannot be written.
+func (pl *partitionLease) Admit(ctx context.Context) error { return pl.m.Admit(ctx) }
+
 // Replied implements consumer.ReplyLog.
 func (pl *partitionLease) Replied(ctx context.Context, it consumer.StateItem) (string, bool, error) {
 	return pl.l.Replied(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User})
@@ -109,6 +115,30 @@ func (pl *partitionLease) Replied(ctx context.Context, it consumer.StateItem) (s
 // RecordReply implements consumer.ReplyLog.
 func (pl *partitionLease) RecordReply(ctx context.Context, it consumer.StateItem, record string) error {
 	return pl.l.RecordReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, record)
+}
+
+// topicPartitions tells the state store a topic's partition count from
+// Kafka's metadata (nil without an admin client), so that it records the
+// counts its marks were written under (issue 43: partitions added).
+func topicPartitions(admin *kafka.AdminClient) func(ctx context.Context, topic string) (int, error) {
+	if admin == nil {
+		return nil
+	}
+	return func(ctx context.Context, topic string) (int, error) {
+		ms := 5000
+		if dl, ok := ctx.Deadline(); ok {
+			ms = max(1, min(ms, int(time.Until(dl).Milliseconds())))
+		}
+		md, err := admin.GetMetadata(&topic, false, ms)
+		if err != nil {
+			return 0, err
+		}
+		tm, ok := md.Topics[topic]
+		if !ok || tm.Error.Code() != kafka.ErrNoError {
+			return 0, fmt.Errorf("metadata of %s: %v", topic, tm.Error)
+		}
+		return len(tm.Partitions), nil
+	}
 }
 
 // markRetryFor is how long a done mark the lease's marker could not take
@@ -217,7 +247,8 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 		legacy = &state.Legacy{Prefix: dedupPrefix(prefix), Claims: true, Leases: true}
 	}
 	st, err := state.New(ctx, state.Config{Client: base.Redis, KeyPrefix: prefix, Owner: nodeName(),
-		Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Buckets: cfg.Dedup.Buckets, Legacy: legacy})
+		Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Buckets: cfg.Dedup.Buckets, Legacy: legacy,
+		Partitions: topicPartitions(base.Admin)})
 	if err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}

@@ -32,7 +32,7 @@ type Lease struct {
 	tokenS    string
 	prevHW    int64
 	prevOwner string
-	layout    layout
+	ly        atomic.Pointer[layout] // the partition's layout as last read or set
 
 	mu       sync.Mutex
 	deadline time.Time
@@ -44,6 +44,9 @@ type Lease struct {
 	// cutOff, in tests, makes every renewal fail as if Redis were
 	// unreachable from this owner only.
 	cutOff atomic.Bool
+	// marksCutOff, in tests, makes every Mark fail as if Redis did not
+	// answer.
+	marksCutOff atomic.Bool
 
 	markMu sync.Mutex // one mark in flight: hw only grows in order
 	stop   chan struct{}
@@ -61,6 +64,9 @@ func (s *Store) Acquire(ctx context.Context, topic string, partition int32) (*Le
 	key := s.ownKey(topic, partition)
 	leaseUs := s.cfg.Lease.Microseconds()
 	poll := min(s.cfg.Lease/20, 200*time.Millisecond)
+	// A count not learnt now is learnt at the next acquisition; it must
+	// not keep the partition from its owner.
+	_ = s.recordCount(ctx, topic, partition)
 	for {
 		t0 := time.Now()
 		res, err := acquireScript.Run(ctx, s.cfg.Client, []string{key}, s.owner, leaseUs, s.grace().Microseconds(),
@@ -68,16 +74,17 @@ func (s *Store) Acquire(ctx context.Context, topic string, partition int32) (*Le
 		if err != nil {
 			return nil, fmt.Errorf("state: acquire %s/%d: %w", topic, partition, err)
 		}
-		if len(res) < 3 || toInt(res[0]) == 1 && len(res) < 7 {
+		if len(res) < 3 || toInt(res[0]) == 1 && len(res) < 6 {
 			return nil, fmt.Errorf("state: acquire %s/%d: unexpected reply %v", topic, partition, res)
 		}
 		if toInt(res[0]) == 1 {
 			l := &Lease{s: s, topic: topic, partition: partition, tag: s.tag(topic, partition), key: key,
 				tokenS: toStr(res[1]), prevHW: toInt(res[2]), prevOwner: toStr(res[3]),
-				layout:   layoutOf(res[4], res[5], res[6], s.cfg.Buckets),
 				deadline: t0.Add(s.cfg.Lease), expires: map[string]time.Time{},
 				lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 			l.token, _ = strconv.ParseInt(l.tokenS, 10, 64)
+			ly := layoutOf(res[4], res[5], nil, nil, nil, s.cfg.Buckets)
+			l.ly.Store(&ly)
 			go l.renew()
 			return l, nil
 		}
@@ -243,6 +250,41 @@ func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 	}
 	l.markMu.Lock()
 	defer l.markMu.Unlock()
+	for range 3 {
+		err := l.markOnce(ctx, hw, items)
+		if !errors.Is(err, errStaleLayout) {
+			return err
+		}
+		// Another layout was recorded meanwhile: read it and choose the
+		// buckets again.
+		if err := l.reloadLayout(ctx); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("state: mark %s/%d: %w", l.topic, l.partition, errStaleLayout)
+}
+
+// errStaleLayout means a mark was chosen buckets under a layout the
+// record no longer has: nothing was written.
+var errStaleLayout = errors.New("state: layout changed meanwhile")
+
+// layout is the partition's layout as this lease knows it.
+func (l *Lease) layout() layout { return *l.ly.Load() }
+
+// reloadLayout reads the partition's layout from its record.
+func (l *Lease) reloadLayout(ctx context.Context) error {
+	ly, err := readLayout(ctx, l.s.cfg.Client, l.key, l.s.cfg.Buckets)
+	if err != nil {
+		return err
+	}
+	l.ly.Store(&ly)
+	return nil
+}
+
+// markOnce is one mark script call (markMu held).
+func (l *Lease) markOnce(ctx context.Context, hw int64, items []Item) error {
+	ly := l.layout()
+	maxSlot := int64(-1)
 	type group struct {
 		key     string
 		members []any
@@ -251,7 +293,8 @@ func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 	var groups []group
 	for _, it := range items {
 		d := Digest(it.Key)
-		k := l.s.bucketKey(l.tag, l.layout, it.SendTime, d)
+		k := l.s.bucketKey(l.tag, ly, it.SendTime, d)
+		maxSlot = max(maxSlot, l.s.slotOf(it.SendTime))
 		i, ok := idx[k]
 		if !ok {
 			i = len(groups)
@@ -263,7 +306,7 @@ func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 	keys := make([]string, 0, 1+len(groups))
 	keys = append(keys, l.key)
 	args := make([]any, 0, 3+2*len(groups)+len(items))
-	args = append(args, l.s.owner, l.tokenS, hw)
+	args = append(args, l.s.owner, l.tokenS, hw, ly.ver, maxSlot, l.s.slotSec)
 	ttl := l.s.cfg.TTL
 	now := time.Now()
 	exSec := int64((ttl + ttl/64 + time.Second - 1) / time.Second)
@@ -288,14 +331,23 @@ func (l *Lease) Mark(ctx context.Context, hw int64, items []Item) error {
 		}
 	}
 	l.mu.Unlock()
-	n, err := markScript.Run(ctx, l.s.cfg.Client, keys, args...).Int64()
-	if err != nil {
-		// The expiry we meant to set may not be set: set it next time.
+	n, err := int64(0), error(nil)
+	if l.marksCutOff.Load() {
+		err = errors.New("cut off from Redis (test)")
+	} else {
+		n, err = markScript.Run(ctx, l.s.cfg.Client, keys, args...).Int64()
+	}
+	if err != nil || n == -1 {
+		// The expiry we meant to set may not be set (nothing was written
+		// when the layout changed meanwhile): set it next time.
 		l.mu.Lock()
 		for _, g := range groups {
 			delete(l.expires, g.key)
 		}
 		l.mu.Unlock()
+		if err == nil {
+			return errStaleLayout
+		}
 		return fmt.Errorf("state: mark %s/%d: %w", l.topic, l.partition, err)
 	}
 	if n != 1 {
@@ -312,7 +364,7 @@ func (l *Lease) Seen(ctx context.Context, items []Item) ([]bool, error) {
 
 // Look is Store.Look on the lease's partition.
 func (l *Lease) Look(ctx context.Context, items []Item) ([]Status, error) {
-	return l.s.look(ctx, l.tag, l.layout, items)
+	return l.s.look(ctx, l.topic, l.partition, l.layout(), items)
 }
 
 // SetLogEnd tells a lease whose partition was never owned under this
@@ -361,4 +413,34 @@ func (l *Lease) Check() error {
 		return err
 	}
 	return errNotHeld
+}
+
+// relayout asks for bk buckets from slot from on (the record moves it
+// after every slot already marked); the lease's layout is what the record
+// holds afterwards, changed or not. Only the owner changes a layout.
+func (l *Lease) relayout(ctx context.Context, from, bk int64) (changed bool, err error) {
+	l.markMu.Lock()
+	defer l.markMu.Unlock()
+	ly := l.layout()
+	// A generation whose slots ended more than twice the TTL before the
+	// new one's first slot holds no mark that may still be written (a
+	// copy comes back within the TTL of its send) or live (TTL after its
+	// write).
+	keep := from - 2*int64(l.s.cfg.TTL/time.Second)/l.s.slotSec
+	res, err := relayoutScript.Run(ctx, l.s.cfg.Client, []string{l.key}, l.s.owner, l.tokenS, ly.ver, from, bk, keep).Slice()
+	if err != nil {
+		return false, fmt.Errorf("state: change the layout of %s/%d: %w", l.topic, l.partition, err)
+	}
+	if len(res) < 3 {
+		return false, fmt.Errorf("state: change the layout of %s/%d: unexpected reply %v", l.topic, l.partition, res)
+	}
+	nl := layoutOf(res[1], res[2], nil, nil, nil, l.s.cfg.Buckets)
+	l.ly.Store(&nl)
+	return toInt(res[0]) == 1, nil
+}
+
+// Buckets is how many buckets the marks of messages sent at sendTime are
+// spread over in the lease's partition (as the lease knows its layout).
+func (l *Lease) Buckets(sendTime int64) int {
+	return int(l.layout().bucketsAt(l.s.slotOf(sendTime)))
 }

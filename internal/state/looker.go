@@ -122,7 +122,7 @@ func (lk *Looker) send(batch []*lookReq) {
 		r.out = make([]Status, len(r.items))
 		for i, it := range r.items {
 			d := Digest(it.Key)
-			k := lk.s.bucketKey(r.l.tag, r.l.layout, it.SendTime, d)
+			k := lk.s.bucketKey(r.l.tag, r.l.layout(), it.SendTime, d)
 			b := byKey[k]
 			if b == nil {
 				b = &bucket{key: k}
@@ -154,6 +154,11 @@ func (lk *Looker) send(batch []*lookReq) {
 			if v {
 				b.at[n].req.out[b.at[n].i] = Done
 			}
+		}
+	}
+	for _, r := range batch {
+		if err := lk.s.lookMoved(ctx, r.l.topic, r.l.partition, r.items, r.out); err != nil {
+			r.err = err
 		}
 	}
 	if lk.s.cfg.Legacy.on() {

@@ -27,11 +27,24 @@ type Marker struct {
 	wake    chan struct{}
 	stopped chan struct{}
 	sends   int // Mark calls made (tests)
+	// failing is set while the last Mark call failed (Redis did not
+	// answer): the marks cannot be written. progress is closed (and
+	// replaced) whenever a call returns, so that Admit looks again.
+	failing  bool
+	progress chan struct{}
+
+	// The observed rate, by send-time slot (run's goroutine only): marks
+	// per slot for the last few slots, the highest slot seen, and the
+	// first slot of the last layout change this marker made.
+	perSlot    map[int64]int
+	first, top int64
+	lastChange int64
 }
 
 type pending struct {
 	it   Item
 	off  int64
+	at   time.Time // when it was queued
 	done func(error)
 }
 
@@ -42,7 +55,8 @@ var ErrMarkerClosed = errors.New("state: marker closed before the mark was recor
 // NewMarker starts a marker on l.
 func (l *Lease) NewMarker(flush time.Duration, maxBatch int) *Marker {
 	m := &Marker{l: l, flush: max(flush, time.Millisecond), maxBatch: max(maxBatch, 1),
-		wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+		wake: make(chan struct{}, 1), stopped: make(chan struct{}), progress: make(chan struct{}),
+		perSlot: map[int64]int{}, first: -1, top: -1, lastChange: -1 << 62}
 	go m.run()
 	return m
 }
@@ -55,7 +69,7 @@ func (m *Marker) Add(it Item, off int64, done func(error)) {
 		done(ErrMarkerClosed)
 		return
 	}
-	m.queue = append(m.queue, pending{it, off, done})
+	m.queue = append(m.queue, pending{it, off, time.Now(), done})
 	full := len(m.queue) >= m.maxBatch
 	first := len(m.queue) == 1
 	m.mu.Unlock()
@@ -64,6 +78,48 @@ func (m *Marker) Add(it Item, off int64, done func(error)) {
 		case m.wake <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// MaxMarkLag is how long a handled message's mark may stay unwritten
+// before Admit holds the partition's next attempt: the bound of the
+// effect→mark window while Redis answers (issue 43).
+const MaxMarkLag = time.Second
+
+// Admit returns when the partition may start another handler attempt
+// (an effect): at once while its marks are being written in time; it
+// waits while the oldest mark queued is older than MaxMarkLag (or twice
+// the flush interval, when longer), and while the last attempt to write
+// marks failed (Redis does not answer: no new effect at all until one
+// lands). It returns ctx's error when ctx ends first, and
+// ErrMarkerClosed once the marker was closed (the lease is gone). The
+// consumer calls it before every attempt, so a kill -9 leaves at most the
+// marks of the attempts that ended in the last MaxMarkLag unwritten.
+func (m *Marker) Admit(ctx context.Context) error {
+	lag := max(MaxMarkLag, 2*m.flush)
+	for {
+		m.mu.Lock()
+		closed, failing, progress := m.closed, m.failing, m.progress
+		var wait time.Duration
+		if !failing && len(m.queue) > 0 {
+			wait = lag - time.Since(m.queue[0].at)
+		}
+		m.mu.Unlock()
+		switch {
+		case closed:
+			return ErrMarkerClosed
+		case !failing && wait >= 0:
+			return nil
+		}
+		t := time.NewTimer(lag / 4)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-progress:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 }
 
@@ -120,11 +176,15 @@ func (m *Marker) run() {
 			hw = max(hw, p.off)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), m.l.s.cfg.Lease)
+		m.adapt(ctx, items)
 		err := m.l.Mark(ctx, hw, items)
 		cancel()
 		m.mu.Lock()
 		m.sends++
 		closed = m.closed
+		m.failing = err != nil && !errors.Is(err, ErrFenced)
+		close(m.progress)
+		m.progress = make(chan struct{})
 		m.mu.Unlock()
 		if err != nil && !errors.Is(err, ErrFenced) && !closed {
 			time.Sleep(backoff)
@@ -140,6 +200,79 @@ func (m *Marker) run() {
 		m.mu.Unlock()
 		for _, p := range batch {
 			p.done(err)
+		}
+	}
+}
+
+// Layout adaptation. A bucket keeps to an intset (8 B a mark) up to
+// MaxIntset members and costs a key's overhead (~100 B) however few it
+// holds: the marker sizes each new slot from the marks of the last full
+// slot it saw, at about bucketTarget a bucket. It grows as soon as a slot
+// held more than bucketGrow a bucket (from the next slot on: a jump costs
+// one slot of oversized buckets), and shrinks when a slot held less than
+// a quarter of the target a bucket, at most once per shrinkEvery slots
+// (each change is a generation the record keeps while its marks live).
+const (
+	bucketTarget = 400
+	bucketGrow   = 448
+	shrinkEvery  = 60
+)
+
+// bucketsFor is the bucket count that keeps n marks a slot at most
+// bucketTarget a bucket: a power of two.
+func bucketsFor(n int) int64 {
+	b := int64(1)
+	for b*bucketTarget < int64(n) && b < MaxBuckets {
+		b *= 2
+	}
+	return b
+}
+
+// adapt counts items by slot and, when they open a slot later than any
+// seen, sizes it from the last full slot's count (a layout change from
+// that slot on, when the count calls for one). A failed change is left to
+// the next slot: the marks go under the recorded layout either way.
+func (m *Marker) adapt(ctx context.Context, items []Item) {
+	top := int64(-1)
+	for _, it := range items {
+		sl := m.l.s.slotOf(it.SendTime)
+		top = max(top, sl)
+		m.perSlot[sl]++
+	}
+	if m.first < 0 {
+		m.first = top
+	}
+	if top > m.top {
+		// The last full slot: the highest below top. The first slot this
+		// marker saw may have been seen in part (the lease was taken in
+		// it): it sizes nothing.
+		full := int64(-1)
+		for sl := range m.perSlot {
+			if sl < top {
+				full = max(full, sl)
+			}
+		}
+		if full > m.first {
+			n := m.perSlot[full]
+			cur := m.l.layout().bucketsAt(top)
+			want := bucketsFor(n)
+			switch {
+			case int64(n) > cur*bucketGrow && want > cur:
+			case want*4 <= cur && top-m.lastChange >= shrinkEvery:
+			default:
+				want = cur
+			}
+			if want != cur {
+				if changed, err := m.l.relayout(ctx, top, want); err == nil && changed {
+					m.lastChange = top
+				}
+			}
+		}
+		m.top = top
+	}
+	for sl := range m.perSlot {
+		if sl < m.top-2 {
+			delete(m.perSlot, sl)
 		}
 	}
 }

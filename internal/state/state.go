@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,17 +80,24 @@ type Config struct {
 	// Lease is how long an acquisition or renewal holds a partition.
 	Lease time.Duration
 	// TTL is how long a done mark is kept after its bucket's last write.
-	// It must cover the DLQ's retry horizon.
+	// It must cover WeChat's 3-day re-pull window plus the DLQ's retry
+	// horizon.
 	TTL time.Duration
-	// Slot is the send-time span of one bucket generation; Buckets is the
-	// number of hash buckets per partition and slot. Size them so that a
-	// bucket holds at most MaxIntset members (see SuggestBuckets). Every
-	// owner of a partition must use the same values while marks live.
+	// Slot is the send-time span of one bucket set (every owner of a
+	// partition must use the same value while marks live); Buckets is the
+	// number of hash buckets per slot a new partition starts with: from
+	// then on its owner's Marker sizes each new slot from the observed
+	// rate (see layout).
 	Slot    time.Duration
 	Buckets int
 	// Legacy, when set, makes look-ups also read the old dedup stores'
 	// keys: for one dedup TTL after switching to this store.
 	Legacy *Legacy
+	// Partitions, when set, tells a topic's partition count (Kafka's
+	// metadata): Acquire records it, so that after partitions are added
+	// look-ups also ask the partition a user had before (see
+	// RecordPartitions).
+	Partitions func(ctx context.Context, topic string) (int, error)
 }
 
 func (c *Config) setDefaults() {
@@ -138,6 +146,7 @@ type Store struct {
 	cfg     Config
 	owner   string
 	slotSec int64
+	pl      placements
 }
 
 // New returns a Store; it loads the scripts, so it fails when Redis is
@@ -147,7 +156,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, markScript} {
+	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, markScript, relayoutScript} {
 		if err := s.Load(ctx, cfg.Client).Err(); err != nil {
 			return nil, fmt.Errorf("state: load scripts: %w", err)
 		}
@@ -183,31 +192,73 @@ func (s *Store) tag(topic string, partition int32) string {
 
 func (s *Store) ownKey(topic string, partition int32) string { return s.tag(topic, partition) + ":own" }
 
-// layout is how a partition's marks are bucketed: slots from `from` on
-// have bk buckets, earlier ones bk0. It is kept in the partition's
-// ownership record (fields bk, bk0, bkfrom), set by the first owner from
-// its configured Buckets; a different configured value takes effect from
-// the slot after the acquisition that brings it, so every mark already
-// written is still found by owners and readers alike.
+// layout is how a partition's marks are bucketed: a list of
+// generations, each the bucket count of the send-time slots from its
+// `from` on (up to the next generation's); slots before the first
+// generation have the first's count. It is kept in the partition's
+// ownership record (fields ly, the generations as "from:bk,…", and lyv,
+// their version), set by the first owner from its configured Buckets and
+// changed only by the partition's owner, from the observed rate
+// (Marker), for slots after every slot already marked (the record's ms),
+// so a mark already written — or written late into an earlier slot, under
+// that slot's own generation — is found by owners and readers alike. A
+// generation is dropped only when no mark written under it can still live
+// (see relayoutScript). The old fields bk, bk0, bkfrom mirror the last
+// two generations for binaries that read only those.
 type layout struct {
-	bk, bk0 int64
-	from    int64
+	gens []gen
+	ver  int64
 }
 
-// fixed is the layout of a partition with one bucket count throughout.
-func fixed(buckets int) layout { return layout{bk: int64(buckets), bk0: int64(buckets)} }
+// gen is one generation of a layout: bk buckets from slot from on.
+type gen struct{ from, bk int64 }
 
-// layoutOf reads a layout from the record's bk, bk0, bkfrom values
-// (def when the record has none: a partition no owner took yet).
-func layoutOf(bk, bk0, from any, def int) layout {
-	ly := layout{bk: toInt(bk), bk0: toInt(bk0), from: toInt(from)}
-	if ly.bk < 1 {
+// fixed is the layout of a partition with one bucket count throughout.
+func fixed(buckets int) layout { return layout{gens: []gen{{0, int64(buckets)}}} }
+
+// bucketsAt is the bucket count of slot.
+func (ly layout) bucketsAt(slot int64) int64 {
+	b := int64(1)
+	if len(ly.gens) > 0 {
+		b = ly.gens[0].bk
+	}
+	for _, g := range ly.gens[1:] {
+		if slot < g.from {
+			break
+		}
+		b = g.bk
+	}
+	return max(b, 1)
+}
+
+// layoutOf reads a layout from the record's ly and lyv values, or from
+// the old fields bk, bk0, bkfrom of a record no owner of this version
+// took yet (def when the record has neither: a partition no owner took
+// yet).
+func layoutOf(ly, ver, bk, bk0, from any, def int) layout {
+	if s := toStr(ly); s != "" {
+		out := layout{ver: toInt(ver)}
+		for _, part := range strings.Split(s, ",") {
+			f, b, ok := strings.Cut(part, ":")
+			if !ok {
+				continue
+			}
+			fi, _ := strconv.ParseInt(f, 10, 64)
+			bi, _ := strconv.ParseInt(b, 10, 64)
+			out.gens = append(out.gens, gen{fi, max(bi, 1)})
+		}
+		if len(out.gens) > 0 {
+			return out
+		}
+	}
+	b, b0, f := toInt(bk), toInt(bk0), toInt(from)
+	if b < 1 {
 		return fixed(def)
 	}
-	if ly.bk0 < 1 {
-		ly.bk0 = ly.bk
+	if b0 < 1 || b0 == b || f <= 0 {
+		return fixed(int(b))
 	}
-	return ly
+	return layout{gens: []gen{{0, b0}, {f, b}}}
 }
 
 // slotOf is the send-time slot of sendTime (Unix seconds).
@@ -221,20 +272,25 @@ func (s *Store) slotOf(sendTime int64) int64 {
 // bucketKey returns the bucket of a message of the partition.
 func (s *Store) bucketKey(tag string, ly layout, sendTime, digest int64) string {
 	slot := s.slotOf(sendTime)
-	b := ly.bk
-	if slot < ly.from {
-		b = ly.bk0
-	}
+	b := ly.bucketsAt(slot)
 	return tag + ":d:" + strconv.FormatInt(slot, 10) + ":" + strconv.FormatInt(digest%b, 10)
 }
 
 // layout reads the partition's layout from its ownership record.
 func (s *Store) layout(ctx context.Context, topic string, partition int32) (layout, error) {
-	v, err := s.cfg.Client.HMGet(ctx, s.ownKey(topic, partition), "bk", "bk0", "bkfrom").Result()
+	return readLayout(ctx, s.cfg.Client, s.ownKey(topic, partition), s.cfg.Buckets)
+}
+
+// layoutFields are the ownership record's fields layoutOf reads.
+var layoutFields = []string{"ly", "lyv", "bk", "bk0", "bkfrom"}
+
+// readLayout reads the layout in the ownership record key.
+func readLayout(ctx context.Context, client redis.UniversalClient, key string, def int) (layout, error) {
+	v, err := client.HMGet(ctx, key, layoutFields...).Result()
 	if err != nil {
-		return layout{}, fmt.Errorf("state: read the layout of %s/%d: %w", topic, partition, err)
+		return layout{}, fmt.Errorf("state: read the layout of %s: %w", key, err)
 	}
-	return layoutOf(v[0], v[1], v[2], s.cfg.Buckets), nil
+	return layoutOf(v[0], v[1], v[2], v[3], v[4], def), nil
 }
 
 // Seen reports which items of the partition are done: Look without the
@@ -265,11 +321,12 @@ func (s *Store) Look(ctx context.Context, topic string, partition int32, items [
 	if err != nil {
 		return nil, err
 	}
-	return s.look(ctx, s.tag(topic, partition), ly, items)
+	return s.look(ctx, topic, partition, ly, items)
 }
 
-// look is Look with the partition's tag and layout known.
-func (s *Store) look(ctx context.Context, tag string, ly layout, items []Item) ([]Status, error) {
+// look is Look with the partition's layout known.
+func (s *Store) look(ctx context.Context, topic string, partition int32, ly layout, items []Item) ([]Status, error) {
+	tag := s.tag(topic, partition)
 	type q struct {
 		idx     []int
 		members []any
@@ -303,6 +360,9 @@ func (s *Store) look(ctx context.Context, tag string, ly layout, items []Item) (
 				out[byKey[k].idx[n]] = Done
 			}
 		}
+	}
+	if err := s.lookMoved(ctx, topic, partition, items, out); err != nil {
+		return nil, err
 	}
 	if s.cfg.Legacy.on() {
 		if err := s.legacyLook(ctx, items, out); err != nil {
@@ -353,7 +413,7 @@ func readLayouts(ctx context.Context, client redis.UniversalClient, tags []strin
 	pipe := client.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(tags))
 	for i, tag := range tags {
-		cmds[i] = pipe.HMGet(ctx, tag+":own", "bk", "bk0", "bkfrom")
+		cmds[i] = pipe.HMGet(ctx, tag+":own", layoutFields...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("state: read the partitions' layouts: %w", err)
@@ -361,11 +421,11 @@ func readLayouts(ctx context.Context, client redis.UniversalClient, tags []strin
 	out := make([]layout, len(tags))
 	for i, c := range cmds {
 		v := c.Val()
-		if len(v) < 3 {
+		if len(v) < len(layoutFields) {
 			out[i] = fixed(DefaultBuckets)
 			continue
 		}
-		out[i] = layoutOf(v[0], v[1], v[2], DefaultBuckets)
+		out[i] = layoutOf(v[0], v[1], v[2], v[3], v[4], DefaultBuckets)
 	}
 	return out, nil
 }

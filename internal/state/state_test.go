@@ -388,7 +388,7 @@ func TestHole6OldLetterRecognised(t *testing.T) {
 	if err := l.Mark(ctxT(t, time.Second), 5, msgs(sent, "old")); err != nil {
 		t.Fatal(err)
 	}
-	k := s.bucketKey(s.tag("t", 0), l.layout, sent, Digest("old"))
+	k := s.bucketKey(s.tag("t", 0), l.layout(), sent, Digest("old"))
 	ttl, err := rdb.TTL(context.Background(), k).Result()
 	if err != nil || ttl < 168*time.Hour {
 		t.Fatalf("bucket TTL = %s %v, want >= 168h (the DLQ's retry horizon)", ttl, err)
@@ -411,7 +411,7 @@ func TestBucketsAreIntsets(t *testing.T) {
 	if err := l.Mark(ctxT(t, time.Second), 399, items); err != nil {
 		t.Fatal(err)
 	}
-	k := s.bucketKey(s.tag("t", 0), l.layout, 2000, 0)
+	k := s.bucketKey(s.tag("t", 0), l.layout(), 2000, 0)
 	enc, err := rdb.ObjectEncoding(context.Background(), k).Result()
 	if err != nil || enc != "intset" {
 		t.Fatalf("bucket encoding %q %v, want intset", enc, err)
@@ -655,64 +655,36 @@ func TestRepliesBesideMarks(t *testing.T) {
 	}
 }
 
-// TestBucketsChangeKeepsMarksFound: the first owner records its bucket
-// count in the partition's record; an owner configured with another count
-// applies it from the next slot on, so the marks written before are still
-// found — by the new owner and by DoneAnywhere. An owner with the old
-// count that takes the partition while that change is younger than the
-// TTL (a rolling restart) keeps the recorded layout instead of flipping it
-// back, which would hide the marks written since.
-func TestBucketsChangeKeepsMarksFound(t *testing.T) {
+// TestBucketsConfigDoesNotFlipLayout: a consumer configured with another
+// dedup.buckets (a rolling restart) keeps the recorded layout, and every
+// mark stays found by owners and readers alike.
+func TestBucketsConfigDoesNotFlipLayout(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := ctxT(t, 20*time.Second)
 	now := time.Now().Unix()
-	var before []Item
+	var all []Item
 	for i := range 64 {
-		before = append(before, Item{Key: fmt.Sprintf("wk:before-%d", i), SendTime: now - 3600})
+		all = append(all, Item{Key: fmt.Sprintf("wk:before-%d", i), SendTime: now - 3600})
 	}
 	one := newStore(t, rdb, prefix, "one", func(c *Config) { c.Buckets = 1 })
 	l1 := acquire(t, one, "t", 0, 5*time.Second)
-	if err := l1.Mark(ctx, 10, before); err != nil {
+	if err := l1.Mark(ctx, 10, all); err != nil {
 		t.Fatal(err)
 	}
 	_ = l1.Release(ctx)
-
 	eight := newStore(t, rdb, prefix, "eight", func(c *Config) { c.Buckets = 8 })
 	l8 := acquire(t, eight, "t", 0, 5*time.Second)
-	if l8.layout.bk != 8 || l8.layout.bk0 != 1 || l8.layout.from <= eight.slotOf(now) {
-		t.Fatalf("layout after the change %+v: want 8 buckets from the next slot, 1 before", l8.layout)
+	if got := l8.layout(); len(got.gens) != 1 || got.gens[0].bk != 1 {
+		t.Fatalf("layout after a consumer configured with 8 took the partition: %+v, want the recorded 1 bucket", got)
 	}
-	var after []Item
 	for i := range 64 {
-		after = append(after, Item{Key: fmt.Sprintf("wk:after-%d", i), SendTime: now + 3600})
+		all = append(all, Item{Key: fmt.Sprintf("wk:after-%d", i), SendTime: now + 60})
 	}
-	if err := l8.Mark(ctx, 20, after); err != nil {
+	if err := l8.Mark(ctx, 20, all[64:]); err != nil {
 		t.Fatal(err)
-	}
-	all := append(append([]Item(nil), before...), after...)
-	seen, err := l8.Seen(ctx, all)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, ok := range seen {
-		if !ok {
-			t.Fatalf("%s not found by the owner with 8 buckets", all[i].Key)
-		}
-	}
-	n, err := rdb.Keys(ctx, prefix+"st:{t:0}:d:"+strconv.FormatInt(eight.slotOf(now+3600), 10)+":*").Result()
-	if err != nil || len(n) != 8 {
-		t.Fatalf("the slot after the change has %d buckets (%v), want 8", len(n), err)
-	}
-	_ = l8.Release(ctx)
-
-	// A consumer still configured with 1 (a rolling restart) takes it.
-	again := newStore(t, rdb, prefix, "one-again", func(c *Config) { c.Buckets = 1 })
-	l1b := acquire(t, again, "t", 0, 5*time.Second)
-	if l1b.layout != l8.layout {
-		t.Fatalf("an owner with the old count flipped the layout back: %+v, recorded %+v", l1b.layout, l8.layout)
 	}
 	for _, look := range []func() ([]bool, error){
-		func() ([]bool, error) { return l1b.Seen(ctx, all) },
+		func() ([]bool, error) { return l8.Seen(ctx, all) },
 		func() ([]bool, error) { return DoneAnywhere(ctx, rdb, prefix, all) },
 	} {
 		got, err := look()
@@ -721,7 +693,7 @@ func TestBucketsChangeKeepsMarksFound(t *testing.T) {
 		}
 		for i, ok := range got {
 			if !ok {
-				t.Fatalf("%s not found after the rolling restart", all[i].Key)
+				t.Fatalf("%s not found", all[i].Key)
 			}
 		}
 	}
@@ -790,4 +762,271 @@ func TestLookerBatches(t *testing.T) {
 	if st, err := lk.Look(ctx, l0, msgs(100, "late")); err != nil || st[0] != Done {
 		t.Fatalf("a look-up after the mark landed: %v %v, want done", st, err)
 	}
+}
+
+// markAll queues items on m and waits until every mark is recorded.
+func markAll(t *testing.T, m *Marker, items []Item, off int64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed error
+	for i, it := range items {
+		wg.Add(1)
+		m.Add(it, off+int64(i), func(err error) {
+			if err != nil {
+				mu.Lock()
+				failed = err
+				mu.Unlock()
+			}
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	if failed != nil {
+		t.Fatalf("mark: %v", failed)
+	}
+}
+
+// TestLayoutFollowsRate (issue 43, item 4): no operator sizing. A
+// partition's buckets follow its observed rate per send-time slot: a 40×
+// jump turns into more buckets from the next slot on, so the jump's slots
+// stay intsets, and a drop back into one bucket after the shrink spacing;
+// a mark written late into a slot of each earlier generation is found by
+// the owner, by a later owner and by Store.Look.
+func TestLayoutFollowsRate(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		ctx := ctxT(t, 60*time.Second)
+		s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Slot = time.Second; c.Lease = 2 * time.Second })
+		l := acquire(t, s, "t", 0, 5*time.Second)
+		m := l.NewMarker(time.Millisecond, 1000)
+		base := time.Now().Unix() - 3600
+		var all []Item
+		slotItems := func(slot int64, n int, name string) []Item {
+			out := make([]Item, n)
+			for i := range out {
+				out[i] = Item{Key: fmt.Sprintf("%s-%d-%d", name, slot, i), SendTime: base + slot}
+			}
+			all = append(all, out...)
+			return out
+		}
+		off := int64(0)
+		run := func(from, to int64, n int, name string) {
+			for sl := from; sl < to; sl++ {
+				items := slotItems(sl, n, name)
+				markAll(t, m, items, off)
+				off += int64(n)
+			}
+		}
+		run(0, 4, 50, "calm")    // 50 a slot: 1 bucket
+		run(4, 10, 2000, "jump") // 40×: 2000 a slot
+		jumpBk := l.layout().bucketsAt(s.slotOf(base + 9))
+		if jumpBk < 4 {
+			t.Fatalf("after a 40x jump the partition has %d buckets a slot, want >= 4 (layout %+v)", jumpBk, l.layout())
+		}
+		// Every bucket of the jump's slots after the first is an intset.
+		for sl := int64(6); sl < 10; sl++ {
+			keys, err := scanAll(ctx, rdb, l.tag+":d:"+strconv.FormatInt(s.slotOf(base+sl), 10)+":*")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				enc, err := rdb.ObjectEncoding(ctx, k).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if enc != "intset" {
+					t.Fatalf("bucket %s of the jump is %s (%d keys in the slot), want intset", k, enc, len(keys))
+				}
+			}
+		}
+		run(10, 10+shrinkEvery+6, 50, "calm-again")
+		if got := l.layout().bucketsAt(s.slotOf(base + 10 + shrinkEvery + 5)); got != 1 {
+			t.Fatalf("after the rate fell back the partition has %d buckets a slot, want 1 (layout %+v)", got, l.layout())
+		}
+		if n := len(l.layout().gens); n < 3 {
+			t.Fatalf("layout %+v: want 3 generations", l.layout())
+		}
+		// Late marks (a backlog, a letter retried) into a slot of each
+		// earlier generation, written after the later changes.
+		late := append(append(slotItems(1, 20, "late"), slotItems(7, 20, "late")...), slotItems(12, 20, "late")...)
+		markAll(t, m, late, off)
+		m.Close()
+		mustAllSeen(t, l, all, 10*time.Second, "the owner")
+		_ = l.Release(ctx)
+		b := newStore(t, rdb, prefix, "b", func(c *Config) { c.Slot = time.Second; c.Lease = 2 * time.Second; c.Buckets = 16 })
+		lb := acquire(t, b, "t", 0, 5*time.Second)
+		mustAllSeen(t, lb, all, 10*time.Second, "the next owner")
+		st, err := b.Look(ctx, "t", 0, all)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range st {
+			if v != Done {
+				t.Fatalf("Store.Look: %s not found", all[i].Key)
+			}
+		}
+	})
+}
+
+// TestMarkerAdmitHoldsEffects (issue 43, item 3): the effect→mark window
+// is bounded by backpressure. While a partition's marks cannot be written
+// Admit holds the next attempt (no new effect); once they land it admits
+// at once.
+func TestMarkerAdmitHoldsEffects(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Lease = 5 * time.Second })
+		l := acquire(t, s, "t", 0, 5*time.Second)
+		m := l.NewMarker(5*time.Millisecond, 100)
+		defer m.Close()
+		if err := m.Admit(ctxT(t, time.Second)); err != nil {
+			t.Fatalf("Admit with nothing queued: %v", err)
+		}
+		l.marksCutOff.Store(true)
+		recorded := make(chan error, 1)
+		it := Item{Key: "wk:admit-1", SendTime: time.Now().Unix()}
+		m.Add(it, 1, func(err error) { recorded <- err })
+		// The marker tries, fails and tries again; meanwhile no attempt
+		// is admitted.
+		time.Sleep(100 * time.Millisecond)
+		held := 2 * MaxMarkLag
+		t0 := time.Now()
+		if err := m.Admit(ctxT(t, held)); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Admit while the marks cannot be written returned %v after %s, want it held for %s", err, time.Since(t0), held)
+		}
+		l.marksCutOff.Store(false)
+		t0 = time.Now()
+		if err := m.Admit(ctxT(t, 5*time.Second)); err != nil {
+			t.Fatalf("Admit once the marks can be written: %v", err)
+		}
+		if d := time.Since(t0); d > MaxMarkLag+time.Second {
+			t.Fatalf("Admit took %s after the marks could be written again", d)
+		}
+		select {
+		case err := <-recorded:
+			if err != nil {
+				t.Fatalf("mark: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the mark was not recorded once Redis answered")
+		}
+		mustAllSeen(t, l, []Item{it}, 5*time.Second, "after the outage")
+	})
+}
+
+// TestPartitionsAddedMarksFound (issue 43, item 6): partitions are added
+// to a topic; a copy of a message handled before lands in the partition
+// its user has now, and every look-up (the lease's, the Looker's, the
+// store's) still finds the mark written in the partition the user had.
+func TestPartitionsAddedMarksFound(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		ctx := ctxT(t, 20*time.Second)
+		var count sync.Map
+		count.Store("t", 4)
+		parts := func(c *Config) {
+			c.Partitions = func(_ context.Context, topic string) (int, error) {
+				n, _ := count.Load(topic)
+				return n.(int), nil
+			}
+		}
+		// Users that move when 4 partitions become 8.
+		var moved []Item
+		for i := 0; len(moved) < 20; i++ {
+			u := fmt.Sprintf("wm-user-%d", i)
+			if KeyPartition(u, 4) != KeyPartition(u, 8) {
+				moved = append(moved, Item{Key: "wk:" + u + ":m1", SendTime: time.Now().Unix(), User: u})
+			}
+		}
+		a := newStore(t, rdb, prefix, "a", parts)
+		for p := range int32(4) {
+			l := acquire(t, a, "t", p, 5*time.Second)
+			var mine []Item
+			for _, it := range moved {
+				if KeyPartition(it.User, 4) == p {
+					mine = append(mine, it)
+				}
+			}
+			if err := l.Mark(ctx, 1, mine); err != nil {
+				t.Fatal(err)
+			}
+			_ = l.Release(ctx)
+		}
+		time.Sleep(1100 * time.Millisecond) // the new count is first seen a second later
+		count.Store("t", 8)
+		b := newStore(t, rdb, prefix, "b", parts)
+		lk := b.NewLooker(100)
+		defer lk.Close()
+		for p := range int32(8) {
+			var copies []Item
+			for _, it := range moved {
+				if KeyPartition(it.User, 8) == p {
+					copies = append(copies, it)
+				}
+			}
+			if len(copies) == 0 {
+				continue
+			}
+			l := acquire(t, b, "t", p, 5*time.Second)
+			for name, look := range map[string]func() ([]Status, error){
+				"lease":  func() ([]Status, error) { return l.Look(ctx, copies) },
+				"looker": func() ([]Status, error) { return lk.Look(ctx, l, copies) },
+				"store":  func() ([]Status, error) { return b.Look(ctx, "t", p, copies) },
+			} {
+				st, err := look()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range st {
+					if v != Done {
+						t.Fatalf("%s look-up in partition %d after partitions were added: %s (marked in partition %d) not found",
+							name, p, copies[i].Key, KeyPartition(copies[i].User, 4))
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestLiveCounts: an older partition count is asked for two TTLs after
+// the next one was first seen, then no more.
+func TestLiveCounts(t *testing.T) {
+	s := &Store{cfg: Config{TTL: time.Hour}}
+	h := []countEntry{{4, 1000}, {8, 5000}, {12, 9000}}
+	for _, c := range []struct {
+		now  int64
+		want []int
+	}{
+		{9000, []int{4, 8, 12}},
+		{5000 + 7199, []int{4, 8, 12}},
+		{5000 + 7200, []int{8, 12}},
+		{9000 + 7200, []int{12}},
+	} {
+		if got := s.liveCounts(h, time.Unix(c.now, 0)); fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("at %d: %v, want %v", c.now, got, c.want)
+		}
+	}
+}
+
+// TestStaleLayoutMarkRebucketed: a former owner (cut off, its lease
+// taken over) whose layout predates the new owner's change writes a late
+// mark into a slot of the new generation: the mark script refuses the
+// stale buckets, the lease reads the layout again, and the mark lands
+// where the new owner looks.
+func TestStaleLayoutMarkRebucketed(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		ctx := ctxT(t, 20*time.Second)
+		a, la, lb := takenOver(t, rdb, prefix, 0)
+		now := time.Now().Unix()
+		from := a.slotOf(now) + 1
+		if changed, err := lb.relayout(ctx, from, 8); err != nil || !changed {
+			t.Fatalf("relayout: %v, %v", changed, err)
+		}
+		if la.layout().ver == lb.layout().ver {
+			t.Fatal("the former owner already knows the new layout: the test proves nothing")
+		}
+		late := numbered("wk:late-", 40, now+2*int64(a.slotSec))
+		if err := la.Mark(ctx, 5, late); !errors.Is(err, ErrFenced) {
+			t.Fatalf("late mark of the former owner: %v, want ErrFenced (recorded)", err)
+		}
+		mustAllSeen(t, lb, late, 5*time.Second, "the new owner after the former owner's late mark")
+	})
 }

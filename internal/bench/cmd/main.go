@@ -51,7 +51,7 @@ func run() error {
 	var kafkaSet kvFlags
 	flag.Var(&kafkaSet, "kafka-set", "extra librdkafka property key=value for every client (repeatable), e.g. debug=eos,metadata")
 	memProfile := flag.String("memprofile", "", "write an allocation profile (every allocation since start) to this file at the end")
-	workloads := flag.String("workloads", "", "state scenario: comma-separated workloads of dense, conversation, write-once (default all)")
+	workloads := flag.String("workloads", "", "state scenario: comma-separated workloads of dense, conversation, write-once, journey (default all)")
 	noOld := flag.Bool("no-old", false, "state scenario: skip the full pipeline, run the store-level phase only")
 	legacy := flag.String("legacy", "off", "state scenario: comma-separated dedup.legacy modes the full pipeline runs with in turn (off, read)")
 	guardResults := flag.String("guard", "", "compare this results file (JSON lines of a run) with -baseline, print the change a row and exit 3 when a row is worse by more than 20%; runs no scenario")
