@@ -257,7 +257,21 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 		}
 		return n
 	}
-	pick := func() FaultKind {
+	// Every kind once first (in a shuffled order), then by weight: a short
+	// schedule still combines many kinds.
+	deck := append([]FaultKind(nil), kinds...)
+	r.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+	used := map[FaultKind]bool{}
+	pick := func(try int) FaultKind {
+		for _, k := range deck {
+			if used[k] {
+				continue
+			}
+			if try == 0 {
+				return k
+			}
+			try--
+		}
 		x := r.IntN(total)
 		for _, k := range kinds {
 			if x -= specs[k].weight; x < 0 {
@@ -275,7 +289,7 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 		// A kind whose resource is busy is drawn again (a few times; then
 		// this slot stays empty).
 		for try := 0; try < 8; try++ {
-			k := pick()
+			k := pick(try)
 			sp := specs[k]
 			st := Step{N: len(sched.Steps) + 1, At: at, Kind: k, Dur: between(sp.durLo, sp.durHi)}
 			if sp.argHi > 0 {
@@ -313,6 +327,7 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 				busy[res] = st.End() + 3*time.Second
 			}
 			sched.Steps = append(sched.Steps, st)
+			used[k] = true
 			break
 		}
 	}
@@ -332,12 +347,15 @@ func NemesisSeed() (seed uint64, fromEnv bool, err error) {
 	return rand.Uint64() % 1_000_000_000, false, nil
 }
 
-// ParseKinds parses a comma-separated list of kind names; unknown names
-// are an error.
+// ParseKinds parses a comma-separated list of kind names ("all": every
+// kind); unknown names are an error.
 func ParseKinds(list string) ([]FaultKind, error) {
 	known := map[FaultKind]bool{}
 	for _, k := range AllKinds() {
 		known[k] = true
+	}
+	if strings.TrimSpace(list) == "all" {
+		return AllKinds(), nil
 	}
 	var out []FaultKind
 	for _, f := range strings.Split(list, ",") {

@@ -61,8 +61,8 @@ func TestChaosNemesis(t *testing.T) {
 	const consumers = 3
 	users := Size(150, 600)
 	cfg := NemesisConfig{Duration: duration, Warmup: 5 * time.Second, Consumers: consumers, Users: users,
-		Lease: config.DefaultDedupLease, Full: full, Kinds: kinds, GapLo: Size(3*time.Second, 2*time.Second),
-		GapHi: Size(8*time.Second, 12*time.Second), MaxConsumersDown: Size(1, 2)}
+		Lease: config.DefaultDedupLease, Full: full, Kinds: kinds, GapLo: 2 * time.Second,
+		GapHi: Size(5*time.Second, 12*time.Second), MaxConsumersDown: Size(1, 2)}
 	sched := GenSchedule(seed, cfg)
 	replay := fmt.Sprintf("%s=%d %s=%d go test -run 'TestChaosNemesis$' -count=1 -v ./internal/chaos/",
 		EnvNemesisSeed, seed, EnvFull, map[bool]int{true: 1, false: 0}[full])
@@ -317,7 +317,8 @@ func TestChaosNemesis(t *testing.T) {
 		return a
 	}
 
-	rate := Size(15.0, 25.0)
+	// Feed appends whole messages every 100 ms: a rate in tens.
+	rate := Size(20.0, 30.0)
 	load := Load{Total: int(rate * duration.Seconds()), Users: users, Rate: rate}
 	Run(t, "nemesis", p, load, Size(4*time.Minute, 15*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
 		f := p.feeder

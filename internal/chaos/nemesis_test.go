@@ -66,7 +66,7 @@ func TestNemesisFullScheduleSize(t *testing.T) {
 		}
 	}
 	short := GenSchedule(48, NemesisConfig{Duration: 75 * time.Second, Warmup: 5 * time.Second, Consumers: 3, Users: 150,
-		Lease: 10 * time.Second, Kinds: ShortKinds(), GapLo: 3 * time.Second, GapHi: 8 * time.Second, MaxConsumersDown: 1})
+		Lease: 10 * time.Second, Kinds: ShortKinds(), GapLo: 2 * time.Second, GapHi: 5 * time.Second, MaxConsumersDown: 1})
 	for _, st := range short.Steps {
 		if st.Kind == SlowHandler && st.Arg > 3000 {
 			t.Errorf("the short schedule has a handler of %d ms", st.Arg)
