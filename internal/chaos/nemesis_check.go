@@ -38,6 +38,7 @@ type Verdict struct {
 	RepliesDup           int // a reply delivered twice (by WeChat msgid) outside a kill's window
 	RepliesMissing       int // an effect with no reply that no servicer hold explains
 	RepliesReordered     int
+	RepliesRefusedQuota  int // a reply WeChat's 5-after-each-message rule refused (95001): routine
 	LettersUnexplained   int // a dead letter whose reason no step of the schedule explains
 	Blocked              int // customers who did not flood whose wait exceeded what the schedule explains
 	StallsOver           int // messages whose wait exceeded what the schedule explains
@@ -68,16 +69,20 @@ func (v *Verdict) Line() string {
 	sort.Strings(kinds)
 	return fmt.Sprintf("lost=%d dup=%d reordered=%d replies_dup=%d replies_missing=%d replies_reordered=%d "+
 		"letters_unexplained=%d blocked=%d stalls_over_bound=%d crashes=%d | messages=%d effects=%d deliveries=%d "+
-		"redelivered_after_kill=%d replies=%d replies_resent_after_kill=%d letters=%d stalls_over_10s=%d max_stall=%s "+
+		"redelivered_after_kill=%d replies=%d replies_resent_after_kill=%d replies_refused_95001=%d letters=%d stalls_over_10s=%d max_stall=%s "+
 		"faults=%d fault_kinds=%d [%s]",
 		v.Lost, v.Dup, v.Reordered, v.RepliesDup, v.RepliesMissing, v.RepliesReordered, v.LettersUnexplained, v.Blocked,
-		v.StallsOver, v.Crashes, v.Messages, v.Effects, v.Deliveries, v.Redelivered, v.Replies, v.RepliesResent, v.Letters,
+		v.StallsOver, v.Crashes, v.Messages, v.Effects, v.Deliveries, v.Redelivered, v.Replies, v.RepliesResent, v.RepliesRefusedQuota, v.Letters,
 		v.Stalls, v.MaxStall.Round(100*time.Millisecond), faults, len(v.FaultsByKind), strings.Join(kinds, ","))
 }
 
 func (v *Verdict) violate(format string, args ...any) {
 	v.Violations = append(v.Violations, fmt.Sprintf(format, args...))
 }
+
+// replyQuotaPerMessage is WeChat's limit of messages to a customer after
+// each message of theirs (the fake models it, 95001 beyond).
+const replyQuotaPerMessage = 5
 
 // letterCauses are, for each dead-letter reason, the kinds of step that
 // can explain it; userBound kinds explain it only for their own customer.
@@ -261,9 +266,44 @@ func Check(ev *Evidence, rep *Report, replies, replyDups []wecomtest.Reply, run 
 		}
 		last[s.User] = max(last[s.User], s.Index)
 	}
-	for id := range first {
+	// WeChat takes 5 messages after each message of the customer (95001
+	// after that, a routine refusal that finishes the message): a reply
+	// missing while 5 had gone out since the customer's last message is
+	// explained. sentBy and repliedTo are by customer, in time order.
+	sentBy, repliedTo := map[string][]time.Time{}, map[string][]time.Time{}
+	for _, s := range ev.Sent {
+		sentBy[s.User] = append(sentBy[s.User], s.At)
+	}
+	for _, rp := range replies {
+		repliedTo[rp.User] = append(repliedTo[rp.User], rp.At)
+	}
+	for _, ts := range [](map[string][]time.Time){sentBy, repliedTo} {
+		for _, l := range ts {
+			sort.Slice(l, func(i, j int) bool { return l[i].Before(l[j]) })
+		}
+	}
+	quotaUsed := func(user string, at time.Time) bool {
+		ss := sentBy[user]
+		i := sort.Search(len(ss), func(i int) bool { return ss[i].After(at) })
+		if i == 0 {
+			return false
+		}
+		from := ss[i-1]
+		n := 0
+		for _, r := range repliedTo[user] {
+			if !r.Before(from) && !r.After(at) {
+				n++
+			}
+		}
+		return n >= replyQuotaPerMessage
+	}
+	for id, at := range first {
 		s, ok := sent[id]
 		if !ok || got[id] || held[s.User] || len(ev.DLQ[id]) > 0 {
+			continue
+		}
+		if quotaUsed(s.User, at) || quotaUsed(s.User, at.Add(2*time.Second)) {
+			v.RepliesRefusedQuota++
 			continue
 		}
 		v.RepliesMissing++

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +111,13 @@ func TestNemesisCheckerJudges(t *testing.T) {
 		{MsgID: "m7", User: "bot", Tag: "consumer-1.1", At: t0.Add(5 * time.Minute)},
 		{MsgID: "m8", User: "u6", Tag: "consumer-1.1", At: t0.Add(time.Hour + 60*time.Second)},
 	}
+	// u7 writes 7 messages at once: WeChat takes 5 replies, refuses 2.
+	t2 := t0.Add(2 * time.Hour)
+	for i := range 7 {
+		id := fmt.Sprintf("q%d", i)
+		sent = append(sent, Sent{MsgID: id, User: "u7", Index: i, At: t2})
+		dels = append(dels, Delivery{MsgID: id, User: "u7", Tag: "consumer-1.1", At: t2.Add(time.Duration(i+1) * 100 * time.Millisecond)})
+	}
 	ev := &Evidence{Sent: sent, Deliveries: dels, Lease: 10 * time.Second, Kafka: map[string]int{},
 		DLQ: map[string][]DeadLetter{
 			"m3": {{MsgID: "m3", User: "u2", Reason: "downstream_error"}},
@@ -122,6 +130,11 @@ func TestNemesisCheckerJudges(t *testing.T) {
 	}
 	replies := []wecomtest.Reply{reply("m1", "r1", t0), reply("m2", "r2", t0), reply("m5", "r5", t0),
 		reply("m7", "r7", t0), reply("m8", "r8", t0)}
+	for i := range 5 {
+		rp := reply(fmt.Sprintf("q%d", i), fmt.Sprintf("rq%d", i), t2.Add(time.Duration(i+1)*100*time.Millisecond+time.Millisecond))
+		rp.User = "u7"
+		replies = append(replies, rp)
+	}
 	dups := []wecomtest.Reply{{MsgID: "r1", User: "u1", At: t0.Add(time.Minute)}}
 	run := NemesisRun{BaseStall: 30 * time.Second, Flooders: map[string]bool{"bot": true}, Applied: []Applied{
 		{Step: Step{Kind: FailUser}, User: "u2", Start: t0, End: t0.Add(5 * time.Second)},
@@ -131,7 +144,7 @@ func TestNemesisCheckerJudges(t *testing.T) {
 	}}
 	v := Check(ev, rep, replies, dups, run)
 	if v.LettersUnexplained != 1 || v.StallsOver != 1 || v.Blocked != 1 || v.RepliesDup != 1 || v.RepliesMissing != 0 ||
-		v.Lost != 0 || v.Dup != 0 || v.Reordered != 0 {
+		v.Lost != 0 || v.Dup != 0 || v.Reordered != 0 || v.RepliesRefusedQuota != 2 {
 		t.Fatalf("verdict %s; violations %q", v.Line(), v.Violations)
 	}
 	if v.OK() {
