@@ -56,6 +56,7 @@ const (
 	RedisReset      FaultKind = "redis-reset"      // reset a share of a consumer's new Redis connections for Dur (loss)
 	RedisPartition  FaultKind = "redis-partition"  // blackhole a consumer's Redis link for Dur
 	ReceiverSlow    FaultKind = "receiver-slow"    // the receiver takes Arg ms more per message for Dur
+	ReceiverFlaky   FaultKind = "receiver-flaky"   // the receiver fails Arg % of the calls at once (500) for Dur
 	FailUser        FaultKind = "fail-user"        // the receiver fails every message of one customer for Dur
 	FailAll         FaultKind = "fail-all"         // the receiver answers 503 to everyone for Dur
 	DownstreamFixed FaultKind = "downstream-fixed" // the operator retries the downstream_error letters (batch)
@@ -78,9 +79,13 @@ type kindSpec struct {
 }
 
 func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
-	slowMax := 3000
+	// Short: handlers and a slowed receiver well inside the shipped 5 s
+	// timeout and the load inside the receiver's capacity. Full: handlers
+	// up to 30 s (an LLM-backed bot), and a receiver slowed to 20 s a
+	// call, slower than the offered load (64 connections a consumer).
+	slowMax, receiverMax := 3000, 1500
 	if full {
-		slowMax = 30000 // handlers up to 30 s
+		slowMax, receiverMax = 30000, 20000
 	}
 	return map[FaultKind]kindSpec{
 		ConsumerKill9:   {weight: 8, durLo: time.Second, durHi: 6 * time.Second, target: "consumer"},
@@ -96,7 +101,8 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 		RedisDelay:      {weight: 4, durLo: 3 * time.Second, durHi: 15 * time.Second, argLo: 20, argHi: 300, target: "consumer"},
 		RedisReset:      {weight: 3, durLo: 3 * time.Second, durHi: 10 * time.Second, argLo: 10, argHi: 50, target: "consumer"},
 		RedisPartition:  {weight: 2, durLo: 2 * time.Second, durHi: 8 * time.Second, target: "consumer"},
-		ReceiverSlow:    {weight: 3, durLo: 5 * time.Second, durHi: 20 * time.Second, argLo: 50, argHi: 1500, target: "sink"},
+		ReceiverSlow:    {weight: 3, durLo: 5 * time.Second, durHi: 20 * time.Second, argLo: 50, argHi: receiverMax, target: "sink"},
+		ReceiverFlaky:   {weight: 3, durLo: 5 * time.Second, durHi: 20 * time.Second, argLo: 10, argHi: 40, target: "flaky"},
 		FailUser:        {weight: 4, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "user"},
 		FailAll:         {weight: 2, durLo: 2 * time.Second, durHi: 8 * time.Second, target: "sink"},
 		DownstreamFixed: {weight: 2},
@@ -112,7 +118,7 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 // AllKinds lists every kind the nemesis drives, in a fixed order.
 func AllKinds() []FaultKind {
 	return []FaultKind{ConsumerKill9, ConsumerRestart, ConsumerFreeze, ProducerKill9, ProducerRestart, ProducerFreeze,
-		DLQKill9, DLQRestart, ScaleOut, ScaleIn, RedisDelay, RedisReset, RedisPartition, ReceiverSlow, FailUser, FailAll,
+		DLQKill9, DLQRestart, ScaleOut, ScaleIn, RedisDelay, RedisReset, RedisPartition, ReceiverSlow, ReceiverFlaky, FailUser, FailAll,
 		DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst, SlowHandler}
 }
 
@@ -315,7 +321,7 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 				i := r.IntN(max(1, cfg.Users))
 				st.Target = "u" + fmt.Sprintf("%04d", i)
 				res = "user-" + st.Target
-			case "producer", "dlq", "sink", "bot":
+			case "producer", "dlq", "sink", "bot", "flaky":
 				res, st.Target = sp.target, sp.target
 			}
 			if res != "" {

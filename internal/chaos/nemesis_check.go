@@ -87,8 +87,8 @@ const replyQuotaPerMessage = 5
 // letterCauses are, for each dead-letter reason, the kinds of step that
 // can explain it; userBound kinds explain it only for their own customer.
 var letterCauses = map[string][]FaultKind{
-	"downstream_error": {FailUser, FailAll, ReceiverSlow, SlowHandler},
-	"circuit_open":     {FailUser, FailAll, ReceiverSlow, SlowHandler},
+	"downstream_error": {FailUser, FailAll, ReceiverSlow, ReceiverFlaky, SlowHandler},
+	"circuit_open":     {FailUser, FailAll, ReceiverSlow, ReceiverFlaky, SlowHandler},
 	"process_timeout":  {ReceiverSlow, SlowHandler, ConsumerFreeze, RedisPartition, RedisDelay, RedisReset},
 	"queue_full":       {Flood, HumanBurst, ReceiverSlow, SlowHandler},
 	"system_overload":  {Flood, HumanBurst, ReceiverSlow, SlowHandler},
@@ -107,7 +107,7 @@ func stallGrace(k FaultKind, lease time.Duration) (grace time.Duration, stalls b
 		return 15 * time.Second, true
 	case RedisDelay, RedisReset, RedisPartition:
 		return lease + 15*time.Second, true
-	case ReceiverSlow, FailAll:
+	case ReceiverSlow, FailAll, ReceiverFlaky:
 		return 30 * time.Second, true
 	case ReplyThrottle:
 		return 10 * time.Second, true
@@ -219,6 +219,12 @@ func Check(ev *Evidence, rep *Report, replies, replyDups []wecomtest.Reply, run 
 					}
 				}
 				grace, stalls = time.Duration(n+1)*time.Duration(a.Arg)*time.Millisecond+10*time.Second, true
+			}
+			if a.Kind == ReceiverSlow {
+				// A receiver slower than the load leaves a backlog that
+				// drains after it recovers: the longer and the slower, the
+				// more.
+				grace += time.Duration(float64(a.End.Sub(a.Start)) * float64(a.Arg) / 1000)
 			}
 			if !stalls {
 				continue

@@ -280,6 +280,10 @@ func TestChaosNemesis(t *testing.T) {
 			slowMu.Lock()
 			delete(slowUser, a.User)
 			slowMu.Unlock()
+		case ReceiverFlaky:
+			p.Sink.FailRatio(float64(st.Arg) / 100)
+			wait()
+			p.Sink.FailRatio(0)
 		case FailUser:
 			a.User = userOf(st.Target)
 			p.Sink.FailUser(a.User)
