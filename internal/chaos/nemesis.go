@@ -123,11 +123,21 @@ func AllKinds() []FaultKind {
 }
 
 // ShortKinds are the kinds make test's short nemesis draws from: the ones
-// today's code survives in combination on a loaded machine (the report of
-// the change that added the nemesis lists the others with their seeds).
+// today's code survives in combination on a loaded machine. Left out until
+// the hand-over fixes land: a consumer's SIGTERM (consumer-restart,
+// scale-in, scale-out: a handler still running past the drain runs again
+// at the next owner, and the stop exits 1), a freeze past the lease and a
+// cut from Redis (an owner acting on a lease it lost).
 func ShortKinds() []FaultKind {
-	return []FaultKind{ConsumerKill9, ProducerKill9, ProducerRestart, DLQKill9, DLQRestart, RedisDelay,
-		ReceiverSlow, FailUser, DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst}
+	skip := map[FaultKind]bool{ConsumerRestart: true, ScaleIn: true, ScaleOut: true, ConsumerFreeze: true,
+		RedisPartition: true}
+	var out []FaultKind
+	for _, k := range AllKinds() {
+		if !skip[k] {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // NemesisConfig is everything the schedule depends on besides the seed.

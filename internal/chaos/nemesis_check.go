@@ -18,6 +18,9 @@ type Applied struct {
 	User       string // the customer of a user-targeted step (FailUser, ReplyServicer, SlowHandler, HumanBurst)
 	Start, End time.Time
 	Err        string // the step could not be carried out
+	// Finding: the step was carried out but the system misbehaved doing
+	// it (a daemon that hung on SIGTERM or exited non-zero): a violation.
+	Finding string
 }
 
 // NemesisRun is what the checker reads besides the evidence: the schedule,
@@ -43,6 +46,7 @@ type Verdict struct {
 	Blocked              int // customers who did not flood whose wait exceeded what the schedule explains
 	StallsOver           int // messages whose wait exceeded what the schedule explains
 	Crashes              int
+	ShutdownFailures     int // a SIGTERM the daemon did not answer with a clean exit in time
 	// Figures.
 	Messages, Effects, Deliveries, Replies, RepliesResent, Letters int
 	Stalls                                                         int           // messages that waited more than 10 s
@@ -55,7 +59,7 @@ type Verdict struct {
 // OK reports whether the run is clean.
 func (v *Verdict) OK() bool {
 	return v.Lost+v.Dup+v.Reordered+v.RepliesDup+v.RepliesMissing+v.RepliesReordered+v.LettersUnexplained+v.Blocked+
-		v.StallsOver+v.Crashes == 0 && len(v.Violations) == 0
+		v.StallsOver+v.Crashes+v.ShutdownFailures == 0 && len(v.Violations) == 0
 }
 
 // Line is the verdict line.
@@ -68,11 +72,11 @@ func (v *Verdict) Line() string {
 	}
 	sort.Strings(kinds)
 	return fmt.Sprintf("lost=%d dup=%d reordered=%d replies_dup=%d replies_missing=%d replies_reordered=%d "+
-		"letters_unexplained=%d blocked=%d stalls_over_bound=%d crashes=%d | messages=%d effects=%d deliveries=%d "+
+		"letters_unexplained=%d blocked=%d stalls_over_bound=%d crashes=%d shutdown_failures=%d | messages=%d effects=%d deliveries=%d "+
 		"redelivered_after_kill=%d replies=%d replies_resent_after_kill=%d replies_refused_95001=%d letters=%d stalls_over_10s=%d max_stall=%s "+
 		"faults=%d fault_kinds=%d [%s]",
 		v.Lost, v.Dup, v.Reordered, v.RepliesDup, v.RepliesMissing, v.RepliesReordered, v.LettersUnexplained, v.Blocked,
-		v.StallsOver, v.Crashes, v.Messages, v.Effects, v.Deliveries, v.Redelivered, v.Replies, v.RepliesResent, v.RepliesRefusedQuota, v.Letters,
+		v.StallsOver, v.Crashes, v.ShutdownFailures, v.Messages, v.Effects, v.Deliveries, v.Redelivered, v.Replies, v.RepliesResent, v.RepliesRefusedQuota, v.Letters,
 		v.Stalls, v.MaxStall.Round(100*time.Millisecond), faults, len(v.FaultsByKind), strings.Join(kinds, ","))
 }
 
@@ -127,6 +131,10 @@ func Check(ev *Evidence, rep *Report, replies, replyDups []wecomtest.Reply, run 
 	for _, a := range run.Applied {
 		if a.Err == "" {
 			v.FaultsByKind[a.Kind]++
+		}
+		if a.Finding != "" {
+			v.ShutdownFailures++
+			v.violate("step %s: %s", a.Step, a.Finding)
 		}
 	}
 	for _, n := range rep.notes {

@@ -224,8 +224,9 @@ func TestChaosNemesis(t *testing.T) {
 			return fail(d.Restart(repairTimeout))
 		case ConsumerRestart, ProducerRestart, DLQRestart, ScaleIn:
 			if err := d.Stop(40 * time.Second); err != nil {
-				a.Err = "SIGTERM: " + err.Error()
-				// A hang is a finding: it was killed; start it again.
+				// A hang or a non-zero exit is a finding (Stop killed a
+				// hung process); the step goes on: start it again.
+				a.Finding = "SIGTERM: " + err.Error()
 			}
 			wait()
 			if err := d.Restart(repairTimeout); err != nil {
@@ -244,7 +245,7 @@ func TestChaosNemesis(t *testing.T) {
 			}
 			wait()
 			if err := d.Stop(40 * time.Second); err != nil {
-				a.Err = "SIGTERM: " + err.Error()
+				a.Finding = "SIGTERM: " + err.Error()
 			}
 			return a
 		case RedisDelay:
@@ -382,8 +383,8 @@ func TestChaosNemesis(t *testing.T) {
 				runMu.Lock()
 				applied = append(applied, a)
 				runMu.Unlock()
-				if a.Err != "" {
-					t.Logf("nemesis %s: %s", st, a.Err)
+				if a.Err != "" || a.Finding != "" {
+					t.Logf("nemesis %s: %s%s", st, a.Err, a.Finding)
 				}
 			}()
 		}

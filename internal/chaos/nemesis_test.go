@@ -158,4 +158,10 @@ func TestNemesisCheckerJudges(t *testing.T) {
 	if v := Check(ev, rep, replies, dups, run); v.RepliesMissing != 1 {
 		t.Fatalf("missing replies %d, want 1: %q", v.RepliesMissing, v.Violations)
 	}
+	// A daemon that does not exit cleanly on SIGTERM is a finding.
+	run.Applied = append(run.Applied, Applied{Step: Step{Kind: ConsumerRestart, Target: "consumer-1"},
+		Finding: "SIGTERM: exit status 1"})
+	if v := Check(ev, rep, replies, dups, run); v.ShutdownFailures != 1 || v.OK() {
+		t.Fatalf("shutdown failures %d, want 1", v.ShutdownFailures)
+	}
 }
