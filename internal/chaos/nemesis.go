@@ -36,6 +36,11 @@ const EnvNemesisDuration = "KFPIPE_NEMESIS_DURATION"
 // minimized by hand.
 const EnvNemesisKinds = "KFPIPE_NEMESIS_KINDS"
 
+// EnvNemesisKafka: "shared" runs the full nemesis on the shared broker
+// (no broker kinds); by default it starts a private 3-node cluster and
+// kills and stops its brokers too. The short run uses the shared broker.
+const EnvNemesisKafka = "KFPIPE_NEMESIS_KAFKA"
+
 // FaultKind is one kind of thing the nemesis does to the running system.
 type FaultKind string
 
@@ -66,7 +71,13 @@ const (
 	Flood           FaultKind = "flood"            // a bot floods at Arg messages a minute for Dur
 	HumanBurst      FaultKind = "human-burst"      // one customer sends Arg messages at once
 	SlowHandler     FaultKind = "slow-handler"     // one customer's messages take Arg ms to handle for Dur
+	// With a private 3-node Kafka cluster (NemesisConfig.Brokers):
+	BrokerKill9 FaultKind = "broker-kill9" // kill -9 a broker, resume it after Dur
+	BrokerStop  FaultKind = "broker-stop"  // stop a broker (SIGTERM, controlled shutdown), resume it after Dur
 )
+
+// brokerKinds need NemesisConfig.Brokers.
+var brokerKinds = map[FaultKind]bool{BrokerKill9: true, BrokerStop: true}
 
 // kindSpec is how the generator draws a kind: its weight, the range of
 // Dur and Arg, and the resource it holds while it lasts (no two steps on
@@ -112,6 +123,10 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 		Flood:           {weight: 3, durLo: 5 * time.Second, durHi: 20 * time.Second, argLo: 600, argHi: 3000, target: "bot"},
 		HumanBurst:      {weight: 4, argLo: 5, argHi: 30},
 		SlowHandler:     {weight: 3, durLo: 5 * time.Second, durHi: 30 * time.Second, argLo: 500, argHi: slowMax, target: "user"},
+		// One broker at a time: with replication factor 3 and
+		// min.insync.replicas 2, two down would stop every write.
+		BrokerKill9: {weight: 3, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "broker"},
+		BrokerStop:  {weight: 2, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "broker"},
 	}
 }
 
@@ -119,7 +134,7 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 func AllKinds() []FaultKind {
 	return []FaultKind{ConsumerKill9, ConsumerRestart, ConsumerFreeze, ProducerKill9, ProducerRestart, ProducerFreeze,
 		DLQKill9, DLQRestart, ScaleOut, ScaleIn, RedisDelay, RedisReset, RedisPartition, ReceiverSlow, ReceiverFlaky, FailUser, FailAll,
-		DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst, SlowHandler}
+		DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst, SlowHandler, BrokerKill9, BrokerStop}
 }
 
 // ShortKinds are the kinds make test's short nemesis draws from: the ones
@@ -130,7 +145,7 @@ func AllKinds() []FaultKind {
 // cut from Redis (an owner acting on a lease it lost).
 func ShortKinds() []FaultKind {
 	skip := map[FaultKind]bool{ConsumerRestart: true, ScaleIn: true, ScaleOut: true, ConsumerFreeze: true,
-		RedisPartition: true}
+		RedisPartition: true, BrokerKill9: true, BrokerStop: true}
 	var out []FaultKind
 	for _, k := range AllKinds() {
 		if !skip[k] {
@@ -149,6 +164,7 @@ type NemesisConfig struct {
 	Lease     time.Duration // the dedup lease (a freeze lasts past it)
 	Full      bool          // full-size ranges (handlers up to 30 s)
 	Kinds     []FaultKind   // the kinds to draw from
+	Brokers   int           // nodes of the private Kafka cluster (0: the shared broker, no broker kinds)
 	// Gap is the range of the time between two steps' starts.
 	GapLo, GapHi time.Duration
 	// MaxConsumersDown bounds the consumers disturbed at once.
@@ -246,6 +262,9 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 	var kinds []FaultKind
 	total := 0
 	for _, k := range cfg.Kinds {
+		if brokerKinds[k] && cfg.Brokers == 0 {
+			continue
+		}
 		if sp, ok := specs[k]; ok && sp.weight > 0 {
 			kinds = append(kinds, k)
 			total += sp.weight
@@ -331,6 +350,8 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 				i := r.IntN(max(1, cfg.Users))
 				st.Target = "u" + fmt.Sprintf("%04d", i)
 				res = "user-" + st.Target
+			case "broker":
+				res, st.Target = "broker", "broker-"+strconv.Itoa(1+r.IntN(max(1, cfg.Brokers)))
 			case "producer", "dlq", "sink", "bot", "flaky":
 				res, st.Target = sp.target, sp.target
 			}

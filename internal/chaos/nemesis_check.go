@@ -94,6 +94,7 @@ var letterCauses = map[string][]FaultKind{
 	"downstream_error": {FailUser, FailAll, ReceiverSlow, ReceiverFlaky, SlowHandler},
 	"circuit_open":     {FailUser, FailAll, ReceiverSlow, ReceiverFlaky, SlowHandler},
 	"process_timeout":  {ReceiverSlow, SlowHandler, ConsumerFreeze, RedisPartition, RedisDelay, RedisReset},
+	"kafka_failure":    {BrokerKill9, BrokerStop},
 	"queue_full":       {Flood, HumanBurst, ReceiverSlow, SlowHandler},
 	"system_overload":  {Flood, HumanBurst, ReceiverSlow, SlowHandler},
 }
@@ -115,6 +116,8 @@ func stallGrace(k FaultKind, lease time.Duration) (grace time.Duration, stalls b
 		return 30 * time.Second, true
 	case ReplyThrottle:
 		return 10 * time.Second, true
+	case BrokerKill9, BrokerStop:
+		return 30 * time.Second, true
 	case DLQKill9, DLQRestart:
 		return 0, false // the dlq-consumer is not on a message's way
 	}

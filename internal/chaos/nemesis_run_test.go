@@ -58,11 +58,15 @@ func TestChaosNemesis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	brokers := 0
+	if full && os.Getenv(EnvNemesisKafka) != "shared" {
+		brokers = 3
+	}
 	const consumers = 3
 	users := Size(150, 600)
 	cfg := NemesisConfig{Duration: duration, Warmup: 5 * time.Second, Consumers: consumers, Users: users,
 		Lease: config.DefaultDedupLease, Full: full, Kinds: kinds, GapLo: 2 * time.Second,
-		GapHi: Size(5*time.Second, 12*time.Second), MaxConsumersDown: Size(1, 2)}
+		GapHi: Size(5*time.Second, 12*time.Second), MaxConsumersDown: Size(1, 2), Brokers: brokers}
 	sched := GenSchedule(seed, cfg)
 	replay := fmt.Sprintf("%s=%d %s=%d go test -run 'TestChaosNemesis$' -count=1 -v ./internal/chaos/",
 		EnvNemesisSeed, seed, EnvFull, map[bool]int{true: 1, false: 0}[full])
@@ -79,13 +83,26 @@ func TestChaosNemesis(t *testing.T) {
 	}
 	t.Logf("nemesis seed=%d steps=%d kinds=%s", seed, len(sched.Steps), sched.KindCounts())
 
+	kafkaAddr := svc.Brokers
+	var cluster *Cluster
+	consumerEnv := map[string]string{}
+	var commonEnv map[string]string
+	if brokers > 0 {
+		cluster = PrivateKafkaCluster(t)
+		kafkaAddr = cluster.Brokers
+		commonEnv = map[string]string{
+			"KFPIPE_KAFKA_TOPICS_MAIN_REPLICATION_FACTOR":  "3",
+			"KFPIPE_KAFKA_TOPICS_MAIN_MIN_INSYNC_REPLICAS": "2",
+			"KFPIPE_KAFKA_TOPICS_DLQ_REPLICATION_FACTOR":   "3",
+			"KFPIPE_KAFKA_TOPICS_DLQ_MIN_INSYNC_REPLICAS":  "2",
+		}
+	}
 	fp := StartFaultProxy(t)
 	links := map[string]*toxiclient.Proxy{}
 	for i := 1; i <= consumers+1; i++ {
 		name := "consumer-" + strconv.Itoa(i)
 		links[name] = fp.Link(t, "nemesis-redis-"+name+"-"+strconv.FormatUint(seed, 10)+"-"+strconv.Itoa(rand.IntN(1e6)), svc.Redis)
 	}
-	consumerEnv := map[string]string{}
 	if full {
 		// Handlers up to 30 s: the receiver's timeout and the attempt's
 		// must let them finish.
@@ -149,7 +166,7 @@ func TestChaosNemesis(t *testing.T) {
 			}
 		}
 	}
-	pp = Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: consumers + 1,
+	pp = Start(t, Options{Brokers: kafkaAddr, Env: commonEnv, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: consumers + 1,
 		Partitions: 6, ConsumerEnv: consumerEnv, KillsNotForStalls: true, Judge: judge,
 		ConsumerRedis: func(name string) string { return links[name].Listen }})
 	p := pp
@@ -281,6 +298,18 @@ func TestChaosNemesis(t *testing.T) {
 			slowMu.Lock()
 			delete(slowUser, a.User)
 			slowMu.Unlock()
+		case BrokerKill9, BrokerStop:
+			i, _ := strconv.Atoi(strings.TrimPrefix(st.Target, "broker-"))
+			n := cluster.Node(int32(i))
+			stop := n.Kill9
+			if st.Kind == BrokerStop {
+				stop = n.Stop
+			}
+			if err := stop(); err != nil {
+				return fail(err)
+			}
+			wait()
+			return fail(n.Resume())
 		case ReceiverFlaky:
 			p.Sink.FailRatio(float64(st.Arg) / 100)
 			wait()

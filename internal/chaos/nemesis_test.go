@@ -13,7 +13,7 @@ import (
 func fullNemesisConfig() NemesisConfig {
 	return NemesisConfig{Duration: 30 * time.Minute, Warmup: 5 * time.Second, Consumers: 3, Users: 600,
 		Lease: 10 * time.Second, Full: true, Kinds: AllKinds(), GapLo: 2 * time.Second, GapHi: 12 * time.Second,
-		MaxConsumersDown: 2}
+		MaxConsumersDown: 2, Brokers: 3}
 }
 
 // Two runs of one seed print the same schedule: the generator is a pure
