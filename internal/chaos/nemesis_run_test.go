@@ -58,9 +58,12 @@ func TestChaosNemesis(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The private cluster only when a broker kind may be drawn.
 	brokers := 0
-	if full && os.Getenv(EnvNemesisKafka) != "shared" {
-		brokers = 3
+	for _, k := range kinds {
+		if brokerKinds[k] && full && os.Getenv(EnvNemesisKafka) != "shared" {
+			brokers = 3
+		}
 	}
 	const consumers = 3
 	users := Size(150, 600)
@@ -72,6 +75,9 @@ func TestChaosNemesis(t *testing.T) {
 		EnvNemesisSeed, seed, EnvFull, map[bool]int{true: 1, false: 0}[full])
 	if os.Getenv(EnvNemesisDuration) != "" {
 		replay = EnvNemesisDuration + "=" + duration.String() + " " + replay
+	}
+	if os.Getenv(EnvNemesisKafka) != "" {
+		replay = EnvNemesisKafka + "=" + os.Getenv(EnvNemesisKafka) + " " + replay
 	}
 	if os.Getenv(EnvNemesisKinds) != "" {
 		replay = EnvNemesisKinds + "=" + os.Getenv(EnvNemesisKinds) + " " + replay
