@@ -155,7 +155,8 @@ func runNemesis(t *testing.T, name string) {
 			}
 		}
 		rep.Extra("seed", seed)
-		rep.Extra("faults", len(applied))
+		rep.Extra("faults", len(applied)-countFailed(applied))
+		rep.Extra("steps_failed", countFailed(applied))
 		rep.Extra("fault_kinds", len(v.FaultsByKind))
 		rep.Extra("replies", v.Replies)
 		rep.Extra("replies_dup", v.RepliesDup)
@@ -334,7 +335,16 @@ func runNemesis(t *testing.T, name string) {
 				return fail(err)
 			}
 			wait()
-			return fail(n.Resume())
+			// A node killed moments ago sometimes exits during its start
+			// (its ports or files not yet released): try again.
+			var err error
+			for try := 0; try < 3; try++ {
+				if err = n.Resume(); err == nil {
+					break
+				}
+				Pause(ctx, 3*time.Second, 3*time.Second)
+			}
+			return fail(err)
 		case ReceiverFlaky:
 			p.Sink.FailRatio(float64(st.Arg) / 100)
 			wait()
@@ -455,7 +465,25 @@ func runNemesis(t *testing.T, name string) {
 				}
 			}
 		}
+		if cluster != nil {
+			for i, n := range cluster.Nodes {
+				if err := n.Resume(); err != nil {
+					rec.Problem("broker %d not running after the schedule: %v", i+1, err)
+				}
+			}
+		}
 		rec.Extra("schedule_steps", len(sched.Steps))
 		return nil
 	})
+}
+
+// countFailed counts the steps that could not be carried out.
+func countFailed(as []Applied) int {
+	n := 0
+	for _, a := range as {
+		if a.Err != "" {
+			n++
+		}
+	}
+	return n
 }
