@@ -2,13 +2,21 @@
 # What `make chaos` runs: the full fault-injection suite (internal/chaos)
 # against real services, with the full-size scenarios enabled. It starts
 # the services that are not running (and stops those it started), runs
-#   go test -v -run 'TestChaos' -count=1 -timeout 75m ./internal/chaos/...
+#   go test -v -run 'TestChaos' -count=1 -timeout 120m ./internal/chaos/...
 # with KFPIPE_CHAOS_FULL=1, and prints one line per scenario at the end:
 #   scenario=<name> sent=N effects=N dlq=N lost=0 dup=0 reordered=0 duration=… …
 #
 #   CHAOS_RUN='TestChaosRedisOutage'   run only the matching scenarios
 #   KFPIPE_CHAOS_FULL=0                the reduced sizes (as in make test)
 #   KFPIPE_KEEP_SERVICES=1             leave the services running afterwards
+# The nemesis (TestChaosNemesis) is one of the scenarios: 30 minutes of a
+# seeded random schedule of every fault kind, one checker over the run,
+# its verdict line (lost=0 dup=0 reordered=0 replies_dup=0 …) in the
+# report. The nemesis alone, or a seed replayed:
+#   CHAOS_RUN='TestChaosNemesis$' make chaos
+#   KFPIPE_NEMESIS_SEED=<seed> CHAOS_RUN='TestChaosNemesis$' make chaos
+#   KFPIPE_NEMESIS_DURATION=10m        a shorter (or longer) schedule
+#   KFPIPE_NEMESIS_KINDS=a,b           only these fault kinds (minimizing)
 # Output is also written to .run/chaos.log, the scenario lines to
 # .run/chaos-report.txt.
 set -euo pipefail
@@ -25,9 +33,10 @@ report="$RUN_DIR/chaos-report.txt"
 export KFPIPE_CHAOS_REPORT="$report"
 
 run=${CHAOS_RUN:-TestChaos}
-log "go test -v -run '$run' -count=1 -timeout 75m ./internal/chaos/... (KFPIPE_CHAOS_FULL=$KFPIPE_CHAOS_FULL)"
+# 120 min: the scenarios and the nemesis's 30 minutes.
+log "go test -v -run '$run' -count=1 -timeout 120m ./internal/chaos/... (KFPIPE_CHAOS_FULL=$KFPIPE_CHAOS_FULL)"
 set +e
-go test -v -run "$run" -count=1 -timeout 75m ./internal/chaos/... 2>&1 | tee "$RUN_DIR/chaos.log"
+go test -v -run "$run" -count=1 -timeout 120m ./internal/chaos/... 2>&1 | tee "$RUN_DIR/chaos.log"
 status=${PIPESTATUS[0]}
 if [[ -z ${CHAOS_RUN:-} ]]; then
   # Scenario 8 lives in its own package (in-process daemons, adversarial HTTP).

@@ -48,4 +48,25 @@
 // Full-size runs are behind KFPIPE_CHAOS_FULL=1 (scripts/chaos.sh sets it);
 // use Size(reduced, full) to pick parameters and SkipUnlessFull for
 // scenarios that only run in the full suite.
+//
+// # The nemesis
+//
+// TestChaosNemesis combines what the scenarios inject one at a time: a
+// seeded random schedule (GenSchedule, a pure function of the seed,
+// printed before the run) of daemon kills, SIGTERMs, freezes, scale-out
+// and scale-in, Redis delay, resets and cuts through the fault proxy, a
+// slow or flaky receiver, a failing customer or everyone, an operator's
+// batch retry, WeChat throttles and a servicer's hold on replies (95018),
+// sync throttles, floods, bursts, slow handlers and, in the full run,
+// broker kills and stops on a private 3-node cluster — over dense,
+// conversation-paced and write-once traffic with replies. One checker
+// (Check) judges the whole run and prints its verdict line,
+//
+//	nemesis seed=N verdict: lost=0 dup=0 reordered=0 replies_dup=0 … | messages=… faults=… [kind:n,…]
+//
+// and, on a violation, the first ones, the replay command and the
+// schedule. make test runs 75 s of ShortKinds with seed 48; make chaos 30
+// minutes of every kind with a fresh seed (KFPIPE_NEMESIS_SEED,
+// KFPIPE_NEMESIS_DURATION, KFPIPE_NEMESIS_KINDS and KFPIPE_NEMESIS_KAFKA
+// replay and minimize).
 package chaos

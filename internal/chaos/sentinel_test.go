@@ -51,7 +51,10 @@ func TestChaosSentinelFailover(t *testing.T) {
 	if err := set.run("sentinel-start"); err != nil {
 		t.Fatal(err)
 	}
-	load := Load{Total: 10000, Users: 500, Rate: 200}
+	// 80 s of feeding: the consumer kill after the failover (15–18 s,
+	// the promotion, every daemon ready, 5–8 s) must land while messages
+	// still flow, or nobody waits on the victim and the stall is untested.
+	load := Load{Total: 16000, Users: 500, Rate: 200}
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: sentinelPrimary, Kcat: svc.Kcat, Consumers: 2,
 		SinkSleep: time.Millisecond, SentinelAddrs: sentinelAddrs, SentinelMaster: "kfpipe"})
 	failing := fmt.Sprintf("u0007-%s", p.Prefix[len("chaos-"):len(p.Prefix)-1])
@@ -96,8 +99,16 @@ func TestChaosSentinelFailover(t *testing.T) {
 		if !Pause(ctx, 5*time.Second, 8*time.Second) {
 			return ctx.Err()
 		}
-		// Redeliveries for the new primary's dedup marks to absorb.
-		c := p.Consumers[0]
+		// Redeliveries for the new primary's dedup marks to absorb. The
+		// victim is a consumer with users waiting on it, killed as a page
+		// of messages goes out (as consumer-kill9 aims), so the kill tests
+		// their stall: a fixed consumer killed at any moment found nobody.
+		pages := pageSignal(p)
+		defer p.OnSyncMsg(nil)
+		c := busyConsumer(ctx, p, 10*time.Second)
+		if err := awaitPage(ctx, pages); err != nil {
+			return err
+		}
 		if _, err := c.Kill9(); err != nil {
 			return err
 		}

@@ -45,6 +45,9 @@ type Sink struct {
 	fence      bool           // Fence: refuse tokens older than a user's newest
 	tokens     map[string]int64
 	fenced     int // requests refused for an old token
+	// delay, when set, is an extra handling time per message of a user
+	// (Delay).
+	delay atomic.Pointer[func(user string) time.Duration]
 }
 
 // NewSink starts a Sink on a loopback port; Close stops it.
@@ -103,6 +106,11 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	if s.sleepMax > 0 {
 		time.Sleep(rand.N(s.sleepMax + 1))
+	}
+	if f := s.delay.Load(); f != nil {
+		if d := (*f)(m.ExternalUserID); d > 0 {
+			time.Sleep(d)
+		}
 	}
 	token, _ := strconv.ParseInt(r.Header.Get("Kfpipe-Fencing-Token"), 10, 64)
 	now := time.Now()
@@ -219,4 +227,15 @@ func (s *Sink) Len() (int, time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.deliveries), s.changed
+}
+
+// Delay makes the Sink take f(user) longer for each message of user (nil
+// removes it): a receiver whose handling time changes during the run,
+// per customer (the nemesis's slow handlers and slow receiver).
+func (s *Sink) Delay(f func(user string) time.Duration) {
+	if f == nil {
+		s.delay.Store(nil)
+		return
+	}
+	s.delay.Store(&f)
 }
