@@ -116,4 +116,3 @@ func archiveRecord(r archive.Row) admin.TopicRecord {
 	rec.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: &chatmsg.ChatMessage{MsgType: r.MsgType, Content: r.Content}})
 	return rec
 }
-
