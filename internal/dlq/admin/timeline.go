@@ -708,5 +708,18 @@ func summarize(tl *Timeline) string {
 	if l := tl.Limiter; l != nil && l.Blocked {
 		s += "; the user is blocked by the rate limiter now"
 	}
+	switch {
+	case tl.Read == "":
+	case tl.Complete:
+		// No timestamps: the headline stays the same from one read to
+		// the next.
+		from := "the main topic"
+		if tl.Archive != nil {
+			from = "the archive"
+		}
+		s += fmt.Sprintf("; the whole %s window read from %s", tl.Time.Sub(tl.Since).Round(time.Second), from)
+	default:
+		s += "; read: " + tl.Read + ", not the whole window since " + tl.Since.Format(time.RFC3339) + " (see the notes)"
+	}
 	return s
 }
