@@ -177,8 +177,11 @@ func TestArchiverExactlyOnce(t *testing.T) {
 	if len(recent) != want {
 		t.Fatalf("account's last hour: %d messages, want %d", len(recent), want)
 	}
-	turns, err := s.LastTurns(ctx, "bob", 3)
-	if err != nil || len(turns) != 3 || turns[2].MsgID != second[len(second)-2].UpstreamMsgID {
+	// Bob's last 3 turns before his newest message, which is left out.
+	newest := second[len(second)-2]
+	turns, err := s.LastTurns(ctx, "wkTEST", "bob", time.Unix(newest.SendTime, 0), newest.UpstreamMsgID, 3)
+	if err != nil || len(turns) != 3 || turns[2].MsgID != second[len(second)-5].UpstreamMsgID ||
+		turns[0].MsgID != second[len(second)-11].UpstreamMsgID {
 		t.Fatalf("bob's last turns: %+v (%v)", turns, err)
 	}
 }

@@ -240,11 +240,13 @@ func (s *Store) Account(ctx context.Context, openKfID string, since time.Time, l
 		ORDER BY at DESC, recorded DESC LIMIT $3`, openKfID, since.UTC(), limit)
 }
 
-// LastTurns returns the user's last n messages (customer, servicer and
-// events), oldest first.
-func (s *Store) LastTurns(ctx context.Context, user string, n int) ([]Row, error) {
-	rows, err := s.query(ctx, selectRows+`WHERE external_userid = $1 AND kind = 'message' AND at >= $2
-		ORDER BY at DESC, recorded DESC, src_offset DESC LIMIT $3`, user, s.cutoff().UTC(), n)
+// LastTurns returns the last n messages (customer, servicer and events)
+// of user's conversation on the KF account openKfID sent at or before
+// before, leaving out the message exclude, oldest first.
+func (s *Store) LastTurns(ctx context.Context, openKfID, user string, before time.Time, exclude string, n int) ([]Row, error) {
+	rows, err := s.query(ctx, selectRows+`WHERE external_userid = $1 AND open_kfid = $2 AND kind = 'message'
+		AND at >= $3 AND at <= $4 AND msgid <> $5
+		ORDER BY at DESC, recorded DESC, src_offset DESC LIMIT $6`, user, openKfID, s.cutoff().UTC(), before.UTC(), exclude, n)
 	reverse(rows)
 	return rows, err
 }

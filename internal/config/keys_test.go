@@ -92,8 +92,8 @@ var outOfRange = map[string]struct {
 
 	"admin.addr":           {bad: " ", readBy: rD},
 	"admin.consumer_group": {bad: " ", readBy: rD},
-	"archive.dsn":          {bad: "mysql://127.0.0.1/x", readBy: rD},
-	"archive.group_id":     {bad: " ", readBy: rD},
+	"archive.dsn":          {bad: "mysql://127.0.0.1/x", readBy: rC | rD},
+	"archive.group_id":     {bad: " ", readBy: rC | rD},
 	"admin.tokens":         {bad: []map[string]string{{"name": "x", "token": "short", "role": "viewer"}}, readBy: rD, wantKey: "admin.tokens[0].token"},
 
 	"media.dir":           {bad: " ", readBy: rP | rC},
