@@ -25,7 +25,7 @@ func TestChaosArchiveKill9(t *testing.T) {
 	svc := NeedServices(t)
 	dsn := testenv.Postgres(t)
 	root := testenv.RepoRoot(t)
-	load := Size(Load{Total: 1500, Users: 100, Rate: 100}, Load{Total: 12000, Users: 600, Rate: 200})
+	load := Size(Load{Total: 1000, Users: 100, Rate: 100}, Load{Total: 12000, Users: 600, Rate: 200})
 	kills := Size(1, 4)
 	behindMax := int64(0)
 	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat,
