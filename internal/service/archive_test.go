@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
@@ -212,6 +213,33 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 	}
 	if out, code := ctl("ar-nobody"); code != 3 || !strings.Contains(out, "nothing known about user ar-nobody") {
 		t.Errorf("kfpipectl customer ar-nobody: exit %d, want 3\n%s", code, out)
+	}
+
+	// The console shows the same: the old message from the archive, the
+	// whole window read; a made-up id is "nothing known".
+	if !t.Failed() && !testing.Short() {
+		bctx := testenv.Browser(t, time.Minute)
+		if err := chromedp.Do(bctx, chromedp.Navigate(d.AdminURL+"/admin/ui/"), chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), viewer), chromedp.Click(chromedp.CSS("#login-btn")),
+			chromedp.WaitVisible(chromedp.CSS("#app"))); err != nil {
+			t.Fatalf("log in: %v", err)
+		}
+		search := func(user, window string) {
+			t.Helper()
+			if err := chromedp.Do(bctx, chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.querySelector('#cu-user').value = %q;
+				document.querySelector('#cu-window').value = %q; document.querySelector('#cu-form').requestSubmit()`, user, window))); err != nil {
+				t.Fatalf("search %s: %v", user, err)
+			}
+		}
+		search(oldUser, "168h")
+		testenv.PollJS(t, bctx, "the old message in the console", fmt.Sprintf(`(() => {
+			const r = document.querySelectorAll('#cu-messages tbody tr');
+			const read = document.querySelector('#cu-read').textContent;
+			return r.length === 1 && r[0].dataset.msgid === %q && r[0].textContent.includes("(archive)")
+				&& read.startsWith("archive: messages sent since") && read.includes("the whole window read"); })()`, old.UpstreamMsgID), 15*time.Second)
+		search("ar-nobody", "168h")
+		testenv.PollJS(t, bctx, "the made-up user in the console", `document.querySelector('#cu-summary').dataset.known === "false"
+			&& document.querySelector('#cu-summary').textContent.startsWith("nothing known about user ar-nobody")`, 15*time.Second)
 	}
 
 	// Every main-topic message archived exactly once: one row per msgid,
