@@ -70,7 +70,11 @@ func (s *Server) readArchive(ctx context.Context, tl *Timeline, src CustomerSour
 	if ar.BehindBy > 0 {
 		// The archiver has not reached the newest records: they are read
 		// from the main topic, from the last archived record's time on.
-		tail, err := src.UserRecords(ctx, tl.User, ar.ArchivedUpTo, max)
+		from := ar.ArchivedUpTo
+		if from.Before(tl.Since) {
+			from = tl.Since // nothing of the window archived yet (or never: zero)
+		}
+		tail, err := src.UserRecords(ctx, tl.User, from, max)
 		switch {
 		case err != nil:
 			complete = false
