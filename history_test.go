@@ -36,7 +36,7 @@ func TestHistoryFromArchive(t *testing.T) {
 	archived := make(chan error, 1)
 	go func() {
 		archived <- archive.NewArchiver(cfg.Kafka, config.Archive{GroupID: testenv.Name(t, "archiver"), BatchSize: 100,
-			FlushInterval: 20 * time.Millisecond}, st, nil).Run(actx)
+			FlushInterval: 20 * time.Millisecond}, st, nil, nil).Run(actx)
 	}()
 	defer func() { stopArchiver(); <-archived }()
 

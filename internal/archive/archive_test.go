@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
@@ -42,10 +44,10 @@ func records(t *testing.T, ms []*chatmsg.ChatMessage) []testenv.Record {
 }
 
 // runArchiver runs an archiver until the returned stop is called.
-func runArchiver(t *testing.T, k config.Kafka, cfg config.Archive, s *Store) (stop func()) {
+func runArchiver(t *testing.T, k config.Kafka, cfg config.Archive, s *Store, reg prometheus.Registerer) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- NewArchiver(k, cfg, s, nil).Run(ctx) }()
+	go func() { done <- NewArchiver(k, cfg, s, nil, reg).Run(ctx) }()
 	return func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -88,9 +90,15 @@ func TestArchiverExactlyOnce(t *testing.T) {
 		}
 	}
 	testenv.Produce(t, brokers, main, records(t, first))
-	stop := runArchiver(t, k, cfg, s)
+	reg := prometheus.NewRegistry()
+	stop := runArchiver(t, k, cfg, s, reg)
 	waitRows(t, s, users, 150)
 	stop()
+	for name, want := range map[string]float64{"kfpipe_archive_records_total": 150, "kfpipe_archive_rows_new_total": 150} {
+		if v, _ := testenv.Gathered(t, reg, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
 
 	// The second half, re-pulled copies of 20 of the first (new Snowflake
 	// ids, same upstream msgid), and dead letters of 5 messages, 2 of
@@ -116,7 +124,7 @@ func TestArchiverExactlyOnce(t *testing.T) {
 		}
 	}
 	testenv.Produce(t, brokers, dlqTopic, letters)
-	stop = runArchiver(t, k, cfg, s)
+	stop = runArchiver(t, k, cfg, s, nil)
 	waitRows(t, s, users, 300)
 	waitProgress(t, s, dlqTopic, int64(len(letters)))
 	stop()
@@ -124,7 +132,7 @@ func TestArchiverExactlyOnce(t *testing.T) {
 	// A group that lost every commit re-reads all of it.
 	cfg2 := cfg
 	cfg2.GroupID = testenv.Name(t, "g2")
-	stop = runArchiver(t, k, cfg2, s)
+	stop = runArchiver(t, k, cfg2, s, nil)
 	waitProgress(t, s, main, 320)
 	waitProgress(t, s, dlqTopic, int64(len(letters)))
 	stop()

@@ -107,7 +107,7 @@ func Archive(e *Env, o ArchiveOptions) (Result, error) {
 	done := make(chan error, 1)
 	cpu0 := CPUTime()
 	t0 := time.Now()
-	go func() { done <- archive.NewArchiver(kcfg, acfg, st, e.Log).Run(rctx) }()
+	go func() { done <- archive.NewArchiver(kcfg, acfg, st, e.Log, nil).Run(rctx) }()
 	var rows int64
 	ok := waitUntil(10*time.Minute, func() bool {
 		_ = conn.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "kf_archive"}.Sanitize()).Scan(&rows)

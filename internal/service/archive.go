@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/archive"
@@ -36,11 +37,15 @@ func openArchive(ctx context.Context, cfg *config.DLQConsumer) (*archive.Store, 
 }
 
 // startArchiver runs the archiver until ctx ends (Close).
-func (d *DLQ) startArchiver(ctx context.Context, cfg *config.DLQConsumer) {
+func (d *DLQ) startArchiver(ctx context.Context, cfg *config.DLQConsumer, registry *prometheus.Registry) {
 	if d.archive == nil {
 		return
 	}
-	a := archive.NewArchiver(cfg.Kafka, cfg.Archive, d.archive, d.log)
+	var reg prometheus.Registerer
+	if registry != nil {
+		reg = registry
+	}
+	a := archive.NewArchiver(cfg.Kafka, cfg.Archive, d.archive, d.log, reg)
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()

@@ -114,7 +114,7 @@ func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (
 	d := &DLQ{Index: idx, Admin: rlAdmin, log: base.Log, producer: producer, letters: letters, scheduler: sched, cancel: cancel,
 		archive: store}
 	sched.Start()
-	d.startArchiver(rctx, cfg)
+	d.startArchiver(rctx, cfg, base.Registry)
 	d.wg.Add(3)
 	go func() {
 		defer d.wg.Done()
