@@ -59,12 +59,16 @@ func TestChaosArchiveKill9(t *testing.T) {
 			return fmt.Errorf("postgres resume: %v: %s", err, out)
 		}
 		// The timeline says how far behind the archive is while it
-		// catches up.
+		// catches up (polled until it has caught up, 20 s at most).
 		user := p.UserName(0)
 		deadline := time.Now().Add(20 * time.Second)
 		for time.Now().Before(deadline) {
-			if n, err := archiveBehind(ctx, p, user); err == nil && n > behindMax {
+			n, err := archiveBehind(ctx, p, user)
+			if err == nil && n > behindMax {
 				behindMax = n
+			}
+			if err == nil && n == 0 && behindMax > 0 {
+				break // caught up
 			}
 			if !Pause(ctx, 200*time.Millisecond, 200*time.Millisecond) {
 				return ctx.Err()
