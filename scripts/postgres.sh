@@ -93,6 +93,14 @@ cmd_start() {
   done
   find_bin
   if running; then log "already running on 127.0.0.1:$(pg_port)"; return 0; fi
+  if port_open "$port" && "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$port" -d kfpipe -U kfpipe 2>/dev/null; then
+    # As services.sh does: a server these scripts did not start (another
+    # checkout's) is used as is, and never stopped by them.
+    log "WARNING: a PostgreSQL not started by this script answers on 127.0.0.1:$port; using it as is"
+    mkdir -p "$DIR"
+    echo "$port" >"$DIR/port"
+    return 0
+  fi
   local t=$SECONDS
   rm -rf "$DIR"
   mkdir -p "$DIR/sock"
