@@ -15,6 +15,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/history"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/service"
 )
@@ -62,7 +63,12 @@ func RunConsumer(ctx context.Context, args []string, h Handler) error {
 			closeFx()
 			return nil, nil, err
 		}
-		return ch, closeFx, nil
+		ch, closeHistory, err := withHistory(ctx, cfg, ch, nil)
+		if err != nil {
+			closeFx()
+			return nil, nil, err
+		}
+		return ch, func() { closeFx(); closeHistory() }, nil
 	})
 }
 
@@ -94,6 +100,9 @@ type Consumer struct {
 	cfg   Config
 	h     Handler
 	batch *batchRun // NewBatchConsumer's (batch.go); nil for NewConsumer's
+	// memory serves History from memory (WithMemoryHistory); nil: the
+	// archive, when archive.dsn is set.
+	memory *history.Memory
 }
 
 // ConsumerOption configures a Consumer.
@@ -139,15 +148,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	h, copts := c.handler()
 	ch, err := keepMedia(ctx, &cfg, base, reply.Wrap(h, fx))
+	closeHistory := func() {}
+	if err == nil {
+		ch, closeHistory, err = withHistory(ctx, &cfg, ch, c.memory)
+	}
 	var s *service.Consumer
 	if err == nil {
 		s, err = service.StartConsumer(ctx, &cfg, base, ch, copts...)
 	}
 	if err != nil {
+		closeHistory()
 		closeFx()
 		_ = base.Close(context.Background())
 		return err
 	}
+	defer closeHistory()
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Ops.ShutdownTimeout)
 	defer cancel()

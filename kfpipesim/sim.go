@@ -196,7 +196,7 @@ func start(ctx context.Context, h kfpipe.Handler, o options) (*sim, error) {
 	}
 	s := &sim{sb: sb, url: "http://" + ln.Addr().String() + "/", consumerDone: make(chan error, 1),
 		sent: map[string][]*line{}, seen: map[string]*line{}}
-	c, err := kfpipe.NewConsumer(sb.Consumer, kfpipe.Chain(h, s.observe))
+	c, err := kfpipe.NewConsumer(sb.Consumer, kfpipe.Chain(h, s.observe), historyOptions(sb.Consumer)...)
 	if err != nil {
 		ln.Close()
 		return nil, errors.Join(fmt.Errorf("kfpipesim: %w", err), sb.Close())

@@ -38,6 +38,7 @@ import (
 	"github.com/kfpipe/kfpipe"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
+	"github.com/kfpipe/kfpipe/internal/history"
 	"github.com/kfpipe/kfpipe/internal/media"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -294,6 +295,7 @@ type Harness struct {
 	fx       *reply.Effects
 	keeper   *media.Keeper
 	maxMedia int64
+	history  *history.Memory // what kfpipe.History serves (history.go)
 
 	mu      sync.Mutex
 	attempt int     // the running handler call's number within its Run
@@ -497,7 +499,7 @@ func (hs *Harness) handle(msgs []*kfpipe.Message) *Result {
 		for _, b := range msgs {
 			hs.fx.Observe(context.Background(), chatOf(b)) // a session_status_change drops the cached state
 		}
-		err, timedOut := hs.call(media.WithKeeper(reply.With(context.Background(), hs.fx, to), hs.keeper), msgs)
+		err, timedOut := hs.call(hs.withHistory(media.WithKeeper(reply.With(context.Background(), hs.fx, to), hs.keeper), msgs), msgs)
 		// A routine refusal of a reply (kfpipe.ErrReplyWindow, …) the
 		// handler returns finishes the message, as in the consumer.
 		err = hs.fx.Settle(to, err)

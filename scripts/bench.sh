@@ -7,7 +7,13 @@
 # (matplotlib, installed with pip into .run/benchvenv on first use).
 #
 #   scripts/bench.sh                        all scenarios (about 5-8 minutes)
-#   scripts/bench.sh consumer e2e           some of: producer consumer paced peer replies e2e memory isolation state
+#   scripts/bench.sh consumer e2e           some of: producer consumer paced peer replies e2e memory isolation state archive
+#
+# archive writes 1M messages spread over 7 day partitions to the conversation
+# archive on the test PostgreSQL (scripts/postgres.sh) through the archiver,
+# and reports its msg/s, the bytes a message takes on disk (table + indexes)
+# and the timeline query's p50/p99 (KFPIPE_BENCH_ARGS="-msgs 20000000" for the
+# issue's 20M rows: about an hour and 6 GB here).
 #
 # The peer scenario runs Confluent's Parallel Consumer (bench/pc-peer, built here with
 # Maven from Maven Central into .run/bench/pc-peer.jar) beside kfpipe on the same topic.
@@ -44,7 +50,7 @@ use_services
 log "building the harness"
 go build -o "$out/kfpipe-bench" ./internal/bench/cmd
 
-(($#)) || set -- producer consumer paced peer replies e2e memory isolation state
+(($#)) || set -- producer consumer paced peer replies e2e memory isolation state archive
 for sc in "$@"; do
   if [[ $sc == peer && ! -s $out/pc-peer.jar ]]; then
     log "building the Parallel Consumer peer (Maven)"

@@ -110,5 +110,12 @@ use_services() {
   fi
   eval "$("$SCRIPTS_DIR/s3.sh" env)"
   export KFPIPE_TEST_S3
+  # PostgreSQL for the conversation archive.
+  if ! "$SCRIPTS_DIR/postgres.sh" status 2>/dev/null; then
+    "$SCRIPTS_DIR/postgres.sh" start
+    _started_services+=(postgres)
+  fi
+  eval "$("$SCRIPTS_DIR/postgres.sh" env)"
+  export KFPIPE_TEST_POSTGRES
   export KFPIPE_REPO_ROOT="$REPO_ROOT"
 }

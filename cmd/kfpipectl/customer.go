@@ -22,7 +22,11 @@ pipeline still keeps (received on the main topic with partition, offset and time
 rate limiter's verdict; processed or not and attempts; replies recorded sent; dead
 letters and their fates), newest first, then the user's blocks and the operator actions
 on the user or their letters. A user nothing is known about says so ("nothing known"),
-so a mistyped id does not look like a quiet customer. Exit 0 whenever the server answered.`,
+so a mistyped id does not look like a quiet customer. With the conversation archive
+configured the messages are read from it, for any window up to archive.retention; the
+first lines say the range of time actually read. Exit 3 (not found) when nothing is known
+about the user, or the --msgid asked for is not among the messages; else 0 whenever the
+server answered.`,
 		Args: args(1, "one user (external_userid)"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			c, err := a.client()
@@ -43,26 +47,49 @@ so a mistyped id does not look like a quiet customer. Exit 0 whenever the server
 			if err != nil {
 				return err
 			}
-			if a.json() {
-				return a.printJSON(data)
-			}
 			var tl admin.Timeline
 			if err := decode(data, &tl); err != nil {
 				return err
 			}
-			a.printTimeline(&tl)
+			if a.json() {
+				if err := a.printJSON(data); err != nil {
+					return err
+				}
+			} else {
+				a.printTimeline(&tl)
+			}
+			switch {
+			case !tl.Known:
+				return &exitErr{code: exitNotFound, msg: "not found: " + tl.Summary}
+			case msgid != "" && len(tl.Messages) == 0:
+				return &exitErr{code: exitNotFound, msg: "not found: message " + msgid + " of user " + tl.User}
+			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&msgid, "msgid", "", "only this message (upstream msgid, message_id or dead letter id)")
-	cmd.Flags().StringVar(&window, "window", "", `how far back to read the main topic ("24h"; server default 72h)`)
-	cmd.Flags().IntVar(&maxRecords, "max-records", 0, "scan at most this many of the partition's newest records (server default 20000)")
+	cmd.Flags().StringVar(&window, "window", "", `how far back to read ("24h"; server default 72h; up to archive.retention with the archive, else 336h)`)
+	cmd.Flags().IntVar(&maxRecords, "max-records", 0, "read at most this many of the partition's newest records, or of the archive's newest messages (server default 20000)")
 	return cmd
 }
 
 func (a *app) printTimeline(tl *admin.Timeline) {
 	w := a.out
 	fmt.Fprintf(w, "customer %s\n%s\n", tl.User, tl.Summary)
+	if tl.Read != "" {
+		whole := "the whole window"
+		if !tl.Complete {
+			whole = "NOT the whole window"
+		}
+		fmt.Fprintf(w, "read: %s; %s since %s\n", tl.Read, whole, tl.Since.UTC().Format(time.RFC3339))
+	}
+	if ar := tl.Archive; ar != nil {
+		fmt.Fprintf(w, "archive: partition %d archived up to %s (offset %d)", ar.Partition, ar.ArchivedUpTo.UTC().Format(time.RFC3339), ar.ArchivedOffset)
+		if ar.BehindBy > 0 {
+			fmt.Fprintf(w, ", behind by %d record(s)", ar.BehindBy)
+		}
+		fmt.Fprintln(w)
+	}
 	if t := tl.Topic; t != nil {
 		trunc := ""
 		if t.Truncated {
@@ -82,7 +109,7 @@ func (a *app) printTimeline(tl *admin.Timeline) {
 		fmt.Fprintf(w, "limiter: group %s, %s\n", l.Group, state)
 	}
 	var srcs []string
-	for _, k := range []string{"main_topic", "dlq", "dedup", "limiter", "audit"} {
+	for _, k := range []string{"archive", "main_topic", "dlq", "dedup", "limiter", "audit"} {
 		if v, ok := tl.Sources[k]; ok && v != "ok" {
 			srcs = append(srcs, k+" "+v)
 		}

@@ -29,6 +29,9 @@ type Consumer struct {
 	// file: dedup.ttl must cover it (a retried letter whose message was
 	// done must still find its mark).
 	Recovery RetryHorizon `mapstructure:"recovery"`
+	// Archive is where handlers read the conversation's earlier turns
+	// (kfpipe.History); the dlq-consumer's archiver fills it.
+	Archive Archive `mapstructure:"archive"`
 }
 
 // RetryHorizon is the part of the dlq-consumer's recovery section the
@@ -303,6 +306,7 @@ func (c *Consumer) Validate() error {
 	v := &validator{}
 	v.bounds(c)
 	c.Common.validate(v)
+	c.Archive.validate(v)
 	p := c.Processor
 	if p.ResumeBelow >= p.MaxInFlight {
 		v.addf("processor.resume_below", "must be below processor.max_in_flight (%d), got %d", p.MaxInFlight, p.ResumeBelow)

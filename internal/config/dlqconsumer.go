@@ -16,6 +16,7 @@ type DLQConsumer struct {
 	Admin     Admin     `mapstructure:"admin"`
 	RateLimit RateLimit `mapstructure:"rate_limit"` // to pace re-injection inside a user's limit
 	DLQIndex  DLQIndex  `mapstructure:"dlq_index"`
+	Archive   Archive   `mapstructure:"archive"`
 }
 
 // DLQIndex bounds the Redis index of the DLQ topic (docs/operations.md,
@@ -100,6 +101,7 @@ func (c *DLQConsumer) Validate() error {
 	v.bounds(c)
 	c.Common.validate(v)
 	c.DLQ.validate(v)
+	c.Archive.validate(v)
 	r := c.Recovery
 	if r.MaxDelay < r.BaseDelay {
 		v.addf("recovery.max_delay", "must be >= recovery.base_delay (%s), got %s", r.BaseDelay, r.MaxDelay)

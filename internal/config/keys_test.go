@@ -92,6 +92,8 @@ var outOfRange = map[string]struct {
 
 	"admin.addr":           {bad: " ", readBy: rD},
 	"admin.consumer_group": {bad: " ", readBy: rD},
+	"archive.dsn":          {bad: "mysql://127.0.0.1/x", readBy: rC | rD},
+	"archive.group_id":     {bad: " ", readBy: rC | rD},
 	"admin.tokens":         {bad: []map[string]string{{"name": "x", "token": "short", "role": "viewer"}}, readBy: rD, wantKey: "admin.tokens[0].token"},
 
 	"media.dir":           {bad: " ", readBy: rP | rC},
@@ -285,6 +287,9 @@ func TestEveryKeyRejectsOutOfRange(t *testing.T) {
 			setKey(doc, "media.store", "s3")
 			setKey(doc, "media.s3.endpoint", "127.0.0.1:18333")
 			setKey(doc, "media.s3.bucket", "kfpipe-media")
+		}
+		if strings.HasPrefix(k, "archive.") && k != "archive.dsn" { // checked with the archive on
+			setKey(doc, "archive.dsn", "postgres://127.0.0.1:15432/kfpipe")
 		}
 		if strings.HasPrefix(k, "admin.tokens[0].") {
 			tok := map[string]any{"name": "x", "token": "0123456789abcdef", "role": "viewer"}

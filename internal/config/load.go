@@ -138,6 +138,7 @@ type union struct {
 	Admin     Admin     `mapstructure:"admin"`
 	DLQIndex  DLQIndex  `mapstructure:"dlq_index"`
 	Media     Media     `mapstructure:"media"`
+	Archive   Archive   `mapstructure:"archive"`
 }
 
 func describe(path string) string {

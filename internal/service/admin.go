@@ -10,6 +10,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
@@ -36,7 +37,7 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLa
 	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
 		group: lag, topic: cfg.Kafka.Topics.Main.Name, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix,
 		kcfg: cfg.Kafka, groupName: cfg.Admin.ConsumerGroup, dlqTopic: cfg.Kafka.Topics.DLQ.Name,
-		dlqGroup: dlqLag, dlqGroupName: cfg.Kafka.Consumer.GroupID}
+		dlqGroup: dlqLag, dlqGroupName: cfg.Kafka.Consumer.GroupID, archive: d.archive}
 	if base.Coord != nil {
 		// Provider.Close (at the daemon's end) ends the watch.
 		view, err := fleet.Watch(context.Background(), base.Coord, cfg.Coord.KeepAlive)
@@ -504,6 +505,7 @@ type pipelineView struct {
 	// the dlq-consumers' group.
 	groupName, dlqTopic, dlqGroupName string
 	dlqGroup                          *kafka.Consumer
+	archive                           *archive.Store // nil: the timeline scans the main topic
 }
 
 func (p pipelineView) Consumers(ctx context.Context) ([]admin.ConsumerStatus, error) {

@@ -15,6 +15,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
@@ -55,6 +56,7 @@ type DLQ struct {
 	admin     *admin.Server
 	lag       *kafka.Consumer // reads the schedule-consumers' committed offsets
 	dlqLag    *kafka.Consumer // reads the dlq-consumers' own (the Kafka card)
+	archive   *archive.Store  // nil: archive.dsn empty
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	runErr    error
@@ -101,9 +103,18 @@ func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (
 		_ = letters.Close()
 		return nil, fmt.Errorf("dlq consumer: %w", err)
 	}
+	store, err := openArchive(ctx, cfg)
+	if err != nil {
+		_ = sched.Close(context.Background())
+		_ = producer.Close(context.Background())
+		_ = letters.Close()
+		return nil, err
+	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d := &DLQ{Index: idx, Admin: rlAdmin, log: base.Log, producer: producer, letters: letters, scheduler: sched, cancel: cancel}
+	d := &DLQ{Index: idx, Admin: rlAdmin, log: base.Log, producer: producer, letters: letters, scheduler: sched, cancel: cancel,
+		archive: store}
 	sched.Start()
+	d.startArchiver(rctx, cfg, base.Registry)
 	d.wg.Add(3)
 	go func() {
 		defer d.wg.Done()
@@ -271,5 +282,8 @@ func (d *DLQ) Close(ctx context.Context) error {
 	d.cancel()
 	d.wg.Wait()
 	errs = append(errs, d.producer.Close(ctx), d.letters.Close(), d.runErr)
+	if d.archive != nil {
+		d.archive.Close()
+	}
 	return errors.Join(errs...)
 }

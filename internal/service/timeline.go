@@ -74,8 +74,14 @@ func (p pipelineView) UserRecords(ctx context.Context, user string, since time.T
 	}
 	if len(ts) == 1 && ts[0].Offset >= 0 {
 		from = int64(ts[0].Offset)
+	} else if high > low && !lastBefore(c, topic, scan.Partition, low, high, since) {
+		// "No record since": a broker that answers so wrongly (the demo's
+		// embedded cluster always does) is caught by the newest record's
+		// own time; the read then starts at the oldest kept.
+		from = low
 	}
 	from = min(max64(from, low), high)
+	scan.Expired = from == low && low > 0
 	if high-from > int64(max) {
 		from, scan.Truncated = high-int64(max), true
 	}
@@ -106,6 +112,9 @@ func (p pipelineView) UserRecords(ctx context.Context, user string, since time.T
 		switch {
 		case err == nil:
 			next = int64(m.TopicPartition.Offset) + 1
+			if scan.FromTime.IsZero() {
+				scan.FromTime = m.Timestamp.UTC()
+			}
 			if string(m.Key) == user {
 				scan.Records = append(scan.Records, timelineRecord(m))
 			}
@@ -123,6 +132,33 @@ func (p pipelineView) UserRecords(ctx context.Context, user string, since time.T
 			return scan, fmt.Errorf("reading %s/%d: %w", topic, scan.Partition, err)
 		}
 	}
+}
+
+// lastBefore reports whether the partition's newest records (up to ten
+// back from high) were written before since: true confirms a broker's "no
+// record since". Unknown (nothing read within a second) is false.
+func lastBefore(c *kafka.Consumer, topic string, partition int32, low, high int64, since time.Time) bool {
+	start := max64(low, high-10)
+	if err := c.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: partition, Offset: kafka.Offset(start)}}); err != nil {
+		return false
+	}
+	defer func() { _ = c.Unassign() }()
+	var last *kafka.Message
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		m, err := c.ReadMessage(100 * time.Millisecond)
+		if err != nil {
+			if last != nil {
+				break
+			}
+			continue
+		}
+		last = m
+		if int64(m.TopicPartition.Offset) >= high-1 {
+			break
+		}
+	}
+	return last != nil && last.Timestamp.Before(since)
 }
 
 func max64(a, b int64) int64 {

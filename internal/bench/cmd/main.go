@@ -33,7 +33,9 @@ func main() {
 }
 
 func run() error {
-	scenario := flag.String("scenario", "", "producer|consumer|paced|peer|replies|e2e|memory|isolation|state")
+	scenario := flag.String("scenario", "", "producer|consumer|paced|peer|replies|e2e|memory|isolation|state|archive")
+	archiveDSN := flag.String("archive-dsn", os.Getenv("KFPIPE_TEST_POSTGRES"), "archive scenario: the PostgreSQL to write to (a schema of the run's own)")
+	days := flag.Int("days", 7, "archive scenario: day partitions the messages' send times spread over")
 	pcJar := flag.String("pc-jar", ".run/bench/pc-peer.jar", "peer scenario: the Parallel Consumer runner (bench/pc-peer)")
 	pcConcurrency := flag.Int("pc-concurrency", 16, "peer scenario: the Parallel Consumer's max concurrency")
 	brokers := flag.String("brokers", envOr("KFPIPE_TEST_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap servers")
@@ -199,8 +201,13 @@ func run() error {
 		var r bench.Result
 		r, err = bench.Isolation(e, or(*users, 1000), 10, ord(*duration, 30*time.Second))
 		results = []bench.Result{r}
+	case "archive":
+		var r bench.Result
+		r, err = bench.Archive(e, bench.ArchiveOptions{DSN: *archiveDSN, Msgs: or(*msgs, 1000000), Users: or(*users, 10000),
+			Partitions: *partitions, Days: *days, Queries: 200})
+		results = []bench.Result{r}
 	default:
-		return fmt.Errorf("-scenario must be one of producer, consumer, peer, replies, e2e, memory, isolation, state; got %q", *scenario)
+		return fmt.Errorf("-scenario must be one of producer, consumer, peer, replies, e2e, memory, isolation, state, archive; got %q", *scenario)
 	}
 	enc := json.NewEncoder(os.Stdout)
 	for _, r := range results {

@@ -50,8 +50,14 @@ type TopicScan struct {
 	// not read.
 	Truncated bool `json:"truncated"`
 	// Incomplete says why the read stopped before To ("" when it did not).
-	Incomplete string        `json:"incomplete,omitempty"`
-	Records    []TopicRecord `json:"-"`
+	Incomplete string `json:"incomplete,omitempty"`
+	// FromTime is the time of the first record read (anyone's): where
+	// the read really began when it was Truncated or Expired.
+	FromTime time.Time `json:"from_time,omitzero"`
+	// Expired: the read began at the oldest record kept, and older
+	// records of the window may have expired (retention).
+	Expired bool          `json:"expired,omitempty"`
+	Records []TopicRecord `json:"-"`
 }
 
 // TopicRecord is one of the user's records on the main topic.
@@ -70,6 +76,8 @@ type TopicRecord struct {
 	RetryCount   int  `json:"retry_count,omitempty"`
 	// Invalid is why the record could not be decoded ("" when it could).
 	Invalid string `json:"invalid,omitempty"`
+	// Archived: read from the conversation archive, not the main topic.
+	Archived bool `json:"archived,omitempty"`
 }
 
 // MessageRef names a message for Effects.
@@ -134,7 +142,15 @@ type Timeline struct {
 	// Since is the start of the window the main topic was read in.
 	Since time.Time `json:"since"`
 	// Topic is what was read of the main topic (nil: not read).
-	Topic    *TopicScan        `json:"topic,omitempty"`
+	Topic *TopicScan `json:"topic,omitempty"`
+	// Archive is what was read of the conversation archive (nil: not
+	// configured, or not read).
+	Archive *ArchiveRead `json:"archive,omitempty"`
+	// Read says the range of time the messages were actually read for;
+	// Complete that it is the whole window, so a message not shown was
+	// not received in it.
+	Read     string            `json:"read"`
+	Complete bool              `json:"complete"`
 	Limiter  *RateLimitStatus  `json:"limiter,omitempty"`
 	Messages []TimelineMessage `json:"messages"`
 	Events   []TimelineEvent   `json:"events"`
@@ -214,8 +230,8 @@ func (s *Server) customerTimeline(w http.ResponseWriter, r *http.Request) {
 	window := timelineDefaultWindow
 	if v := q.Get("window"); v != "" {
 		d, err := time.ParseDuration(v)
-		if err != nil || d < time.Minute || d > timelineMaxWindow {
-			writeError(w, badRequest("window", fmt.Sprintf(`window must be a duration such as "24h" in [1m, %s]`, timelineMaxWindow)))
+		if err != nil || d < time.Minute || d > s.maxWindow() {
+			writeError(w, badRequest("window", fmt.Sprintf(`window must be a duration such as "24h" in [1m, %s]`, s.maxWindow())))
 			return
 		}
 		window = d
@@ -258,6 +274,11 @@ func (s *Server) timeline(ctx context.Context, user, msgid string, window time.D
 	src, _ := s.cfg.Pipeline.(CustomerSource)
 	if src == nil {
 		tl.Sources["main_topic"] = "not configured"
+	} else if sc, complete, ok := s.readArchive(ctx, tl, src, max); ok {
+		scan, tl.Complete = sc, complete
+		if sc.Topic != "" {
+			tl.Topic = sc
+		}
 	} else if sc, err := src.UserRecords(ctx, user, tl.Since, max); err != nil {
 		s.log.Warn("timeline: main topic not read: " + err.Error())
 		tl.Sources["main_topic"] = "unavailable"
@@ -271,6 +292,10 @@ func (s *Server) timeline(ctx context.Context, user, msgid string, window time.D
 		if sc.Truncated {
 			tl.Notes = append(tl.Notes, fmt.Sprintf("main topic: only the partition's newest %d records were read (max_records)", max))
 		}
+		if sc.Expired {
+			tl.Notes = append(tl.Notes, "main topic: the window begins before the oldest record the topic still keeps")
+		}
+		tl.Complete = !sc.Truncated && !sc.Expired && sc.Incomplete == ""
 	}
 
 	msgs := s.joinMessages(ctx, scan, letters)
@@ -642,12 +667,14 @@ func hasField(target, field string) bool {
 	return slices.Contains(strings.Fields(target), field)
 }
 
-// summarize writes the timeline's first line.
+// summarize writes the timeline's first line. It names the range of
+// time actually read, and says "nothing known" only when the whole window
+// was read.
 func summarize(tl *Timeline) string {
 	where := "the DLQ index, the rate limiter and the audit stream"
-	if tl.Topic != nil {
-		where = fmt.Sprintf("the main topic (partition %d, since %s), %s", tl.Topic.Partition,
-			tl.Since.Format(time.RFC3339), where)
+	tl.Read = readRange(tl)
+	if tl.Read != "" {
+		where = tl.Read + ", " + where
 	}
 	subject := "user " + tl.User
 	if tl.MsgID != "" {
@@ -659,6 +686,10 @@ func summarize(tl *Timeline) string {
 		}
 		if tl.Known {
 			return fmt.Sprintf("no message of %s is kept in %s; only the events below are known", subject, where)
+		}
+		if !tl.Complete {
+			return fmt.Sprintf("nothing found about %s in what was read: %s. The window since %s was not read whole (see the notes): older messages may exist",
+				subject, where, tl.Since.Format(time.RFC3339))
 		}
 		return fmt.Sprintf("nothing known about %s: no trace in %s. The id may be wrong, or everything about it has expired", subject, where)
 	}
@@ -676,6 +707,19 @@ func summarize(tl *Timeline) string {
 		strings.Join(parts, ", "), strings.ReplaceAll(tl.Messages[0].Outcome, "_", " "))
 	if l := tl.Limiter; l != nil && l.Blocked {
 		s += "; the user is blocked by the rate limiter now"
+	}
+	switch {
+	case tl.Read == "":
+	case tl.Complete:
+		// No timestamps: the headline stays the same from one read to
+		// the next.
+		from := "the main topic"
+		if tl.Archive != nil {
+			from = "the archive"
+		}
+		s += fmt.Sprintf("; the whole %s window read from %s", tl.Time.Sub(tl.Since).Round(time.Second), from)
+	default:
+		s += "; read: " + tl.Read + ", not the whole window since " + tl.Since.Format(time.RFC3339) + " (see the notes)"
 	}
 	return s
 }

@@ -832,6 +832,11 @@ async function loadTimeline() {
     read.push(`main topic ${tl.topic.topic} partition ${tl.topic.partition}, offsets ${tl.topic.from_offset}–${tl.topic.to_offset}` +
       ` since ${new Date(tl.since).toLocaleString()}` + (tl.topic.truncated ? " (truncated: older records not read)" : ""));
   }
+  if (tl.archive) {
+    read.unshift(`archive: messages sent since ${new Date(tl.archive.truncated ? tl.archive.from : tl.since).toLocaleString()}` +
+      (tl.archive.behind_by > 0 ? ` · archive behind by ${tl.archive.behind_by} record(s) on partition ${tl.archive.partition}` : ""));
+  }
+  if (tl.read) read.push(tl.complete ? "the whole window read" : "NOT the whole window read");
   const missing = Object.entries(tl.sources).filter(([, v]) => v !== "ok").map(([k, v]) => `${k} ${v}`);
   if (missing.length) read.push("not read: " + missing.join(", "));
   $("cu-read").textContent = read.join(" · ");
@@ -849,7 +854,8 @@ async function loadTimeline() {
     const first = m.received[0];
     cell(tr, first ? new Date(first.time).toLocaleString() : (m.send_time ? new Date(m.send_time).toLocaleString() : ""));
     cell(tr, (m.preview ? `“${m.preview}” ` : "") + m.upstream_msgid);
-    cell(tr, m.received.map((r) => `p${r.partition}@${r.offset}` + (r.retry_from_dlq ? ` (retry ${r.retry_count})` : "")).join(", ") || "not kept");
+    cell(tr, m.received.map((r) => `p${r.partition}@${r.offset}` + (r.retry_from_dlq ? ` (retry ${r.retry_count})` : "") +
+      (r.archived ? " (archive)" : "")).join(", ") || "not kept");
     cell(tr, m.limiter);
     cell(tr, m.processed.replace("_", " "));
     cell(tr, m.attempts);
