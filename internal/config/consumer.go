@@ -127,7 +127,7 @@ type Overload struct {
 	// its actor.
 	MaxInFlight int `mapstructure:"max_in_flight" default:"1024" range:"[1, 1_000_000]"`
 	// InitialLimit is the limit before the downstream's latency is known.
-	InitialLimit int `mapstructure:"initial_limit" default:"20" range:"[1, 1_000_000]"`
+	InitialLimit int `mapstructure:"initial_limit" default:"10" range:"[1, 1_000_000]"`
 	// Tolerance: when the mean latency of a window of calls exceeds this
 	// many times the downstream's baseline latency, the downstream is
 	// queueing our calls and the limit is cut by a quarter; otherwise a

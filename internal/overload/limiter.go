@@ -27,7 +27,7 @@ type Config struct {
 	Initial int
 	// Min and Max bound the limit.
 	Min, Max int
-	// Tolerance: a window of calls whose mean latency exceeds
+	// Tolerance: a window of calls whose shortest call exceeds
 	// Tolerance × the baseline means the downstream queues work.
 	Tolerance float64
 	// Backoff is the factor the limit is multiplied by on congestion.
@@ -37,7 +37,7 @@ type Config struct {
 // DefaultConfig is the limiter the consumer ships with for max in-flight
 // calls.
 func DefaultConfig(max int) Config {
-	return Config{Initial: min(20, max), Min: 1, Max: max, Tolerance: 1.3, Backoff: 0.75}
+	return Config{Initial: min(10, max), Min: 1, Max: max, Tolerance: 1.3, Backoff: 0.75}
 }
 
 // Outcome is what a call tells the limiter.
@@ -71,14 +71,17 @@ type Limiter struct {
 	// The current window: samples since the last judgement.
 	n     int
 	sum   time.Duration
+	low   time.Duration // the window's shortest call
 	drop  bool
 	peak  int
 	since time.Time // calls started before it belong to an older limit
 	// baseline is the latency of the downstream when it does not queue:
-	// the lowest window mean, or a higher one that a cut of the limit did
-	// not lower (the downstream became slower; it is not our queue).
+	// the shortest call seen, or a longer one that cuts of the limit did
+	// not shorten (the downstream became slower; it is not our queue).
 	baseline  time.Duration
-	cutMean   time.Duration // the mean of the window that made the last cut
+	cutLow    time.Duration // the shortest call of the window that made the last cut
+	stuck     int           // cuts in a row that did not shorten the calls
+	calm      int           // windows since the last cut
 	lastMean  time.Duration
 	congested time.Time // when a window was last judged congested
 	decreases uint64
@@ -172,6 +175,9 @@ func (l *Limiter) Release(start time.Time, o Outcome) {
 		case Success:
 			l.n++
 			l.sum += rtt
+			if l.low == 0 || rtt < l.low {
+				l.low = max(rtt, time.Nanosecond)
+			}
 		case Dropped:
 			l.drop = true
 			l.n++
@@ -183,24 +189,32 @@ func (l *Limiter) Release(start time.Time, o Outcome) {
 	l.handOff()
 }
 
-// judge ends the window (l.mu held).
+// judge ends the window (l.mu held). It compares the window's shortest
+// call with the baseline, as TCP Vegas compares round trips with the
+// shortest seen: when the downstream queues our calls every call waits,
+// the shortest too, while a downstream whose answers merely vary (1–3 s)
+// still answers some calls quickly. The mean would mistake that spread
+// for a queue, or hide a queue in it.
 func (l *Limiter) judge() {
 	now := l.now()
-	var mean time.Duration
-	if succ := l.n; succ > 0 && l.sum > 0 {
-		mean = l.sum / time.Duration(succ)
+	if l.n > 0 && l.sum > 0 {
+		l.lastMean = l.sum / time.Duration(l.n)
 	}
-	if mean > 0 {
-		l.lastMean = mean
+	low := l.low
+	if low > 0 && (l.baseline == 0 || low < l.baseline) {
+		l.baseline = low
 	}
-	if mean > 0 && (l.baseline == 0 || mean < l.baseline) {
-		l.baseline = mean
-	}
-	slow := mean > 0 && float64(mean) > l.cfg.Tolerance*float64(l.baseline)
-	if slow && !l.drop && l.cutMean > 0 && float64(mean) >= 0.9*float64(l.cutMean) {
-		// The last cut did not shorten the latency: the downstream did
-		// not queue our calls, it became slower. That is its latency now.
-		l.baseline, slow = mean, false
+	slow := low > 0 && float64(low) > l.cfg.Tolerance*float64(l.baseline)
+	if slow && !l.drop && l.cutLow > 0 && float64(low) >= 0.95*float64(l.cutLow) {
+		// The last cut did not shorten the calls. Three times in a row, the
+		// downstream did not queue our calls: it became slower (another
+		// client's queue would shrink when it cuts too). That is its
+		// latency now.
+		if l.stuck++; l.stuck >= 3 {
+			l.baseline, slow, l.stuck = low, false, 0
+		}
+	} else if !slow {
+		l.stuck = 0
 	}
 	switch {
 	case l.drop || slow:
@@ -208,16 +222,21 @@ func (l *Limiter) judge() {
 		l.since = now
 		l.congested = now
 		l.decreases++
-		l.cutMean = mean
+		l.cutLow = low
+		l.calm = 0
 	case 2*l.peak >= int(l.limit):
 		// Only a window that used the limit says the downstream can
-		// carry more.
-		l.limit = math.Min(float64(l.cfg.Max), l.limit+1)
-		l.cutMean = 0
+		// carry more: one more call, and more after a long calm (another
+		// client of the downstream left, or it got faster), at most a
+		// quarter more a window.
+		l.calm++
+		inc := math.Max(1, math.Min(float64(l.calm/4), l.limit/4))
+		l.limit = math.Min(float64(l.cfg.Max), l.limit+inc)
+		l.cutLow = 0
 	default:
-		l.cutMean = 0
+		l.cutLow = 0
 	}
-	l.n, l.sum, l.drop, l.peak = 0, 0, false, l.inFlight
+	l.n, l.sum, l.low, l.drop, l.peak = 0, 0, 0, false, l.inFlight
 }
 
 // handOff gives free slots to waiters in order (l.mu held).
@@ -236,7 +255,7 @@ func (l *Limiter) handOff() {
 type Stats struct {
 	Limit, InFlight, Waiting int
 	// Latency is the last window's mean, Baseline the latency the
-	// downstream has when it does not queue.
+	// downstream has when it does not queue (its shortest calls).
 	Latency, Baseline time.Duration
 	// Congested is when a window last showed the downstream queueing or
 	// timing out (zero: never); Decreases counts them.

