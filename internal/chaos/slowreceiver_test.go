@@ -211,8 +211,11 @@ func TestChaosSlowReceiver(t *testing.T) {
 		if bound := capacity + capacity/4; peak > bound {
 			rep.Problem("the receiver had %d requests at once, capacity %d (bound %d)", peak, capacity, bound)
 		}
-		if share < 0.85 {
-			rep.Problem("the receiver worked %.2f of its capacity, want >= 0.85", share)
+		// The limits start below the capacity and take 10–20 s to find
+		// it: the full-size run amortises that over 3 minutes and must
+		// reach 0.85; the reduced one (40 s of load) reaches about 0.8.
+		if want := Size(0.75, 0.85); share < want {
+			rep.Problem("the receiver worked %.2f of its capacity, want >= %.2f", share, want)
 		}
 		late := 0
 		for _, d := range ev.Deliveries {

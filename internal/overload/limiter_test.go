@@ -20,7 +20,7 @@ type receiver struct {
 	service  func() time.Duration
 	busy     []time.Time // end times of the calls being served
 	queue    []call
-	open     int // calls at the receiver (served + queued)
+	open     int       // calls at the receiver (served + queued)
 	running  []pending // calls in flight at the client (acquired), kept between simulate calls
 	idle     int
 	started  bool
