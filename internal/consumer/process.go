@@ -246,7 +246,9 @@ func (c *Consumer) markDone(pl *partLease, l Lease, env *envelope, it StateItem)
 
 // handleWithRetry calls the handler up to processor.retry_attempts times
 // with exponential backoff, each attempt bounded by
-// processor.attempt_timeout. It reports the attempts made and whether the
+// processor.attempt_timeout from when it got its slot under the handler
+// limit (downstream.go: the wait for a slot is the message's, not the
+// attempt's), each retry within the retry budget. It reports the attempts made and whether the
 // last one timed out. g, when set, stops it when the claim is lost; it also
 // stops (errStopping: the message stays unfinished) when env's partition
 // was revoked or lost meanwhile, because the partition's new owner reads
