@@ -34,7 +34,6 @@ type pending struct {
 
 type call struct {
 	start time.Time
-	end   time.Time
 }
 
 // simulate offers the limiter more calls than the receiver can carry
