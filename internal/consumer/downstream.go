@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,18 @@ import (
 type downstream struct {
 	limit  *overload.Limiter
 	budget *overload.Budget
+
+	mu sync.Mutex
+	// timeouts are the last two users whose calls timed out, the latest
+	// first, with when: slowness is the downstream's only when another
+	// user's calls time out too (a single customer's hanging calls are
+	// that customer's, dead-lettered after their attempts).
+	timeouts [2]userTimeout
+}
+
+type userTimeout struct {
+	user string
+	at   time.Time
 }
 
 // minRetriesPerSecond is the retry budget's floor: with no first calls
@@ -88,9 +101,34 @@ func outcomeOf(err error, timedOut bool) overload.Outcome {
 	}
 }
 
-// slow reports whether the downstream showed congestion within d.
-func (d *downstream) slow(within time.Duration) bool {
-	return d != nil && d.limit.SlowWithin(within)
+// timedOut records that a call of user's timed out at now.
+func (d *downstream) timedOut(user string, now time.Time) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timeouts[0].user != user {
+		d.timeouts[1] = d.timeouts[0]
+	}
+	d.timeouts[0] = userTimeout{user: user, at: now}
+}
+
+// slowFor reports whether the downstream is slow for everyone, not only
+// for user: it showed congestion within d and another user's call timed
+// out within d too.
+func (d *downstream) slowFor(user string, now time.Time, within time.Duration) bool {
+	if d == nil || !d.limit.SlowWithin(within) {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, t := range d.timeouts {
+		if t.user != "" && t.user != user && now.Sub(t.at) <= within {
+			return true
+		}
+	}
+	return false
 }
 
 // acquire waits for a slot under the limit (nil: none to wait for).

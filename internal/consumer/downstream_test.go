@@ -100,6 +100,7 @@ func TestTimeoutWhileSlowWaitsInsteadOfDeadLettering(t *testing.T) {
 	c.cfg.Processor.AttemptTimeout = 10 * time.Millisecond
 	c.cfg.Outage.Window = time.Minute
 	c.down = newDownstream(config.Consumer{Overload: config.Overload{MaxInFlight: 8, InitialLimit: 8, Tolerance: 1.3}}, time.Now, nil)
+	c.down.timedOut("another user", time.Now()) // the downstream is slow for others too
 	p.tracker.Add(1)
 	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	dlq.wg.Wait()
@@ -111,5 +112,42 @@ func TestTimeoutWhileSlowWaitsInsteadOfDeadLettering(t *testing.T) {
 	}
 	if next, ok := p.tracker.Committable(); !ok || next != 2 {
 		t.Fatalf("message not finished: %d %v", next, ok)
+	}
+}
+
+// TestOneUsersTimeoutsAreDeadLettered: a customer whose calls alone time
+// out (its request hangs at the receiver, nobody else's does) is
+// dead-lettered after its attempts, though its own timeouts cut the limit.
+func TestOneUsersTimeoutsAreDeadLettered(t *testing.T) {
+	var calls atomic.Int64
+	h := HandlerFunc(func(ctx context.Context, _ *chatmsg.ChatMessage) error {
+		calls.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	dlq := &memDLQ{}
+	c, p := unitConsumer(t, h, dlq, newMemState())
+	c.cfg.Processor.AttemptTimeout = 10 * time.Millisecond
+	c.cfg.Outage.Window = time.Minute
+	c.down = newDownstream(config.Consumer{Overload: config.Overload{MaxInFlight: 8, InitialLimit: 8, Tolerance: 1.3}}, time.Now, nil)
+	p.tracker.Add(1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		c.cancelRun()
+		<-done
+		t.Fatalf("the message still waits after 5 s (%d calls): its own timeouts were taken for a slow downstream", calls.Load())
+	}
+	dlq.wg.Wait()
+	if r := dlq.byReason(); r[ReasonProcessTimeout] != 1 {
+		t.Fatalf("dead letters %v, want one %s", r, ReasonProcessTimeout)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("%d calls, want processor.retry_attempts 3", n)
 	}
 }

@@ -266,12 +266,12 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		if attempts > 0 {
 			// Out of attempts: dead-lettered, unless the downstream is
 			// slow (the last attempt timed out while the limit was being
-			// cut: the message waits and is retried, the budget bounding
-			// the retries), down for everyone (the gate is open) or may be
+			// cut and other users' calls time out too: the message waits
+			// and is retried, the budget bounding the retries), down for everyone (the gate is open) or may be
 			// (the gate is suspect: the message then waits, without calls,
 			// for the verdict, at most outage.window).
 			gated := false
-			if attempts >= pc.RetryAttempts && !c.gate.isOpen() && !(timedOut && c.down.slow(c.cfg.Outage.Window)) {
+			if attempts >= pc.RetryAttempts && !c.gate.isOpen() && !(timedOut && c.down.slowFor(m.ExternalUserID, c.clock.Now(), c.cfg.Outage.Window)) {
 				open, ok := c.awaitVerdict(ctx)
 				if !ok {
 					return attempts, false, c.stopCause(ctx)
@@ -337,9 +337,11 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		case timedOut:
 			// A timeout is the limit's signal (the downstream is slow), not
 			// an outage's: it neither opens nor closes the gate.
+			now := c.clock.Now()
 			if !start.IsZero() {
-				took = c.clock.Now().Sub(start)
+				took = now.Sub(start)
 			}
+			c.down.timedOut(m.ExternalUserID, now)
 			c.down.release(start, overload.Dropped)
 			c.gate.release(probe)
 		default:
