@@ -271,6 +271,12 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		}
 		return false
 	}
+	late := map[int]bool{}
+	for _, d := range e.Deliveries {
+		if d.Late {
+			late[d.Seq] = true
+		}
+	}
 	v := judge.Judge(judge.Input{Sent: judgeSent(e.Sent), Effects: judgeEffects(e.Deliveries), Dead: e.dead(),
 		Explain: func(p judge.Effect) judge.Cause {
 			prev := Delivery{Seq: p.Seq, MsgID: p.MsgID, User: p.User, Tag: p.Tag, At: p.At}
@@ -279,6 +285,8 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 				return judge.Crash
 			case afterFailover(prev):
 				return judge.Failover
+			case late[prev.Seq]:
+				return judge.Late
 			}
 			return judge.Unexplained
 		}})
@@ -287,6 +295,9 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 	}
 	r.Effects, r.DLQ = v.Effects, v.Dead
 	r.Dup, r.DupAfterFailover, r.Redelivered = v.Dup(), v.Count(judge.Failover), v.Count(judge.Crash)
+	if n := v.Count(judge.Late); n > 0 {
+		r.Extra("dup_after_timeout", n) // the receiver answered after the caller gave up
+	}
 	dups, failovers := 0, 0
 	for _, rp := range v.Repeats {
 		switch rp.Cause {

@@ -21,6 +21,24 @@ type Delivery struct {
 	User     string
 	Tag      string // consumer incarnation that posted it
 	At       time.Time
+	// Late: the caller had given up on the request (its timeout) when
+	// the effect was made.
+	Late bool
+}
+
+// Receiver, when set with SetReceiver, stands between a request the Sink
+// decoded and its effect: it may hold the request (a slow receiver's
+// queue and work) and answer a status instead of the effect (non-zero:
+// no effect).
+type Receiver func(r *http.Request, msgID string) (status int)
+
+// SetReceiver puts f in front of every effect (nil: none).
+func (s *Sink) SetReceiver(f Receiver) {
+	if f == nil {
+		s.receiver.Store(nil)
+		return
+	}
+	s.receiver.Store(&f)
 }
 
 // Sink is the business side of the consumers' http handler: it records
@@ -32,6 +50,7 @@ type Sink struct {
 	srv      *httptest.Server
 	sleepMax time.Duration
 	replies  atomic.Bool
+	receiver atomic.Pointer[Receiver]
 
 	mu         sync.Mutex
 	deliveries []Delivery
@@ -104,6 +123,12 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Unlock()
+	if f := s.receiver.Load(); f != nil {
+		if code := (*f)(r, m.UpstreamMsgID); code != 0 {
+			http.Error(w, "sink: receiver answered "+strconv.Itoa(code), code)
+			return
+		}
+	}
 	if s.sleepMax > 0 {
 		time.Sleep(rand.N(s.sleepMax + 1))
 	}
@@ -130,7 +155,7 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		s.tokens[m.ExternalUserID] = token
 	}
 	s.deliveries = append(s.deliveries, Delivery{Seq: len(s.deliveries), MsgID: m.UpstreamMsgID, OpenKfID: m.OpenKfID,
-		User: m.ExternalUserID, Tag: tag, At: now})
+		User: m.ExternalUserID, Tag: tag, At: now, Late: r.Context().Err() != nil})
 	s.seen[m.UpstreamMsgID]++
 	s.changed = now
 	s.mu.Unlock()

@@ -14,6 +14,7 @@ type Consumer struct {
 	Common    `mapstructure:",squash"`
 	Processor Processor `mapstructure:"processor"`
 	Outage    Outage    `mapstructure:"outage"`
+	Overload  Overload  `mapstructure:"overload"`
 	Dedup     Dedup     `mapstructure:"dedup"`
 	RateLimit RateLimit `mapstructure:"rate_limit"`
 	Breaker   Breaker   `mapstructure:"breaker"`
@@ -119,6 +120,28 @@ type Outage struct {
 	ProbeInterval time.Duration `mapstructure:"probe_interval" default:"5s" range:"[10ms, 10m]"`
 }
 
+// Overload configures the bound on the handler's calls in flight and on
+// its retries, so that a slow downstream gets fewer calls, not more
+// (docs/operations.md, "A slow downstream").
+type Overload struct {
+	// MaxInFlight bounds the handler calls in flight on one consumer; the
+	// adaptive limit moves between 1 and it (with handler.type http, also
+	// at most handler.http.max_conns). A message beyond the limit waits in
+	// its actor.
+	MaxInFlight int `mapstructure:"max_in_flight" default:"1024" range:"[1, 1_000_000]"`
+	// InitialLimit is the limit before the downstream's latency is known.
+	InitialLimit int `mapstructure:"initial_limit" default:"10" range:"[1, 1_000_000]"`
+	// Tolerance: when the mean latency of a window of calls exceeds this
+	// many times the downstream's baseline latency, the downstream is
+	// queueing our calls and the limit is cut by a quarter; otherwise a
+	// window that used the limit raises it by one.
+	Tolerance float64 `mapstructure:"tolerance" default:"1.3" range:"(1, 10]"`
+	// RetryBudget bounds retries to this share of first calls (each first
+	// call earns this much of a retry, a few a second always go); a retry
+	// beyond it waits. 0 turns the budget off.
+	RetryBudget float64 `mapstructure:"retry_budget" default:"0.5" range:"[0, 100]" zero:"retries not bounded"`
+}
+
 // Dedup configures the idempotency keys (I3): the consumer-state store's
 // section, owned by package state (its keys, defaults, bounds and
 // Validate).
@@ -211,7 +234,8 @@ type HTTPHandler struct {
 	// URL receives each message (http or https); required with
 	// handler.type http.
 	URL string `mapstructure:"url"`
-	// Timeout bounds one request.
+	// Timeout bounds one request from when it is sent: the receiver did
+	// not answer in time (a wait for a connection does not count).
 	Timeout time.Duration `mapstructure:"timeout" default:"5s" range:"[1ms, 5m]"`
 	// MaxConns caps the connections (and so the requests in flight) to
 	// the receiver; that many are kept alive between messages. Actors

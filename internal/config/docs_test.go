@@ -16,7 +16,7 @@ func TestDocumentedKeysExist(t *testing.T) {
 	files, _ := filepath.Glob("../../docs/*.md")
 	files = append(files, "../../README.md", "../../deploy/systemd/README.md")
 	sections := map[string]bool{}
-	for _, s := range []string{"env", "log", "ops", "kafka", "redis", "callback", "wecom", "sync", "idgen", "processor", "outage",
+	for _, s := range []string{"env", "log", "ops", "kafka", "redis", "callback", "wecom", "sync", "idgen", "processor", "outage", "overload",
 		"dedup", "rate_limit", "breaker", "handler", "dlq", "recovery", "admin", "dlq_index", "coord", "media"} {
 		if !KnownKey(s) {
 			t.Fatalf("section %s unknown to the schema", s)

@@ -129,6 +129,7 @@ type union struct {
 	IDGen     IDGen     `mapstructure:"idgen"`
 	Processor Processor `mapstructure:"processor"`
 	Outage    Outage    `mapstructure:"outage"`
+	Overload  Overload  `mapstructure:"overload"`
 	Dedup     Dedup     `mapstructure:"dedup"`
 	RateLimit RateLimit `mapstructure:"rate_limit"`
 	Breaker   Breaker   `mapstructure:"breaker"`

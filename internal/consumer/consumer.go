@@ -186,6 +186,9 @@ type Consumer struct {
 	// gate holds messages while the downstream fails for many users (nil:
 	// off).
 	gate *gate
+	// down bounds the handler's calls in flight and its retries
+	// (downstream.go).
+	down *downstream
 
 	// retries are the pending retries of dead letters that were not
 	// durable yet; shutdown stops them.
@@ -230,6 +233,7 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	}
 	c.m = newMetrics(c.reg)
 	c.gate = newGate(cfg.Outage, c.clock, c.log, c.reg)
+	c.down = newDownstream(cfg, c.clock.Now, c.reg)
 	c.prefetch, _ = c.limiter.(Prefetcher)
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
 	c.retries = map[Timer]struct{}{}

@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -119,7 +121,10 @@ const maxRetryAfter = time.Minute
 // signature. Status: 2xx finishes the message; 408, 425, 429 and 503 are
 // retried, after Retry-After when given; other 4xx are Permanent (the
 // receiver rejects this message); other 5xx, transport errors and timeouts
-// are retried. client nil means HTTPClient(64, timeout).
+// are retried. timeout runs from when the request is sent (it got its
+// connection), so a wait for a pooled connection never makes a call time
+// out after the receiver did the work; a timed-out call's error wraps
+// context.DeadlineExceeded. client nil means HTTPClient(64, 0).
 func HTTPHandler(url string, timeout time.Duration, client *http.Client) Handler {
 	return SignedHTTPHandler(url, timeout, client, "")
 }
@@ -143,7 +148,7 @@ const maxResponseBody = 1 << 20
 // body carries (docs/handler-protocol.md).
 func WebhookHandler(url string, timeout time.Duration, client *http.Client, secret string, respond ResponseFunc) Handler {
 	if client == nil {
-		client = HTTPClient(64, timeout)
+		client = HTTPClient(64, 0)
 	}
 	return HandlerFunc(func(msgCtx context.Context, m *chatmsg.ChatMessage) error {
 		body, err := chatmsg.Encode(m)
@@ -151,10 +156,11 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 			return Permanent(fmt.Errorf("encode: %w", err))
 		}
 		ctx := msgCtx
+		var st *sendTimer
 		if timeout > 0 {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, timeout)
-			defer cancel()
+			st = newSendTimer(msgCtx, timeout)
+			defer st.stop()
+			ctx = st.ctx
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 		if err != nil {
@@ -175,6 +181,9 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 		}
 		resp, err := client.Do(req)
 		if err != nil {
+			if st.expired() {
+				return fmt.Errorf("http handler: no answer within %s of sending: %w", timeout, context.DeadlineExceeded)
+			}
 			return fmt.Errorf("http handler: %w", err)
 		}
 		defer resp.Body.Close()
@@ -185,6 +194,9 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 			}
 			data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody+1))
 			if err != nil {
+				if st.expired() {
+					return fmt.Errorf("http handler: answer not read within %s of sending: %w", timeout, context.DeadlineExceeded)
+				}
 				return fmt.Errorf("http handler: read the answer: %w", err)
 			}
 			if len(data) > maxResponseBody {
@@ -237,9 +249,66 @@ func NewHandler(cfg config.Handler, logger *zap.Logger, respond ResponseFunc) (H
 		if cfg.HTTP.URL == "" {
 			return nil, errors.New("handler.http.url must be set when handler.type is http")
 		}
-		return WebhookHandler(cfg.HTTP.URL, cfg.HTTP.Timeout, HTTPClient(max(cfg.HTTP.MaxConns, 1), cfg.HTTP.Timeout),
+		// The client has no timeout of its own: handler.http.timeout runs
+		// from the send (sendTimer), not from the wait for a connection.
+		return WebhookHandler(cfg.HTTP.URL, cfg.HTTP.Timeout, HTTPClient(max(cfg.HTTP.MaxConns, 1), 0),
 			cfg.HTTP.Secret, respond), nil
 	default:
 		return nil, fmt.Errorf("handler.type must be one of log, http, noop, got %q", cfg.Type)
 	}
+}
+
+// sendTimer bounds a request from when it got its connection (the send),
+// not from when it was made: the time a request waits for one of the
+// pooled connections is not the receiver's.
+type sendTimer struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	timeout time.Duration
+
+	mu    sync.Mutex
+	timer *time.Timer
+	fired bool
+}
+
+func newSendTimer(parent context.Context, timeout time.Duration) *sendTimer {
+	st := &sendTimer{timeout: timeout}
+	ctx, cancel := context.WithCancel(parent)
+	st.cancel = cancel
+	st.ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: st.start})
+	return st
+}
+
+// start arms the timer at the first connection the request gets (the
+// transport may send it again on another, within the same time).
+func (st *sendTimer) start(httptrace.GotConnInfo) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.timer == nil {
+		st.timer = time.AfterFunc(st.timeout, func() {
+			st.mu.Lock()
+			st.fired = true
+			st.mu.Unlock()
+			st.cancel()
+		})
+	}
+}
+
+// expired reports whether the timeout ended the request (false for nil).
+func (st *sendTimer) expired() bool {
+	if st == nil {
+		return false
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.fired
+}
+
+func (st *sendTimer) stop() {
+	st.mu.Lock()
+	if st.timer != nil {
+		st.timer.Stop()
+	}
+	st.mu.Unlock()
+	st.cancel()
 }

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/overload"
 )
 
 // handlerFailure carries the handler's last error out of Deduper.Do so that
@@ -245,7 +246,9 @@ func (c *Consumer) markDone(pl *partLease, l Lease, env *envelope, it StateItem)
 
 // handleWithRetry calls the handler up to processor.retry_attempts times
 // with exponential backoff, each attempt bounded by
-// processor.attempt_timeout. It reports the attempts made and whether the
+// processor.attempt_timeout from when it got its slot under the handler
+// limit (downstream.go: the wait for a slot is the message's, not the
+// attempt's), each retry within the retry budget. It reports the attempts made and whether the
 // last one timed out. g, when set, stops it when the claim is lost; it also
 // stops (errStopping: the message stays unfinished) when env's partition
 // was revoked or lost meanwhile, because the partition's new owner reads
@@ -258,38 +261,40 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 	m := env.msg
 	pc := c.cfg.Processor
 	backoff := pc.RetryBase
-	var outOfAttempts time.Time
+	var took time.Duration // how long the last attempt ran
 	for {
 		if attempts > 0 {
-			// Out of attempts: dead-lettered, unless the downstream is down
-			// for everyone (the gate is open) or may be (the gate is about
-			// to open, for at most outage.window): then it waits and is
-			// retried.
-			if attempts >= pc.RetryAttempts && !c.gate.isOpen() {
-				if outOfAttempts.IsZero() {
-					outOfAttempts = c.clock.Now()
+			// Out of attempts: dead-lettered, unless the downstream is
+			// slow (the last attempt timed out while the limit was being
+			// cut and other users' calls time out too: the message waits
+			// and is retried, the budget bounding the retries), down for everyone (the gate is open) or may be
+			// (the gate is suspect: the message then waits, without calls,
+			// for the verdict, at most outage.window).
+			gated := false
+			if attempts >= pc.RetryAttempts && !c.gate.isOpen() && !(timedOut && c.down.slowFor(m.ExternalUserID, c.clock.Now(), c.cfg.Outage.Window)) {
+				open, ok := c.awaitVerdict(ctx)
+				if !ok {
+					return attempts, false, c.stopCause(ctx)
 				}
-				if !c.gate.suspect() {
+				if !open {
 					break
 				}
-				if c.clock.Now().Sub(outOfAttempts) >= c.cfg.Outage.Window {
-					c.gate.heldInVain()
-					break
+				gated = true // the gate's hold below is the wait
+			}
+			if !gated {
+				wait := retryWait(backoff, err, timedOut, took)
+				c.logRetry(m, attempts, err, timedOut, wait)
+				if !sleep(ctx, c.clock, wait) {
+					return attempts, false, c.stopCause(ctx)
 				}
+				backoff = min(2*backoff, pc.RetryMax)
 			}
-			wait := backoff
-			var ra *RetryAfterError
-			if errors.As(err, &ra) && ra.After > wait {
-				wait = ra.After // the receiver asked for a pause
-			}
-			c.logRetry(m, attempts, err, timedOut, wait)
-			if !sleep(ctx, c.clock, wait) {
-				return attempts, false, c.stopCause(ctx)
-			}
-			backoff = min(2*backoff, pc.RetryMax)
 			if env.part.dropped.Load() {
 				c.m.attempts[attemptAbandoned].Inc()
 				return attempts, false, errStopping
+			}
+			if !c.awaitBudget(ctx) {
+				return attempts, false, c.stopCause(ctx)
 			}
 		}
 		// No new effect while the partition's marks lag or cannot be
@@ -302,26 +307,50 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		if !ok {
 			return attempts, false, c.stopCause(ctx)
 		}
+		// A call beyond the handler limit waits here, in its actor, before
+		// its attempt's time starts.
+		start, ok := c.down.acquire(ctx)
+		if !ok {
+			c.gate.release(probe)
+			return attempts, false, c.stopCause(ctx)
+		}
 		if env.part.dropped.Load() {
+			c.down.release(start, overload.Ignored)
 			c.gate.release(probe)
 			c.m.attempts[attemptAbandoned].Inc()
 			return attempts, false, errStopping
 		}
 		actx, cancel, ok := g.attempt(ctx, pc.AttemptTimeout)
 		if !ok {
+			c.down.release(start, overload.Ignored)
 			c.gate.release(probe)
 			return attempts, false, errClaimLost
 		}
+		if attempts == 0 {
+			c.down.firstCall()
+		}
 		attempts++
 		err = c.safeHandle(withDelivery(actx, env.km), m)
-		timedOut = err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)
+		timedOut = isTimeout(actx, err)
 		lost := g.ended()
 		cancel()
 		c.m.attempts[attemptOutcome(err, timedOut)].Inc()
 		switch {
 		case err != nil && (lost || ctx.Err() != nil):
+			c.down.release(start, overload.Ignored)
 			c.gate.release(probe) // cut short: says nothing of the downstream
+		case timedOut:
+			// A timeout is the limit's signal (the downstream is slow), not
+			// an outage's: it neither opens nor closes the gate.
+			now := c.clock.Now()
+			if !start.IsZero() {
+				took = now.Sub(start)
+			}
+			c.down.timedOut(m.ExternalUserID, now)
+			c.down.release(start, overload.Dropped)
+			c.gate.release(probe)
 		default:
+			c.down.release(start, outcomeOf(err, false))
 			// A permanent failure is the receiver refusing this message:
 			// the downstream answers.
 			c.gate.result(m.ExternalUserID, err == nil || IsPermanent(err), probe)
@@ -340,6 +369,30 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		}
 	}
 	return attempts, timedOut, err
+}
+
+// awaitVerdict is where a message out of attempts waits while the gate is
+// suspect, calling nothing (its retry_attempts are spent): until the gate
+// opens (open: it then waits at the gate like every message), the
+// suspicion ends (the downstream answers others: the failures are the
+// message's own), or outage.window passes since it began waiting (the
+// suspicion is spent: heldInVain). ok is false when ctx ended first.
+func (c *Consumer) awaitVerdict(ctx context.Context) (open, ok bool) {
+	since := c.clock.Now()
+	for wait := c.cfg.Processor.RetryBase; ; wait = min(2*wait+time.Millisecond, time.Second) {
+		switch {
+		case c.gate.isOpen():
+			return true, true
+		case !c.gate.suspect():
+			return false, true
+		case c.clock.Now().Sub(since) >= c.cfg.Outage.Window:
+			c.gate.heldInVain()
+			return false, true
+		}
+		if !sleep(ctx, c.clock, max(wait, time.Millisecond)) {
+			return false, false
+		}
+	}
 }
 
 // Handler attempt outcomes (kfpipe_handler_attempts_total's label).

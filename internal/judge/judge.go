@@ -38,6 +38,11 @@ const (
 	// Failover: the done mark of the effect before was lost with a Redis
 	// primary.
 	Failover
+	// Late: the effect before the repeat was made after the caller had
+	// given up on it (the receiver answered past the caller's timeout), so
+	// the caller could not know it happened; a receiver that does not
+	// dedup sees the retry as a second message.
+	Late
 	// Unexplained: a duplicate effect, the pipeline's fault.
 	Unexplained
 )

@@ -38,7 +38,9 @@ func publishNodeStatus(ctx context.Context, rdb redis.UniversalClient, prefix st
 			Actors:         int(sums["kfpipe_active_processors"]),
 			OpenBreakers:   int(sums["kfpipe_circuit_breakers_open"]),
 			Partitions:     int(sums["kfpipe_consumer_partitions_assigned"]),
-			OutageGateOpen: sums["kfpipe_outage_gate_open"] > 0}
+			OutageGateOpen: sums["kfpipe_outage_gate_open"] > 0,
+			HandlerLimit:   int(sums["kfpipe_handler_limit"]), HandlerInFlight: int(sums["kfpipe_handler_in_flight"]),
+			HandlerWaiting: int(sums["kfpipe_handler_waiting"]), HandlerLatency: sums["kfpipe_handler_latency_seconds"]}
 		b, _ := json.Marshal(st)
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()

@@ -132,6 +132,15 @@ type ConsumerStatus struct {
 	// OutageGateOpen: the process's downstream gate is open (the handler
 	// fails for many users at once; messages wait).
 	OutageGateOpen bool `json:"outage_gate_open,omitempty"`
+	// HandlerLimit, HandlerInFlight and HandlerWaiting are the process's
+	// adaptive limit on handler calls, the calls in flight and the
+	// messages waiting for a slot; HandlerLatency the mean latency of its
+	// last window of calls, in seconds. Messages waiting mean the
+	// downstream is slower than the traffic ("downstream slow").
+	HandlerLimit    int     `json:"handler_limit,omitempty"`
+	HandlerInFlight int     `json:"handler_in_flight,omitempty"`
+	HandlerWaiting  int     `json:"handler_waiting,omitempty"`
+	HandlerLatency  float64 `json:"handler_latency_seconds,omitempty"`
 	// Stale: not reported for three intervals (stopped, or lost Redis);
 	// set by the overview, not counted in its totals.
 	Stale bool `json:"stale,omitempty"`

@@ -389,7 +389,7 @@ func (s *Server) downstreamArea(ctx context.Context, now time.Time) AreaVerdict 
 	if err != nil {
 		return unknownArea(obs.AreaDownstream, err.Error())
 	}
-	open, live := 0, 0
+	open, live, slow := 0, 0, 0
 	a := gradeArea(obs.AreaDownstream, map[string]float64{})
 	for _, c := range cs {
 		if fleet.Judge(c.Reported, now) != fleet.Live {
@@ -402,8 +402,16 @@ func (s *Server) downstreamArea(ctx context.Context, now time.Time) AreaVerdict 
 		}
 		g := gradeArea(obs.AreaDownstream, valuesFor(obs.AreaDownstream, gate))
 		detail := "gate closed: the handler's downstream answers"
-		if c.OutageGateOpen {
+		switch {
+		case c.OutageGateOpen:
 			detail = "gate open: messages wait for the downstream"
+		case c.HandlerWaiting > 0:
+			// Not a failure: the consumer calls the downstream no faster
+			// than it answers, and the lag grows (docs/operations.md, "A
+			// slow downstream").
+			slow++
+			detail = fmt.Sprintf("downstream slow: %d calls in flight (limit %d), %d messages waiting, %.1f s a call",
+				c.HandlerInFlight, c.HandlerLimit, c.HandlerWaiting, c.HandlerLatency)
 		}
 		a.Items = append(a.Items, AreaItem{Name: c.Node, State: g.State, Value: gate, Detail: detail})
 		a.State = worse(a.State, g.State)
@@ -413,6 +421,9 @@ func (s *Server) downstreamArea(ctx context.Context, now time.Time) AreaVerdict 
 	}
 	a.Values = valuesFor(obs.AreaDownstream, float64(min(open, 1)))
 	a.Detail = fmt.Sprintf("%d of %d live schedule-consumer(s) hold messages for the downstream", open, live)
+	if slow > 0 {
+		a.Detail += fmt.Sprintf("; downstream slow on %d (messages wait for the handler limit, the lag grows)", slow)
+	}
 	if live == 0 {
 		a.State, a.Detail = StateUnknown, "no live schedule-consumer reports its gate"
 	}

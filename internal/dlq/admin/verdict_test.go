@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -295,5 +296,21 @@ func TestVerdictSinceAndClearsBy(t *testing.T) {
 	v = f.verdict(t, "")
 	if a := v.area(t, obs.AreaDLQ); a.State != StateGreen || a.Since == nil || !a.Since.Equal(clock.Now().Truncate(time.Second)) {
 		t.Errorf("past clears_by: area %s since %v (%s), want green since now", a.State, a.Since, a.Detail)
+	}
+}
+
+// TestVerdictDownstreamSlow: a consumer whose messages wait for its
+// handler limit shows "downstream slow" with its limit, calls in flight
+// and latency; slowness alone is not an outage (no alert fires).
+func TestVerdictDownstreamSlow(t *testing.T) {
+	p := &memPipeline{consumers: []ConsumerStatus{{Node: "c1", Reported: t0},
+		{Node: "c2", Reported: t0, HandlerLimit: 30, HandlerInFlight: 30, HandlerWaiting: 120, HandlerLatency: 2.1}}}
+	f := newFixtureWith(t, p)
+	a := f.verdict(t, "").area(t, obs.AreaDownstream)
+	if len(a.Firing) != 0 || !strings.Contains(a.Detail, "downstream slow on 1") {
+		t.Fatalf("downstream: %+v, want no alert and downstream slow on 1", a)
+	}
+	if d := a.Items[1].Detail; !strings.Contains(d, "downstream slow: 30 calls in flight (limit 30), 120 messages waiting, 2.1 s a call") {
+		t.Fatalf("c2: %q", d)
 	}
 }

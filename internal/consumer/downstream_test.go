@@ -1,0 +1,153 @@
+package consumer
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
+)
+
+// TestHTTPTimeoutRunsFromTheSend: with one connection to a receiver that
+// answers in 200 ms, three calls at once each wait for the connection;
+// handler.http.timeout (300 ms) bounds the receiver's answer, not that
+// wait, so none times out. Measured from the call, the third (400 ms of
+// waiting) timed out after the receiver had done its work.
+func TestHTTPTimeoutRunsFromTheSend(t *testing.T) {
+	var served atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(200 * time.Millisecond)
+		served.Add(1)
+	}))
+	defer srv.Close()
+	h, err := NewHandler(config.Handler{Type: "http", HTTP: config.HTTPHandler{URL: srv.URL, Timeout: 300 * time.Millisecond, MaxConns: 1}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = h.Handle(context.Background(), chat("u", i))
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	if served.Load() != 3 {
+		t.Fatalf("receiver served %d, want 3", served.Load())
+	}
+}
+
+// TestHTTPTimeoutCountedAsTimeout: a receiver that does not answer within
+// handler.http.timeout (well inside processor.attempt_timeout) is a
+// timeout — outcome="timeout", the message's reason process_timeout — not
+// a failed call.
+func TestHTTPTimeoutCountedAsTimeout(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(time.Second):
+		}
+	}))
+	defer srv.Close()
+	h, err := NewHandler(config.Handler{Type: "http", HTTP: config.HTTPHandler{URL: srv.URL, Timeout: 20 * time.Millisecond, MaxConns: 4}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlq := &memDLQ{}
+	c, p := unitConsumer(t, h, dlq, newMemState())
+	c.cfg.Processor.AttemptTimeout = 5 * time.Second
+	p.tracker.Add(1)
+	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	dlq.wg.Wait()
+	if v := testenv.MetricValue(c.m.attempts[attemptTimeout]); v != 3 {
+		t.Fatalf("timeout attempts = %v, want 3 (failed: %v)", v, testenv.MetricValue(c.m.attempts[attemptFailed]))
+	}
+	if r := dlq.byReason(); len(r) != 1 || r[ReasonProcessTimeout] != 1 {
+		t.Fatalf("dead letters %v, want one %s", r, ReasonProcessTimeout)
+	}
+}
+
+// TestTimeoutWhileSlowWaitsInsteadOfDeadLettering: a message whose calls
+// time out while the downstream is slow (the limit was cut) is not
+// dead-lettered after its attempts: it waits and is retried, and finishes
+// once the downstream answers.
+func TestTimeoutWhileSlowWaitsInsteadOfDeadLettering(t *testing.T) {
+	var calls atomic.Int64
+	h := HandlerFunc(func(ctx context.Context, _ *chatmsg.ChatMessage) error {
+		if calls.Add(1) <= 5 {
+			<-ctx.Done() // the receiver does not answer in time
+			return ctx.Err()
+		}
+		return nil
+	})
+	dlq := &memDLQ{}
+	c, p := unitConsumer(t, h, dlq, newMemState())
+	c.cfg.Processor.AttemptTimeout = 10 * time.Millisecond
+	c.cfg.Outage.Window = time.Minute
+	c.down = newDownstream(config.Consumer{Overload: config.Overload{MaxInFlight: 8, InitialLimit: 8, Tolerance: 1.3}}, time.Now, nil)
+	c.down.timedOut("another user", time.Now()) // the downstream is slow for others too
+	p.tracker.Add(1)
+	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	dlq.wg.Wait()
+	if r := dlq.byReason(); len(r) != 0 {
+		t.Fatalf("dead letters %v for a message of a slow downstream", r)
+	}
+	if n := calls.Load(); n != 6 {
+		t.Fatalf("%d calls, want 6 (5 timed out, then the answer)", n)
+	}
+	if next, ok := p.tracker.Committable(); !ok || next != 2 {
+		t.Fatalf("message not finished: %d %v", next, ok)
+	}
+}
+
+// TestOneUsersTimeoutsAreDeadLettered: a customer whose calls alone time
+// out (its request hangs at the receiver, nobody else's does) is
+// dead-lettered after its attempts, though its own timeouts cut the limit.
+func TestOneUsersTimeoutsAreDeadLettered(t *testing.T) {
+	var calls atomic.Int64
+	h := HandlerFunc(func(ctx context.Context, _ *chatmsg.ChatMessage) error {
+		calls.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	dlq := &memDLQ{}
+	c, p := unitConsumer(t, h, dlq, newMemState())
+	c.cfg.Processor.AttemptTimeout = 10 * time.Millisecond
+	c.cfg.Outage.Window = time.Minute
+	c.down = newDownstream(config.Consumer{Overload: config.Overload{MaxInFlight: 8, InitialLimit: 8, Tolerance: 1.3}}, time.Now, nil)
+	p.tracker.Add(1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		c.cancelRun()
+		<-done
+		t.Fatalf("the message still waits after 5 s (%d calls): its own timeouts were taken for a slow downstream", calls.Load())
+	}
+	dlq.wg.Wait()
+	if r := dlq.byReason(); r[ReasonProcessTimeout] != 1 {
+		t.Fatalf("dead letters %v, want one %s", r, ReasonProcessTimeout)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("%d calls, want processor.retry_attempts 3", n)
+	}
+}

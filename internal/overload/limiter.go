@@ -1,0 +1,286 @@
+// Package overload bounds the calls in flight to one downstream by what it
+// can carry. A Limiter holds a concurrency limit that adapts to the
+// downstream's latency and timeouts (AIMD: additive increase while the
+// latency stays near its baseline, multiplicative decrease when it grows
+// past baseline × tolerance or a call times out), and a Budget bounds the
+// retries to a share of the first calls. Both are cheap on the path of a
+// fast handler: a mutex, two counters and a clock read per call, no
+// goroutine, no timer and no allocation unless a caller has to wait.
+//
+// The design follows TCP congestion control and Netflix's
+// concurrency-limits (AIMD and Gradient): a receiver's latency is the
+// signal that it queues work, and a client that keeps its in-flight
+// calls below the point where latency grows gets the receiver's full
+// throughput without building a queue at it.
+package overload
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+)
+
+// Config is a Limiter's settings.
+type Config struct {
+	// Initial is the limit before the first measurement.
+	Initial int
+	// Min and Max bound the limit.
+	Min, Max int
+	// Tolerance: a window of calls whose shortest call exceeds
+	// Tolerance × the baseline means the downstream queues work.
+	Tolerance float64
+	// Backoff is the factor the limit is multiplied by on congestion.
+	Backoff float64
+}
+
+// DefaultConfig is the limiter the consumer ships with for max in-flight
+// calls.
+func DefaultConfig(max int) Config {
+	return Config{Initial: min(10, max), Min: 1, Max: max, Tolerance: 1.3, Backoff: 0.75}
+}
+
+// Outcome is what a call tells the limiter.
+type Outcome int
+
+const (
+	// Success: the downstream answered; its latency is a sample.
+	Success Outcome = iota
+	// Dropped: the call timed out (or the downstream said it is
+	// overloaded): the limit decreases.
+	Dropped
+	// Ignored: the call says nothing of the downstream's load (a fast
+	// error, a cancelled call).
+	Ignored
+)
+
+// minWindow is the fewest samples a window is judged on: fewer are
+// noise.
+const minWindow = 8
+
+// Limiter is an adaptive concurrency limit. The zero value is not usable;
+// a nil *Limiter admits everything.
+type Limiter struct {
+	cfg Config
+	now func() time.Time
+
+	mu       sync.Mutex
+	limit    float64
+	inFlight int
+	waiters  []chan struct{} // FIFO; each is closed when handed a slot
+	// The current window: samples since the last judgement.
+	n     int
+	sum   time.Duration
+	low   time.Duration // the window's shortest call
+	drop  bool
+	peak  int
+	since time.Time // calls started before it belong to an older limit
+	// baseline is the latency of the downstream when it does not queue:
+	// the shortest call seen, or a longer one that cuts of the limit did
+	// not shorten (the downstream became slower; it is not our queue).
+	baseline  time.Duration
+	cutLow    time.Duration // the shortest call of the window that made the last cut
+	stuck     int           // cuts in a row that did not shorten the calls
+	calm      int           // windows since the last cut
+	lastMean  time.Duration
+	congested time.Time // when a window was last judged congested
+	decreases uint64
+}
+
+// New returns a Limiter; now is the clock (time.Now when nil).
+func New(cfg Config, now func() time.Time) *Limiter {
+	if now == nil {
+		now = time.Now
+	}
+	cfg.Max = max(cfg.Max, 1)
+	cfg.Min = min(max(cfg.Min, 1), cfg.Max)
+	cfg.Initial = min(max(cfg.Initial, cfg.Min), cfg.Max)
+	if cfg.Tolerance <= 1 {
+		cfg.Tolerance = 1.3
+	}
+	if cfg.Backoff <= 0 || cfg.Backoff >= 1 {
+		cfg.Backoff = 0.75
+	}
+	return &Limiter{cfg: cfg, now: now, limit: float64(cfg.Initial)}
+}
+
+// TryAcquire takes a slot if one is free now and nobody waits for one.
+func (l *Limiter) TryAcquire() (time.Time, bool) {
+	if l == nil {
+		return time.Time{}, true
+	}
+	l.mu.Lock()
+	if l.inFlight < int(l.limit) && len(l.waiters) == 0 {
+		l.inFlight++
+		l.peak = max(l.peak, l.inFlight)
+		l.mu.Unlock()
+		return l.now(), true
+	}
+	l.mu.Unlock()
+	return time.Time{}, false
+}
+
+// Acquire waits for a slot: it returns the call's start time and true, or
+// false when ctx ended first. A caller that got a slot must Release it.
+func (l *Limiter) Acquire(ctx context.Context) (time.Time, bool) {
+	if l == nil {
+		return time.Time{}, true
+	}
+	l.mu.Lock()
+	if l.inFlight < int(l.limit) && len(l.waiters) == 0 {
+		l.inFlight++
+		l.peak = max(l.peak, l.inFlight)
+		l.mu.Unlock()
+		return l.now(), true
+	}
+	ch := make(chan struct{})
+	l.waiters = append(l.waiters, ch)
+	l.mu.Unlock()
+	select {
+	case <-ch:
+		return l.now(), true
+	case <-ctx.Done():
+		l.mu.Lock()
+		for i, w := range l.waiters {
+			if w == ch {
+				l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
+				l.mu.Unlock()
+				return time.Time{}, false
+			}
+		}
+		l.mu.Unlock()
+		// Handed a slot as ctx ended: give it on.
+		l.Release(time.Time{}, Ignored)
+		return time.Time{}, false
+	}
+}
+
+// Release ends a call that started at start (Acquire's time) with
+// outcome o.
+func (l *Limiter) Release(start time.Time, o Outcome) {
+	if l == nil {
+		return
+	}
+	var rtt time.Duration
+	if o == Success {
+		rtt = l.now().Sub(start)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inFlight--
+	// Samples of calls started before the last decrease measure the
+	// queue the old limit built: judging them again would cut twice.
+	if !start.IsZero() && !start.Before(l.since) {
+		switch o {
+		case Success:
+			l.n++
+			l.sum += rtt
+			if l.low == 0 || rtt < l.low {
+				l.low = max(rtt, time.Nanosecond)
+			}
+		case Dropped:
+			l.drop = true
+			l.n++
+		}
+		if l.n >= max(int(l.limit), minWindow) || (l.drop && l.n >= 1) {
+			l.judge()
+		}
+	}
+	l.handOff()
+}
+
+// judge ends the window (l.mu held). It compares the window's shortest
+// call with the baseline, as TCP Vegas compares round trips with the
+// shortest seen: when the downstream queues our calls every call waits,
+// the shortest too, while a downstream whose answers merely vary (1–3 s)
+// still answers some calls quickly. The mean would mistake that spread
+// for a queue, or hide a queue in it.
+func (l *Limiter) judge() {
+	now := l.now()
+	if l.n > 0 && l.sum > 0 {
+		l.lastMean = l.sum / time.Duration(l.n)
+	}
+	low := l.low
+	if low > 0 && (l.baseline == 0 || low < l.baseline) {
+		l.baseline = low
+	}
+	slow := low > 0 && float64(low) > l.cfg.Tolerance*float64(l.baseline)
+	if slow && !l.drop && l.cutLow > 0 && float64(low) >= 0.95*float64(l.cutLow) {
+		// The last cut did not shorten the calls. Three times in a row, the
+		// downstream did not queue our calls: it became slower (another
+		// client's queue would shrink when it cuts too). That is its
+		// latency now.
+		if l.stuck++; l.stuck >= 3 {
+			l.baseline, slow, l.stuck = low, false, 0
+		}
+	} else if !slow {
+		l.stuck = 0
+	}
+	switch {
+	case l.drop || slow:
+		l.limit = math.Max(float64(l.cfg.Min), math.Floor(l.limit*l.cfg.Backoff))
+		l.since = now
+		l.congested = now
+		l.decreases++
+		l.cutLow = low
+		l.calm = 0
+	case 2*l.peak >= int(l.limit):
+		// Only a window that used the limit says the downstream can
+		// carry more: one more call, and more after a long calm (another
+		// client of the downstream left, or it got faster), at most a
+		// quarter more a window.
+		l.calm++
+		inc := math.Max(1, math.Min(float64(l.calm/4), l.limit/4))
+		l.limit = math.Min(float64(l.cfg.Max), l.limit+inc)
+		l.cutLow = 0
+	default:
+		l.cutLow = 0
+	}
+	l.n, l.sum, l.low, l.drop, l.peak = 0, 0, 0, false, l.inFlight
+}
+
+// handOff gives free slots to waiters in order (l.mu held).
+func (l *Limiter) handOff() {
+	for len(l.waiters) > 0 && l.inFlight < int(l.limit) {
+		ch := l.waiters[0]
+		l.waiters[0] = nil
+		l.waiters = l.waiters[1:]
+		l.inFlight++
+		l.peak = max(l.peak, l.inFlight)
+		close(ch)
+	}
+}
+
+// Stats is a Limiter's state for metrics and the console.
+type Stats struct {
+	Limit, InFlight, Waiting int
+	// Latency is the last window's mean, Baseline the latency the
+	// downstream has when it does not queue (its shortest calls).
+	Latency, Baseline time.Duration
+	// Congested is when a window last showed the downstream queueing or
+	// timing out (zero: never); Decreases counts them.
+	Congested time.Time
+	Decreases uint64
+}
+
+// Stats returns the limiter's state (the zero Stats for nil).
+func (l *Limiter) Stats() Stats {
+	if l == nil {
+		return Stats{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return Stats{Limit: int(l.limit), InFlight: l.inFlight, Waiting: len(l.waiters), Latency: l.lastMean,
+		Baseline: l.baseline, Congested: l.congested, Decreases: l.decreases}
+}
+
+// SlowWithin reports whether the downstream showed congestion (a timeout,
+// or latency past the tolerance) within d of now.
+func (l *Limiter) SlowWithin(d time.Duration) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.congested.IsZero() && l.now().Sub(l.congested) <= d
+}
