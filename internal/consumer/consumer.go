@@ -124,6 +124,12 @@ type partition struct {
 	label   string
 	// lease is the partition's hold in the State (nil without one).
 	lease *partLease
+	// work is its running handler attempts, which the lease covers
+	// (own.go).
+	work partWork
+	// after, when set, is closed when this consumer's earlier hand-over of
+	// the same partition ended: its lease keeper waits for it.
+	after <-chan struct{}
 }
 
 type tpKey struct {
@@ -164,6 +170,11 @@ type Consumer struct {
 
 	mu    sync.Mutex // guards parts for readers other than the poll goroutine
 	parts map[tpKey]*partition
+	// handingOver holds, per revoked partition whose hand-over still runs,
+	// a channel closed when it ended (guarded by mu); handOvers counts
+	// those hand-overs (Close waits for them).
+	handingOver map[tpKey]chan struct{}
+	handOvers   sync.WaitGroup
 
 	commitMu sync.Mutex // serialises commits with revoke and shutdown
 	aborted  bool       // guarded by commitMu: no commit after a simulated crash
@@ -342,8 +353,8 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	if c.started {
 		close(c.stopPoll)
 		<-c.pollDone
-		if !crash && !c.waitIdle(ctx) {
-			err = ErrDrainTimeout
+		if !crash {
+			err = c.endAll(ctx)
 		}
 	}
 	c.cancelRun()
@@ -395,6 +406,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	}
 	c.stopDeadQueues() // any assigned while the client closed
 	c.deadWG.Wait()
+	c.handOvers.Wait()
 	return err
 }
 
@@ -411,15 +423,35 @@ func (c *Consumer) stopDeadQueues() {
 	}
 }
 
-// waitIdle waits until no message is in flight or ctx ends.
-func (c *Consumer) waitIdle(ctx context.Context) bool {
-	for c.InFlight() > 0 {
-		if !sleep(ctx, c.clock, 5*time.Millisecond) {
-			c.log.Warn("close: in-flight messages left unfinished", zap.Int("in_flight", c.InFlight()))
-			return false
-		}
+// endAll is the stop's hand-over, bounded like a revoke's: no new attempt
+// or retry starts on any partition; the running attempts are awaited up to
+// kafka.consumer.revoke_drain_limit (or ctx's end, if sooner), then
+// cancelled and awaited once more. The messages not started stay
+// unfinished (uncommitted): the next owner reads them. It returns
+// ErrDrainTimeout only when attempts still run after their cancel (their
+// partitions' leases lapse instead of being given back).
+func (c *Consumer) endAll(ctx context.Context) error {
+	c.mu.Lock()
+	ps := make([]*partition, 0, len(c.parts))
+	for _, p := range c.parts {
+		ps = append(ps, p)
 	}
-	return true
+	c.mu.Unlock()
+	for _, p := range ps {
+		p.dropped.Store(true)
+	}
+	limit := c.cfg.Kafka.Consumer.RevokeDrainLimit
+	if dl, ok := ctx.Deadline(); ok {
+		limit = max(min(limit, time.Until(dl)-cancelWait), 0)
+	}
+	unended, st := c.endWork(ps, limit)
+	c.log.Info("close: handler attempts ended", zap.Int("awaited", st.awaited), zap.Int("cancelled", st.cancelled),
+		zap.Int("left_to_lapsing_lease", st.lapsed), zap.Int("not_started", c.InFlight()))
+	if len(unended) > 0 {
+		c.log.Warn("close: handler attempts still running after their cancel; their partitions' leases lapse", zap.Int("running", st.lapsed))
+		return ErrDrainTimeout
+	}
+	return nil
 }
 
 // OutageDetail is the downstream gate's line for /readyz ("" while it is

@@ -214,19 +214,14 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 }
 
 // underLease runs f with l in its context (the fencing token, the reply
-// log), g reset and told when l is lost.
+// log, the owner margin), g reset and told when l is lost or reaches its
+// local deadline unrenewed.
 func (c *Consumer) underLease(l Lease, g *claimGuard, f func(ctx context.Context) error) error {
 	*g = claimGuard{}
 	watched := make(chan struct{})
-	go func() {
-		select {
-		case <-l.Lost():
-			g.lose(nil)
-		case <-watched:
-		}
-	}()
+	go watchDeadline(l, g, watched) // own.go: lost, or past its deadline
 	defer close(watched)
-	return f(withLease(c.runCtx, l))
+	return f(context.WithValue(withLease(c.runCtx, l), marginKey{}, ownerMargin(c.cfg.Dedup.Lease)))
 }
 
 // markDone queues env's done mark on l; until it is recorded a copy of the
@@ -302,10 +297,10 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 			c.m.attempts[attemptAbandoned].Inc()
 			return attempts, false, errStopping
 		}
-		actx, cancel, ok := g.attempt(ctx, pc.AttemptTimeout)
-		if !ok {
+		actx, cancel, serr := c.startAttempt(ctx, env, g) // own.go: the ownership check
+		if serr != nil {
 			c.gate.release(probe)
-			return attempts, false, errClaimLost
+			return attempts, false, serr
 		}
 		attempts++
 		err = c.safeHandle(withDelivery(actx, env.km), m)

@@ -46,6 +46,17 @@ type partitionLease struct {
 func (pl *partitionLease) Token() int64          { return pl.l.Token() }
 func (pl *partitionLease) Lost() <-chan struct{} { return pl.l.Lost() }
 
+// Deadline is the lease's local deadline: the consumer starts no attempt
+// and no reply past it (minus its margin).
+func (pl *partitionLease) Deadline() time.Time { return pl.l.Deadline() }
+
+// Lapse sends the marks still queued, then stops renewing without giving
+// the lease back (work under it may still run).
+func (pl *partitionLease) Lapse() {
+	pl.m.Close()
+	pl.l.Lapse()
+}
+
 func stateItems(items []consumer.StateItem) []state.Item {
 	out := make([]state.Item, len(items))
 	for i, it := range items {
