@@ -51,24 +51,43 @@ func ownerMargin(lease time.Duration) time.Duration {
 
 type marginKey struct{}
 
+// ReplyClaimer is implemented by a ReplyLog that claims a reply before it
+// is sent (the partition lease's: the claim carries its fencing token), so
+// that two owners of a message — a newer one and an older one that has not
+// stopped yet — never both send it.
+type ReplyClaimer interface {
+	// ClaimReply returns the reply's record (found) when it was recorded;
+	// otherwise it claims the reply for hold (what the send may take at
+	// most) and returns wait 0, or, when an older owner's claim is live,
+	// how long it is live (look again then). A newer owner's claim is an
+	// error: the reply is not this owner's to send.
+	ClaimReply(ctx context.Context, it StateItem, hold time.Duration) (record string, found bool, wait time.Duration, err error)
+}
+
+// ownedLog is what OwnedUntil reads from the reply log in a handler's
+// context (the consumer's is the partition's lease).
+type ownedLog interface {
+	Lost() <-chan struct{}
+	Deadline() time.Time
+}
+
 // OwnedUntil returns until when the handler whose context ctx is may start
 // something under its partition's lease: the lease's local deadline minus
 // the owner margin. ok is false outside a handler of a consumer with a
 // State (nothing to check); err is ErrNotOwner when that time has passed
 // or the lease was lost. The check is local: no round trip.
 func OwnedUntil(ctx context.Context) (until time.Time, ok bool, err error) {
-	l, ok := ctx.Value(leaseKey{}).(Lease)
+	// The lease a consumer's handler runs under is also its reply log; a
+	// handler run outside a consumer (the test kit) may be given a reply
+	// log that knows its deadline too.
+	d, ok := ctx.Value(replyLogKey{}).(ownedLog)
 	if !ok {
 		return time.Time{}, false, nil
 	}
 	select {
-	case <-l.Lost():
+	case <-d.Lost():
 		return time.Time{}, true, ErrNotOwner
 	default:
-	}
-	d, ok := l.(deadliner)
-	if !ok {
-		return time.Time{}, false, nil
 	}
 	margin, _ := ctx.Value(marginKey{}).(time.Duration)
 	until = d.Deadline().Add(-margin)

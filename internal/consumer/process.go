@@ -305,7 +305,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		attempts++
 		err = c.safeHandle(withDelivery(actx, env.km), m)
 		timedOut = err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)
-		lost := g.ended()
+		lost := g.ended() || errors.Is(err, ErrNotOwner) // a reply found the lease past its deadline
 		cancel()
 		c.m.attempts[attemptOutcome(err, timedOut)].Inc()
 		switch {

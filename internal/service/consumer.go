@@ -117,9 +117,15 @@ func (pl *partitionLease) Replied(ctx context.Context, it consumer.StateItem) (s
 	return pl.l.Replied(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User})
 }
 
-// RecordReply implements consumer.ReplyLog.
+// RecordReply implements consumer.ReplyLog: the record replaces the
+// reply's claim.
 func (pl *partitionLease) RecordReply(ctx context.Context, it consumer.StateItem, record string) error {
-	return pl.l.RecordReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, record)
+	return pl.l.RecordClaimedReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, record)
+}
+
+// ClaimReply implements consumer.ReplyClaimer.
+func (pl *partitionLease) ClaimReply(ctx context.Context, it consumer.StateItem, hold time.Duration) (string, bool, time.Duration, error) {
+	return pl.l.ClaimReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, hold)
 }
 
 // markRetryFor is how long a done mark the lease's marker could not take
