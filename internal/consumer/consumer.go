@@ -53,8 +53,10 @@ var (
 	// ErrNoDeadLetters is returned by New when the DLQ sender is nil: without
 	// it refusals could only be dropped, which I6 forbids.
 	ErrNoDeadLetters = errors.New("consumer: dead-letter sender is nil")
-	// ErrDrainTimeout is returned by Close when in-flight messages were not
-	// finished before its context ended; their offsets stay uncommitted.
+	// ErrDrainTimeout is returned by Close when handler attempts still ran
+	// after their cancel (the stop's hand-over, bounded like a revoke's):
+	// their partitions' leases lapse instead of being given back, and
+	// their offsets stay uncommitted.
 	ErrDrainTimeout = errors.New("consumer: in-flight messages not finished before close deadline")
 )
 
@@ -325,11 +327,13 @@ const maxSendTimeSkew = 30 * time.Second
 // not been read yet.
 const baseUnknown = -2
 
-// Close stops consuming, waits (until ctx ends) for in-flight messages to
-// finish, commits the finished prefix synchronously and closes the Kafka
-// consumer (leaving the group). When ctx ends first, handlers are
-// cancelled, unfinished messages stay uncommitted (they are read again)
-// and Close returns ErrDrainTimeout.
+// Close stops consuming and hands every partition over as a revoke does
+// (endAll): no new attempt starts, the running ones are awaited up to
+// kafka.consumer.revoke_drain_limit (or ctx's end), then cancelled and
+// awaited; it commits the finished prefix synchronously and closes the
+// Kafka consumer (leaving the group). Messages not started stay
+// uncommitted (the next owner reads them). Close returns ErrDrainTimeout
+// only when attempts still ran after their cancel.
 func (c *Consumer) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() { c.closeErr = c.shutdown(ctx, false) })
 	return c.closeErr
