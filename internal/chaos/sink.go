@@ -45,6 +45,15 @@ type Sink struct {
 	fence      bool           // Fence: refuse tokens older than a user's newest
 	tokens     map[string]int64
 	fenced     int // requests refused for an old token
+	slow       slowBot
+}
+
+// slowBot is SlowBot's setting and what it saw.
+type slowBot struct {
+	lo, hi    time.Duration
+	firstFail float64
+	attempts  map[string]int // msgid → requests
+	abandoned int            // requests whose caller hung up before the answer
 }
 
 // NewSink starts a Sink on a loopback port; Close stops it.
@@ -92,7 +101,12 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sink: downstream unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	if s.failUsers[m.ExternalUserID] || (s.failRatio > 0 && rand.Float64() < s.failRatio) {
+	firstFail := false
+	if s.slow.firstFail > 0 {
+		s.slow.attempts[m.UpstreamMsgID]++
+		firstFail = s.slow.attempts[m.UpstreamMsgID] == 1 && rand.Float64() < s.slow.firstFail
+	}
+	if firstFail || s.failUsers[m.ExternalUserID] || (s.failRatio > 0 && rand.Float64() < s.failRatio) {
 		// A broken downstream for this user: the consumer retries and then
 		// dead-letters it as downstream_error. Not an effect.
 		s.failures[m.ExternalUserID]++
@@ -100,9 +114,22 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sink: downstream failure for this user", http.StatusInternalServerError)
 		return
 	}
+	slow := s.slow
 	s.mu.Unlock()
 	if s.sleepMax > 0 {
 		time.Sleep(rand.N(s.sleepMax + 1))
+	}
+	if slow.hi > 0 {
+		// A slow bot stops when its caller hangs up (the consumer
+		// cancelled the attempt): no effect, no reply.
+		select {
+		case <-time.After(slow.lo + rand.N(slow.hi-slow.lo+1)):
+		case <-r.Context().Done():
+			s.mu.Lock()
+			s.slow.abandoned++
+			s.mu.Unlock()
+			return
+		}
 	}
 	token, _ := strconv.ParseInt(r.Header.Get("Kfpipe-Fencing-Token"), 10, 64)
 	now := time.Now()
@@ -149,6 +176,23 @@ func (s *Sink) Fenced() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.fenced
+}
+
+// SlowBot makes the Sink a slow bot's downstream: each delivery takes a
+// random [lo, hi] and is abandoned, with no effect, when the consumer
+// hangs up first; the first attempt of a fraction firstFail of the
+// messages fails fast (500).
+func (s *Sink) SlowBot(lo, hi time.Duration, firstFail float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow = slowBot{lo: lo, hi: max(hi, lo, time.Millisecond), firstFail: firstFail, attempts: map[string]int{}}
+}
+
+// Abandoned returns the SlowBot deliveries whose caller hung up first.
+func (s *Sink) Abandoned() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slow.abandoned
 }
 
 // ReplyText is the reply the Sink asks for to the message msgid.
