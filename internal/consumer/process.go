@@ -218,9 +218,15 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 // local deadline unrenewed.
 func (c *Consumer) underLease(l Lease, g *claimGuard, f func(ctx context.Context) error) error {
 	*g = claimGuard{}
-	watched := make(chan struct{})
-	go watchDeadline(l, g, watched) // own.go: lost, or past its deadline
-	defer close(watched)
+	watched, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		watchDeadline(l, g, watched) // own.go: lost, or past its deadline
+	}()
+	defer func() {
+		close(watched)
+		<-exited // g is reset by the next call: no late lose on it
+	}()
 	return f(context.WithValue(withLease(c.runCtx, l), marginKey{}, ownerMargin(c.cfg.Dedup.Lease)))
 }
 
