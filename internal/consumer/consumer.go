@@ -364,7 +364,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	c.cancelRun()
 	c.stopRetries()
 	c.stopDeadQueues()
-	c.acts.close()
+	c.closeActors(errors.Is(err, ErrDrainTimeout))
 	if c.started {
 		close(c.stopCommit)
 		<-c.commitDone
@@ -424,6 +424,26 @@ func (c *Consumer) stopDeadQueues() {
 	defer c.mu.Unlock()
 	for _, p := range c.parts {
 		c.stopDeadQueue(p)
+	}
+}
+
+// closeActors stops the actors and waits for them; when a handler did not
+// return after its cancel (unended), it waits at most cancelWait: that
+// actor ends with its handler, and its partition's lease lapses.
+func (c *Consumer) closeActors(unended bool) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.acts.close()
+	}()
+	if !unended {
+		<-done
+		return
+	}
+	select {
+	case <-done:
+	case <-time.After(cancelWait):
+		c.log.Warn("close: an actor's handler still runs; stopping without it (its partition's lease lapses)")
 	}
 }
 

@@ -431,3 +431,66 @@ func TestNoAttemptPastLeaseDeadline(t *testing.T) {
 		t.Fatal("no attempt counted as refused for the lease's deadline")
 	}
 }
+
+// TestLeaseLapsesWhileHandlerIgnoresCancel: a handler that does not return
+// when its context is cancelled still runs after the stop's hand-over.
+// Its partition's lease is not given back — another owner cannot take it
+// while the handler may still have its effect — but left to lapse: the
+// next owner takes it once it ran out (and the grace passed). Close says
+// so with ErrDrainTimeout. Before, the stop gave the lease back with the
+// handler still running, and the next owner could run the message beside
+// it.
+func TestLeaseLapsesWhileHandlerIgnoresCancel(t *testing.T) {
+	topic := testenv.Topic(t, 1)
+	_, prefix := testenv.Redis(t)
+	cfg := testConfig(t, topic)
+	cfg.Kafka.Consumer.RevokeDrainLimit = time.Second
+	cfg.Processor.AttemptTimeout = time.Minute
+	lease := 3 * time.Second
+	cfg.Dedup.Lease = lease
+	produce(t, topic, []*chatmsg.ChatMessage{chat("u", 0)})
+	running, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	h := HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error {
+		close(running)
+		<-release // ignores its context
+		return nil
+	})
+	c, err := New(cfg, h, &memDLQ{}, WithRegisterer(prometheus.NewRegistry()),
+		WithState(newStoreState(t, prefix, "a", lease)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-running:
+	case <-time.After(60 * time.Second):
+		t.Fatal("handler not called")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = c.Close(ctx)
+	stopped := time.Now()
+	if !errors.Is(err, ErrDrainTimeout) {
+		t.Fatalf("Close: %v, want ErrDrainTimeout (a handler still runs)", err)
+	}
+	other := newStoreState(t, prefix, "b", lease)
+	actx, acancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	l, err := other.Acquire(actx, topic, 0)
+	acancel()
+	if err == nil {
+		_ = l.Release(context.Background())
+		t.Fatal("the lease was given back while its handler still ran")
+	}
+	actx, acancel = context.WithTimeout(context.Background(), 2*lease)
+	defer acancel()
+	l, err = other.Acquire(actx, topic, 0)
+	if err != nil {
+		t.Fatalf("the lease did not lapse: %v", err)
+	}
+	_ = l.Release(context.Background())
+	t.Logf("next owner took the lapsed lease %v after the stop", time.Since(stopped).Round(time.Millisecond))
+}
