@@ -449,7 +449,8 @@ func (c *Consumer) closeActors(unended bool) {
 
 // endAll is the stop's hand-over, bounded like a revoke's: no new attempt
 // or retry starts on any partition; the running attempts are awaited up to
-// kafka.consumer.revoke_drain_limit (or ctx's end, if sooner), then
+// kafka.consumer.revoke_drain_limit (or less, when ctx leaves less room
+// for the rest of the stop), then
 // cancelled and awaited once more. The messages not started stay
 // unfinished (uncommitted): the next owner reads them. It returns
 // ErrDrainTimeout only when attempts still run after their cancel (their
@@ -466,7 +467,10 @@ func (c *Consumer) endAll(ctx context.Context) error {
 	}
 	limit := c.cfg.Kafka.Consumer.RevokeDrainLimit
 	if dl, ok := ctx.Deadline(); ok {
-		limit = max(min(limit, time.Until(dl)-cancelWait), 0)
+		// What follows — the cancelled attempts' wait, the commit, the
+		// group's leave, and the daemon's own (the fleet) — must fit in
+		// what ctx leaves.
+		limit = max(min(limit, time.Until(dl)-cancelWait-kafkaCloseGrace), 0)
 	}
 	unended, st := c.endWork(ps, limit)
 	c.log.Info("close: handler attempts ended", zap.Int("awaited", st.awaited), zap.Int("cancelled", st.cancelled),
