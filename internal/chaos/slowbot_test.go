@@ -97,8 +97,9 @@ func TestChaosSlowBot(t *testing.T) {
 		if !Pause(ctx, hi, hi) {
 			return ctx.Err()
 		}
-		// One consumer frozen past its lease (and the grace), then resumed.
-		victim := p.Consumers[0]
+		// One consumer frozen past its lease (and the grace), then resumed:
+		// the one users wait on (aimed like consumer-zombie's freezes).
+		victim := busyConsumer(ctx, p, 10*time.Second)
 		if _, err := victim.Freeze(); err != nil {
 			return err
 		}
