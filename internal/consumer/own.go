@@ -112,22 +112,37 @@ type partWork struct {
 	closed  bool // no new attempt: the partition is being handed over
 	next    int
 	cancels map[int]context.CancelFunc
+	holds   map[int]bool  // entries of cancels that are messages, not attempts
 	idle    chan struct{} // closed when the last attempt ends (nil: none waits)
 }
 
 // begin registers an attempt whose context cancel ends; ok is false once
 // the work is closed.
 func (w *partWork) begin(cancel context.CancelFunc) (id int, ok bool) {
+	return w.add(cancel, false)
+}
+
+// hold registers a message from its look-up until its mark is queued (its
+// retries' waits included), which the lease must cover too; cancel ends
+// its context.
+func (w *partWork) hold(cancel context.CancelFunc) (id int, ok bool) {
+	return w.add(cancel, true)
+}
+
+func (w *partWork) add(cancel context.CancelFunc, hold bool) (id int, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return 0, false
 	}
 	if w.cancels == nil {
-		w.cancels = map[int]context.CancelFunc{}
+		w.cancels, w.holds = map[int]context.CancelFunc{}, map[int]bool{}
 	}
 	w.next++
 	w.cancels[w.next] = cancel
+	if hold {
+		w.holds[w.next] = true
+	}
 	return w.next, true
 }
 
@@ -135,6 +150,7 @@ func (w *partWork) end(id int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.cancels, id)
+	delete(w.holds, id)
 	if len(w.cancels) == 0 && w.idle != nil {
 		close(w.idle)
 		w.idle = nil
@@ -152,6 +168,13 @@ func (w *partWork) close() {
 func (w *partWork) running() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return len(w.cancels) - len(w.holds)
+}
+
+// busy returns the attempts and messages the lease still covers.
+func (w *partWork) busy() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	return len(w.cancels)
 }
 
@@ -162,7 +185,7 @@ func (w *partWork) cancel() int {
 	for _, c := range w.cancels {
 		c()
 	}
-	return len(w.cancels)
+	return len(w.cancels) - len(w.holds)
 }
 
 // wait waits until no attempt runs, at most d; it reports whether none
@@ -184,7 +207,7 @@ func (w *partWork) wait(d time.Duration) bool {
 	case <-idle:
 		return true
 	case <-t.C:
-		return w.running() == 0
+		return w.busy() == 0
 	}
 }
 
@@ -212,8 +235,9 @@ func (c *Consumer) endWork(ps []*partition, limit time.Duration) (unended map[*p
 	}
 	var cut []*partition
 	for _, p := range ps {
-		if n := p.work.cancel(); n > 0 {
-			st.cancelled += n
+		n := p.work.cancel()
+		st.cancelled += n
+		if n > 0 || p.work.busy() > 0 {
 			cut = append(cut, p)
 		}
 	}

@@ -205,8 +205,17 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 	if len(seen) == 1 && seen[0] {
 		return true, nil
 	}
+	// own.go: the lease covers the message until its mark is queued (a
+	// hand-over gives the lease back only after that, with the mark).
+	hctx, hcancel := context.WithCancel(c.runCtx)
+	defer hcancel()
+	hold, ok := env.part.work.hold(hcancel)
+	if !ok {
+		return false, errStopping
+	}
+	defer env.part.work.end(hold)
 	g := &env.guard
-	if err := c.underLease(l, g, func(ctx context.Context) error { return run(ctx, g) }); err != nil {
+	if err := c.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g) }); err != nil {
 		return false, err
 	}
 	c.markDone(pl, l, env, it)
@@ -216,7 +225,7 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 // underLease runs f with l in its context (the fencing token, the reply
 // log, the owner margin), g reset and told when l is lost or reaches its
 // local deadline unrenewed.
-func (c *Consumer) underLease(l Lease, g *claimGuard, f func(ctx context.Context) error) error {
+func (c *Consumer) underLease(parent context.Context, l Lease, g *claimGuard, f func(ctx context.Context) error) error {
 	*g = claimGuard{}
 	watched, exited := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -227,7 +236,7 @@ func (c *Consumer) underLease(l Lease, g *claimGuard, f func(ctx context.Context
 		close(watched)
 		<-exited // g is reset by the next call: no late lose on it
 	}()
-	return f(context.WithValue(withLease(c.runCtx, l), marginKey{}, ownerMargin(c.cfg.Dedup.Lease)))
+	return f(context.WithValue(withLease(parent, l), marginKey{}, ownerMargin(c.cfg.Dedup.Lease)))
 }
 
 // markDone queues env's done mark on l; until it is recorded a copy of the
