@@ -56,6 +56,8 @@ type Evidence struct {
 	// StallLimit, when set, is the longest a user may wait for its next
 	// effect after a consumer kill (max_user_stall); more is a problem.
 	StallLimit time.Duration
+	// InFlightSlack: Options.InFlightSlack (0: inFlightSlack).
+	InFlightSlack time.Duration
 	// KillsNotForStalls: Options.KillsNotForStalls.
 	KillsNotForStalls bool
 	// Replies (with Options.Replies) are the messages the fake WeChat
@@ -192,7 +194,7 @@ func (p *Pipeline) Settle(ctx context.Context, f *Feeder, timeout time.Duration)
 // kcat dump of the main topic and the kills.
 func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
 	ev := &Evidence{Sent: f.Sent(), Deliveries: p.Sink.Deliveries(), Kills: p.Kills(), Lease: p.Opts.DedupLease,
-		Crashes: p.Crashes(), Failovers: p.Failovers(), Cuts: p.Cuts(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit, KillsNotForStalls: p.Opts.KillsNotForStalls,
+		Crashes: p.Crashes(), Failovers: p.Failovers(), Cuts: p.Cuts(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit, KillsNotForStalls: p.Opts.KillsNotForStalls, InFlightSlack: p.Opts.InFlightSlack,
 		RepliesOn: p.Opts.Replies}
 	if ev.RepliesOn {
 		ev.Replies, ev.ReplyDups = p.Fake.Replies("", ""), p.Fake.Duplicates()
@@ -223,6 +225,15 @@ const inFlightSlack = 2 * time.Second
 // it explains a second delivery: the claim lease (the redelivery waits for
 // it) plus slack for the done mark that did not get written.
 func (e *Evidence) crashWindow() time.Duration { return e.Lease + 2*time.Second }
+
+// inFlight is how late after a kill the Sink may stamp a request the
+// victim sent before it.
+func (e *Evidence) inFlight() time.Duration {
+	if e.InFlightSlack > 0 {
+		return e.InFlightSlack
+	}
+	return inFlightSlack
+}
 
 // Report computes the counts. lost: sent, no effect and no dead letter.
 // dup: a second (or later) effect not explained by a kill -9 of the
@@ -255,7 +266,7 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 			// delays: a CI run saw three stamped more than 100 ms after
 			// the kill). inFlightSlack bounds how late such a request can
 			// arrive.
-			if !at.Before(prev.At.Add(-inFlightSlack)) && at.Sub(prev.At) <= e.crashWindow() {
+			if !at.Before(prev.At.Add(-e.inFlight())) && at.Sub(prev.At) <= e.crashWindow() {
 				return true
 			}
 		}
@@ -532,7 +543,7 @@ func (e *Evidence) judgeReplies(r *Report, byMsg map[string][]Delivery) {
 			// As with effects: a reply the fake stamped after the kill was
 			// a request the killed consumer had written before it died
 			// (a CI run saw four stamped 100-185 ms after the kill).
-			explained = explained || ok && !at.Before(first.At.Add(-inFlightSlack)) && at.Sub(first.At) <= e.crashWindow()
+			explained = explained || ok && !at.Before(first.At.Add(-e.inFlight())) && at.Sub(first.At) <= e.crashWindow()
 		}
 		if explained {
 			resent++

@@ -40,6 +40,10 @@ type Options struct {
 	Partitions int           // main-topic partitions; default 4
 	SinkSleep  time.Duration // the Sink sleeps rand [0, SinkSleep] per delivery
 	DedupLease time.Duration // dedup.lease; default the shipped one (config.DefaultDedupLease)
+	// InFlightSlack is how long after a consumer's kill or freeze the Sink
+	// may still stamp a request the victim sent before it (default 2 s; a
+	// slow bot's slowest answer): such an effect came without its mark.
+	InFlightSlack time.Duration
 	// StallLimit, when set, fails the run when a user waits longer than
 	// this for its next effect after a consumer kill (max_user_stall).
 	StallLimit time.Duration

@@ -67,6 +67,15 @@ type Sink struct {
 	// delay, when set, is an extra handling time per message of a user
 	// (Delay).
 	delay atomic.Pointer[func(user string) time.Duration]
+	slow  slowBot
+}
+
+// slowBot is SlowBot's setting and what it saw.
+type slowBot struct {
+	lo, hi    time.Duration
+	firstFail float64
+	attempts  map[string]int // msgid → requests
+	abandoned int            // requests whose caller hung up before the answer
 }
 
 // NewSink starts a Sink on a loopback port; Close stops it.
@@ -114,7 +123,12 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sink: downstream unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	if s.failUsers[m.ExternalUserID] || (s.failRatio > 0 && rand.Float64() < s.failRatio) {
+	firstFail := false
+	if s.slow.firstFail > 0 {
+		s.slow.attempts[m.UpstreamMsgID]++
+		firstFail = s.slow.attempts[m.UpstreamMsgID] == 1 && rand.Float64() < s.slow.firstFail
+	}
+	if firstFail || s.failUsers[m.ExternalUserID] || (s.failRatio > 0 && rand.Float64() < s.failRatio) {
 		// A broken downstream for this user: the consumer retries and then
 		// dead-letters it as downstream_error. Not an effect.
 		s.failures[m.ExternalUserID]++
@@ -122,6 +136,7 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sink: downstream failure for this user", http.StatusInternalServerError)
 		return
 	}
+	slow := s.slow
 	s.mu.Unlock()
 	if f := s.receiver.Load(); f != nil {
 		if code := (*f)(r, m.UpstreamMsgID); code != 0 {
@@ -135,6 +150,18 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 	if f := s.delay.Load(); f != nil {
 		if d := (*f)(m.ExternalUserID); d > 0 {
 			time.Sleep(d)
+		}
+	}
+	if slow.hi > 0 {
+		// A slow bot stops when its caller hangs up (the consumer
+		// cancelled the attempt): no effect, no reply.
+		select {
+		case <-time.After(slow.lo + rand.N(slow.hi-slow.lo+1)):
+		case <-r.Context().Done():
+			s.mu.Lock()
+			s.slow.abandoned++
+			s.mu.Unlock()
+			return
 		}
 	}
 	token, _ := strconv.ParseInt(r.Header.Get("Kfpipe-Fencing-Token"), 10, 64)
@@ -182,6 +209,23 @@ func (s *Sink) Fenced() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.fenced
+}
+
+// SlowBot makes the Sink a slow bot's downstream: each delivery takes a
+// random [lo, hi] and is abandoned, with no effect, when the consumer
+// hangs up first; the first attempt of a fraction firstFail of the
+// messages fails fast (500).
+func (s *Sink) SlowBot(lo, hi time.Duration, firstFail float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow = slowBot{lo: lo, hi: max(hi, lo, time.Millisecond), firstFail: firstFail, attempts: map[string]int{}}
+}
+
+// Abandoned returns the SlowBot deliveries whose caller hung up first.
+func (s *Sink) Abandoned() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slow.abandoned
 }
 
 // ReplyText is the reply the Sink asks for to the message msgid.

@@ -162,9 +162,10 @@ type KafkaConsumer struct {
 	CommitInterval time.Duration `mapstructure:"commit_interval" default:"1s" range:"[10ms, 1m]"`
 	// CommitEveryN ... or after this many records, whichever is first.
 	CommitEveryN int `mapstructure:"commit_every_n" default:"1000" range:"[1,]"`
-	// RevokeDrainLimit bounds how long a revoked partition's records in
-	// flight are awaited before its offsets are committed and it is given
-	// up (0: not at all).
+	// RevokeDrainLimit bounds how long a revoked (or, on a stop, every)
+	// partition's running handler attempts are awaited before they are
+	// cancelled; its lease is given back only once they ended (0: cancelled
+	// at once).
 	RevokeDrainLimit time.Duration `mapstructure:"revoke_drain_limit" default:"10s" range:"[0, 5m]"`
 }
 

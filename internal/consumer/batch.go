@@ -259,7 +259,7 @@ func (c *Consumer) handleBatchOnce(live []*envelope) (dup []bool, err error) {
 		return dup, nil
 	}
 	g := &todo[0].guard
-	if err := c.underLease(l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
+	if err := c.underLease(c.runCtx, l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
 		return dup, err
 	}
 	for i := len(todo) - 1; i >= 0; i-- {

@@ -53,8 +53,10 @@ var (
 	// ErrNoDeadLetters is returned by New when the DLQ sender is nil: without
 	// it refusals could only be dropped, which I6 forbids.
 	ErrNoDeadLetters = errors.New("consumer: dead-letter sender is nil")
-	// ErrDrainTimeout is returned by Close when in-flight messages were not
-	// finished before its context ended; their offsets stay uncommitted.
+	// ErrDrainTimeout is returned by Close when handler attempts still ran
+	// after their cancel (the stop's hand-over, bounded like a revoke's):
+	// their partitions' leases lapse instead of being given back, and
+	// their offsets stay uncommitted.
 	ErrDrainTimeout = errors.New("consumer: in-flight messages not finished before close deadline")
 )
 
@@ -124,6 +126,12 @@ type partition struct {
 	label   string
 	// lease is the partition's hold in the State (nil without one).
 	lease *partLease
+	// work is its running handler attempts, which the lease covers
+	// (own.go).
+	work partWork
+	// after, when set, is closed when this consumer's earlier hand-over of
+	// the same partition ended: its lease keeper waits for it.
+	after <-chan struct{}
 }
 
 type tpKey struct {
@@ -164,6 +172,11 @@ type Consumer struct {
 
 	mu    sync.Mutex // guards parts for readers other than the poll goroutine
 	parts map[tpKey]*partition
+	// handingOver holds, per revoked partition whose hand-over still runs,
+	// a channel closed when it ended (guarded by mu); handOvers counts
+	// those hand-overs (Close waits for them).
+	handingOver map[tpKey]chan struct{}
+	handOvers   sync.WaitGroup
 
 	commitMu sync.Mutex // serialises commits with revoke and shutdown
 	aborted  bool       // guarded by commitMu: no commit after a simulated crash
@@ -318,11 +331,13 @@ const maxSendTimeSkew = 30 * time.Second
 // not been read yet.
 const baseUnknown = -2
 
-// Close stops consuming, waits (until ctx ends) for in-flight messages to
-// finish, commits the finished prefix synchronously and closes the Kafka
-// consumer (leaving the group). When ctx ends first, handlers are
-// cancelled, unfinished messages stay uncommitted (they are read again)
-// and Close returns ErrDrainTimeout.
+// Close stops consuming and hands every partition over as a revoke does
+// (endAll): no new attempt starts, the running ones are awaited up to
+// kafka.consumer.revoke_drain_limit (or ctx's end), then cancelled and
+// awaited; it commits the finished prefix synchronously and closes the
+// Kafka consumer (leaving the group). Messages not started stay
+// uncommitted (the next owner reads them). Close returns ErrDrainTimeout
+// only when attempts still ran after their cancel.
 func (c *Consumer) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() { c.closeErr = c.shutdown(ctx, false) })
 	return c.closeErr
@@ -346,14 +361,14 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	if c.started {
 		close(c.stopPoll)
 		<-c.pollDone
-		if !crash && !c.waitIdle(ctx) {
-			err = ErrDrainTimeout
+		if !crash {
+			err = c.endAll(ctx)
 		}
 	}
 	c.cancelRun()
 	c.stopRetries()
 	c.stopDeadQueues()
-	c.acts.close()
+	c.closeActors(errors.Is(err, ErrDrainTimeout))
 	if c.started {
 		close(c.stopCommit)
 		<-c.commitDone
@@ -399,6 +414,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	}
 	c.stopDeadQueues() // any assigned while the client closed
 	c.deadWG.Wait()
+	c.handOvers.Wait()
 	return err
 }
 
@@ -415,15 +431,59 @@ func (c *Consumer) stopDeadQueues() {
 	}
 }
 
-// waitIdle waits until no message is in flight or ctx ends.
-func (c *Consumer) waitIdle(ctx context.Context) bool {
-	for c.InFlight() > 0 {
-		if !sleep(ctx, c.clock, 5*time.Millisecond) {
-			c.log.Warn("close: in-flight messages left unfinished", zap.Int("in_flight", c.InFlight()))
-			return false
-		}
+// closeActors stops the actors and waits for them; when a handler did not
+// return after its cancel (unended), it waits at most cancelWait: that
+// actor ends with its handler, and its partition's lease lapses.
+func (c *Consumer) closeActors(unended bool) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.acts.close()
+	}()
+	if !unended {
+		<-done
+		return
 	}
-	return true
+	select {
+	case <-done:
+	case <-time.After(cancelWait):
+		c.log.Warn("close: an actor's handler still runs; stopping without it (its partition's lease lapses)")
+	}
+}
+
+// endAll is the stop's hand-over, bounded like a revoke's: no new attempt
+// or retry starts on any partition; the running attempts are awaited up to
+// kafka.consumer.revoke_drain_limit (or less, when ctx leaves less room
+// for the rest of the stop), then
+// cancelled and awaited once more. The messages not started stay
+// unfinished (uncommitted): the next owner reads them. It returns
+// ErrDrainTimeout only when attempts still run after their cancel (their
+// partitions' leases lapse instead of being given back).
+func (c *Consumer) endAll(ctx context.Context) error {
+	c.mu.Lock()
+	ps := make([]*partition, 0, len(c.parts))
+	for _, p := range c.parts {
+		ps = append(ps, p)
+	}
+	c.mu.Unlock()
+	for _, p := range ps {
+		p.dropped.Store(true)
+	}
+	limit := c.cfg.Kafka.Consumer.RevokeDrainLimit
+	if dl, ok := ctx.Deadline(); ok {
+		// What follows — the cancelled attempts' wait, the commit, the
+		// group's leave, and the daemon's own (the fleet) — must fit in
+		// what ctx leaves.
+		limit = max(min(limit, time.Until(dl)-cancelWait-kafkaCloseGrace), 0)
+	}
+	unended, st := c.endWork(ps, limit)
+	c.log.Info("close: handler attempts ended", zap.Int("awaited", st.awaited), zap.Int("cancelled", st.cancelled),
+		zap.Int("left_to_lapsing_lease", st.lapsed), zap.Int("not_started", c.InFlight()))
+	if len(unended) > 0 {
+		c.log.Warn("close: handler attempts still running after their cancel; their partitions' leases lapse", zap.Int("running", st.lapsed))
+		return ErrDrainTimeout
+	}
+	return nil
 }
 
 // OutageDetail is the downstream gate's line for /readyz ("" while it is

@@ -37,6 +37,18 @@ func (c *Consumer) startLease(p *partition) {
 
 func (c *Consumer) keepLease(p *partition, pl *partLease) {
 	defer close(pl.done)
+	if p.after != nil {
+		// This consumer handed the partition over a moment ago and its
+		// work there has not ended: the lease, which the store would give
+		// back to the same owner at once, waits for it.
+		select {
+		case <-p.after:
+		case <-pl.stop:
+			return
+		case <-c.runCtx.Done():
+			return
+		}
+	}
 	backoff := c.cfg.Processor.RetryBase
 	for {
 		ctx, cancel := context.WithCancel(c.runCtx)
@@ -138,9 +150,50 @@ func (pl *partLease) donePending(key string) {
 	pl.mu.Unlock()
 }
 
+// handOver ends ps's work (own.go: await up to limit, cancel, await) and
+// then gives their leases back, or lets lapse those whose work did not
+// end.
+func (c *Consumer) handOver(ps []*partition, limit time.Duration) {
+	unended, st := c.endWork(ps, limit)
+	if st != (handOverStats{}) {
+		c.log.Info("hand-over: running handler attempts ended", zap.Int("awaited", st.awaited),
+			zap.Int("cancelled", st.cancelled), zap.Int("left_to_lapsing_lease", st.lapsed))
+	}
+	c.releaseLeases(ps, unended)
+}
+
+// handOverAsync runs handOver on a goroutine of its own; until it ended,
+// a new assignment of one of ps to this consumer waits for it.
+func (c *Consumer) handOverAsync(ps []*partition, limit time.Duration) {
+	done := make(chan struct{})
+	c.mu.Lock()
+	if c.handingOver == nil {
+		c.handingOver = map[tpKey]chan struct{}{}
+	}
+	for _, p := range ps {
+		c.handingOver[tpKey{p.topic, p.id}] = done
+	}
+	c.mu.Unlock()
+	c.handOvers.Add(1)
+	go func() {
+		defer c.handOvers.Done()
+		defer close(done)
+		c.handOver(ps, limit)
+		c.mu.Lock()
+		for _, p := range ps {
+			if k := (tpKey{p.topic, p.id}); c.handingOver[k] == done {
+				delete(c.handingOver, k)
+			}
+		}
+		c.mu.Unlock()
+	}()
+}
+
 // releaseLeases stops the lease keepers of ps and gives their leases back
-// (after their last commit: the next owner starts where it ended).
-func (c *Consumer) releaseLeases(ps []*partition) {
+// (after their last commit: the next owner starts where it ended) — except
+// the leases of the partitions in lapse, whose work may still run: those
+// stop renewing and run out at their deadline.
+func (c *Consumer) releaseLeases(ps []*partition, lapse map[*partition]bool) {
 	var wg sync.WaitGroup
 	for _, p := range ps {
 		pl := p.lease
@@ -162,6 +215,14 @@ func (c *Consumer) releaseLeases(ps []*partition) {
 			pl.cur = nil
 			pl.mu.Unlock()
 			if l == nil {
+				return
+			}
+			if lapse[p] {
+				c.log.Warn("handler attempts still running after their cancel: the partition lease is left to lapse, not given back",
+					zap.Int32("partition", p.id), zap.Int("running", p.work.running()))
+				if lp, ok := l.(lapser); ok {
+					lp.Lapse()
+				}
 				return
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

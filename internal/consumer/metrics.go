@@ -43,6 +43,8 @@ type metrics struct {
 	results map[string]prometheus.Counter
 	// attempts holds attemptsV's children by outcome, bound once.
 	attempts map[string]prometheus.Counter
+	// own counts what hand-overs did with running attempts (own.go).
+	own ownMetrics
 }
 
 // Results of kfpipe_messages_processed_total besides the DLQ reasons.
@@ -119,6 +121,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range append([]string{resultOK, resultDuplicate}, deadletter.Names()...) {
 		m.results[r] = m.processed.WithLabelValues(r)
 	}
+	m.own = newOwnMetrics(reg)
 	if reg != nil {
 		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,
 			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses, m.standby, m.standbys, m.assigned,

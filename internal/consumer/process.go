@@ -206,8 +206,17 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 	if len(seen) == 1 && seen[0] {
 		return true, nil
 	}
+	// own.go: the lease covers the message until its mark is queued (a
+	// hand-over gives the lease back only after that, with the mark).
+	hctx, hcancel := context.WithCancel(c.runCtx)
+	defer hcancel()
+	hold, ok := env.part.work.hold(hcancel)
+	if !ok {
+		return false, errStopping
+	}
+	defer env.part.work.end(hold)
 	g := &env.guard
-	if err := c.underLease(l, g, func(ctx context.Context) error { return run(ctx, g) }); err != nil {
+	if err := c.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g) }); err != nil {
 		return false, err
 	}
 	c.markDone(pl, l, env, it)
@@ -215,19 +224,20 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 }
 
 // underLease runs f with l in its context (the fencing token, the reply
-// log), g reset and told when l is lost.
-func (c *Consumer) underLease(l Lease, g *claimGuard, f func(ctx context.Context) error) error {
+// log, the owner margin), g reset and told when l is lost or reaches its
+// local deadline unrenewed.
+func (c *Consumer) underLease(parent context.Context, l Lease, g *claimGuard, f func(ctx context.Context) error) error {
 	*g = claimGuard{}
-	watched := make(chan struct{})
+	watched, exited := make(chan struct{}), make(chan struct{})
 	go func() {
-		select {
-		case <-l.Lost():
-			g.lose(nil)
-		case <-watched:
-		}
+		defer close(exited)
+		watchDeadline(l, g, watched) // own.go: lost, or past its deadline
 	}()
-	defer close(watched)
-	return f(withLease(c.runCtx, l))
+	defer func() {
+		close(watched)
+		<-exited // g is reset by the next call: no late lose on it
+	}()
+	return f(context.WithValue(withLease(parent, l), marginKey{}, ownerMargin(c.cfg.Dedup.Lease)))
 }
 
 // markDone queues env's done mark on l; until it is recorded a copy of the
@@ -320,11 +330,11 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 			c.m.attempts[attemptAbandoned].Inc()
 			return attempts, false, errStopping
 		}
-		actx, cancel, ok := g.attempt(ctx, pc.AttemptTimeout)
-		if !ok {
+		actx, cancel, serr := c.startAttempt(ctx, env, g) // own.go: the ownership check
+		if serr != nil {
 			c.down.release(start, overload.Ignored)
 			c.gate.release(probe)
-			return attempts, false, errClaimLost
+			return attempts, false, serr
 		}
 		if attempts == 0 {
 			c.down.firstCall()
@@ -332,7 +342,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		attempts++
 		err = c.safeHandle(withDelivery(actx, env.km), m)
 		timedOut = isTimeout(actx, err)
-		lost := g.ended()
+		lost := g.ended() || errors.Is(err, ErrNotOwner) // a reply found the lease past its deadline
 		cancel()
 		c.m.attempts[attemptOutcome(err, timedOut)].Inc()
 		switch {

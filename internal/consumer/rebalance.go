@@ -4,7 +4,6 @@ package consumer
 // and committing on revoke.
 
 import (
-	"context"
 	"strconv"
 	"time"
 
@@ -91,6 +90,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 				p.base, p.prior = pr.base, pr.finished
 			}
 			c.startDeadQueue(p)
+			p.after = c.handingOver[k] // this consumer's own hand-over of it, if one runs
 			c.startLease(p)
 			c.parts[k] = p
 		}
@@ -109,26 +109,48 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 				ps = append(ps, p)
 			}
 		}
+		// The hand-over starts: no new attempt or retry of these
+		// partitions starts from here on (own.go); their queued messages
+		// are left to the next owner.
+		for _, p := range ps {
+			p.dropped.Store(true)
+			p.work.close()
+		}
+		limit := c.cfg.Kafka.Consumer.RevokeDrainLimit
 		if kc.AssignmentLost() {
 			// Someone else may own them already: committing now could move
-			// their offsets backwards. Drop without committing.
+			// their offsets backwards. Drop without committing, and stop
+			// what runs at once.
 			c.m.rebalances.WithLabelValues("lost").Inc()
 			c.log.Warn("partitions lost", zap.Any("partitions", e.Partitions))
+			limit = 0
 		} else {
 			c.m.rebalances.WithLabelValues("revoke").Inc()
 			c.log.Info("partitions revoked", zap.Any("partitions", e.Partitions))
 			// On standby (Redis lost) nothing in flight can finish: hand
 			// the partitions over at once.
-			if !c.closing.Load() && !c.sb.on {
-				c.drain(ps, c.cfg.Kafka.Consumer.RevokeDrainLimit)
+			if c.sb.on {
+				limit = 0
 			}
+			// What is finished now; what the running attempts finish
+			// during the hand-over the next owner reads again and finds
+			// done (their marks are sent before the lease is given back).
 			if err := c.commit(ps); err != nil {
 				c.log.Warn("commit on revoke", zap.Error(err))
 			}
 		}
-		// After the last commit: the next owner, waiting for the leases,
-		// starts where this one ended.
-		c.releaseLeases(ps)
+		if c.closing.Load() {
+			// Close already ended the work (shutdown): only the leases.
+			c.handOver(ps, 0)
+		} else {
+			// The running attempts are awaited (then cancelled) off the
+			// poll goroutine: the partitions this consumer keeps go on
+			// being served meanwhile. The next owner waits for the lease,
+			// which is given back only when the work under it ended (or
+			// lapses); this consumer, if the partition comes back to it,
+			// waits for the hand-over too (handingOver).
+			c.handOverAsync(ps, limit)
+		}
 		// A paused partition must be resumed before it goes: librdkafka
 		// keeps the application's pause across an unassign and a later
 		// assign of the same partition, which would then never be fetched
@@ -139,7 +161,6 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			// Its letters not durable yet stay uncommitted: the next owner
 			// reads their records again.
 			c.stopDeadQueue(p)
-			p.dropped.Store(true)
 			delete(c.parts, tpKey{p.topic, p.id})
 			c.m.lag.DeleteLabelValues(p.label)
 		}
@@ -151,23 +172,4 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 		}
 	}
 	return nil
-}
-
-// drain waits until ps have no in-flight messages or limit passes.
-func (c *Consumer) drain(ps []*partition, limit time.Duration) bool {
-	deadline := c.clock.Now().Add(limit)
-	for {
-		n := 0
-		for _, p := range ps {
-			n += p.tracker.InFlight()
-		}
-		if n == 0 {
-			return true
-		}
-		if !c.clock.Now().Before(deadline) {
-			c.log.Warn("drain limit reached; unfinished messages will be read again by the next owner", zap.Int("in_flight", n))
-			return false
-		}
-		sleep(context.Background(), c.clock, 5*time.Millisecond)
-	}
 }

@@ -94,6 +94,7 @@ const TTL = 7 * 24 * time.Hour
 // own when the handler runs without one.
 type Effects struct {
 	own        *consumer.MemReplyLog // the log of calls whose context has none
+	recording  sync.Map              // reply key → record: sent, its record not written yet (claim.go)
 	legacy     *legacyReplies        // the old reply claims, read during the switch-over
 	kf         *kf.Client
 	outcome    *prometheus.CounterVec
@@ -345,28 +346,25 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 	if !ok {
 		log = fx.own
 	}
-	mark, done, err := log.Replied(ctx, it)
-	if err == nil && !done && fx.legacy != nil {
-		mark, done, err = fx.legacy.replied(ctx, it.Key)
-	}
+	mark, done, sctx, cancel, err := fx.claim(ctx, log, it)
 	if err != nil {
-		// The store, not WeChat: the message is retried.
+		// The store, or the partition is no longer certainly ours: not
+		// WeChat's answer. The message is retried (under the next lease).
 		return "", fmt.Errorf("%s: %w", what, err)
 	}
 	var result string
 	if !done {
-		result, err = send(ctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
+		result, err = send(sctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
+		cancel()
 		if err == nil {
 			record := fp
 			if result != "" {
 				record = fp + markSep + result
 			}
-			if rerr := log.RecordReply(ctx, it, record); rerr != nil {
-				// Sent but not recorded: the message is retried and the
-				// reply sent again with the same msgid.
-				err = fmt.Errorf("reply sent, not recorded: %w", rerr)
-			}
+			fx.record(ctx, log, it, record)
 		}
+	} else {
+		cancel()
 	}
 	a := Attempt{Target: to, What: what, N: n, Content: content, Fingerprint: fp}
 	switch {

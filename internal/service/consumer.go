@@ -48,6 +48,17 @@ type partitionLease struct {
 func (pl *partitionLease) Token() int64          { return pl.l.Token() }
 func (pl *partitionLease) Lost() <-chan struct{} { return pl.l.Lost() }
 
+// Deadline is the lease's local deadline: the consumer starts no attempt
+// and no reply past it (minus its margin).
+func (pl *partitionLease) Deadline() time.Time { return pl.l.Deadline() }
+
+// Lapse sends the marks still queued, then stops renewing without giving
+// the lease back (work under it may still run).
+func (pl *partitionLease) Lapse() {
+	pl.m.Close()
+	pl.l.Lapse()
+}
+
 func stateItems(items []consumer.StateItem) []state.Item {
 	out := make([]state.Item, len(items))
 	for i, it := range items {
@@ -112,9 +123,15 @@ func (pl *partitionLease) Replied(ctx context.Context, it consumer.StateItem) (s
 	return pl.l.Replied(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User})
 }
 
-// RecordReply implements consumer.ReplyLog.
+// RecordReply implements consumer.ReplyLog: the record replaces the
+// reply's claim.
 func (pl *partitionLease) RecordReply(ctx context.Context, it consumer.StateItem, record string) error {
-	return pl.l.RecordReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, record)
+	return pl.l.RecordClaimedReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, record)
+}
+
+// ClaimReply implements consumer.ReplyClaimer.
+func (pl *partitionLease) ClaimReply(ctx context.Context, it consumer.StateItem, hold time.Duration) (string, bool, time.Duration, error) {
+	return pl.l.ClaimReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, hold)
 }
 
 // topicPartitions tells the state store a topic's partition count from

@@ -401,6 +401,24 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
+// Lapse stops renewing without giving the lease back: it runs out at its
+// deadline, and the next owner takes it after the grace. For an owner
+// whose work under the lease may still run (a handler that did not stop
+// when cancelled): giving the lease back would let the next owner run the
+// same messages beside it. Marks may still be sent (Mark); they are
+// recorded whoever owns the partition.
+func (l *Lease) Lapse() {
+	l.mu.Lock()
+	already := l.released
+	l.released = true
+	l.mu.Unlock()
+	if already {
+		return
+	}
+	close(l.stop)
+	<-l.done
+}
+
 // errNotHeld is returned by Check for a released lease.
 var errNotHeld = errors.New("state: lease not held")
 
