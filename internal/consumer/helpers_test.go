@@ -34,6 +34,10 @@ func testConfig(t testing.TB, topic string) config.Consumer {
 		RetryAttempts: 3, RetryBase: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond, AttemptTimeout: 2 * time.Second,
 		MaxMessageBytes: 1 << 20, DeadLetterQueue: 1024}
 	c.Dedup = config.Dedup{TTL: time.Hour, Lease: 30 * time.Second}
+	// The handler limit well above what a test runs at once (the adaptive
+	// limit's own tests set theirs), retries not budgeted: a test of
+	// ownership or order is not throttled by the overload control.
+	c.Overload = config.Overload{MaxInFlight: 1024, InitialLimit: 256, Tolerance: 1.3}
 	return c
 }
 

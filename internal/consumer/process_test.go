@@ -105,7 +105,13 @@ func (l *memLease) Release(context.Context) error { return nil }
 // unitConsumer is a Consumer without Kafka for exercising process; with a
 // State its partition holds a lease in it.
 func unitConsumer(t testing.TB, h Handler, dlq DeadLetters, st State) (*Consumer, *partition) {
-	c := &Consumer{handler: h, dlq: dlq, state: st, log: zap.NewNop(), clock: realClock{}, m: newMetrics(nil),
+	return unitConsumerLog(t, h, dlq, st, zap.NewNop())
+}
+
+// unitConsumerLog is unitConsumer logging to log (set before the lease's
+// keeper starts, which reads it).
+func unitConsumerLog(t testing.TB, h Handler, dlq DeadLetters, st State, log *zap.Logger) (*Consumer, *partition) {
+	c := &Consumer{handler: h, dlq: dlq, state: st, log: log, clock: realClock{}, m: newMetrics(nil),
 		kick: make(chan struct{}, 1)}
 	c.cfg.Processor = config.Processor{RetryAttempts: 3, RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond,
 		AttemptTimeout: 50 * time.Millisecond}
@@ -357,9 +363,8 @@ func TestRetriesLoggedAndCounted(t *testing.T) {
 		}
 		return nil
 	})
-	c, p := unitConsumer(t, h, &memDLQ{}, newMemState())
 	core, logs := observer.New(zapcore.DebugLevel)
-	c.log = zap.New(core)
+	c, p := unitConsumerLog(t, h, &memDLQ{}, newMemState(), zap.New(core))
 	p.tracker.Add(1)
 	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	if v := testenv.MetricValue(c.m.attempts[attemptFailed]); v != 2 {
