@@ -1,46 +1,11 @@
 package kafkaclient
 
+import "github.com/kfpipe/kfpipe/internal/kafkaclient/keyhash"
+
 // KeyPartition is the partition the configured producer (partitioner
 // murmur2_random, as the Java client) puts a non-empty key in: readers use
 // it to find one user's records without scanning every partition.
-func KeyPartition(key string, partitions int) int32 {
-	if partitions <= 0 {
-		return 0
-	}
-	return int32((uint32(keyHash([]byte(key))) & 0x7fffffff) % uint32(partitions))
-}
+func KeyPartition(key string, partitions int) int32 { return keyhash.Partition(key, partitions) }
 
 // keyHash is Kafka's Utils.murmur2.
-func keyHash(data []byte) int32 {
-	const (
-		seed = uint32(0x9747b28c)
-		m    = uint32(0x5bd1e995)
-		r    = 24
-	)
-	n := len(data)
-	h := seed ^ uint32(n)
-	for i := 0; i+4 <= n; i += 4 {
-		k := uint32(data[i]) | uint32(data[i+1])<<8 | uint32(data[i+2])<<16 | uint32(data[i+3])<<24
-		k *= m
-		k ^= k >> r
-		k *= m
-		h *= m
-		h ^= k
-	}
-	tail := n &^ 3
-	switch n % 4 {
-	case 3:
-		h ^= uint32(data[tail+2]) << 16
-		fallthrough
-	case 2:
-		h ^= uint32(data[tail+1]) << 8
-		fallthrough
-	case 1:
-		h ^= uint32(data[tail])
-		h *= m
-	}
-	h ^= h >> 13
-	h *= m
-	h ^= h >> 15
-	return int32(h)
-}
+func keyHash(data []byte) int32 { return keyhash.Murmur2(data) }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/kafkaclient/keyhash"
 )
 
 // Partition counts (issue 43, item 6). Marks are kept by the partition a
@@ -235,46 +237,5 @@ func (s *Store) lookMoved(ctx context.Context, topic string, partition int32, it
 
 // KeyPartition is the partition Kafka's murmur2 partitioner (the
 // producer's murmur2_random, as the Java client) puts a non-empty key in
-// among partitions: internal/kafkaclient's, repeated here because that
-// package depends on this one (a test keeps them equal).
-func KeyPartition(key string, partitions int) int32 {
-	if partitions <= 0 {
-		return 0
-	}
-	return int32((uint32(murmur2([]byte(key))) & 0x7fffffff) % uint32(partitions))
-}
-
-// murmur2 is Kafka's Utils.murmur2.
-func murmur2(data []byte) int32 {
-	const (
-		seed = uint32(0x9747b28c)
-		m    = uint32(0x5bd1e995)
-		r    = 24
-	)
-	n := len(data)
-	h := seed ^ uint32(n)
-	for i := 0; i+4 <= n; i += 4 {
-		k := uint32(data[i]) | uint32(data[i+1])<<8 | uint32(data[i+2])<<16 | uint32(data[i+3])<<24
-		k *= m
-		k ^= k >> r
-		k *= m
-		h *= m
-		h ^= k
-	}
-	tail := n &^ 3
-	switch n % 4 {
-	case 3:
-		h ^= uint32(data[tail+2]) << 16
-		fallthrough
-	case 2:
-		h ^= uint32(data[tail+1]) << 8
-		fallthrough
-	case 1:
-		h ^= uint32(data[tail])
-		h *= m
-	}
-	h ^= h >> 13
-	h *= m
-	h ^= h >> 15
-	return int32(h)
-}
+// among partitions: the one internal/kafkaclient uses (package keyhash).
+func KeyPartition(key string, partitions int) int32 { return keyhash.Partition(key, partitions) }
