@@ -110,14 +110,23 @@ func (l *Limiter) TryAcquire() (time.Time, bool) {
 		return time.Time{}, true
 	}
 	l.mu.Lock()
-	if l.inFlight < int(l.limit) && len(l.waiters) == 0 {
-		l.inFlight++
-		l.peak = max(l.peak, l.inFlight)
-		l.mu.Unlock()
-		return l.now(), true
-	}
+	ok := l.takeLocked()
 	l.mu.Unlock()
-	return time.Time{}, false
+	if !ok {
+		return time.Time{}, false
+	}
+	return l.now(), true
+}
+
+// takeLocked takes a slot if one is free and nobody waits for one (l.mu
+// held).
+func (l *Limiter) takeLocked() bool {
+	if l.inFlight >= int(l.limit) || len(l.waiters) > 0 {
+		return false
+	}
+	l.inFlight++
+	l.peak = max(l.peak, l.inFlight)
+	return true
 }
 
 // Acquire waits for a slot: it returns the call's start time and true, or
@@ -127,9 +136,7 @@ func (l *Limiter) Acquire(ctx context.Context) (time.Time, bool) {
 		return time.Time{}, true
 	}
 	l.mu.Lock()
-	if l.inFlight < int(l.limit) && len(l.waiters) == 0 {
-		l.inFlight++
-		l.peak = max(l.peak, l.inFlight)
+	if l.takeLocked() {
 		l.mu.Unlock()
 		return l.now(), true
 	}
