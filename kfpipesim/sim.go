@@ -413,30 +413,23 @@ func (s *sim) session(ctx context.Context, r sessionRequest) (string, error) {
 }
 
 func (s *sim) handleSession(w http.ResponseWriter, r *http.Request) {
-	var req sessionRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
-		return
-	}
-	id, err := s.session(r.Context(), req)
-	if err != nil && id == "" {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
-		return
-	}
-	resp := map[string]string{"msgid": id}
-	if err != nil {
-		resp["warning"] = err.Error()
-	}
-	writeJSON(w, http.StatusOK, resp)
+	serveAction(w, r, 1<<16, s.session)
 }
 
 func (s *sim) handleSend(w http.ResponseWriter, r *http.Request) {
-	var req sendRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, maxSendBytes)).Decode(&req); err != nil {
+	serveAction(w, r, maxSendBytes, s.send)
+}
+
+// serveAction decodes a JSON request of at most limit bytes, runs do and
+// answers its msgid: 400 when nothing was done, 200 with a warning when
+// it was done with one.
+func serveAction[T any](w http.ResponseWriter, r *http.Request, limit int64, do func(context.Context, T) (string, error)) {
+	var req T
+	if err := json.NewDecoder(io.LimitReader(r.Body, limit)).Decode(&req); err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body: " + err.Error()})
 		return
 	}
-	id, err := s.send(r.Context(), req)
+	id, err := do(r.Context(), req)
 	if err != nil && id == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
