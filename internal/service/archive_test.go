@@ -15,11 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/consumer"
-	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
-	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
@@ -81,18 +78,7 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 	}
 	testenv.Produce(t, testenv.KafkaBrokers(t), pc.mainTopic, recs)
 
-	ans := &answerer{attempts: map[string]int{}, done: map[string]bool{}}
-	var closeFx func()
-	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) consumer.Handler {
-		fx, closeReplies, err := reply.FromConfig(ctx, ccfg, cbase)
-		if err != nil || fx == nil {
-			t.Fatalf("replies: %v", err)
-		}
-		closeFx = closeReplies
-		return reply.Wrap(ans, fx)
-	})
-	defer closeFx()
-	defer pl.close(t)
+	pl := startAnswering(t, ctx, pcfg, ccfg, dcfg)
 	d := pl.d
 
 	answered := fake.AddText(wk, "tl-answered", "where is my order?")

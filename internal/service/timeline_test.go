@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
@@ -91,18 +92,7 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	dcfg := pc.dlqConfig(t)
 	dcfg.RateLimit.DefaultGroup = "seed"
 
-	ans := &answerer{attempts: map[string]int{}, done: map[string]bool{}}
-	var closeFx func()
-	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) consumer.Handler {
-		fx, closeReplies, err := reply.FromConfig(ctx, ccfg, cbase)
-		if err != nil || fx == nil {
-			t.Fatalf("replies: %v", err)
-		}
-		closeFx = closeReplies
-		return reply.Wrap(ans, fx)
-	})
-	defer closeFx()
-	defer pl.close(t)
+	pl := startAnswering(t, ctx, pcfg, ccfg, dcfg)
 	d := pl.d
 
 	answered := fake.AddText(wk, "tl-answered", "where is my order?")
@@ -346,4 +336,22 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	search("tl-nobody")
 	poll("made-up user in the console", `document.querySelector('#cu-summary').dataset.known === "false"
 		&& document.querySelector('#cu-summary').textContent.startsWith("nothing known about user tl-nobody")`)
+}
+
+// startAnswering starts the pipeline with the answerer (a reply to each
+// customer's message, the second try of tl-flaky's) behind the reply
+// wrapper; the pipeline and then the reply sender stop at the test's end.
+func startAnswering(t *testing.T, ctx context.Context, pcfg *config.Producer, ccfg *config.Consumer, dcfg *config.DLQConsumer) pipeline {
+	t.Helper()
+	ans := &answerer{attempts: map[string]int{}, done: map[string]bool{}}
+	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) consumer.Handler {
+		fx, closeReplies, err := reply.FromConfig(ctx, ccfg, cbase)
+		if err != nil || fx == nil {
+			t.Fatalf("replies: %v", err)
+		}
+		t.Cleanup(closeReplies)
+		return reply.Wrap(ans, fx)
+	})
+	t.Cleanup(func() { pl.close(t) })
+	return pl
 }
