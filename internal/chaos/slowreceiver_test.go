@@ -5,12 +5,17 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/overload"
 )
 
 // slowReceiver is a business receiver slower than the offered load: it
@@ -164,15 +169,45 @@ func sampler(p *Pipeline, r *slowReceiver, period time.Duration) (stop func() []
 // answered in 1–3 s, offered twice what it can carry, 30% of first
 // attempts answered with a fast 503. The receiver does not dedup. The
 // consumers must keep it busy (its throughput ≥ 85% of its capacity)
-// without piling requests on it (peak concurrency within a quarter above
-// its capacity; both judged in the full-size run, printed in the reduced
-// one), let the lag grow and drain it, and dead-letter nothing:
-// lost=0 dup=0 reordered=0 dlq=0. A second effect is allowed only where
-// the receiver finished a call after the consumer gave up on it
-// (dup_after_timeout, at most 0.1% of the messages).
+// without piling requests on it (peak concurrency within
+// overload.PeakBound: its capacity, the queue the limiters cannot tell
+// from the spread of its answers, one call a consumer), let the lag grow
+// and drain it, and dead-letter nothing: lost=0 dup=0 reordered=0 dlq=0.
+// A second effect is allowed only where the receiver finished a call
+// after the consumer gave up on it (late_effects, at most 0.1% of the
+// messages).
 func TestChaosSlowReceiver(t *testing.T) {
+	runSlowReceiver(t, "slow-receiver", false)
+}
+
+// TestChaosSlowReceiverRollingRestart is the same journey with a rolling
+// restart in the middle of the load: each consumer in turn is stopped
+// with SIGTERM while its calls to the slow receiver run and started
+// again. It must stay clean (lost=0 dup=0 reordered=0 dlq=0, late
+// effects within 0.1%) and keep the receiver's peak within the bound; a
+// restarted consumer's limit starts again from overload.initial_limit,
+// so the share is printed, not judged.
+func TestChaosSlowReceiverRollingRestart(t *testing.T) {
+	runSlowReceiver(t, "slow-receiver-rolling-restart", true)
+}
+
+// shippedTolerance is overload.tolerance's shipped default (the
+// config's struct tag), which the peak bound depends on.
+func shippedTolerance(t *testing.T) float64 {
+	f, ok := reflect.TypeOf(config.Overload{}).FieldByName("Tolerance")
+	if !ok {
+		t.Fatal("config.Overload has no Tolerance")
+	}
+	v, err := strconv.ParseFloat(f.Tag.Get("default"), 64)
+	if err != nil {
+		t.Fatalf("overload.tolerance default: %v", err)
+	}
+	return v
+}
+
+func runSlowReceiver(t *testing.T, name string, rolling bool) {
 	svc := NeedServices(t)
-	const capacity = 32
+	const capacity, consumers = 32, 2
 	feed := Size(20*time.Second, 3*time.Minute)
 	// 1–3 s answers: capacity/2 s a second; offered twice that.
 	rate := float64(capacity)
@@ -180,6 +215,7 @@ func TestChaosSlowReceiver(t *testing.T) {
 	users := Size(100, 1000)
 	load := Load{Total: total, Users: users, Rate: rate, MaxPerUser: (total + users - 1) / users}
 	rcv := newSlowReceiver(capacity, time.Second, 3*time.Second, 0.3)
+	bound := overload.PeakBound(capacity, shippedTolerance(t), consumers)
 	var samples []sample
 	var stopSampler func() []sample
 	var fedAt time.Time
@@ -194,6 +230,7 @@ func TestChaosSlowReceiver(t *testing.T) {
 		share := rcv.utilisation()
 		rep.Extra("capacity", capacity)
 		rep.Extra("receiver_peak_concurrency", peak)
+		rep.Extra("peak_bound", bound)
 		rep.Extra("throughput_share", fmt.Sprintf("%.2f", share))
 		rep.Extra("fast_503", fast)
 		maxLag, maxLimit := 0.0, 0.0
@@ -209,23 +246,20 @@ func TestChaosSlowReceiver(t *testing.T) {
 			}
 		}
 		rep.Extra("drain", lastEffect.Sub(fedAt).Round(100*time.Millisecond))
-		// The receiver's load is the issue's bar (issue 42), judged on the
-		// full-size run; the reduced one (20 s of load, in make test, on a machine
-		// shared with other suites) measures and prints it: its share
-		// ranged 0.48–0.90 and its peak 40–59 over six runs of 40 s, as the
-		// limits' climb and sawtooth weigh on 40 s.
-		enforce := func(format string, args ...any) {
-			if Full() {
-				rep.Problem(format, args...)
-			} else {
-				rep.note(format, args...)
-			}
+		if peak > bound {
+			rep.Problem("the receiver had %d requests at once, capacity %d (bound %d)", peak, capacity, bound)
 		}
-		if bound := capacity + capacity/4; peak > bound {
-			enforce("the receiver had %d requests at once, capacity %d (bound %d)", peak, capacity, bound)
-		}
-		if share < 0.85 {
-			enforce("the receiver worked %.2f of its capacity, want >= 0.85", share)
+		// The share is the issue's bar (≥ 0.85) on the full-size run. The
+		// reduced one (20 s of load, in make test) spends a third of its
+		// ~40 s of work with the limits climbing from
+		// 2 × overload.initial_limit to the capacity and draining the last
+		// users' messages one at a time; it is held to a looser 0.6. A
+		// rolling restart starts each restarted consumer's limit again from
+		// overload.initial_limit: printed, not judged.
+		switch want := Size(0.6, 0.85); {
+		case rolling:
+		case share < want:
+			rep.Problem("the receiver worked %.2f of its capacity, want >= %.2f", share, want)
 		}
 		late := 0
 		for _, d := range ev.Deliveries {
@@ -238,11 +272,31 @@ func TestChaosSlowReceiver(t *testing.T) {
 			rep.Problem("%d effects made after the consumer gave up on them, more than 0.1%% of %d", late, len(ev.Sent))
 		}
 	}
-	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: 2, Judge: judge})
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: consumers, Judge: judge})
 	p.Sink.SetReceiver(rcv.serve)
 	stopSampler = sampler(p, rcv, time.Second)
-	Run(t, "slow-receiver", p, load, Size(3*time.Minute, 8*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
-		if !Pause(ctx, feed, feed) {
+	Run(t, name, p, load, Size(3*time.Minute, 8*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
+		began := time.Now()
+		if rolling {
+			// A third into the load, each consumer in turn: SIGTERM while
+			// its calls run, then start it again.
+			if !Pause(ctx, feed/3, feed/3) {
+				return ctx.Err()
+			}
+			for _, d := range p.Consumers {
+				if err := d.Stop(time.Minute); err != nil {
+					rec.Problem("SIGTERM %s: %v", d.Name, err)
+				}
+				if err := d.Restart(time.Minute); err != nil {
+					return err
+				}
+				if !Pause(ctx, 2*time.Second, 2*time.Second) {
+					return ctx.Err()
+				}
+			}
+			rec.Extra("restarted", len(p.Consumers))
+		}
+		if rest := feed - time.Since(began); rest > 0 && !Pause(ctx, rest, rest) {
 			return ctx.Err()
 		}
 		fedAt = time.Now()

@@ -54,9 +54,12 @@ const (
 	Ignored
 )
 
-// minWindow is the fewest samples a window is judged on: fewer are
-// noise.
-const minWindow = 8
+// minWindow is the fewest samples a window is judged on. The shortest of
+// fewer is noise: of 8 answers spread over 1–3 s, the shortest exceeds
+// 1.3 × the shortest ever seen a quarter of the time, so a consumer with
+// a small limit was cut on the spread alone and stayed small while
+// another took the receiver (two consumers split it 4:30); of 24, 2%.
+const minWindow = 24
 
 // Limiter is an adaptive concurrency limit. The zero value is not usable;
 // a nil *Limiter admits everything.
@@ -233,11 +236,15 @@ func (l *Limiter) judge() {
 		l.calm = 0
 	case 2*l.peak >= int(l.limit):
 		// Only a window that used the limit says the downstream can
-		// carry more: one more call, and more after a long calm (another
-		// client of the downstream left, or it got faster), at most a
-		// quarter more a window.
+		// carry more: one more call a round trip (a window of minWindow
+		// calls under a smaller limit spans several, and adds one for
+		// each, at most half the limit: consumers sharing a receiver
+		// grow alike whatever their limits, as TCP flows do), and more
+		// after a long calm (another client of the downstream left, or
+		// it got faster), at most a quarter more a window.
 		l.calm++
-		inc := math.Max(1, math.Min(float64(l.calm/4), l.limit/4))
+		perRoundTrip := max(1, min(float64(l.n)/l.limit, l.limit/2))
+		inc := math.Max(perRoundTrip, math.Min(float64(l.calm/4), l.limit/4))
 		l.limit = math.Min(float64(l.cfg.Max), l.limit+inc)
 		l.cutLow = 0
 	default:
@@ -256,6 +263,18 @@ func (l *Limiter) handOff() {
 		l.peak = max(l.peak, l.inFlight)
 		close(ch)
 	}
+}
+
+// PeakBound is how many calls consumers Limiters with tolerance let a
+// receiver of capacity concurrent calls have at once, at most: its
+// capacity, the queue they cannot tell from the spread of its answers
+// (a queue delays the shortest call of a window by less than tolerance
+// × its no-queue latency up to (tolerance − 1) × capacity calls), and
+// one call per consumer grown while a window closes.
+// docs/architecture.md ("Overload") argues it; the slow-receiver
+// journey and TestTwoLimitersShareTheReceiver hold the limiter to it.
+func PeakBound(capacity int, tolerance float64, consumers int) int {
+	return int(math.Ceil(float64(capacity)*tolerance)) + consumers
 }
 
 // Stats is a Limiter's state for metrics and the console.

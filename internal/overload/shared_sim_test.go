@@ -1,0 +1,147 @@
+package overload
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// simClient is one consumer in simulateShared: a limiter and its callers.
+type simClient struct {
+	l       *Limiter
+	idle    int
+	running []pending
+	// left is how many calls it still has to make (< 0: no end).
+	left int
+}
+
+// simulateShared is simulate for several consumers, each with its own
+// limiter, calling one receiver; each consumer has callers callers that
+// call again as soon as their limiter lets them.
+func simulateShared(clk *fakeNow, r *receiver, cs []*simClient, d time.Duration, onSecond func(sec int)) (last time.Time) {
+	step := 10 * time.Millisecond
+	end := clk.t.Add(d)
+	nextSec, sec := clk.t.Add(time.Second), 0
+	type queued struct {
+		c     *simClient
+		start time.Time
+	}
+	var queue []queued
+	for clk.t.Before(end) {
+		if done := func() bool {
+			for _, c := range cs {
+				if c.left != 0 || len(c.running) > 0 {
+					return false
+				}
+			}
+			return true
+		}(); done {
+			break
+		}
+		for _, c := range cs {
+			for c.idle > 0 && c.left != 0 {
+				start, ok := c.l.TryAcquire()
+				if !ok {
+					break
+				}
+				c.idle--
+				c.left--
+				r.open++
+				r.peak = max(r.peak, r.open)
+				if len(r.busy) < r.capacity {
+					e := clk.t.Add(r.service())
+					r.busy = append(r.busy, e)
+					c.running = append(c.running, pending{start: start, done: e})
+				} else {
+					queue = append(queue, queued{c: c, start: start})
+					c.running = append(c.running, pending{start: start})
+				}
+			}
+		}
+		clk.t = clk.t.Add(step)
+		keep := r.busy[:0]
+		freed := 0
+		for _, e := range r.busy {
+			if e.After(clk.t) {
+				keep = append(keep, e)
+			} else {
+				freed++
+			}
+		}
+		r.busy = keep
+		for ; freed > 0 && len(queue) > 0; freed-- {
+			q := queue[0]
+			queue = queue[1:]
+			e := clk.t.Add(r.service())
+			r.busy = append(r.busy, e)
+			for i := range q.c.running {
+				if q.c.running[i].start.Equal(q.start) && q.c.running[i].done.IsZero() {
+					q.c.running[i].done = e
+					break
+				}
+			}
+		}
+		for _, c := range cs {
+			rest := c.running[:0]
+			for _, p := range c.running {
+				if !p.done.IsZero() && !p.done.After(clk.t) {
+					r.open--
+					r.served++
+					c.idle++
+					c.l.Release(p.start, Success)
+					last = clk.t
+					continue
+				}
+				rest = append(rest, p)
+			}
+			c.running = rest
+		}
+		if !clk.t.Before(nextSec) {
+			sec++
+			nextSec = nextSec.Add(time.Second)
+			if onSecond != nil {
+				onSecond(sec)
+			}
+		}
+	}
+	return last
+}
+
+// TestTwoLimitersShareTheReceiver is the slow-receiver journey's shape
+// (issue 42) without Kafka: two consumers with the shipped limiter, each
+// with half of a backlog of 3 minutes of the receiver's capacity (32
+// concurrent calls answered in 1–3 s), call one receiver. Judged from the
+// first call to the last answer, warm-up and drain included: the receiver
+// works >= 0.85 of its capacity, and never has more than
+// PeakBound(capacity, tolerance, consumers) calls at once
+// (docs/architecture.md, "Overload": the queue the limiter cannot tell
+// from its answers' spread). Before the limiter's windows were sized and
+// its increase paced per round trip, a consumer with a small limit judged
+// its windows on 8 calls, was cut on the spread of their answers, and the
+// one left with the larger backlog drained it alone (share 0.73–0.93).
+func TestTwoLimitersShareTheReceiver(t *testing.T) {
+	const capacity, consumers = 32, 2
+	for seed := uint64(1); seed <= 5; seed++ {
+		clk := &fakeNow{t: time.Unix(0, 0)}
+		rng := rand.New(rand.NewPCG(seed, 7))
+		r := &receiver{capacity: capacity, service: func() time.Duration {
+			return time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+		}}
+		cfg := DefaultConfig(64)
+		var cs []*simClient
+		for range consumers {
+			cs = append(cs, &simClient{l: New(cfg, clk.now), idle: 3 * capacity, left: 180 * capacity / 2 / consumers})
+		}
+		begin := clk.t
+		last := simulateShared(clk, r, cs, 600*time.Second, nil)
+		share := float64(r.served) / (last.Sub(begin).Seconds() * capacity / 2.0)
+		bound := PeakBound(capacity, cfg.Tolerance, consumers)
+		t.Logf("seed %d: peak %d (bound %d) share %.2f drained in %v", seed, r.peak, bound, share, last.Sub(begin))
+		if share < 0.85 {
+			t.Errorf("seed %d: the receiver worked %.2f of its capacity, want >= 0.85", seed, share)
+		}
+		if r.peak > bound {
+			t.Errorf("seed %d: %d calls at the receiver at once, capacity %d, bound %d", seed, r.peak, capacity, bound)
+		}
+	}
+}
