@@ -136,6 +136,15 @@ func IsRetryable(err error) bool {
 	return errors.As(err, &e) && e.Retryable()
 }
 
+// IsThrottled reports whether err is one of WeChat's throttles: 45009
+// (frequency limit), 45011 (called too often) or 45033 (too many
+// concurrent calls). kfpipe's replies and media downloads cut the calls
+// they make at once on it.
+func IsThrottled(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && wecom.ThrottleCode(e.Code)
+}
+
 // call runs one API call; it retries Retryable errcodes a few times (the
 // client below already retries -1 within a call).
 func (c *Client) call(ctx context.Context, api, path string, in, out any) error {

@@ -127,8 +127,10 @@ type Overload struct {
 	// MaxInFlight bounds the handler calls in flight on one consumer; the
 	// adaptive limit moves between 1 and it (with handler.type http, also
 	// at most handler.http.max_conns). A message beyond the limit waits in
-	// its actor.
-	MaxInFlight int `mapstructure:"max_in_flight" default:"1024" range:"[1, 1_000_000]"`
+	// its actor. 0 turns the limit off (every call goes at once, as
+	// before the limit; for comparing its cost, or a handler that bounds
+	// its own calls).
+	MaxInFlight int `mapstructure:"max_in_flight" default:"1024" range:"[0, 1_000_000]" zero:"no limit"`
 	// InitialLimit is the limit before the downstream's latency is known.
 	InitialLimit int `mapstructure:"initial_limit" default:"10" range:"[1, 1_000_000]"`
 	// Tolerance: when the mean latency of a window of calls exceeds this

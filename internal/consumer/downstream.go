@@ -52,8 +52,11 @@ func newDownstream(cfg config.Consumer, now func() time.Time, reg prometheus.Reg
 		// wait for one inside its timeout.
 		ceiling = min(ceiling, cfg.Handler.HTTP.MaxConns)
 	}
-	lc := overload.Config{Initial: min(o.InitialLimit, ceiling), Min: 1, Max: ceiling, Tolerance: o.Tolerance, Backoff: 0.75}
-	d := &downstream{limit: overload.New(lc, now), budget: overload.NewBudget(o.RetryBudget, minRetriesPerSecond, retryBurst, now)}
+	d := &downstream{budget: overload.NewBudget(o.RetryBudget, minRetriesPerSecond, retryBurst, now)}
+	if o.MaxInFlight > 0 { // 0: no limit (a nil Limiter admits every call)
+		lc := overload.Config{Initial: min(o.InitialLimit, ceiling), Min: 1, Max: ceiling, Tolerance: o.Tolerance, Backoff: 0.75}
+		d.limit = overload.New(lc, now)
+	}
 	if reg != nil {
 		stat := func(f func(overload.Stats) float64) func() float64 {
 			return func() float64 { return f(d.limit.Stats()) }

@@ -151,3 +151,31 @@ func TestOneUsersTimeoutsAreDeadLettered(t *testing.T) {
 		t.Fatalf("%d calls, want processor.retry_attempts 3", n)
 	}
 }
+
+// TestNoLimitWhenMaxInFlightIsZero: overload.max_in_flight 0 turns the
+// limit off: every call goes at once, however many, and the limit's
+// metrics read 0.
+func TestNoLimitWhenMaxInFlightIsZero(t *testing.T) {
+	cfg := config.Consumer{Overload: config.Overload{MaxInFlight: 0, InitialLimit: 1, Tolerance: 1.3}}
+	d := newDownstream(cfg, time.Now, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for i := range 100 {
+		if _, ok := d.acquire(ctx); !ok {
+			t.Fatalf("call %d waited with the limit off", i)
+		}
+	}
+	if st := d.limit.Stats(); st.Limit != 0 || st.InFlight != 0 {
+		t.Fatalf("stats %+v with the limit off", st)
+	}
+	cfg.Overload.MaxInFlight = 4
+	d = newDownstream(cfg, time.Now, nil)
+	if _, ok := d.acquire(ctx); !ok {
+		t.Fatal("first call refused")
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelShort()
+	if _, ok := d.acquire(short); ok {
+		t.Fatal("a second call passed a limit of 1")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/overload"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
@@ -42,5 +43,6 @@ func FromConfig(ctx context.Context, m config.Media, w config.WeCom, tokens kf.T
 	}
 	log.Info("media keeping on", zap.String("media.store", m.Store), zap.Int("media.max_bytes", m.MaxBytes))
 	return NewKeeper(store, kc, KeeperConfig{CorpID: w.CorpID, MaxBytes: int64(m.MaxBytes), Retries: m.Retries,
-		RetryBase: m.RetryBase, Workers: m.Workers, QueueSize: m.QueueSize}, WithLogger(log), WithRegisterer(reg)), nil
+		RetryBase: m.RetryBase, Workers: m.Workers, QueueSize: m.QueueSize}, WithLogger(log), WithRegisterer(reg),
+		WithLimiter(overload.New(overload.DefaultConfig(MaxDownloadsInFlight), nil))), nil
 }

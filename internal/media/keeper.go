@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/overload"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
@@ -46,6 +47,9 @@ type Keeper struct {
 	cfg   KeeperConfig
 	log   *zap.Logger
 	m     *metrics
+	// limit bounds the downloads in flight and is cut by WeChat's
+	// throttles (nil: none; WithLimiter).
+	limit *overload.Limiter
 
 	queue   chan Ref
 	startMu sync.Mutex
@@ -63,6 +67,17 @@ func WithLogger(l *zap.Logger) KeeperOption { return func(k *Keeper) { k.log = l
 func WithRegisterer(reg prometheus.Registerer) KeeperOption {
 	return func(k *Keeper) { k.m = newMetrics(reg) }
 }
+
+// WithLimiter bounds the downloads in flight from WeChat with l, the
+// adaptive limit of package overload: WeChat's throttles (45009, 45011,
+// 45033) cut it, so a throttled media/get gets fewer downloads at once,
+// not a retry from each. A download beyond it waits for a slot.
+func WithLimiter(l *overload.Limiter) KeeperOption { return func(k *Keeper) { k.limit = l } }
+
+// MaxDownloadsInFlight bounds the downloads a process has in flight from
+// WeChat at once (the adaptive limit starts at 10 and moves between 1 and
+// it).
+const MaxDownloadsInFlight = 64
 
 // NewKeeper returns a keeper that downloads with fetch into store.
 func NewKeeper(store Store, fetch Fetcher, cfg KeeperConfig, opts ...KeeperOption) *Keeper {
@@ -147,8 +162,20 @@ func (k *Keeper) keepOnce(ctx context.Context, key string, ref Ref) (Info, strin
 	} else if !errors.Is(err, ErrNotFound) {
 		return Info{}, "store", err
 	}
+	// The download, from media/get to the store's write, in a slot under
+	// the downloads' limit: a throttle cuts it, an object kept is a
+	// latency sample.
+	start, ok := k.limit.Acquire(ctx)
+	if !ok {
+		return Info{}, "fetch", ctx.Err()
+	}
+	outcome := overload.Ignored
+	defer func() { k.limit.Release(start, outcome) }()
 	m, err := k.fetch.GetMedia(ctx, ref.MediaID)
 	if err != nil {
+		if kf.IsThrottled(err) {
+			outcome = overload.Dropped
+		}
 		if kf.IsMediaExpired(err) {
 			return Info{}, "expired", ErrExpired
 		}
@@ -188,6 +215,7 @@ func (k *Keeper) keepOnce(ctx context.Context, key string, ref Ref) (Info, strin
 	}
 	k.m.bytes.Add(float64(cr.n))
 	info.Size = cr.n
+	outcome = overload.Success
 	return info, "stored", nil
 }
 

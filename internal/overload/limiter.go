@@ -54,12 +54,18 @@ const (
 	Ignored
 )
 
-// minWindow is the fewest samples a window is judged on. The shortest of
-// fewer is noise: of 8 answers spread over 1–3 s, the shortest exceeds
-// 1.3 × the shortest ever seen a quarter of the time, so a consumer with
-// a small limit was cut on the spread alone and stayed small while
-// another took the receiver (two consumers split it 4:30); of 24, 2%.
-const minWindow = 24
+// minWindow is the fewest samples a window is judged on: fewer are
+// noise.
+const minWindow = 8
+
+// minEvidence is the fewest samples a cut on latency is made on: windows
+// in a row whose shortest calls were all slow, minEvidence calls in all.
+// The shortest of fewer is noise: of 8 answers spread over 1–3 s, the
+// shortest exceeds 1.3 × the shortest ever seen a quarter of the time,
+// so a consumer with a small limit (windows of 8) was cut on the spread
+// alone and stayed small while another took the receiver (two consumers
+// split it 4:30); of 24, 2%. A timeout cuts at once.
+const minEvidence = 24
 
 // Limiter is an adaptive concurrency limit. The zero value is not usable;
 // a nil *Limiter admits everything.
@@ -84,6 +90,7 @@ type Limiter struct {
 	baseline  time.Duration
 	cutLow    time.Duration // the shortest call of the window that made the last cut
 	stuck     int           // cuts in a row that did not shorten the calls
+	slowN     int           // samples of the windows in a row that were slow, not yet cut on
 	calm      int           // windows since the last cut
 	lastMean  time.Duration
 	congested time.Time // when a window was last judged congested
@@ -215,6 +222,13 @@ func (l *Limiter) judge() {
 		l.baseline = low
 	}
 	slow := low > 0 && float64(low) > l.cfg.Tolerance*float64(l.baseline)
+	if slow && !l.drop && l.slowN+l.n < minEvidence {
+		// Slow, on too few calls to tell a queue from the answers'
+		// spread: the next windows decide.
+		l.slowN += l.n
+		l.n, l.sum, l.low, l.peak = 0, 0, 0, l.inFlight
+		return
+	}
 	if slow && !l.drop && l.cutLow > 0 && float64(low) >= 0.95*float64(l.cutLow) {
 		// The last cut did not shorten the calls. Three times in a row, the
 		// downstream did not queue our calls: it became slower (another
@@ -228,6 +242,7 @@ func (l *Limiter) judge() {
 	}
 	switch {
 	case l.drop || slow:
+		l.slowN = 0
 		l.limit = math.Max(float64(l.cfg.Min), math.Floor(l.limit*l.cfg.Backoff))
 		l.since = now
 		l.congested = now
@@ -238,16 +253,19 @@ func (l *Limiter) judge() {
 		// Only a window that used the limit says the downstream can
 		// carry more: one more call a round trip (a window of minWindow
 		// calls under a smaller limit spans several, and adds one for
-		// each, at most half the limit: consumers sharing a receiver
-		// grow alike whatever their limits, as TCP flows do), and more
-		// after a long calm (another client of the downstream left, or
-		// it got faster), at most a quarter more a window.
+		// each, at most doubling it: consumers sharing a receiver grow
+		// alike whatever their limits, as TCP flows do, and a limit cut
+		// to 1 is back to 8 in three windows, not eight), and more after
+		// a long calm (another client of the downstream left, or it got
+		// faster), at most a sixth more a window.
+		l.slowN = 0
 		l.calm++
-		perRoundTrip := max(1, min(float64(l.n)/l.limit, l.limit/2))
-		inc := math.Max(perRoundTrip, math.Min(float64(l.calm/4), l.limit/4))
+		perRoundTrip := max(1, min(float64(l.n)/l.limit, l.limit))
+		inc := math.Max(perRoundTrip, math.Min(float64(l.calm/6), l.limit/6))
 		l.limit = math.Min(float64(l.cfg.Max), l.limit+inc)
 		l.cutLow = 0
 	default:
+		l.slowN = 0
 		l.cutLow = 0
 	}
 	l.n, l.sum, l.low, l.drop, l.peak = 0, 0, 0, false, l.inFlight
@@ -263,6 +281,31 @@ func (l *Limiter) handOff() {
 		l.peak = max(l.peak, l.inFlight)
 		close(ch)
 	}
+}
+
+// Call runs f in a slot under the limit: it waits for one (ctx's error
+// when ctx ends first), and tells the limiter what f's error says of the
+// downstream: nil, an answer (its latency a sample); overloaded(err), the
+// downstream throttled or timed out the call (the limit is cut); any other
+// error, nothing. Retries of f are the caller's, each a Call of its own,
+// so a throttled downstream gets fewer calls, not more. A nil Limiter
+// runs f at once.
+func (l *Limiter) Call(ctx context.Context, f func() error, overloaded func(error) bool) error {
+	start, ok := l.Acquire(ctx)
+	if !ok {
+		return ctx.Err()
+	}
+	err := f()
+	o := Success
+	switch {
+	case err == nil:
+	case overloaded != nil && overloaded(err):
+		o = Dropped
+	default:
+		o = Ignored
+	}
+	l.Release(start, o)
+	return err
 }
 
 // PeakBound is how many calls consumers Limiters with tolerance let a

@@ -118,10 +118,11 @@ func simulateShared(clk *fakeNow, r *receiver, cs []*simClient, d time.Duration,
 // from its answers' spread). Before the limiter's windows were sized and
 // its increase paced per round trip, a consumer with a small limit judged
 // its windows on 8 calls, was cut on the spread of their answers, and the
-// one left with the larger backlog drained it alone (share 0.73–0.93).
+// one left with the larger backlog drained it alone (share 0.63–0.83 on
+// the first five seeds).
 func TestTwoLimitersShareTheReceiver(t *testing.T) {
 	const capacity, consumers = 32, 2
-	for seed := uint64(1); seed <= 5; seed++ {
+	for seed := uint64(1); seed <= 20; seed++ { // 20 runs of 3 simulated minutes: 1 s
 		clk := &fakeNow{t: time.Unix(0, 0)}
 		rng := rand.New(rand.NewPCG(seed, 7))
 		r := &receiver{capacity: capacity, service: func() time.Duration {

@@ -28,6 +28,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/overload"
 	statestore "github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/kf"
@@ -105,7 +106,22 @@ type Effects struct {
 	log        *zap.Logger
 	observe    func(Attempt)
 	sessions   *Sessions
+	// limit bounds the replies in flight to WeChat and is cut by its
+	// throttles (nil: none; WithLimiter).
+	limit *overload.Limiter
 }
+
+// MaxRepliesInFlight bounds the replies a consumer has in flight to
+// WeChat at once (the adaptive limit starts at 10 and moves between 1 and
+// it): WeChat answers 45033 to too many concurrent calls.
+const MaxRepliesInFlight = 64
+
+// WithLimiter bounds the replies in flight to WeChat with l, the same
+// adaptive limit the consumer puts on its handler calls (package
+// overload): WeChat's throttles (45009, 45011, 45033) cut it, so a
+// throttled WeChat gets fewer calls, not a retry from every handler at
+// once. A reply beyond it waits for a slot.
+func WithLimiter(l *overload.Limiter) Option { return func(fx *Effects) { fx.limit = l } }
 
 // Option configures Effects.
 type Option func(*Effects)
@@ -170,6 +186,15 @@ func New(kc *kf.Client, reg prometheus.Registerer, opts ...Option) *Effects {
 	}
 	if reg != nil {
 		reg.MustRegister(fx.outcome, fx.mismatch, fx.settled)
+		if fx.limit != nil {
+			reg.MustRegister(
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kfpipe_reply_limit",
+					Help: "The adaptive limit on replies in flight to WeChat: cut by its throttles (45009, 45011, 45033)."},
+					func() float64 { return float64(fx.limit.Stats().Limit) }),
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kfpipe_reply_in_flight",
+					Help: "Replies in flight to WeChat now."},
+					func() float64 { return float64(fx.limit.Stats().InFlight) }))
+		}
 	}
 	return fx
 }
@@ -186,7 +211,8 @@ func FromConfig(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (*
 	if err != nil {
 		return nil, nil, fmt.Errorf("wecom: %w", err)
 	}
-	opts := []Option{WithLogger(base.Log), WithSessions(NewSessions(base.Redis, cfg.Redis.KeyPrefix, 0))}
+	opts := []Option{WithLogger(base.Log), WithSessions(NewSessions(base.Redis, cfg.Redis.KeyPrefix, 0)),
+		WithLimiter(overload.New(overload.DefaultConfig(MaxRepliesInFlight), nil))}
 	if cfg.Dedup.Legacy == "read" {
 		// For one dedup.ttl after the switch to the per-partition store:
 		// the replies the old claims recorded (docs/operations.md).
@@ -354,7 +380,12 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 	}
 	var result string
 	if !done {
-		result, err = send(sctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
+		// In a slot under the replies' limit: a throttled WeChat cuts it.
+		err = fx.limit.Call(sctx, func() error {
+			var serr error
+			result, serr = send(sctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
+			return serr
+		}, kf.IsThrottled)
 		cancel()
 		if err == nil {
 			record := fp

@@ -49,6 +49,18 @@ func RetryableCode(code int) bool {
 	return false
 }
 
+// ThrottleCode reports whether errcode code is one of WeChat's throttles:
+// 45009 (frequency limit), 45011 (called too often), 45033 (too many
+// concurrent calls). The callers' overload limiters cut their limit on
+// them.
+func ThrottleCode(code int) bool {
+	switch code {
+	case CodeRateLimited, CodeTooFrequent, CodeConcurrencyLimit:
+		return true
+	}
+	return false
+}
+
 // PermanentCode reports whether a call answered with errcode code fails
 // the same way when made again: every errcode but 0 and the RetryableCode
 // ones. It is the one classification of WeChat errcodes: APIError and

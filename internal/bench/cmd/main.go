@@ -46,7 +46,7 @@ func run() error {
 	users := flag.Int("users", 0, "users (0 = the scenario's default)")
 	partitions := flag.Int("partitions", 4, "partitions of the consumer scenario's topic")
 	duration := flag.Duration("duration", 0, "paced scenarios' run time (0 = default)")
-	variant := flag.String("variant", "", "consumer scenario diagnostics: no_limiter | no_flush_wait (processor.pipeline_flush=0) | bare (no dedup, limiter, breaker)")
+	variant := flag.String("variant", "", "consumer scenario diagnostics: no_limiter | no_overload (overload.max_in_flight=0: no limit on handler calls) | no_flush_wait (processor.pipeline_flush=0) | bare (no dedup, limiter, breaker)")
 	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this loopback address while running")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the scenario to this file")
 	logLevel := flag.String("log-level", "error", "log level of the scenario's components (debug shows librdkafka's debug lines, see -kafka-set debug=...)")
@@ -164,8 +164,13 @@ func run() error {
 					c.RateLimit.Enabled = false
 				case "no_flush_wait":
 					c.Processor.PipelineFlush = 0
+				case "no_overload":
+					c.Overload.MaxInFlight = 0
 				}
 			}})
+		if err == nil && *variant != "" {
+			r.Extra["variant"] = *variant
+		}
 		results = []bench.Result{r}
 	case "peer":
 		results, err = bench.Peer(e, bench.PeerOptions{Msgs: or(*msgs, 300000), Users: or(*users, 10000), Partitions: *partitions,
