@@ -67,6 +67,13 @@ const minWindow = 8
 // split it 4:30); of 24, 2%. A timeout cuts at once.
 const minEvidence = 24
 
+// noiseFloor is the least a window's shortest call must exceed the
+// tolerance by to be slow: below a millisecond a call's latency is the
+// scheduler's (a handler that answers in microseconds, on a busy
+// machine), not a queue at a receiver, and cutting on it only took
+// parallelism from a fast handler.
+const noiseFloor = time.Millisecond
+
 // Limiter is an adaptive concurrency limit. The zero value is not usable;
 // a nil *Limiter admits everything.
 type Limiter struct {
@@ -221,7 +228,7 @@ func (l *Limiter) judge() {
 	if low > 0 && (l.baseline == 0 || low < l.baseline) {
 		l.baseline = low
 	}
-	slow := low > 0 && float64(low) > l.cfg.Tolerance*float64(l.baseline)
+	slow := low > 0 && float64(low) > l.cfg.Tolerance*float64(l.baseline) && low-l.baseline > noiseFloor
 	if slow && !l.drop && l.slowN+l.n < minEvidence {
 		// Slow, on too few calls to tell a queue from the answers'
 		// spread: the next windows decide.

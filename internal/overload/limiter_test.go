@@ -313,3 +313,29 @@ func BenchmarkLimiterUncontended(b *testing.B) {
 		l.Release(s, Success)
 	}
 }
+
+// TestLimiterIgnoresSchedulerNoise: a handler that answers in
+// microseconds, its latency jumping tenfold as a busy machine schedules
+// its goroutines late, is never a queue: the limit only grows. Without
+// the noise floor every window was slow on the ratio alone and the limit
+// fell to 1.
+func TestLimiterIgnoresSchedulerNoise(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(0, 0)}
+	rng := rand.New(rand.NewPCG(5, 6))
+	l := New(DefaultConfig(1024), clk.now)
+	for i := range 20000 {
+		start, ok := l.TryAcquire()
+		if !ok {
+			t.Fatalf("call %d: no slot with one call at a time (limit %d)", i, l.Stats().Limit)
+		}
+		lat := 2 * time.Microsecond
+		if i > 1000 {
+			lat += time.Duration(rng.Int64N(int64(500 * time.Microsecond)))
+		}
+		clk.t = clk.t.Add(lat)
+		l.Release(start, Success)
+	}
+	if st := l.Stats(); st.Decreases != 0 || st.Limit < 10 {
+		t.Fatalf("limit %d after %d cuts on scheduler noise", st.Limit, st.Decreases)
+	}
+}
