@@ -147,5 +147,5 @@ func Replies(e *Env, o ConsumerOptions) (Result, error) {
 			"redis_cpu_us_per_reply":     round(mean(with, redisCPU)-mean(stub, redisCPU), 2),
 			"redis_calls_per_msg":        round(mean(with, calls), 3), "stub_redis_calls_per_msg": round(mean(stub, calls), 3),
 			"redis_calls_per_reply": round(mean(with, calls)-mean(stub, calls), 3),
-			"path":                  "service.StartConsumer + reply.Do (once claim, send_msg to the in-process fake WeChat, done mark) per message"}}, nil
+			"path":                  "service.StartConsumer + reply.Do (once claim, send_msg to the fake WeChat in a child process, done mark) per message"}}, nil
 }

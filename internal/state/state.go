@@ -147,6 +147,7 @@ type Store struct {
 	owner   string
 	slotSec int64
 	pl      placements
+	replies replyBatch // the claims and records of replies (replyclaim.go)
 }
 
 // New returns a Store; it loads the scripts, so it fails when Redis is
@@ -156,7 +157,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, markScript, relayoutScript} {
+	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, markScript, relayoutScript, claimScript, recordScript} {
 		if err := s.Load(ctx, cfg.Client).Err(); err != nil {
 			return nil, fmt.Errorf("state: load scripts: %w", err)
 		}
