@@ -17,12 +17,13 @@ import (
 // record's field prefixed with "c") holding its lease's fencing token and
 // until when, on Redis's clock, the send may still be under way. The
 // look-up and the claim are one script call; the record that follows
-// replaces the claim in one more (recordScript): two calls a reply. The
-// claims and records of replies made at the same moment (the actors of
-// different customers) share a round trip (replyBatch). An owner that
-// meets a live claim of an older token waits for it to be recorded or to
-// run out; one that meets a claim of a newer token is fenced out
-// (ErrReplyFenced): the reply is the newer owner's.
+// replaces the claim (HSET, HDEL, PEXPIRE: plain commands, which cost
+// Redis less than a script call would). The claims and records of replies
+// made at the same moment (the actors of different customers) share a
+// round trip (replyBatch). An owner that meets a live claim of an older
+// token waits for it to be recorded or to run out; one that meets a claim
+// of a newer token is fenced out (ErrReplyFenced): the reply is the newer
+// owner's.
 
 // ErrReplyFenced is returned by ClaimReply when an owner with a newer
 // fencing token claimed the reply: this owner must not send it.
@@ -52,15 +53,6 @@ redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {0}
 `)
 
-// recordScript: KEYS[1] the reply hash; ARGV record field, claim field,
-// record, hash TTL ms. The record replaces the claim.
-var recordScript = redis.NewScript(`
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-redis.call('HDEL', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return 1
-`)
-
 // ClaimReply looks the reply it up and, when it is not recorded, claims
 // it for this lease's token for hold (what the send may take at most).
 // found is true (with the record) when it was recorded; wait > 0 when an
@@ -69,12 +61,15 @@ return 1
 func (l *Lease) ClaimReply(ctx context.Context, it Item, hold time.Duration) (record string, found bool, wait time.Duration, err error) {
 	k := l.s.replyKey(l.s.tag(l.topic, l.partition), it.SendTime)
 	f := strconv.FormatInt(Digest(it.Key), 10)
-	res, err := l.s.replies.run(ctx, l.s.cfg.Client, claimScript, []string{k}, f, "c"+f, l.tokenS,
-		max(hold.Milliseconds(), 1), (l.s.cfg.TTL + l.s.cfg.TTL/64).Milliseconds())
-	var vals []any
-	if err == nil {
-		vals, err = res.Slice()
+	args := []any{f, "c" + f, l.tokenS, max(hold.Milliseconds(), 1), (l.s.cfg.TTL + l.s.cfg.TTL/64).Milliseconds()}
+	var cmd *redis.Cmd
+	l.s.replies.run(ctx, l.s.cfg.Client, func(ctx context.Context, pipe redis.Pipeliner) {
+		cmd = claimScript.EvalSha(ctx, pipe, []string{k}, args...)
+	})
+	if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		cmd = claimScript.Run(ctx, l.s.cfg.Client, []string{k}, args...) // Redis lost its scripts (a restart)
 	}
+	vals, err := cmd.Slice()
 	if err != nil {
 		return "", false, 0, fmt.Errorf("state: claim reply %s: %w", it.Key, err)
 	}
@@ -90,14 +85,21 @@ func (l *Lease) ClaimReply(ctx context.Context, it Item, hold time.Duration) (re
 }
 
 // RecordClaimedReply records the reply it as sent, with record, and drops
-// its claim, in one call. A reply sent is a fact: it is recorded whoever
-// owns the partition now.
+// its claim, in one round trip. A reply sent is a fact: it is recorded
+// whoever owns the partition now.
 func (l *Lease) RecordClaimedReply(ctx context.Context, it Item, record string) error {
 	k := l.s.replyKey(l.s.tag(l.topic, l.partition), it.SendTime)
 	f := strconv.FormatInt(Digest(it.Key), 10)
-	if _, err := l.s.replies.run(ctx, l.s.cfg.Client, recordScript, []string{k}, f, "c"+f, record,
-		(l.s.cfg.TTL + l.s.cfg.TTL/64).Milliseconds()); err != nil {
-		return fmt.Errorf("state: record reply %s: %w", it.Key, err)
+	var cmds [3]redis.Cmder
+	l.s.replies.run(ctx, l.s.cfg.Client, func(ctx context.Context, pipe redis.Pipeliner) {
+		cmds[0] = pipe.HSet(ctx, k, f, record)
+		cmds[1] = pipe.HDel(ctx, k, "c"+f)
+		cmds[2] = pipe.PExpire(ctx, k, l.s.cfg.TTL+l.s.cfg.TTL/64)
+	})
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("state: record reply %s: %w", it.Key, err)
+		}
 	}
 	return nil
 }
@@ -116,23 +118,22 @@ type replyBatch struct {
 	queue []*replyCall
 }
 
-// replyCall is one script call waiting for, or carried by, a pipeline.
+// replyCall is one caller's commands waiting for, or carried by, a
+// pipeline.
 type replyCall struct {
-	script *redis.Script
-	keys   []string
-	args   []any
-	cmd    *redis.Cmd
-	done   chan struct{} // closed when cmd has its answer, or when lead is set
-	lead   bool          // this caller sends the next pipeline
+	queue func(ctx context.Context, pipe redis.Pipeliner) // adds the caller's commands
+	done  chan struct{}                                   // closed when they have their answers, or when lead is set
+	lead  bool                                            // this caller sends the next pipeline
 }
 
 // replyBatchTimeout bounds a pipeline of claims and records: it runs on
 // behalf of several callers, so not under any one caller's context.
 const replyBatchTimeout = 5 * time.Second
 
-// run calls script through the batch and returns its answer.
-func (b *replyBatch) run(ctx context.Context, client redis.UniversalClient, script *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
-	c := &replyCall{script: script, keys: keys, args: args, done: make(chan struct{})}
+// run has queue add its commands to a pipeline and returns once they have
+// their answers (each command carries its own error).
+func (b *replyBatch) run(ctx context.Context, client redis.UniversalClient, queue func(ctx context.Context, pipe redis.Pipeliner)) {
+	c := &replyCall{queue: queue, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
 	lead := !b.busy
@@ -145,11 +146,6 @@ func (b *replyBatch) run(ctx context.Context, client redis.UniversalClient, scri
 	if lead {
 		b.send(ctx, client, c)
 	}
-	if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-		// Redis lost its scripts (a restart): Run loads it again.
-		c.cmd = script.Run(ctx, client, keys, args...)
-	}
-	return c.cmd, c.cmd.Err()
 }
 
 // send sends every queued call (self among them) in one pipeline, answers
@@ -163,7 +159,7 @@ func (b *replyBatch) send(ctx context.Context, client redis.UniversalClient, sel
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replyBatchTimeout)
 	pipe := client.Pipeline()
 	for _, c := range calls {
-		c.cmd = c.script.EvalSha(pctx, pipe, c.keys, c.args...)
+		c.queue(pctx, pipe)
 	}
 	_, _ = pipe.Exec(pctx) // each command carries its own error
 	cancel()

@@ -14,8 +14,8 @@ import (
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
-// heldPipelines counts the pipelines of script calls on reply hashes a
-// client sends and the commands in them, and
+// heldPipelines counts the pipelines on reply hashes a client sends and
+// the commands in them, and
 // holds the first one until release is closed.
 type heldPipelines struct {
 	pipes, cmds atomic.Int64
@@ -50,22 +50,26 @@ func (h *heldPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 	}
 }
 
-// onReplies reports whether cmd is a script call on a reply hash (not
-// the lease's renewal, nor a new connection's handshake).
+// onReplies reports whether cmd is on a reply hash (not the lease's
+// renewal, nor a new connection's handshake).
 func onReplies(cmd redis.Cmder) bool {
 	args := cmd.Args()
-	if n := cmd.Name(); (n != "evalsha" && n != "eval") || len(args) < 4 {
+	i := 1
+	if n := cmd.Name(); n == "evalsha" || n == "eval" {
+		i = 3
+	}
+	if len(args) <= i {
 		return false
 	}
-	k, _ := args[3].(string)
+	k, _ := args[i].(string)
 	return strings.Contains(k, ":r:")
 }
 
 // TestReplyClaimsShareRoundTrip: the claims of replies made while another
 // claim's round trip is out go together in the next one (one pipeline for
 // all of them, not one round trip each), and each caller still gets its
-// own answer; a record is one call, after which the reply is found and its
-// claim gone.
+// own answer; a record is one round trip, after which the reply is found
+// and its claim gone.
 func TestReplyClaimsShareRoundTrip(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	s := newStore(t, rdb, prefix, "a", nil)
@@ -125,12 +129,12 @@ func TestReplyClaimsShareRoundTrip(t *testing.T) {
 		}
 	}
 
-	before := h.cmds.Load()
+	before := h.pipes.Load()
 	if err := l.RecordClaimedReply(ctx, item(3), "fp"); err != nil {
 		t.Fatal(err)
 	}
-	if n := h.cmds.Load() - before; n != 1 {
-		t.Fatalf("a record took %d commands, want 1", n)
+	if n := h.pipes.Load() - before; n != 1 {
+		t.Fatalf("a record took %d round trips, want 1", n)
 	}
 	if rec, found, wait, err := l.ClaimReply(ctx, item(3), time.Second); err != nil || !found || rec != "fp" || wait != 0 {
 		t.Fatalf("claim after the record: (%q, %v, %s, %v), want the record", rec, found, wait, err)
