@@ -147,7 +147,6 @@ type Store struct {
 	owner   string
 	slotSec int64
 	pl      placements
-	replies replyBatch // the claims and records of replies (replyclaim.go)
 }
 
 // New returns a Store; it loads the scripts, so it fails when Redis is
