@@ -13,8 +13,9 @@ import (
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
-// roundTrips counts the commands and pipelines a client sends.
-type roundTrips struct{ cmds, pipes atomic.Int64 }
+// roundTrips counts the commands and pipelines a client sends, and the
+// commands inside those pipelines.
+type roundTrips struct{ cmds, pipes, piped atomic.Int64 }
 
 func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -28,6 +29,7 @@ func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.pipes.Add(1)
+		h.piped.Add(int64(len(cmds)))
 		return next(ctx, cmds)
 	}
 }
@@ -93,6 +95,59 @@ func TestPrefetch(t *testing.T) {
 	if d := l.Allow(bg, "late", t0.Add(loadRetry)); d.Reason != ReasonUserBlocked {
 		t.Fatalf("after loadRetry: %+v, want user_blocked from Redis", d)
 	}
+}
+
+// TestPrefetchNewUsersOneCommand: a batch of users never seen costs Redis
+// one command per loadChunk users (an MGET of their group and block keys),
+// not two a user, on a single Redis and on a Cluster (where every rl key
+// is in one slot) — a service desk's customers mostly write once, and
+// each used to cost two GETs. What Redis holds still decides: a blocked
+// user among them is refused, a regrouped one gets its group, the rest
+// the default.
+func TestPrefetchNewUsersOneCommand(t *testing.T) {
+	eachStore(t, func(t *testing.T, store *Store) {
+		clock := newFakeClock()
+		cfg := seedConfig()
+		a := newAdmin(t, cfg, store, clock)
+		if err := a.Block(bg, "u-17", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.SetGroup(bg, "u-600", "vip"); err != nil {
+			t.Fatal(err)
+		}
+		l := newLimiter(t, cfg, store, WithClock(clock))
+		rt := &roundTrips{}
+		store.rdb.AddHook(rt)
+		users := make([]string, loadChunk+88)
+		for i := range users {
+			users[i] = fmt.Sprintf("u-%d", i)
+		}
+		l.Prefetch(bg, users, t0)
+		if rt.pipes.Load() != 1 || rt.cmds.Load() != 0 || rt.piped.Load() != 2 {
+			t.Fatalf("prefetch of %d new users: %d pipelines of %d commands, %d commands alone; want 1 pipeline of 2 MGETs",
+				len(users), rt.pipes.Load(), rt.piped.Load(), rt.cmds.Load())
+		}
+		for i, u := range users {
+			d := l.Allow(bg, u, t0)
+			switch {
+			case i == 17:
+				if d.Reason != ReasonUserBlocked {
+					t.Fatalf("%s, blocked in Redis: %+v", u, d)
+				}
+			case i == 600:
+				if !d.Allowed || d.Group != "vip" {
+					t.Fatalf("%s, vip in Redis: %+v", u, d)
+				}
+			default:
+				if !d.Allowed || d.Group != "normal" {
+					t.Fatalf("%s: %+v, want allowed in the default group", u, d)
+				}
+			}
+		}
+		if n := rt.total(); n != 1 {
+			t.Fatalf("%d round trips after deciding the prefetched users; want only the prefetch", n)
+		}
+	})
 }
 
 // unusedAddr returns a loopback address nobody listens on.

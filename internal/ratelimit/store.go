@@ -93,55 +93,76 @@ func (s *Store) load(ctx context.Context, user string, historySince int64) (user
 	return recs[0], errs[0]
 }
 
+// loadChunk is how many users one MGET reads (two keys each), so that a
+// large batch is a few bounded commands rather than one huge reply.
+const loadChunk = 512
+
 // loadMany reads the records of users in one pipelined round trip; errs[i]
-// is the error of users[i] (a connection failure is every user's).
+// is the error of users[i] (a connection failure is every user's). The
+// groups and blocks of up to loadChunk users are one MGET (every rl key is
+// in one slot on a Cluster, see base), so a batch of new users costs Redis
+// one command, not two a user; the block history (progressive penalty
+// only) is one ZRANGEBYSCORE a user in the same pipeline.
 func (s *Store) loadMany(ctx context.Context, users []string, historySince int64) (recs []userRecord, errs []error) {
 	pipe := s.rdb.Pipeline()
-	cmds := make([]loadCmds, len(users))
-	for i, user := range users {
-		c := &cmds[i]
-		c.g = pipe.Get(ctx, s.groupKey(user))
-		c.b = pipe.Get(ctx, s.blockKey(user))
-		if historySince >= 0 {
-			c.h = pipe.ZRangeByScore(ctx, s.historyKey(user), &redis.ZRangeBy{Min: strconv.FormatInt(historySince, 10), Max: "+inf"})
+	mgets := make([]*redis.SliceCmd, 0, (len(users)+loadChunk-1)/loadChunk)
+	keys := make([]string, 0, 2*min(len(users), loadChunk))
+	for i := 0; i < len(users); i += loadChunk {
+		keys = keys[:0]
+		for _, user := range users[i:min(i+loadChunk, len(users))] {
+			keys = append(keys, s.groupKey(user), s.blockKey(user))
+		}
+		mgets = append(mgets, pipe.MGet(ctx, keys...))
+	}
+	var hist []*redis.StringSliceCmd
+	if historySince >= 0 {
+		hist = make([]*redis.StringSliceCmd, len(users))
+		by := &redis.ZRangeBy{Min: strconv.FormatInt(historySince, 10), Max: "+inf"}
+		for i, user := range users {
+			hist[i] = pipe.ZRangeByScore(ctx, s.historyKey(user), by)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	recs, errs = make([]userRecord, len(users)), make([]error, len(users))
-	for i := range cmds {
-		recs[i], errs[i] = cmds[i].record(users[i])
+	for i, user := range users {
+		m := mgets[i/loadChunk]
+		if err := m.Err(); err != nil {
+			errs[i] = fmt.Errorf("load rate-limit state of %s: %w", user, err)
+			continue
+		}
+		vals, j := m.Val(), 2*(i%loadChunk)
+		if len(vals) < j+2 {
+			errs[i] = fmt.Errorf("load rate-limit state of %s: MGET answered %d values", user, len(vals))
+			continue
+		}
+		var h *redis.StringSliceCmd
+		if hist != nil {
+			h = hist[i]
+		}
+		recs[i], errs[i] = record(user, vals[j], vals[j+1], h)
 	}
 	return recs, errs
 }
 
-// loadCmds are one user's queued reads.
-type loadCmds struct {
-	g, b *redis.StringCmd
-	h    *redis.StringSliceCmd // nil without the progressive penalty
-}
-
-func (c *loadCmds) record(user string) (userRecord, error) {
+// record builds a user's record from its MGET values (group, block: nil
+// when absent) and its history read (nil without the progressive penalty).
+func record(user string, group, block any, h *redis.StringSliceCmd) (userRecord, error) {
 	var rec userRecord
-	for _, cmd := range [...]*redis.StringCmd{c.g, c.b} {
-		if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
-			return userRecord{}, fmt.Errorf("load rate-limit state of %s: %w", user, err)
-		}
-	}
-	if v, err := c.g.Result(); err == nil {
+	if v, ok := group.(string); ok {
 		rec.group = v
 	}
-	if v, err := c.b.Result(); err == nil {
-		ms, perr := parseBlock(v)
-		if perr != nil {
-			return userRecord{}, perr
+	if v, ok := block.(string); ok {
+		ms, err := parseBlock(v)
+		if err != nil {
+			return userRecord{}, err
 		}
 		rec.blockedUntil = ms
 	}
-	if c.h != nil {
-		if err := c.h.Err(); err != nil {
-			return userRecord{}, fmt.Errorf("load rate-limit state of %s: %w", user, err)
+	if h != nil {
+		if err := h.Err(); err != nil {
+			return userRecord{}, fmt.Errorf("load rate-limit history of %s: %w", user, err)
 		}
-		for _, m := range c.h.Val() {
+		for _, m := range h.Val() {
 			if ms, err := strconv.ParseInt(m, 10, 64); err == nil {
 				rec.history = append(rec.history, ms)
 			}

@@ -257,10 +257,11 @@ func TargetOf(c *chatmsg.ChatMessage) Target {
 
 // state is one handler call's replies, carried in its context.
 type state struct {
-	fx *Effects
-	to Target
-	mu sync.Mutex
-	n  int // replies made so far in this call: the next reply's number
+	fx      *Effects
+	to      Target
+	mu      sync.Mutex
+	n       int          // replies made so far in this call: the next reply's number
+	session *sessionRead // the session state this call read (SessionState)
 }
 
 type stateKey struct{}

@@ -73,6 +73,12 @@ func (s *Sessions) State(ctx context.Context, kc *kf.Client, openKfID, user stri
 			}
 		}
 	}
+	return s.fetch(ctx, kc, openKfID, user)
+}
+
+// fetch asks WeChat for user's session state and caches it (not an ended
+// one).
+func (s *Sessions) fetch(ctx context.Context, kc *kf.Client, openKfID, user string) (kf.State, string, error) {
 	st, servicer, err := kc.ServiceState(ctx, openKfID, user)
 	if err != nil || s == nil || st == kf.StateEnded {
 		return st, servicer, err
@@ -159,34 +165,79 @@ func (fx *Effects) Observe(ctx context.Context, c *chatmsg.ChatMessage) {
 // message's handler read is kept with the message (as long as its reply
 // marks), and a handler that runs again for the message reads that one:
 // a bot that hands the customer over and then runs again (a retry, a
-// crash) must not see its own hand-off and answer differently.
+// crash) must not see its own hand-off and answer differently. Within one
+// handler call the state is read once: a second call answers from the
+// call's own memory. The message's kept state and the customer's cached
+// one are read in one round trip.
 func SessionState(ctx context.Context) (kf.State, string, error) {
 	s, _ := ctx.Value(stateKey{}).(*state)
 	if s == nil || s.fx == nil {
 		return 0, "", ErrNoReplier
 	}
-	ss := s.fx.sessions
-	if ss == nil || s.to.UpstreamMsgID == "" {
-		return ss.State(ctx, s.fx.kf, s.to.OpenKfID, s.to.User)
+	s.mu.Lock()
+	read := s.session
+	s.mu.Unlock()
+	if read != nil {
+		return read.st, read.servicer, nil
 	}
-	key := ss.prefix + "sessionat:" + s.to.OpenKfID + ":" + s.to.UpstreamMsgID
-	if v, err := ss.rdb.Get(ctx, key).Result(); err == nil {
-		st, servicer, _ := strings.Cut(v, "|")
-		if n, err := strconv.Atoi(st); err == nil {
-			return kf.State(n), servicer, nil
+	st, servicer, err := s.fx.sessionState(ctx, s.to)
+	if err == nil {
+		s.mu.Lock()
+		s.session = &sessionRead{st: st, servicer: servicer}
+		s.mu.Unlock()
+	}
+	return st, servicer, err
+}
+
+// sessionRead is the session state a handler call read.
+type sessionRead struct {
+	st       kf.State
+	servicer string
+}
+
+// parseSession reads a cached "state|servicer" value.
+func parseSession(v string) (kf.State, string, bool) {
+	st, servicer, _ := strings.Cut(v, "|")
+	n, err := strconv.Atoi(st)
+	return kf.State(n), servicer, err == nil
+}
+
+// sessionState is SessionState's read for the message to.
+func (fx *Effects) sessionState(ctx context.Context, to Target) (kf.State, string, error) {
+	ss := fx.sessions
+	if ss == nil || to.UpstreamMsgID == "" {
+		return ss.State(ctx, fx.kf, to.OpenKfID, to.User)
+	}
+	key := ss.prefix + "sessionat:" + to.OpenKfID + ":" + to.UpstreamMsgID
+	pipe := ss.rdb.Pipeline()
+	at := pipe.Get(ctx, key)
+	cached := pipe.Get(ctx, ss.key(to.OpenKfID, to.User))
+	_, _ = pipe.Exec(ctx) // each read carries its own error; a failed one counts as absent
+	if v, err := at.Result(); err == nil {
+		if st, servicer, ok := parseSession(v); ok {
+			return st, servicer, nil
 		}
 	}
-	st, servicer, err := ss.State(ctx, s.fx.kf, s.to.OpenKfID, s.to.User)
-	if err != nil {
-		return st, servicer, err
+	var (
+		st       kf.State
+		servicer string
+		ok       bool
+	)
+	if v, err := cached.Result(); err == nil {
+		st, servicer, ok = parseSession(v)
+	}
+	if !ok {
+		var err error
+		if st, servicer, err = ss.fetch(ctx, fx.kf, to.OpenKfID, to.User); err != nil {
+			return st, servicer, err
+		}
 	}
 	v := strconv.Itoa(int(st)) + "|" + servicer
 	if ok, err := ss.rdb.SetNX(ctx, key, v, TTL).Result(); err == nil && !ok {
 		// A concurrent run kept its read first: use it.
 		if v2, err := ss.rdb.Get(ctx, key).Result(); err == nil {
-			a, b, _ := strings.Cut(v2, "|")
-			if n, err := strconv.Atoi(a); err == nil {
-				return kf.State(n), b, nil
+			if st2, servicer2, ok := parseSession(v2); ok {
+				return st2, servicer2, nil
 			}
 		}
 	}

@@ -156,7 +156,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, markScript, relayoutScript} {
+	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, markScript, relayoutScript, claimScript} {
 		if err := s.Load(ctx, cfg.Client).Err(); err != nil {
 			return nil, fmt.Errorf("state: load scripts: %w", err)
 		}

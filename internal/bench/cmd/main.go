@@ -59,6 +59,7 @@ func run() error {
 	guardResults := flag.String("guard", "", "compare this results file (JSON lines of a run) with -baseline, print the change a row and exit 3 when a row is worse by more than 20%; runs no scenario")
 	baselinePath := flag.String("baseline", "bench/baseline.json", "-guard: the committed file of accepted figures")
 	accept := flag.String("accept", "", "-guard: fold the results into -baseline as the accepted figures, with this text as their source (date, commit, command, load)")
+	fakeAccount := flag.String("fake-account", "", "replies-fake (the replies scenario's child, its fake WeChat): the open_kfid it serves")
 	pacedTopic := flag.String("paced-topic", "", "paced-peer (the paced scenario's child): the topic to feed")
 	pacedGaps := flag.String("paced-gaps", "15s,40s", "paced scenario: a customer's pause between two messages, min,max")
 	pacedIdle := flag.Duration("paced-idle", 15*time.Second, "paced scenario: the quiet period the consumer's idle CPU is measured over")
@@ -69,6 +70,9 @@ func run() error {
 	minGap, maxGap, err := gaps(*pacedGaps)
 	if err != nil {
 		return err
+	}
+	if *scenario == "replies-fake" {
+		return bench.ReplyFake(*fakeAccount, *users, os.Stdin, os.Stdout)
 	}
 	if *scenario == "paced-peer" {
 		return bench.PacedPeer(*brokers, *pacedTopic, *users, *duration, minGap, maxGap, *pacedIdle, os.Stdin, os.Stdout)
