@@ -161,6 +161,7 @@ func timeBotRetry(t *testing.T, bctx context.Context, adminURL, token string) {
 		return r !== null && r.dataset.state === "running" && r.querySelector('.delivered').textContent.startsWith("%d/%d")
 			&& r.querySelector('.next-retry').textContent !== ""; })()`, row, n-1, n), 30*time.Second)
 	var b admin.Batch
+	seen := ""
 	deadline := start.Add(time.Duration(2*dry.Seconds)*time.Second + 30*time.Second)
 	for {
 		if err := apiJSON(adminURL, token, "GET", "/admin/dlq/batches/"+id, nil, &b); err != nil {
@@ -168,6 +169,10 @@ func timeBotRetry(t *testing.T, bctx context.Context, adminURL, token string) {
 		}
 		if b.State != admin.BatchRunning {
 			break
+		}
+		if now := fmt.Sprintf("%d/%d requeued, %d back, %d waiting, next %v", b.Position, b.Total, b.Delivered, b.Waiting, b.NextRetry); now != seen {
+			t.Logf("%5.1f s: %s", time.Since(start).Seconds(), now)
+			seen = now
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("batch still running %s after its start: %+v", time.Since(start).Round(time.Second), b)
