@@ -28,7 +28,9 @@ func TestSimulatorServicerTurnReachesTheModel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	out := &syncBuffer{}
 	done := make(chan error, 1)
-	go func() { done <- kfpipesim.Run(ctx, Bot(model.client(), 20), kfpipesim.WithAddr("127.0.0.1:0"), kfpipesim.WithOutput(out)) }()
+	go func() {
+		done <- kfpipesim.Run(ctx, Bot(model.client(), 20), kfpipesim.WithAddr("127.0.0.1:0"), kfpipesim.WithOutput(out))
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil && ctx.Err() == nil {
