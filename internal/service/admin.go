@@ -356,27 +356,31 @@ func (s dlqStore) RetryLetters(ctx context.Context, ls []admin.Letter, from time
 	return outs, nil
 }
 
-// Delivery reads the letters' summaries: one the batch requeued and still
-// due waits (a failed retry's new letter is no longer the batch's: the
-// index drops the batch when it updates the entry), one not due any more
-// went back to the main topic, one no longer in the index is gone.
-func (s dlqStore) Delivery(ctx context.Context, ids []string, batch string) ([]admin.Delivery, error) {
+// Delivery reads the letters' summaries: a letter re-injected since the
+// batch requeued it (its retried time, kept when it fails again) is back;
+// one still due, the batch's or released by the scheduler while its user
+// is blocked, waits; one no longer in the index, or requeued by another
+// batch, is gone.
+func (s dlqStore) Delivery(ctx context.Context, ids []string, batch string, since time.Time) ([]admin.Delivery, error) {
 	es, err := s.x.Summaries(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
+	since = since.Truncate(time.Millisecond) // the index keeps milliseconds
 	out := make([]admin.Delivery, len(ids))
 	for i, e := range es {
 		switch {
 		case e == nil:
 			out[i].State = admin.DeliveryGone
-		case e.State == dlq.StateDue && e.Batch == batch:
+		case e.RetriedAt != nil && !e.RetriedAt.Before(since):
+			out[i].State = admin.DeliveryDelivered
+		case e.State == dlq.StateDue && (e.Batch == batch || e.Batch == ""):
 			out[i].State = admin.DeliveryWaiting
 			if e.NextRetryTime != nil {
 				out[i].Due = *e.NextRetryTime
 			}
 		default:
-			out[i].State = admin.DeliveryDelivered
+			out[i].State = admin.DeliveryGone
 		}
 	}
 	return out, nil

@@ -440,7 +440,7 @@ func (bs *batches) watch(ctx context.Context, b *Batch, pending *[]string) (int,
 	delivered := 0
 	for lo := 0; lo < len(*pending); lo += 1000 {
 		part := (*pending)[lo:min(lo+1000, len(*pending))]
-		ds, err := bs.s.dlq.Delivery(ctx, part, b.ID)
+		ds, err := bs.s.dlq.Delivery(ctx, part, b.ID, b.Created)
 		if err != nil {
 			return 0, err
 		}

@@ -219,7 +219,7 @@ func (d *memDLQ) RetryLetters(_ context.Context, ls []Letter, from time.Time, o 
 // Delivery plays the scheduler: a letter a batch requeued is back in the
 // main topic at once unless the test holds it (hold), which keeps it
 // waiting until its due time.
-func (d *memDLQ) Delivery(_ context.Context, ids []string, batch string) ([]Delivery, error) {
+func (d *memDLQ) Delivery(_ context.Context, ids []string, batch string, _ time.Time) ([]Delivery, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.fail != nil {

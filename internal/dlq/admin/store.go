@@ -41,12 +41,14 @@ type DLQStore interface {
 	RetryLetters(ctx context.Context, ls []Letter, from time.Time, o RetryOptions) ([]Outcome, error)
 	// PurgeLetters deletes ls from the index.
 	PurgeLetters(ctx context.Context, ls []Letter) ([]Outcome, error)
-	// Delivery says where each of the letters ids, which batch requeued,
-	// stands: still waiting in the DLQ for its due time (the scheduler's
-	// per-user pacing holds a user's letters past its window), back in the
-	// main topic (re-injected by the scheduler; it may have failed again
-	// since), or gone (purged or expired before it went back).
-	Delivery(ctx context.Context, ids []string, batch string) ([]Delivery, error)
+	// Delivery says where each of the letters ids, which batch requeued
+	// at since or later, stands: back in the main topic (re-injected by
+	// the scheduler since; it may have failed again after), still waiting
+	// in the DLQ for its due time (the scheduler's per-user pacing holds a
+	// user's letters past its window; a blocked user's wait for the block),
+	// or gone (purged, expired, or taken by another batch before it went
+	// back).
+	Delivery(ctx context.Context, ids []string, batch string, since time.Time) ([]Delivery, error)
 	// Export calls fn for every message matching f (Cursor and Limit
 	// ignored), stopping at the first error fn returns.
 	Export(ctx context.Context, f DLQFilter, fn func(DLQMessage) error) error
