@@ -294,7 +294,9 @@ func (bs *batches) run(b *Batch) {
 		n := min(int(tokens), batchChunk, b.Total-b.Position)
 		if b.Position >= b.Total {
 			if b.Action == ActionRetry && b.Acted > 0 {
-				if now.Sub(watched) < deliveryPoll {
+				// A big batch is looked at less often: each look reads
+				// every letter still out (5,000 a second at most).
+				if now.Sub(watched) < deliveryPoll*time.Duration(max(1, len(pending)/5000)) {
 					continue
 				}
 				watched = now
