@@ -130,6 +130,38 @@ func timeBotRetry(t *testing.T, bctx context.Context, adminURL, token string) {
 	}
 	n := look.Pace.Allow + 1
 	filter := map[string]any{"user": "demo-bot", "limit": n}
+
+	// The letters go back to the consumer's limiter, which judges a
+	// rate_limited letter again: while the bot's own burst still fills its
+	// window there, the first ones are refused again and come back a
+	// window later, ahead of the batch's last (each user's letters in
+	// order). The dry run estimates the batch's own pacing, so the batch
+	// starts once the bot's last answered message is a window old.
+	var tl struct {
+		Messages []struct {
+			Outcome  string `json:"outcome"`
+			Received []struct {
+				Time time.Time `json:"time"`
+			} `json:"received"`
+		} `json:"messages"`
+	}
+	if err := apiJSON(adminURL, token, "GET", "/admin/customers/demo-bot/timeline", nil, &tl); err != nil {
+		t.Fatal(err)
+	}
+	var lastAnswered time.Time
+	for _, m := range tl.Messages {
+		if m.Outcome == "answered" && len(m.Received) > 0 && m.Received[0].Time.After(lastAnswered) {
+			lastAnswered = m.Received[0].Time
+		}
+	}
+	if lastAnswered.IsZero() {
+		t.Fatalf("the bot's timeline has no answered message: %+v", tl)
+	}
+	window := time.Duration(look.Pace.WindowSeconds * float64(time.Second))
+	if wait := time.Until(lastAnswered.Add(window + time.Second)); wait > 0 {
+		t.Logf("waiting %s for the bot's last answered message (%s) to leave the limiter's window", wait.Round(time.Second), lastAnswered.Format(time.TimeOnly))
+		time.Sleep(wait)
+	}
 	var dry admin.BatchPlan
 	if err := apiJSON(adminURL, token, "POST", "/admin/dlq/batch-retry",
 		map[string]any{"filter": filter, "unblock": true, "dry_run": true, "reason": "test: dry run"}, &dry); err != nil {
