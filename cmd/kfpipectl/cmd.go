@@ -53,8 +53,8 @@ func (a *app) rootCmd() *cobra.Command {
 		Long: `kfpipectl operates kfpipe through the dlq-consumer's admin API.
 
 The server comes from --server or KFPIPE_ADMIN_URL (default http://localhost:8090),
-the bearer token from --token-file or KFPIPE_TOKEN. Every write needs --reason (it is
-audited) and accepts --dry-run.
+the bearer token from --token-file or KFPIPE_TOKEN. Every write needs --why (the
+note the audit stream records; --failure-reason is the DLQ filter) and accepts --dry-run.
 
 Exit codes: 0 done, 1 error (server unreachable or failing), 2 usage (bad command
 line or input the API rejected), 3 not found, 4 refused (401, 403: the token may
@@ -66,6 +66,7 @@ purge that selects no letter it may act on).`,
 			if a.output != "table" && a.output != "json" {
 				return usagef("--output must be table or json, got %q", a.output)
 			}
+			a.warnDeprecated(cmd)
 			return nil
 		},
 	}
@@ -149,15 +150,29 @@ func args(n int, names string) cobra.PositionalArgs {
 	}
 }
 
-// writeFlags adds --reason and --dry-run to a write command.
+// writeFlags adds --why and --dry-run to a write command. --why is the
+// operator's note the audit stream records; it was --reason, which read
+// too much like --failure-reason (the DLQ filter by a letter's failure):
+// --reason still works, hidden, and warns on stderr.
 func writeFlags(cmd *cobra.Command, reason *string, dry *bool) {
-	cmd.Flags().StringVar(reason, "reason", "", "why (required, recorded in the audit stream)")
+	cmd.Flags().StringVar(reason, "why", "", "why you do this (required, recorded in the audit stream)")
+	cmd.Flags().StringVar(reason, "reason", "", "deprecated: --why")
+	_ = cmd.Flags().MarkHidden("reason") // the warning: warnDeprecated
 	cmd.Flags().BoolVar(dry, "dry-run", false, "act on nothing; say what would be done")
+	cmd.MarkFlagsMutuallyExclusive("why", "reason")
+}
+
+// warnDeprecated tells on stderr (stdout stays the command's answer) that
+// a deprecated flag was used.
+func (a *app) warnDeprecated(cmd *cobra.Command) {
+	if f := cmd.Flags().Lookup("reason"); f != nil && f.Hidden && f.Changed {
+		fmt.Fprintln(a.errOut, "kfpipectl: --reason is deprecated: use --why (the note the audit stream records; --failure-reason filters dead letters by their failure)")
+	}
 }
 
 func needReason(reason string) error {
 	if strings.TrimSpace(reason) == "" {
-		return usagef("--reason is required on every write: say why")
+		return usagef("--why is required on every write: say why (it is recorded in the audit stream)")
 	}
 	return nil
 }

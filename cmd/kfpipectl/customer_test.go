@@ -75,7 +75,7 @@ func TestCustomerCommand(t *testing.T) {
 	contains(t, r, "customer c-dl", "DEAD LETTER  up-c-dl", `"where is my order"`, "dead letter "+dl.ID+" downstream_error, state due",
 		"state due", "story: received", want, "waiting in the DLQ")
 
-	op.must(0, "ratelimit", "block", "c-blk", "--for", "2h", "--reason", "abusive")
+	op.must(0, "ratelimit", "block", "c-blk", "--for", "2h", "--why", "abusive")
 	r = viewer.must(0, "customer", "c-blk")
 	contains(t, r, "limiter: group", "BLOCKED until", "events:", "ratelimit.block user:c-blk for=2h0m0s  by", "(abusive) ok")
 

@@ -367,7 +367,7 @@ func warnBlocked(w io.Writer, bs []admin.BlockedUser, unblocking bool) {
 		}
 		fmt.Fprintf(w, "  %s\tblocked %s\n", b.User, until)
 	}
-	fmt.Fprintln(w, "  unblock and retry a user's letters in one step: kfpipectl dlq retry --user USER --unblock --reason WHY")
+	fmt.Fprintln(w, "  unblock and retry a user's letters in one step: kfpipectl dlq retry --user USER --unblock --why WHY")
 }
 
 // follow polls a batch until it ends and prints its result; a cancelled
@@ -392,9 +392,11 @@ func (a *app) follow(cmd *cobra.Command, c *client, id string) error {
 			}
 			return nil
 		}
-		if b.Position != last {
-			fmt.Fprintf(a.errOut, "batch %s: %d/%d\n", b.ID, b.Position, b.Total)
-			last = b.Position
+		// A retry's letters go back at the DLQ's per-user pace: once all
+		// are requeued, the batch runs on until none waits.
+		if p := b.Position*1000000 + b.Delivered; p != last {
+			fmt.Fprintf(a.errOut, "batch %s: %d/%d%s\n", b.ID, b.Position, b.Total, deliveryText(b))
+			last = p
 		}
 		select {
 		case <-cmd.Context().Done():
@@ -413,6 +415,26 @@ func getBatch(cmd *cobra.Command, c *client, id string) (admin.Batch, []byte, er
 	return b, data, decode(data, &b)
 }
 
+// deliveryText is a retry batch's letters back in the main topic and
+// those still waiting, once it requeued them all ("" before, and for a
+// purge).
+func deliveryText(b admin.Batch) string {
+	if b.Action != admin.ActionRetry || b.Position < b.Total || b.Acted == 0 {
+		return ""
+	}
+	t := fmt.Sprintf(" requeued; %d/%d back in the main topic", b.Delivered, b.Acted)
+	if b.Waiting > 0 {
+		t += fmt.Sprintf(", %d waiting for their due time (the DLQ's per-user pacing)", b.Waiting)
+		if b.NextRetry != nil {
+			t += ", next " + b.NextRetry.Local().Format(time.TimeOnly)
+		}
+		if b.LastRetry != nil && (b.NextRetry == nil || !b.LastRetry.Equal(*b.NextRetry)) {
+			t += ", last " + b.LastRetry.Local().Format(time.TimeOnly)
+		}
+	}
+	return t
+}
+
 func printBatchResult(w io.Writer, b admin.Batch) {
 	done := map[string]string{admin.ActionRetry: "retried", admin.ActionPurge: "purged"}[b.Action]
 	fmt.Fprintf(w, "%s %d dead letter(s)", done, b.Acted)
@@ -423,6 +445,12 @@ func printBatchResult(w io.Writer, b admin.Batch) {
 	}
 	if b.Gone > 0 {
 		fmt.Fprintf(w, ", %d gone meanwhile", b.Gone)
+	}
+	if b.Action == admin.ActionRetry && b.Acted > 0 {
+		fmt.Fprintf(w, ", %d back in the main topic", b.Delivered)
+		if b.Waiting > 0 {
+			fmt.Fprintf(w, ", %d still waiting", b.Waiting)
+		}
 	}
 	fmt.Fprintf(w, " (batch %s, %s)\n", b.ID, b.State)
 }
@@ -440,10 +468,17 @@ func (a *app) dlqBatches() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tACTION\tSTATE\tDONE\tACTED\tSKIPPED\tGONE\tWHO\tFILTER")
+			fmt.Fprintln(tw, "ID\tACTION\tSTATE\tSELECTED\tACTED\tBACK\tWAITING\tNEXT RETRY\tSKIPPED\tGONE\tWHO\tFILTER")
 			for _, b := range page.Batches {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%s\t%s\n", b.ID, b.Action, b.State, b.Position, b.Total,
-					b.Acted, b.SkippedDone, b.Gone, b.Who, b.Filter)
+				back, waiting, next := "-", "-", "-"
+				if b.Action == admin.ActionRetry {
+					back, waiting = fmt.Sprintf("%d/%d", b.Delivered, b.Acted), strconv.Itoa(b.Waiting)
+					if b.NextRetry != nil {
+						next = b.NextRetry.Local().Format(time.TimeOnly)
+					}
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", b.ID, b.Action, b.State, b.Position, b.Total,
+					b.Acted, back, waiting, next, b.SkippedDone, b.Gone, b.Who, b.Filter)
 			}
 			return tw.Flush()
 		},
@@ -473,6 +508,9 @@ func (a *app) dlqBatch() *cobra.Command {
 			}
 			fmt.Fprintf(a.out, "batch %s: %s %s, %d/%d letters (acted %d, skipped done %d, gone %d) at %d a second\n",
 				b.ID, b.Action, b.State, b.Position, b.Total, b.Acted, b.SkippedDone, b.Gone, b.Rate)
+			if d := deliveryText(b); d != "" {
+				fmt.Fprintf(a.out, "letters%s\n", d)
+			}
 			fmt.Fprintf(a.out, "by %s: %s\nfilter: %s\n", b.Who, b.Reason, b.Filter)
 			if b.Error != "" {
 				fmt.Fprintf(a.out, "last error: %s\n", b.Error)

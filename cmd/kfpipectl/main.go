@@ -20,8 +20,9 @@
 //	5  nothing to do: a batch retry or purge (or its dry run) selected no
 //	   letter it may act on
 //
-// Every write takes --reason (the audit reason) and --dry-run, which acts
-// on nothing and says what the write would do. See docs/kfpipectl.md.
+// Every write takes --why (the note the audit stream records; the
+// deprecated --reason still works) and --dry-run, which acts on nothing
+// and says what the write would do. See docs/kfpipectl.md.
 package main
 
 import (

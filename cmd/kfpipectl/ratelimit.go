@@ -158,7 +158,7 @@ func (a *app) userWrite(cmd *cobra.Command, user, path, what string, body map[st
 		if ans.WaitingUntil != nil {
 			until = " (the last until " + ans.WaitingUntil.UTC().Format(time.RFC3339) + ")"
 		}
-		fmt.Fprintf(a.out, "%d dead letter(s) of %s still wait for their scheduled retry%s; to retry them now:\n  kfpipectl dlq retry --user %s --reason '…'\n",
+		fmt.Fprintf(a.out, "%d dead letter(s) of %s still wait for their scheduled retry%s; to retry them now:\n  kfpipectl dlq retry --user %s --why '…'\n",
 			ans.WaitingLetters, user, until, user)
 	}
 	return nil

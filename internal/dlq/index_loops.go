@@ -183,5 +183,13 @@ func (x *Index) toReview(ctx context.Context, id, msg string, why error) {
 
 // reschedule moves a still-due entry to at.
 func (x *Index) reschedule(ctx context.Context, id string, at time.Time) error {
-	return rescheduleScript.Run(ctx, x.rdb, []string{x.key("due"), x.msgKey(id)}, x.base, id, at.UnixMilli()).Err()
+	return rescheduleScript.Run(ctx, x.rdb, []string{x.key("due"), x.msgKey(id)}, x.base, id, at.UnixMilli(), "0").Err()
+}
+
+// release is reschedule for a letter that waits for something other than
+// its turn (its user's block): the operator batch that requeued it no
+// longer holds it, so a later retry — after an unblock — may select it
+// again instead of finding it busy until the block's old end.
+func (x *Index) release(ctx context.Context, id string, at time.Time) error {
+	return rescheduleScript.Run(ctx, x.rdb, []string{x.key("due"), x.msgKey(id)}, x.base, id, at.UnixMilli(), "1").Err()
 }

@@ -180,11 +180,17 @@ return out
 `)
 
 // rescheduleScript moves a due entry to a later score, only if it is
-// still due, and ends its claim. KEYS: due, msg. ARGV: key base, id, score_ms.
+// still due, and ends its claim; with release ('1') it also drops the
+// batch that requeued it (b), so an operator's next retry may select it.
+// KEYS: due, msg. ARGV: key base, id, score_ms, release.
 var rescheduleScript = redis.NewScript(`
 local p, id = ARGV[1], ARGV[2]
 redis.call('ZADD', KEYS[1], 'XX', ARGV[3], id)
-redis.call('HDEL', KEYS[2], 'l')
+if ARGV[4] == '1' then
+  redis.call('HDEL', KEYS[2], 'l', 'b')
+else
+  redis.call('HDEL', KEYS[2], 'l')
+end
 return 1
 `)
 

@@ -359,8 +359,10 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 	for _, c := range items {
 		st := s.policy.Strategy(c.dl.Reason)
 		if until, held := s.heldByBlock(ctx, st, c.dl, now, blocks); held {
-			// Refused again at once if sent now: it waits for the block.
-			if err := s.idx.reschedule(ctx, c.id, until); err != nil {
+			// Refused again at once if sent now: it waits for the block,
+			// released from an operator's batch that requeued it (one
+			// who unblocks the user then retries it at once).
+			if err := s.idx.release(ctx, c.id, until); err != nil {
 				errs = append(errs, err)
 			}
 			continue

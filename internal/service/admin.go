@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -228,16 +229,20 @@ func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, retry *admin.Re
 		if err != nil {
 			return nil, err
 		}
-		for _, e := range entries {
-			if f.Limit > 0 && len(es) >= f.Limit {
-				break
-			}
-			es = append(es, e)
-		}
-		if next == "" || (f.Limit > 0 && len(es) >= f.Limit) {
+		es = append(es, entries...)
+		if next == "" {
 			break
 		}
 		df.Cursor = next
+	}
+	if f.Limit > 0 && len(es) > f.Limit {
+		// The oldest letters, not the newest the list starts with: the
+		// scheduler sends a user's letters back in the user's order, so a
+		// user's newer letters retried before older ones that still wait
+		// would wait behind them (for a blocked user's letters, until the
+		// block's old end), whatever the batch's estimate said.
+		slices.SortStableFunc(es, func(a, b *dlq.Entry) int { return firstFailed(a).Compare(firstFailed(b)) })
+		es = es[:f.Limit]
 	}
 	dlq.SortBySource(es, func(e *dlq.Entry) *dlq.DeadLetterMessage { return e.DeadLetterMessage })
 	ls := make([]admin.Letter, len(es))
@@ -269,6 +274,15 @@ func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, retry *admin.Re
 		ls[i].Skip, ls[i].Done = sk, sk == admin.SkipDone
 	}
 	return ls, nil
+}
+
+// firstFailed is when the letter's message first failed: the order the
+// scheduler keeps a user's letters in.
+func firstFailed(e *dlq.Entry) time.Time {
+	if e.FirstFailure != nil {
+		return *e.FirstFailure
+	}
+	return e.FailureTime
 }
 
 // dedupKey is the key the schedule-consumer's dedup store keeps the
@@ -340,6 +354,36 @@ func (s dlqStore) RetryLetters(ctx context.Context, ls []admin.Letter, from time
 		}
 	}
 	return outs, nil
+}
+
+// Delivery reads the letters' summaries: a letter re-injected since the
+// batch requeued it (its retried time, kept when it fails again) is back;
+// one still due, the batch's or released by the scheduler while its user
+// is blocked, waits; one no longer in the index, or requeued by another
+// batch, is gone.
+func (s dlqStore) Delivery(ctx context.Context, ids []string, batch string, since time.Time) ([]admin.Delivery, error) {
+	es, err := s.x.Summaries(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	since = since.Truncate(time.Millisecond) // the index keeps milliseconds
+	out := make([]admin.Delivery, len(ids))
+	for i, e := range es {
+		switch {
+		case e == nil:
+			out[i].State = admin.DeliveryGone
+		case e.RetriedAt != nil && !e.RetriedAt.Before(since):
+			out[i].State = admin.DeliveryDelivered
+		case e.State == dlq.StateDue && (e.Batch == batch || e.Batch == ""):
+			out[i].State = admin.DeliveryWaiting
+			if e.NextRetryTime != nil {
+				out[i].Due = *e.NextRetryTime
+			}
+		default:
+			out[i].State = admin.DeliveryGone
+		}
+	}
+	return out, nil
 }
 
 // PurgeLetters deletes ls, recording each purge in the DLQ topic.

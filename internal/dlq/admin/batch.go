@@ -31,6 +31,7 @@ import (
 //
 //	<id>         string, the Batch as JSON (progress included)
 //	<id>:ids     list, the letters in order ("id\x1fuser\x1fkey\x1fsend_time")
+//	<id>:acted   list, the IDs of the letters a retry requeued
 //	<id>:lease   string, the runner's owner ID (PX batchLease)
 //	<id>:cancel  string, who asked to cancel
 //	index        sorted set of batch IDs by creation time
@@ -59,6 +60,9 @@ const (
 	// batchesListed is how many batches GET /admin/dlq/batches shows and
 	// the index keeps.
 	batchesListed = 50
+	// deliveryPoll is how often a retry batch whose letters are all
+	// requeued looks whether they are back in the main topic.
+	deliveryPoll = time.Second
 )
 
 // Batch is a batch retry or purge and its progress.
@@ -97,6 +101,20 @@ type Batch struct {
 	// Runner is the dlq-consumer running it now ("" while a running batch
 	// waits for a replica to take it over); set on reads only.
 	Runner string `json:"runner,omitempty"`
+
+	// A retry's letters go back to the main topic when the scheduler
+	// re-injects them, at their due time: its per-user pacing holds a
+	// user's letters beyond one window's worth for the next windows. A
+	// retry batch is running until none of the letters it requeued
+	// (Acted) waits any more.
+	//
+	// Delivered: requeued letters the scheduler has put back in the main
+	// topic. Waiting: requeued letters still waiting in the DLQ, the next
+	// due at NextRetry, the last at LastRetry.
+	Delivered int        `json:"delivered"`
+	Waiting   int        `json:"waiting"`
+	NextRetry *time.Time `json:"next_retry,omitempty"`
+	LastRetry *time.Time `json:"last_retry,omitempty"`
 }
 
 // batches runs the batches of one admin server.
@@ -246,6 +264,8 @@ func (bs *batches) run(b *Batch) {
 	defer tick.Stop()
 	var tokens float64
 	last, renewed := time.Now(), time.Now()
+	var pending []string // the requeued letters not yet back (nil: not read yet)
+	var watched time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -273,6 +293,29 @@ func (bs *batches) run(b *Batch) {
 		last = now
 		n := min(int(tokens), batchChunk, b.Total-b.Position)
 		if b.Position >= b.Total {
+			if b.Action == ActionRetry && b.Acted > 0 {
+				// A big batch is looked at less often: each look reads
+				// every letter still out (5,000 a second at most).
+				if now.Sub(watched) < deliveryPoll*time.Duration(max(1, len(pending)/5000)) {
+					continue
+				}
+				watched = now
+				left, err := bs.watch(ctx, b, &pending)
+				if errors.Is(err, errLeaseLost) {
+					log.Warn("batch lease lost: another dlq-consumer runs it")
+					return
+				}
+				if err != nil {
+					if ctx.Err() == nil {
+						log.Warn("batch delivery check failed; retrying", zap.Error(err))
+					}
+					b.Error = err.Error()
+					continue
+				}
+				if left > 0 {
+					continue
+				}
+			}
 			b.State = BatchDone
 			bs.finish(ctx, b, log)
 			return
@@ -338,6 +381,25 @@ func (bs *batches) step(ctx context.Context, b *Batch, n int) error {
 		// The list expired or was deleted: nothing more to do.
 		b.Position = b.Total
 	}
+	if b.Action == ActionRetry {
+		// Kept for the delivery watch. A step run again after a crash
+		// lists its letters again: the watch reads each once.
+		var acted []any
+		for i, o := range outs {
+			if o == OutcomeActed {
+				acted = append(acted, ls[i].ID)
+			}
+		}
+		if len(acted) > 0 {
+			key := bs.key(b.ID, "acted")
+			pipe := s.rdb.TxPipeline()
+			pipe.RPush(ctx, key, acted...)
+			pipe.Expire(ctx, key, batchKeep)
+			if _, err := pipe.Exec(ctx); err != nil {
+				return fmt.Errorf("keeping the batch's requeued letters: %w", err)
+			}
+		}
+	}
 	for _, o := range outs {
 		switch o {
 		case OutcomeActed:
@@ -352,6 +414,65 @@ func (bs *batches) step(ctx context.Context, b *Batch, n int) error {
 	b.Error = ""
 	bs.s.m.batchLetters.WithLabelValues(b.Action).Add(float64(len(raw)))
 	return bs.save(ctx, b)
+}
+
+// watch reads where the letters b requeued stand, counts those back in the
+// main topic, and saves b; it returns how many still wait. *pending is
+// the letters not back yet: read from the batch's list the first time
+// (Delivered is then counted afresh, so a runner resuming the watch
+// counts no letter twice), and shrinks as they go back.
+func (bs *batches) watch(ctx context.Context, b *Batch, pending *[]string) (int, error) {
+	if *pending == nil {
+		ids, err := bs.s.rdb.LRange(ctx, bs.key(b.ID, "acted"), 0, -1).Result()
+		if err != nil {
+			return 0, fmt.Errorf("reading the batch's requeued letters: %w", err)
+		}
+		seen := make(map[string]bool, len(ids))
+		list := make([]string, 0, len(ids))
+		for _, id := range ids {
+			if !seen[id] {
+				seen[id] = true
+				list = append(list, id)
+			}
+		}
+		*pending, b.Delivered = list, 0
+	}
+	var keep []string
+	var next, last time.Time
+	delivered := 0
+	for lo := 0; lo < len(*pending); lo += 1000 {
+		part := (*pending)[lo:min(lo+1000, len(*pending))]
+		ds, err := bs.s.dlq.Delivery(ctx, part, b.ID, b.Created)
+		if err != nil {
+			return 0, err
+		}
+		for i, d := range ds {
+			switch d.State {
+			case DeliveryWaiting:
+				keep = append(keep, part[i])
+				if next.IsZero() || d.Due.Before(next) {
+					next = d.Due
+				}
+				if d.Due.After(last) {
+					last = d.Due
+				}
+			case DeliveryDelivered:
+				delivered++
+			}
+		}
+	}
+	if keep == nil {
+		keep = []string{}
+	}
+	*pending = keep
+	b.Delivered += delivered
+	b.Waiting = len(keep)
+	b.NextRetry, b.LastRetry = nil, nil
+	if len(keep) > 0 {
+		b.NextRetry, b.LastRetry = &next, &last
+	}
+	b.Error = ""
+	return len(keep), bs.save(ctx, b)
 }
 
 func later(a, b time.Time) time.Time {

@@ -226,3 +226,38 @@ func TestUnblockSaysWhatStillWaits(t *testing.T) {
 		t.Error("u1 still blocked")
 	}
 }
+
+// TestBatchCountsDelivered: a retry batch of 20 letters whose last 5 the
+// scheduler's pacing holds is not done when all 20 are requeued: it says
+// 15 are back in the main topic, 5 wait, and when the next and the last
+// is due; once the scheduler lets them go it is done with 20 delivered.
+func TestBatchCountsDelivered(t *testing.T) {
+	d := reviewLetters(20)
+	d.hold = map[string]bool{}
+	for i := 15; i < 20; i++ {
+		d.hold[fmt.Sprintf("m%04d", i)] = true
+	}
+	f := batchFixture(t, d, 1000, "")
+	r := f.do(t, "Bearer "+operatorToken, "POST", "/admin/dlq/batch-retry", `{"filter":{"review":true},"reason":"fixed"}`)
+	id := plan(t, r).Batch.ID
+	var b Batch
+	testenv.Eventually(t, 10*time.Second, func() error {
+		got := f.do(t, "Bearer "+viewerToken, "GET", "/admin/dlq/batches/"+id, "")
+		b = Batch{}
+		if err := json.Unmarshal(got.body, &b); err != nil {
+			return err
+		}
+		return testenv.Check(b.Position == 20 && b.Delivered == 15, "batch %+v", b)
+	})
+	if b.State != BatchRunning || b.Acted != 20 || b.Waiting != 5 || b.NextRetry == nil || b.LastRetry == nil ||
+		!b.NextRetry.Equal(t0.Add(15*time.Millisecond)) || !b.LastRetry.Equal(t0.Add(19*time.Millisecond)) {
+		t.Fatalf("batch %+v, want running: 20 requeued, 15 back, 5 waiting, due from t0+15ms to t0+19ms", b)
+	}
+	d.mu.Lock()
+	d.hold = nil
+	d.mu.Unlock()
+	b = f.waitBatch(t, r)
+	if b.State != BatchDone || b.Delivered != 20 || b.Waiting != 0 || b.NextRetry != nil {
+		t.Fatalf("batch %+v, want done with all 20 back in the topic", b)
+	}
+}

@@ -22,6 +22,7 @@ type memDLQ struct {
 	fail    error             // returned by every call when set
 	done    map[string]bool   // IDs whose message is done in the dedup store
 	batchOf map[string]string // ID → the batch that requeued it
+	hold    map[string]bool   // IDs Delivery says still wait (the scheduler's pacing)
 }
 
 func newMemDLQ(now time.Time, msgs ...DLQMessage) *memDLQ {
@@ -213,6 +214,30 @@ func (d *memDLQ) RetryLetters(_ context.Context, ls []Letter, from time.Time, o 
 		}
 	}
 	return outs, nil
+}
+
+// Delivery plays the scheduler: a letter a batch requeued is back in the
+// main topic at once unless the test holds it (hold), which keeps it
+// waiting until its due time.
+func (d *memDLQ) Delivery(_ context.Context, ids []string, batch string, _ time.Time) ([]Delivery, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return nil, d.fail
+	}
+	out := make([]Delivery, len(ids))
+	for i, id := range ids {
+		m := d.find(id)
+		switch {
+		case m == nil:
+			out[i].State = DeliveryGone
+		case d.hold[id] && d.batchOf[id] == batch && m.State == "due" && m.NextRetryTime != nil:
+			out[i] = Delivery{State: DeliveryWaiting, Due: *m.NextRetryTime}
+		default:
+			out[i].State = DeliveryDelivered
+		}
+	}
+	return out, nil
 }
 
 func (d *memDLQ) PurgeLetters(_ context.Context, ls []Letter) ([]Outcome, error) {

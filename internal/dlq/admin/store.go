@@ -41,6 +41,14 @@ type DLQStore interface {
 	RetryLetters(ctx context.Context, ls []Letter, from time.Time, o RetryOptions) ([]Outcome, error)
 	// PurgeLetters deletes ls from the index.
 	PurgeLetters(ctx context.Context, ls []Letter) ([]Outcome, error)
+	// Delivery says where each of the letters ids, which batch requeued
+	// at since or later, stands: back in the main topic (re-injected by
+	// the scheduler since; it may have failed again after), still waiting
+	// in the DLQ for its due time (the scheduler's per-user pacing holds a
+	// user's letters past its window; a blocked user's wait for the block),
+	// or gone (purged, expired, or taken by another batch before it went
+	// back).
+	Delivery(ctx context.Context, ids []string, batch string, since time.Time) ([]Delivery, error)
 	// Export calls fn for every message matching f (Cursor and Limit
 	// ignored), stopping at the first error fn returns.
 	Export(ctx context.Context, f DLQFilter, fn func(DLQMessage) error) error
@@ -106,6 +114,26 @@ const (
 	// OutcomeGone: no longer there (purged, expired) or no longer
 	// retryable; nothing done.
 	OutcomeGone
+)
+
+// Delivery is where a letter a batch requeued stands (DLQStore.Delivery).
+type Delivery struct {
+	State DeliveryState
+	// Due is a waiting letter's due time: when the scheduler re-injects it.
+	Due time.Time
+}
+
+// DeliveryState is a requeued letter's way back to the main topic.
+type DeliveryState uint8
+
+// Delivery states.
+const (
+	// DeliveryWaiting: requeued, waiting in the DLQ for its due time.
+	DeliveryWaiting DeliveryState = iota
+	// DeliveryDelivered: the scheduler put it back in the main topic.
+	DeliveryDelivered
+	// DeliveryGone: purged or expired before it went back.
+	DeliveryGone
 )
 
 // Pipeline is what the overview shows beyond the DLQ. Each method's error

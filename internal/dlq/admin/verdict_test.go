@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kfpipe/kfpipe/internal/obs"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -312,5 +315,24 @@ func TestVerdictDownstreamSlow(t *testing.T) {
 	}
 	if d := a.Items[1].Detail; !strings.Contains(d, "downstream slow: 30 calls in flight (limit 30), 120 messages waiting, 2.1 s a call") {
 		t.Fatalf("c2: %q", d)
+	}
+}
+
+// TestVerdictRedisAreaOnEmbeddedRedis: the demo's and the simulator's
+// embedded Redis (miniredis) answers PING but has no INFO memory section;
+// its area is green with the reason, not unknown — an unknown area made
+// the demo's whole verdict unknown.
+func TestVerdictRedisAreaOnEmbeddedRedis(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := &Server{rdb: rdb}
+	a := s.redisArea(context.Background())
+	if a.State != StateGreen || !strings.Contains(a.Detail, "memory not reported") {
+		t.Fatalf("redis area on miniredis: %s %q, want green, memory not reported", a.State, a.Detail)
+	}
+	mr.Close()
+	if a := s.redisArea(context.Background()); a.State != StateRed {
+		t.Fatalf("redis area with the server gone: %s %q, want red", a.State, a.Detail)
 	}
 }

@@ -552,9 +552,19 @@ async function loadBatches() {
     pc.appendChild(bar);
     pc.appendChild(document.createTextNode(` ${b.position}/${b.total}`));
     cell(tr, b.acted).className = "acted";
+    // A retry counts what is back in the main topic, not only requeued:
+    // the DLQ's per-user pacing holds letters past a window for the next.
+    const retry = b.action === "retry";
+    const requeued = b.position >= b.total;
+    cell(tr, retry && requeued ? `${b.delivered}/${b.acted}` + (b.waiting ? `, ${b.waiting} waiting` : "") : (retry ? "" : "n/a")).className = "delivered";
+    const due = [];
+    if (b.next_retry) due.push(new Date(b.next_retry).toLocaleTimeString());
+    if (b.last_retry && b.last_retry !== b.next_retry) due.push("last " + new Date(b.last_retry).toLocaleTimeString());
+    cell(tr, due.join(", ")).className = "next-retry";
     cell(tr, b.skipped_done);
     cell(tr, b.gone);
     let state = b.state;
+    if (b.state === "running" && retry && requeued) state = `running: ${b.waiting} letter(s) wait for their due time (the DLQ's per-user pacing)`;
     if (b.state === "running" && !b.runner) state = "waiting to be resumed";
     if (b.state === "cancelled") state += " by " + b.cancelled_by;
     const sc = cell(tr, state + (b.error ? " — " + b.error : ""));
@@ -568,7 +578,7 @@ async function loadBatches() {
   });
   if (!page.batches.length) {
     const tr = document.createElement("tr");
-    cell(tr, "no batch yet").colSpan = 10;
+    cell(tr, "no batch yet").colSpan = 12;
     tb.appendChild(tr);
   }
   clearTimeout(batchTimer);
