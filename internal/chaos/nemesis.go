@@ -3,11 +3,12 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
 )
 
 // The nemesis: a seeded random schedule of faults, routine events and
@@ -74,6 +75,18 @@ const (
 	// With a private 3-node Kafka cluster (NemesisConfig.Brokers):
 	BrokerKill9 FaultKind = "broker-kill9" // kill -9 a broker, resume it after Dur
 	BrokerStop  FaultKind = "broker-stop"  // stop a broker (SIGTERM, controlled shutdown), resume it after Dur
+	// The operations runbook's partition change mid-run (docs/operations.md):
+	// stop kf-producer, wait for zero consumer lag, add Arg partitions to the
+	// main topic, restart every daemon with the new count (the consumers one
+	// at a time). Dur is the time the step holds every daemon.
+	PartitionsAdded FaultKind = "partitions-added"
+	// A rate jump in one partition: Arg messages a second of 100 new
+	// customers, all placed in one partition, for Dur — more marks a
+	// 10-second send-time slot than a bucket of the partition's layout
+	// holds, so its owner starts a new dedup bucket generation
+	// (internal/state's layouts); the low rate afterwards shrinks a 4-bucket
+	// one again 60 slots later.
+	LayoutChange FaultKind = "layout-change"
 )
 
 // brokerKinds need NemesisConfig.Brokers.
@@ -86,7 +99,7 @@ type kindSpec struct {
 	weight       int
 	durLo, durHi time.Duration
 	argLo, argHi int
-	target       string // "consumer", "spare", "producer", "dlq", "sink", "bot", "user", "" (none)
+	target       string // "consumer", "spare", "producer", "dlq", "sink", "bot", "user", "layout", "all", "" (none)
 }
 
 func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
@@ -127,6 +140,11 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 		// min.insync.replicas 2, two down would stop every write.
 		BrokerKill9: {weight: 3, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "broker"},
 		BrokerStop:  {weight: 2, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "broker"},
+		// Every daemon held: the runbook restarts them all.
+		PartitionsAdded: {weight: 1, durLo: 60 * time.Second, durHi: 90 * time.Second, argLo: 1, argHi: 2, target: "all"},
+		// 1.5–3.5× the 448 marks a bucket that grow a layout of one bucket.
+		// Not while partitions are added (the customers are placed by the count).
+		LayoutChange: {weight: 2, argLo: 700, argHi: 1500, target: "layout"},
 	}
 }
 
@@ -134,17 +152,20 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 func AllKinds() []FaultKind {
 	return []FaultKind{ConsumerKill9, ConsumerRestart, ConsumerFreeze, ProducerKill9, ProducerRestart, ProducerFreeze,
 		DLQKill9, DLQRestart, ScaleOut, ScaleIn, RedisDelay, RedisReset, RedisPartition, ReceiverSlow, ReceiverFlaky, FailUser, FailAll,
-		DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst, SlowHandler, BrokerKill9, BrokerStop}
+		DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst, SlowHandler, BrokerKill9, BrokerStop,
+		PartitionsAdded, LayoutChange}
 }
 
 // ShortKinds are the kinds make test's short nemesis draws from: every kind
-// but the brokers' (they need the 3-node cluster a full run starts). A
+// but the brokers' (they need the 3-node cluster a full run starts) and
+// the topic's and the layout's changes (full suite only: they came after
+// the short run's schedule was shown clean). A
 // consumer's SIGTERM (consumer-restart, scale-in, scale-out), a freeze past
 // the lease and a cut from Redis came in with the hand-over fixes (issue
 // 43): before them a handler still running past the drain ran again at the
 // next owner and the stop exited 1 (the kept regression scenarios).
 func ShortKinds() []FaultKind {
-	skip := map[FaultKind]bool{BrokerKill9: true, BrokerStop: true}
+	skip := map[FaultKind]bool{BrokerKill9: true, BrokerStop: true, PartitionsAdded: true, LayoutChange: true}
 	var out []FaultKind
 	for _, k := range AllKinds() {
 		if !skip[k] {
@@ -337,6 +358,24 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 			}
 			var res string
 			switch sp.target {
+			case "all":
+				// Free only when nothing holds a daemon; then it holds them
+				// all (and every consumer counts as disturbed).
+				all := []string{"spare", "producer", "dlq", "layout"}
+				for i := 1; i <= cfg.Consumers; i++ {
+					all = append(all, "consumer-"+strconv.Itoa(i))
+				}
+				free := true
+				for _, r := range all {
+					free = free && busy[r] <= at
+				}
+				if !free {
+					continue
+				}
+				for _, r := range all {
+					busy[r] = st.End() + 3*time.Second
+				}
+				st.Target = "all"
 			case "consumer":
 				if consumersDown(at) >= cfg.MaxConsumersDown {
 					continue
@@ -353,6 +392,8 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 				res, st.Target = "broker", "broker-"+strconv.Itoa(1+r.IntN(max(1, cfg.Brokers)))
 			case "producer", "dlq", "sink", "bot", "flaky":
 				res, st.Target = sp.target, sp.target
+			case "layout":
+				res = "layout"
 			}
 			if res != "" {
 				if busy[res] > at {
@@ -370,17 +411,89 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 	return sched
 }
 
-// NemesisSeed returns the seed from EnvNemesisSeed, or a fresh random
-// one; fromEnv says which.
-func NemesisSeed() (seed uint64, fromEnv bool, err error) {
-	if v := os.Getenv(EnvNemesisSeed); v != "" {
+// NemesisPlan is the seed and the configuration of a nemesis run as the
+// environment (env: its lookup) asks for them: the full switch, the seed
+// (a fixed one, 48, for make test's short run; a fresh one for make chaos),
+// the duration, the kinds and the Kafka cluster. A replay command
+// (ReplayCommand) sets what gives the same plan again.
+func NemesisPlan(env func(string) string) (uint64, NemesisConfig, error) {
+	v := env(EnvFull)
+	full := v != "" && v != "0" && v != "false"
+	size := func(reduced, full_ time.Duration) time.Duration {
+		if full {
+			return full_
+		}
+		return reduced
+	}
+	var seed uint64
+	if v := env(EnvNemesisSeed); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			return 0, true, fmt.Errorf("%s=%q: %w", EnvNemesisSeed, v, err)
+			return 0, NemesisConfig{}, fmt.Errorf("%s=%q: %w", EnvNemesisSeed, v, err)
 		}
-		return s, true, nil
+		seed = s
+	} else if full {
+		seed = rand.Uint64() % 1_000_000_000
+	} else {
+		// make test replays a fixed seed: the short run is a regression
+		// test, the same schedule every time (make chaos draws anew).
+		seed = 48
 	}
-	return rand.Uint64() % 1_000_000_000, false, nil
+	duration := size(3*time.Minute, 30*time.Minute)
+	if v := env(EnvNemesisDuration); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return 0, NemesisConfig{}, fmt.Errorf("%s: %w", EnvNemesisDuration, err)
+		}
+		duration = d
+	}
+	kinds := ShortKinds()
+	if full {
+		kinds = AllKinds()
+	}
+	if v := env(EnvNemesisKinds); v != "" {
+		k, err := ParseKinds(v)
+		if err != nil {
+			return 0, NemesisConfig{}, err
+		}
+		kinds = k
+	}
+	// The private cluster only when a broker kind may be drawn.
+	brokers := 0
+	for _, k := range kinds {
+		if brokerKinds[k] && full && env(EnvNemesisKafka) != "shared" {
+			brokers = 3
+		}
+	}
+	users, down := 150, 1
+	if full {
+		users, down = 600, 2
+	}
+	return seed, NemesisConfig{Duration: duration, Warmup: 5 * time.Second, Consumers: 3, Users: users,
+		Lease: config.DefaultDedupLease, Full: full, Kinds: kinds, GapLo: 2 * time.Second,
+		GapHi: size(5*time.Second, 12*time.Second), MaxConsumersDown: down, Brokers: brokers}, nil
+}
+
+// ReplayCommand is the one command that runs test again with seed's
+// schedule: make chaos (which starts the services that are not running,
+// and gives go test the 120 minutes a 30-minute schedule needs; a plain
+// go test would stop it at its 10-minute default) with the seed, the full
+// switch and every nemesis setting of env (the environment's lookup) that
+// is set, the test named exactly.
+func ReplayCommand(test string, seed uint64, full bool, env func(string) string) string {
+	var parts []string
+	for _, k := range []string{EnvNemesisKinds, EnvNemesisDuration, EnvNemesisKafka} {
+		if v := env(k); v != "" {
+			parts = append(parts, k+"="+v)
+		}
+	}
+	fullV := "0"
+	if full {
+		fullV = "1"
+	}
+	parts = append(parts, fmt.Sprintf("%s=%d", EnvNemesisSeed, seed), EnvFull+"="+fullV,
+		"CHAOS_RUN='^"+test+"$'", "make chaos")
+	return strings.Join(parts, " ")
 }
 
 // ParseKinds parses a comma-separated list of kind names ("all": every

@@ -21,6 +21,9 @@ type Applied struct {
 	// Finding: the step was carried out but the system misbehaved doing
 	// it (a daemon that hung on SIGTERM or exited non-zero): a violation.
 	Finding string
+	// Note: what the step observed it did (a layout's generations before
+	// and after, the partition count), for the log.
+	Note string
 }
 
 // NemesisRun is what the checker reads besides the evidence: the schedule,
@@ -95,8 +98,8 @@ var letterCauses = map[string][]FaultKind{
 	"circuit_open":     {FailUser, FailAll, ReceiverSlow, ReceiverFlaky, SlowHandler},
 	"process_timeout":  {ReceiverSlow, SlowHandler, ConsumerFreeze, RedisPartition, RedisDelay, RedisReset},
 	"kafka_failure":    {BrokerKill9, BrokerStop},
-	"queue_full":       {Flood, HumanBurst, ReceiverSlow, SlowHandler},
-	"system_overload":  {Flood, HumanBurst, ReceiverSlow, SlowHandler},
+	"queue_full":       {Flood, HumanBurst, ReceiverSlow, SlowHandler, LayoutChange},
+	"system_overload":  {Flood, HumanBurst, ReceiverSlow, SlowHandler, LayoutChange},
 }
 
 var userBound = map[FaultKind]bool{FailUser: true, SlowHandler: true, HumanBurst: true, ReplyServicer: true}
@@ -117,6 +120,13 @@ func stallGrace(k FaultKind, lease time.Duration) (grace time.Duration, stalls b
 	case ReplyThrottle:
 		return 10 * time.Second, true
 	case BrokerKill9, BrokerStop:
+		return 30 * time.Second, true
+	case PartitionsAdded:
+		// The producer is stopped for the whole step (WeChat keeps the
+		// messages); the restarts' rebalances follow it.
+		return lease + 20*time.Second, true
+	case LayoutChange:
+		// A thousand messages at once in one partition.
 		return 30 * time.Second, true
 	case DLQKill9, DLQRestart:
 		return 0, false // the dlq-consumer is not on a message's way

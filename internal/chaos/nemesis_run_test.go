@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -13,8 +14,9 @@ import (
 	"time"
 
 	toxiclient "github.com/Shopify/toxiproxy/v2/client"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
-	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 )
 
 // TestChaosNemesis runs the nemesis: a seeded random schedule of faults
@@ -72,56 +74,17 @@ func TestChaosNemesisScaleOutSlowReceiver(t *testing.T) {
 func runNemesis(t *testing.T, name string) {
 	svc := NeedServices(t)
 	full := Full()
-	seed, fromEnv, err := NemesisSeed()
+	seed, cfg, err := NemesisPlan(os.Getenv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !fromEnv && !full {
-		// make test replays a fixed seed: the short run is a regression
-		// test, the same schedule every time (make chaos draws anew).
-		seed = 48
-	}
-	duration := Size(75*time.Second, 30*time.Minute)
-	if v := os.Getenv(EnvNemesisDuration); v != "" {
-		if duration, err = time.ParseDuration(v); err != nil {
-			t.Fatalf("%s: %v", EnvNemesisDuration, err)
-		}
-	}
-	kinds := Size(ShortKinds(), AllKinds())
-	if v := os.Getenv(EnvNemesisKinds); v != "" {
-		if kinds, err = ParseKinds(v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The private cluster only when a broker kind may be drawn.
-	brokers := 0
-	for _, k := range kinds {
-		if brokerKinds[k] && full && os.Getenv(EnvNemesisKafka) != "shared" {
-			brokers = 3
-		}
-	}
+	duration, brokers := cfg.Duration, cfg.Brokers
 	const consumers = 3
-	users := Size(150, 600)
-	cfg := NemesisConfig{Duration: duration, Warmup: 5 * time.Second, Consumers: consumers, Users: users,
-		Lease: config.DefaultDedupLease, Full: full, Kinds: kinds, GapLo: 2 * time.Second,
-		GapHi: Size(5*time.Second, 12*time.Second), MaxConsumersDown: Size(1, 2), Brokers: brokers}
+	users := cfg.Users
 	sched := GenSchedule(seed, cfg)
-	replay := fmt.Sprintf("%s=%d %s=%d go test -run '%s$' -count=1 -v ./internal/chaos/",
-		EnvNemesisSeed, seed, EnvFull, map[bool]int{true: 1, false: 0}[full], t.Name())
-	if os.Getenv(EnvNemesisDuration) != "" {
-		replay = EnvNemesisDuration + "=" + duration.String() + " " + replay
-	}
-	if os.Getenv(EnvNemesisKafka) != "" {
-		replay = EnvNemesisKafka + "=" + os.Getenv(EnvNemesisKafka) + " " + replay
-	}
-	if os.Getenv(EnvNemesisKinds) != "" {
-		replay = EnvNemesisKinds + "=" + os.Getenv(EnvNemesisKinds) + " " + replay
-	}
+	replay := ReplayCommand(t.Name(), seed, full, os.Getenv)
 	fmt.Print(sched.String())
 	fmt.Printf("nemesis: replay with %s\n", replay)
-	if full {
-		fmt.Printf("nemesis: or %s=%d CHAOS_RUN='TestChaosNemesis$' make chaos\n", EnvNemesisSeed, seed)
-	}
 	t.Logf("nemesis seed=%d steps=%d kinds=%s", seed, len(sched.Steps), sched.KindCounts())
 
 	kafkaAddr := svc.Brokers
@@ -263,9 +226,23 @@ func runNemesis(t *testing.T, name string) {
 		return p.OpenKfIDs[i%len(p.OpenKfIDs)]
 	}
 	const repairTimeout = 90 * time.Second
+	// One step at a time on a daemon: partitions-added restarts them all,
+	// and may run past the time the schedule gave it.
+	var partitions atomic.Int64 // the main topic's, as the daemons are told
+	partitions.Store(int64(p.Opts.Partitions))
+	locks := map[*Daemon]*sync.Mutex{}
+	for _, d := range p.Daemons() {
+		locks[d] = &sync.Mutex{}
+	}
 	apply := func(ctx context.Context, st Step, f *Feeder) (a Applied) {
 		a = Applied{Step: st, Start: time.Now()}
 		defer func() { a.End = time.Now() }()
+		if d := daemonOf(st.Target); d != nil {
+			locks[d].Lock()
+			defer locks[d].Unlock()
+			// The wait for the lock is not the fault's.
+			a.Start = time.Now()
+		}
 		fail := func(err error) Applied {
 			if err != nil {
 				a.Err = err.Error()
@@ -405,6 +382,14 @@ func runNemesis(t *testing.T, name string) {
 				burst[i] = a.User
 			}
 			f.appendUsers(ctx, burst, func(int, string) string { return denseKf(a.User) })
+		case PartitionsAdded:
+			note, finding, err := addPartitionsRunbook(ctx, p, locks, &partitions, st.Arg)
+			a.Note, a.Finding = note, finding
+			return fail(err)
+		case LayoutChange:
+			note, err := layoutJump(ctx, p, f, int(partitions.Load()), st, kfOf)
+			a.Note = note
+			return fail(err)
 		default:
 			return fail(fmt.Errorf("kind %s not driven", st.Kind))
 		}
@@ -463,8 +448,8 @@ func runNemesis(t *testing.T, name string) {
 				runMu.Lock()
 				applied = append(applied, a)
 				runMu.Unlock()
-				if a.Err != "" || a.Finding != "" {
-					t.Logf("nemesis %s: %s%s", st, a.Err, a.Finding)
+				if a.Err != "" || a.Finding != "" || a.Note != "" {
+					t.Logf("nemesis %s: %s%s%s", st, a.Err, a.Finding, a.Note)
 				}
 			}()
 		}
@@ -491,6 +476,178 @@ func runNemesis(t *testing.T, name string) {
 		rec.Extra("schedule_steps", len(sched.Steps))
 		return nil
 	})
+}
+
+// addPartitionsRunbook is docs/operations.md's runbook for adding
+// partitions, done mid-run: stop kf-producer (WeChat keeps the messages),
+// wait for the schedule-consumers' lag to reach zero, add n partitions to
+// the main topic, set the new count in every daemon's environment and
+// restart kf-producer, the running schedule-consumers one at a time and
+// the dlq-consumer. A daemon that does not stop cleanly is a finding; a
+// lag that never reaches zero leaves the topic as it was (an error: the
+// step was not carried out).
+func addPartitionsRunbook(ctx context.Context, p *Pipeline, locks map[*Daemon]*sync.Mutex, partitions *atomic.Int64, n int) (note, finding string, err error) {
+	var findings []string
+	stop := func(d *Daemon) {
+		if err := d.Stop(40 * time.Second); err != nil {
+			findings = append(findings, d.Name+" SIGTERM: "+err.Error())
+		}
+	}
+	defer func() { finding = strings.Join(findings, "; ") }()
+	locks[p.Producer].Lock()
+	defer locks[p.Producer].Unlock()
+	stop(p.Producer)
+	restartProducer := func() error { return p.Producer.Restart(90 * time.Second) }
+	lagCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	waited := time.Now()
+	err = waitZeroLag(lagCtx, p)
+	cancel()
+	if err != nil {
+		return "", "", errors.Join(fmt.Errorf("consumer lag not zero: %w", err), restartProducer())
+	}
+	before := int(partitions.Load())
+	after := before + n
+	ac, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": p.Opts.Brokers})
+	if err != nil {
+		return "", "", errors.Join(err, restartProducer())
+	}
+	res, err := ac.CreatePartitions(ctx, []kafka.PartitionsSpecification{{Topic: p.MainTopic, IncreaseTo: after}})
+	ac.Close()
+	if err == nil && (len(res) != 1 || res[0].Error.Code() != kafka.ErrNoError) {
+		err = fmt.Errorf("add partitions: %v", res)
+	}
+	if err != nil {
+		return "", "", errors.Join(err, restartProducer())
+	}
+	// Every daemon's config says the new count before any starts again
+	// (their start-up check refuses a mismatch), the stopped spare's too.
+	for _, d := range p.Daemons() {
+		if d != p.Producer {
+			locks[d].Lock()
+		}
+		d.env = append(d.env, fmt.Sprintf("KFPIPE_KAFKA_TOPICS_MAIN_PARTITIONS=%d", after))
+		if d != p.Producer {
+			locks[d].Unlock()
+		}
+	}
+	partitions.Store(int64(after))
+	if err := restartProducer(); err != nil {
+		return "", "", err
+	}
+	for _, d := range append(append([]*Daemon{}, p.Consumers...), p.DLQ) {
+		locks[d].Lock()
+		if d.Running() {
+			stop(d)
+			if err := d.Restart(90 * time.Second); err != nil {
+				locks[d].Unlock()
+				return "", "", fmt.Errorf("restart %s: %w", d.Name, err)
+			}
+		}
+		locks[d].Unlock()
+	}
+	return fmt.Sprintf("partitions %d->%d, lag zero after %s", before, after, time.Since(waited).Round(100*time.Millisecond)), "", nil
+}
+
+// waitZeroLag waits until the schedule-consumers' group has committed
+// every partition of the main topic up to its end.
+func waitZeroLag(ctx context.Context, p *Pipeline) error {
+	group := ""
+	for _, kv := range p.Consumers[0].env {
+		if v, ok := strings.CutPrefix(kv, "KFPIPE_KAFKA_CONSUMER_GROUP_ID="); ok {
+			group = v
+		}
+	}
+	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": p.Opts.Brokers, "group.id": group,
+		"enable.auto.commit": false})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	topic := p.MainTopic
+	lag := int64(-1)
+	for {
+		if lag, err = groupLag(c, topic); err == nil && lag == 0 {
+			return nil
+		}
+		if !Pause(ctx, time.Second, time.Second) {
+			return fmt.Errorf("lag %d (%v)", lag, err)
+		}
+	}
+}
+
+// groupLag is the consumer's group's lag on topic: the records past its
+// committed offsets.
+func groupLag(c *kafka.Consumer, topic string) (int64, error) {
+	md, err := c.GetMetadata(&topic, false, 5000)
+	if err != nil {
+		return 0, err
+	}
+	var parts []kafka.TopicPartition
+	for _, pm := range md.Topics[topic].Partitions {
+		parts = append(parts, kafka.TopicPartition{Topic: &topic, Partition: pm.ID})
+	}
+	committed, err := c.Committed(parts, 5000)
+	if err != nil {
+		return 0, err
+	}
+	var lag int64
+	for _, tp := range committed {
+		lo, hi, err := c.QueryWatermarkOffsets(topic, tp.Partition, 5000)
+		if err != nil {
+			return 0, err
+		}
+		at := int64(tp.Offset)
+		if at < 0 {
+			at = lo
+		}
+		lag += max(0, hi-at)
+	}
+	return lag, nil
+}
+
+// layoutJump sends st.Arg messages a second of 100 new customers, all
+// placed in one partition (st.N modulo the count), for st.Dur: send-time
+// slots with more marks than a bucket of the partition's layout holds, so
+// its owner starts a new generation. The step waits for the partition's
+// record to show it; an unchanged layout is an error (the step did not do
+// what it names).
+func layoutJump(ctx context.Context, p *Pipeline, f *Feeder, parts int, st Step, kfOf func(string) string) (string, error) {
+	part := int32(st.N % parts)
+	key := fmt.Sprintf("%sst:{%s:%d}:own", p.Prefix, p.MainTopic, part)
+	read := func() string {
+		v, _ := p.rdb.HMGet(ctx, key, "ly", "lyv", "bk", "bk0", "bkfrom").Result()
+		return fmt.Sprint(v)
+	}
+	before := read()
+	var users []string
+	for i := 0; len(users) < 100; i++ {
+		u := fmt.Sprintf("l%03d-%04d-%s", st.N, i, p.Prefix[len("chaos-"):len(p.Prefix)-1])
+		if kafkaclient.KeyPartition(u, parts) == part {
+			users = append(users, u)
+		}
+	}
+	// A tenth of a second's messages every 100 ms.
+	next := 0
+	for end := time.Now().Add(st.Dur); time.Now().Before(end) && Pause(ctx, 100*time.Millisecond, 100*time.Millisecond); {
+		burst := make([]string, max(1, st.Arg/10))
+		for i := range burst {
+			burst[i] = users[next%len(users)]
+			next++
+		}
+		f.appendUsers(ctx, burst, func(_ int, u string) string { return kfOf(u) })
+		if now := read(); now != before {
+			return fmt.Sprintf("partition %d layout %s -> %s after %d messages", part, before, now, next), nil
+		}
+	}
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
+		if now := read(); now != before {
+			return fmt.Sprintf("partition %d layout %s -> %s", part, before, now), nil
+		}
+		if !Pause(ctx, time.Second, time.Second) {
+			break
+		}
+	}
+	return "", fmt.Errorf("partition %d: layout unchanged after %d messages at %d/s: %s", part, next, st.Arg, before)
 }
 
 // countFailed counts the steps that could not be carried out.
