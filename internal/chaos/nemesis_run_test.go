@@ -69,6 +69,29 @@ func TestChaosNemesisScaleOutSlowReceiver(t *testing.T) {
 	runNemesis(t, "nemesis-scale-out-slow-receiver")
 }
 
+// TestChaosNemesisPartitionsAdded (full suite only): the finding of the
+// partitions-added kind, kept as a fixed schedule — seed 3 of
+// partitions-added, layout-change, consumer-kill9 and receiver-slow, 2
+// minutes. Found at the reduced size (replay that exact schedule with
+// KFPIPE_NEMESIS_SEED=3 KFPIPE_NEMESIS_DURATION=2m
+// KFPIPE_NEMESIS_KINDS=partitions-added,layout-change,consumer-kill9,receiver-slow
+// KFPIPE_CHAOS_FULL=0 CHAOS_RUN='^TestChaosNemesis$' make chaos): the
+// runbook's kf-producer, restarted with 8 partitions, wrote 3 messages
+// again (its re-pull from the saved cursor); 2 of them, of customers who
+// moved, took effect and were answered twice (dup=2 replies_dup=2). The
+// consumer that read them had read the topic's partition-count history
+// (one count) less than 10 s before and kept it, so it never asked the
+// partition the customer had. Fixed by state.RecordPartitionCount: a
+// daemon started with a new count waits until every store's history holds
+// it (TestPartitionCountKnownAfterTheWait).
+func TestChaosNemesisPartitionsAdded(t *testing.T) {
+	SkipUnlessFull(t)
+	t.Setenv(EnvNemesisSeed, "3")
+	t.Setenv(EnvNemesisDuration, "2m")
+	t.Setenv(EnvNemesisKinds, "partitions-added,layout-change,consumer-kill9,receiver-slow")
+	runNemesis(t, "nemesis-partitions-added")
+}
+
 // runNemesis is the nemesis run, its schedule from the environment
 // (EnvNemesisSeed, EnvNemesisDuration, EnvNemesisKinds, EnvNemesisKafka).
 func runNemesis(t *testing.T, name string) {

@@ -986,6 +986,93 @@ func TestPartitionsAddedMarksFound(t *testing.T) {
 	})
 }
 
+// TestPartitionCountKnownAfterTheWait: a consumer whose store read the
+// topic's count history (one count: 4) before partitions were added keeps
+// it up to historyRefresh. A daemon started with the new count (8) records
+// it and waits RecordPartitionCount's answer before it places or reads a
+// message; after that wait the consumer's look-up of a moved user's copy
+// asks the partition the user had and finds the mark. (Without the wait
+// the copy, read at once, was not found: the nemesis's partitions-added
+// step, a producer copy taking effect twice.)
+func TestPartitionCountKnownAfterTheWait(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		ctx := ctxT(t, 40*time.Second)
+		var count sync.Map
+		count.Store("t", 4)
+		parts := func(c *Config) {
+			c.Partitions = func(_ context.Context, topic string) (int, error) {
+				n, _ := count.Load(topic)
+				return n.(int), nil
+			}
+		}
+		if wait, err := RecordPartitionCount(ctx, rdb, prefix, "t", 4); err != nil || wait != 0 {
+			t.Fatalf("the topic's first count: wait %s (%v), want none", wait, err)
+		}
+		var moved []Item
+		for i := 0; len(moved) < 10; i++ {
+			u := fmt.Sprintf("wk-user-%d", i)
+			if KeyPartition(u, 4) != KeyPartition(u, 8) {
+				moved = append(moved, Item{Key: "wk:" + u + ":m1", SendTime: time.Now().Unix(), User: u})
+			}
+		}
+		a := newStore(t, rdb, prefix, "a", parts)
+		for p := range int32(4) {
+			l := acquire(t, a, "t", p, 5*time.Second)
+			var mine []Item
+			for _, it := range moved {
+				if KeyPartition(it.User, 4) == p {
+					mine = append(mine, it)
+				}
+			}
+			if err := l.Mark(ctx, 1, mine); err != nil {
+				t.Fatal(err)
+			}
+			_ = l.Release(ctx)
+		}
+		// The consumer's store reads the history while it has one count.
+		b := newStore(t, rdb, prefix, "b", parts)
+		if _, err := b.Look(ctx, "t", 0, []Item{{Key: "wk:nobody:m1", SendTime: time.Now().Unix(), User: "nobody"}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1100 * time.Millisecond) // the new count is first seen a second later
+		count.Store("t", 8)
+		wait, err := RecordPartitionCount(ctx, rdb, prefix, "t", 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wait < historyRefresh {
+			t.Fatalf("a new count: wait %s, want at least the %s a store keeps its history", wait, historyRefresh)
+		}
+		time.Sleep(wait)
+		for p := range int32(8) {
+			var copies []Item
+			for _, it := range moved {
+				if KeyPartition(it.User, 8) == p {
+					copies = append(copies, it)
+				}
+			}
+			if len(copies) == 0 {
+				continue
+			}
+			l := acquire(t, b, "t", p, 5*time.Second)
+			st, err := l.Look(ctx, copies)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range st {
+				if v != Done {
+					t.Fatalf("partition %d, after the new count's wait: %s (marked in partition %d) not found",
+						p, copies[i].Key, KeyPartition(copies[i].User, 4))
+				}
+			}
+			_ = l.Release(ctx)
+		}
+		if wait, err := RecordPartitionCount(ctx, rdb, prefix, "t", 8); err != nil || wait != 0 {
+			t.Fatalf("the count recorded %s ago: wait %s (%v), want none", historyRefresh, wait, err)
+		}
+	})
+}
+
 // TestLiveCounts: an older partition count is asked for two TTLs after
 // the next one was first seen, then no more.
 func TestLiveCounts(t *testing.T) {
