@@ -42,6 +42,15 @@ const EnvNemesisKinds = "KFPIPE_NEMESIS_KINDS"
 // kills and stops its brokers too. The short run uses the shared broker.
 const EnvNemesisKafka = "KFPIPE_NEMESIS_KAFKA"
 
+// EnvNemesisRedis: "sentinel" runs the nemesis on a Redis Sentinel setup
+// (primary, replica, three sentinels: scripts/redis.sh sentinel-start, its
+// fixed ports) and adds sentinel-failover; the fault proxy's kinds
+// (redis-delay, redis-reset, redis-partition) are left out there: a
+// Sentinel client connects to the address the sentinels name, not through
+// a proxy. By default the nemesis runs on the shared Redis through the
+// proxy.
+const EnvNemesisRedis = "KFPIPE_NEMESIS_REDIS"
+
 // FaultKind is one kind of thing the nemesis does to the running system.
 type FaultKind string
 
@@ -87,6 +96,17 @@ const (
 	// (internal/state's layouts); the low rate afterwards shrinks a 4-bucket
 	// one again 60 slots later.
 	LayoutChange FaultKind = "layout-change"
+	// With Redis Sentinel (NemesisConfig.Sentinel): kill -9 the current
+	// primary; the sentinels promote the replica; the old primary is
+	// started again after Dur and rejoins as the replica.
+	SentinelFailover FaultKind = "sentinel-failover"
+)
+
+// sentinelKinds need NemesisConfig.Sentinel; proxyKinds need the fault
+// proxy between the consumers and Redis (not with Sentinel).
+var (
+	sentinelKinds = map[FaultKind]bool{SentinelFailover: true}
+	proxyKinds    = map[FaultKind]bool{RedisDelay: true, RedisReset: true, RedisPartition: true}
 )
 
 // brokerKinds need NemesisConfig.Brokers.
@@ -145,6 +165,9 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 		// 1.5–3.5× the 448 marks a bucket that grow a layout of one bucket.
 		// Not while partitions are added (the customers are placed by the count).
 		LayoutChange: {weight: 2, argLo: 700, argHi: 1500, target: "layout"},
+		// One failover at a time, the old primary back (as the replica)
+		// before the next: with it down there is no replica to promote.
+		SentinelFailover: {weight: 4, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "redis"},
 	}
 }
 
@@ -153,7 +176,7 @@ func AllKinds() []FaultKind {
 	return []FaultKind{ConsumerKill9, ConsumerRestart, ConsumerFreeze, ProducerKill9, ProducerRestart, ProducerFreeze,
 		DLQKill9, DLQRestart, ScaleOut, ScaleIn, RedisDelay, RedisReset, RedisPartition, ReceiverSlow, ReceiverFlaky, FailUser, FailAll,
 		DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst, SlowHandler, BrokerKill9, BrokerStop,
-		PartitionsAdded, LayoutChange}
+		PartitionsAdded, LayoutChange, SentinelFailover}
 }
 
 // ShortKinds are the kinds make test's short nemesis draws from: every kind
@@ -165,7 +188,8 @@ func AllKinds() []FaultKind {
 // 43): before them a handler still running past the drain ran again at the
 // next owner and the stop exited 1 (the kept regression scenarios).
 func ShortKinds() []FaultKind {
-	skip := map[FaultKind]bool{BrokerKill9: true, BrokerStop: true, PartitionsAdded: true, LayoutChange: true}
+	skip := map[FaultKind]bool{BrokerKill9: true, BrokerStop: true, PartitionsAdded: true, LayoutChange: true,
+		SentinelFailover: true}
 	var out []FaultKind
 	for _, k := range AllKinds() {
 		if !skip[k] {
@@ -185,6 +209,7 @@ type NemesisConfig struct {
 	Full      bool          // full-size ranges (handlers up to 30 s)
 	Kinds     []FaultKind   // the kinds to draw from
 	Brokers   int           // nodes of the private Kafka cluster (0: the shared broker, no broker kinds)
+	Sentinel  bool          // Redis Sentinel (sentinel kinds; no proxy kinds)
 	// Gap is the range of the time between two steps' starts.
 	GapLo, GapHi time.Duration
 	// MaxConsumersDown bounds the consumers disturbed at once.
@@ -282,7 +307,7 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 	var kinds []FaultKind
 	total := 0
 	for _, k := range cfg.Kinds {
-		if brokerKinds[k] && cfg.Brokers == 0 {
+		if brokerKinds[k] && cfg.Brokers == 0 || sentinelKinds[k] && !cfg.Sentinel || proxyKinds[k] && cfg.Sentinel {
 			continue
 		}
 		if sp, ok := specs[k]; ok && sp.weight > 0 {
@@ -390,7 +415,7 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 				res = "user-" + st.Target
 			case "broker":
 				res, st.Target = "broker", "broker-"+strconv.Itoa(1+r.IntN(max(1, cfg.Brokers)))
-			case "producer", "dlq", "sink", "bot", "flaky":
+			case "producer", "dlq", "sink", "bot", "flaky", "redis":
 				res, st.Target = sp.target, sp.target
 			case "layout":
 				res = "layout"
@@ -469,9 +494,16 @@ func NemesisPlan(env func(string) string) (uint64, NemesisConfig, error) {
 	if full {
 		users, down = 600, 2
 	}
+	sentinel := env(EnvNemesisRedis) == "sentinel"
+	if sentinel && env(EnvNemesisKinds) == "" {
+		kinds = append(kinds[:len(kinds):len(kinds)], SentinelFailover)
+		if full {
+			kinds = AllKinds()
+		}
+	}
 	return seed, NemesisConfig{Duration: duration, Warmup: 5 * time.Second, Consumers: 3, Users: users,
 		Lease: config.DefaultDedupLease, Full: full, Kinds: kinds, GapLo: 2 * time.Second,
-		GapHi: size(5*time.Second, 12*time.Second), MaxConsumersDown: down, Brokers: brokers}, nil
+		GapHi: size(5*time.Second, 12*time.Second), MaxConsumersDown: down, Brokers: brokers, Sentinel: sentinel}, nil
 }
 
 // ReplayCommand is the one command that runs test again with seed's
@@ -482,7 +514,7 @@ func NemesisPlan(env func(string) string) (uint64, NemesisConfig, error) {
 // is set, the test named exactly.
 func ReplayCommand(test string, seed uint64, full bool, env func(string) string) string {
 	var parts []string
-	for _, k := range []string{EnvNemesisKinds, EnvNemesisDuration, EnvNemesisKafka} {
+	for _, k := range []string{EnvNemesisKinds, EnvNemesisDuration, EnvNemesisKafka, EnvNemesisRedis} {
 		if v := env(k); v != "" {
 			parts = append(parts, k+"="+v)
 		}

@@ -96,7 +96,7 @@ const replyQuotaPerMessage = 5
 var letterCauses = map[string][]FaultKind{
 	"downstream_error": {FailUser, FailAll, ReceiverSlow, ReceiverFlaky, SlowHandler},
 	"circuit_open":     {FailUser, FailAll, ReceiverSlow, ReceiverFlaky, SlowHandler},
-	"process_timeout":  {ReceiverSlow, SlowHandler, ConsumerFreeze, RedisPartition, RedisDelay, RedisReset},
+	"process_timeout":  {ReceiverSlow, SlowHandler, ConsumerFreeze, RedisPartition, RedisDelay, RedisReset, SentinelFailover},
 	"kafka_failure":    {BrokerKill9, BrokerStop},
 	"queue_full":       {Flood, HumanBurst, ReceiverSlow, SlowHandler, LayoutChange},
 	"system_overload":  {Flood, HumanBurst, ReceiverSlow, SlowHandler, LayoutChange},
@@ -121,6 +121,11 @@ func stallGrace(k FaultKind, lease time.Duration) (grace time.Duration, stalls b
 		return 10 * time.Second, true
 	case BrokerKill9, BrokerStop:
 		return 30 * time.Second, true
+	case SentinelFailover:
+		// The sentinels' verdict (1 s down-after), the promotion, every
+		// client's reconnection; then the lease of a claim the old
+		// primary held.
+		return lease + 20*time.Second, true
 	case PartitionsAdded:
 		// The producer is stopped for the whole step (WeChat keeps the
 		// messages); the restarts' rebalances follow it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -15,8 +16,10 @@ import (
 
 	toxiclient "github.com/Shopify/toxiproxy/v2/client"
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // TestChaosNemesis runs the nemesis: a seeded random schedule of faults
@@ -90,6 +93,20 @@ func TestChaosNemesisPartitionsAdded(t *testing.T) {
 	t.Setenv(EnvNemesisDuration, "2m")
 	t.Setenv(EnvNemesisKinds, "partitions-added,layout-change,consumer-kill9,receiver-slow")
 	runNemesis(t, "nemesis-partitions-added")
+}
+
+// TestChaosNemesisSentinel (full suite only): the nemesis on Redis
+// Sentinel — every kind but the fault proxy's (a Sentinel client follows
+// the address the sentinels name), and the primary killed with SIGKILL and
+// brought back as the replica, again and again (sentinel-failover). 10
+// minutes; KFPIPE_NEMESIS_REDIS=sentinel runs any schedule there.
+func TestChaosNemesisSentinel(t *testing.T) {
+	SkipUnlessFull(t)
+	t.Setenv(EnvNemesisRedis, "sentinel")
+	if os.Getenv(EnvNemesisDuration) == "" {
+		t.Setenv(EnvNemesisDuration, "10m")
+	}
+	runNemesis(t, "nemesis-sentinel")
 }
 
 // runNemesis is the nemesis run, its schedule from the environment
@@ -194,9 +211,16 @@ func runNemesis(t *testing.T, name string) {
 			}
 		}
 	}
-	pp = Start(t, Options{Brokers: kafkaAddr, Env: commonEnv, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: consumers + 1,
+	opts := Options{Brokers: kafkaAddr, Env: commonEnv, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: consumers + 1,
 		Partitions: 6, ConsumerEnv: consumerEnv, KillsNotForStalls: true, Judge: judge,
-		ConsumerRedis: func(name string) string { return links[name].Listen }})
+		ConsumerRedis: func(name string) string { return links[name].Listen }}
+	var sentinelNodes map[string]*Node // by address
+	if cfg.Sentinel {
+		sentinelNodes = startSentinelSet(t)
+		opts.Redis, opts.ConsumerRedis = sentinelPrimary, nil
+		opts.SentinelAddrs, opts.SentinelMaster = sentinelAddrs, "kfpipe"
+	}
+	pp = Start(t, opts)
 	p := pp
 	spare := p.Consumers[consumers]
 	if err := spare.Stop(30 * time.Second); err != nil {
@@ -251,6 +275,7 @@ func runNemesis(t *testing.T, name string) {
 	const repairTimeout = 90 * time.Second
 	// One step at a time on a daemon: partitions-added restarts them all,
 	// and may run past the time the schedule gave it.
+	var sentinelMu sync.Mutex
 	var partitions atomic.Int64 // the main topic's, as the daemons are told
 	partitions.Store(int64(p.Opts.Partitions))
 	locks := map[*Daemon]*sync.Mutex{}
@@ -405,6 +430,14 @@ func runNemesis(t *testing.T, name string) {
 				burst[i] = a.User
 			}
 			f.appendUsers(ctx, burst, func(int, string) string { return denseKf(a.User) })
+		case SentinelFailover:
+			// One at a time: the next needs the last one's old primary
+			// back as the replica.
+			sentinelMu.Lock()
+			defer sentinelMu.Unlock()
+			note, err := sentinelFailover(ctx, p, sentinelNodes, st.Dur)
+			a.Note = note
+			return fail(err)
 		case PartitionsAdded:
 			note, finding, err := addPartitionsRunbook(ctx, p, locks, &partitions, st.Arg)
 			a.Note, a.Finding = note, finding
@@ -499,6 +532,92 @@ func runNemesis(t *testing.T, name string) {
 		rec.Extra("schedule_steps", len(sched.Steps))
 		return nil
 	})
+}
+
+// startSentinelSet starts scripts/redis.sh's Sentinel setup (its fixed
+// ports: one run at a time on a machine, like TestChaosSentinelFailover)
+// and returns its two data nodes by address.
+func startSentinelSet(t *testing.T) map[string]*Node {
+	testenv.Tool(t, "redis-sentinel")
+	for _, a := range append([]string{sentinelPrimary, sentinelReplica}, sentinelAddrs...) {
+		if c, err := net.DialTimeout("tcp", a, 200*time.Millisecond); err == nil {
+			_ = c.Close()
+			t.Fatalf("%s is in use: the sentinel setup needs its fixed ports", a)
+		}
+	}
+	dir := t.TempDir()
+	node := func(name, addr string) *Node {
+		return &Node{t: t, script: "redis.sh", name: name, runDir: dir, Addr: addr, env: []string{"KFPIPE_RUN_DIR=" + dir}}
+	}
+	primary := node("sentinel-primary", sentinelPrimary)
+	t.Cleanup(func() {
+		if err := primary.run("sentinel-stop"); err != nil {
+			t.Logf("sentinel-stop: %v", err)
+		}
+	})
+	if err := primary.run("sentinel-start"); err != nil {
+		t.Fatal(err)
+	}
+	return map[string]*Node{sentinelPrimary: primary, sentinelReplica: node("sentinel-replica", sentinelReplica)}
+}
+
+// sentinelFailover kills the primary the sentinels name now with SIGKILL,
+// waits for them to promote the replica (recorded as a failover: the
+// evidence counts a repeat of an effect acknowledged just before it apart),
+// and after dur starts the old primary again, which rejoins as the
+// replica; it waits until the sentinels see it as one.
+func sentinelFailover(ctx context.Context, p *Pipeline, nodes map[string]*Node, dur time.Duration) (string, error) {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinelAddrs[0]})
+	defer sc.Close()
+	master := func() string {
+		addr, err := sc.GetMasterAddrByName(ctx, "kfpipe").Result()
+		if err != nil {
+			return ""
+		}
+		return strings.Join(addr, ":")
+	}
+	old := master()
+	victim := nodes[old]
+	if victim == nil {
+		return "", fmt.Errorf("the sentinels name %q as the primary", old)
+	}
+	down := time.Now()
+	if err := victim.Kill9(); err != nil {
+		return "", err
+	}
+	p.RecordFailover(down, time.Now())
+	promoted := ""
+	for time.Since(down) < 30*time.Second && Pause(ctx, 100*time.Millisecond, 100*time.Millisecond) {
+		if m := master(); m != "" && m != old {
+			promoted = m
+			break
+		}
+	}
+	after := time.Since(down).Round(100 * time.Millisecond)
+	Pause(ctx, dur, dur)
+	err := victim.Resume()
+	if promoted == "" {
+		return "", errors.Join(fmt.Errorf("no replica promoted within 30s of killing %s", old), err)
+	}
+	if err != nil {
+		return "", err
+	}
+	// Rejoined: the new primary lists a replica again (the next failover
+	// needs one to promote).
+	for start := time.Now(); time.Since(start) < 60*time.Second; {
+		rs, err := sc.Replicas(ctx, "kfpipe").Result()
+		if err == nil {
+			for _, r := range rs {
+				if r["ip"]+":"+r["port"] == old && !strings.Contains(r["flags"], "down") {
+					return fmt.Sprintf("primary %s -> %s after %s; %s back as the replica", old, promoted, after, old), nil
+				}
+			}
+		}
+		if !Pause(ctx, 500*time.Millisecond, 500*time.Millisecond) {
+			break
+		}
+	}
+	return "", fmt.Errorf("%s not back as a replica of %s within 60s", old, promoted)
 }
 
 // addPartitionsRunbook is docs/operations.md's runbook for adding

@@ -197,6 +197,7 @@ func TestNemesisReplayCommandReplays(t *testing.T) {
 		{EnvFull: "1"},
 		{EnvFull: "1", EnvNemesisSeed: "5", EnvNemesisKinds: "scale-out,receiver-slow", EnvNemesisDuration: "2m"},
 		{EnvNemesisSeed: "7", EnvNemesisKafka: "shared"},
+		{EnvFull: "1", EnvNemesisRedis: "sentinel", EnvNemesisDuration: "10m"},
 	}
 	for _, e := range envs {
 		seed, cfg, err := NemesisPlan(func(k string) string { return e[k] })
@@ -231,5 +232,26 @@ func TestNemesisReplayCommandReplays(t *testing.T) {
 	}
 	if n, _ := strconv.Atoi(string(m[1])); time.Duration(n)*time.Minute < 2*30*time.Minute {
 		t.Errorf("scripts/chaos.sh gives go test %sm: a 30-minute nemesis, its start and its settling need more", m[1])
+	}
+}
+
+// On Redis Sentinel the schedule fails the primary over and leaves out
+// the fault proxy's kinds; elsewhere it never draws a failover.
+func TestNemesisSentinelKinds(t *testing.T) {
+	for _, redisMode := range []string{"", "sentinel"} {
+		env := map[string]string{EnvFull: "1", EnvNemesisRedis: redisMode, EnvNemesisDuration: "10m", EnvNemesisSeed: "9"}
+		seed, cfg, err := NemesisPlan(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks := GenSchedule(seed, cfg).Kinds()
+		if got := ks[SentinelFailover] > 0; got != (redisMode == "sentinel") {
+			t.Errorf("redis %q: %d sentinel failovers", redisMode, ks[SentinelFailover])
+		}
+		for k := range proxyKinds {
+			if redisMode == "sentinel" && ks[k] > 0 {
+				t.Errorf("on Sentinel the schedule has %d %s", ks[k], k)
+			}
+		}
 	}
 }
