@@ -600,22 +600,26 @@ func sentinelFailover(ctx context.Context, p *Pipeline, nodes map[string]*Node, 
 	if err != nil {
 		return "", err
 	}
-	// Rejoined: the new primary lists a replica again (the next failover
-	// needs one to promote).
-	for start := time.Now(); time.Since(start) < 60*time.Second; {
-		rs, err := sc.Replicas(ctx, "kfpipe").Result()
-		if err == nil {
-			for _, r := range rs {
-				if r["ip"]+":"+r["port"] == old && !strings.Contains(r["flags"], "down") {
-					return fmt.Sprintf("primary %s -> %s after %s; %s back as the replica", old, promoted, after, old), nil
-				}
-			}
+	// Rejoined: the old primary (started again empty: no persistence)
+	// replicates the new one and has finished its full sync. The sentinels
+	// list it as a replica before that; a failover then would promote an
+	// empty replica and lose every key — Redis's hazard, not one an
+	// operator runs into by design, and one that no dedup survives.
+	rc := redis.NewClient(&redis.Options{Addr: old})
+	defer rc.Close()
+	start := time.Now()
+	for time.Since(start) < 60*time.Second {
+		info, err := rc.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") && strings.Contains(info, "master_sync_in_progress:0") &&
+			strings.Contains(info, "master_port:"+strings.Split(promoted, ":")[1]) {
+			return fmt.Sprintf("primary %s -> %s after %s; %s back as the replica, synced %s after its start", old, promoted, after,
+				old, time.Since(start).Round(100*time.Millisecond)), nil
 		}
-		if !Pause(ctx, 500*time.Millisecond, 500*time.Millisecond) {
+		if !Pause(ctx, 200*time.Millisecond, 200*time.Millisecond) {
 			break
 		}
 	}
-	return "", fmt.Errorf("%s not back as a replica of %s within 60s", old, promoted)
+	return "", fmt.Errorf("%s not synced as a replica of %s within 60s", old, promoted)
 }
 
 // addPartitionsRunbook is docs/operations.md's runbook for adding
