@@ -162,13 +162,13 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 		BrokerStop:  {weight: 2, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "broker"},
 		// Every daemon held: the runbook restarts them all.
 		PartitionsAdded: {weight: 1, durLo: 60 * time.Second, durHi: 90 * time.Second, argLo: 1, argHi: 2, target: "all"},
-		// 600–1000 marks a slot: 1.3–2.2× the 448 a bucket that grow a
-		// layout of one bucket (to 2 or 4). A sustained rate: the owner
+		// 1000–1600 marks a slot: 2.2–3.6× the 448 a bucket that grow a
+		// layout of one bucket (to 4). A sustained rate: the owner
 		// sizes a slot from its count when the next slot opens, and one
 		// burst's marks, written behind later slots of other customers, are
 		// not all counted by then. Not while partitions are added (the
 		// customers are placed by the count).
-		LayoutChange: {weight: 2, durLo: 20 * time.Second, durHi: 30 * time.Second, argLo: 60, argHi: 100, target: "layout"},
+		LayoutChange: {weight: 2, durLo: 20 * time.Second, durHi: 30 * time.Second, argLo: 100, argHi: 160, target: "layout"},
 		// One failover at a time, the old primary back (as the replica)
 		// before the next: with it down there is no replica to promote.
 		SentinelFailover: {weight: 4, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "redis"},
