@@ -18,18 +18,16 @@ import (
 // consumer restarts, a freeze while a customer floods) are found only by
 // schedules nobody wrote down. The schedule is a pure function of its seed
 // and NemesisConfig (GenSchedule), printed before the run, so a failing
-// seed is replayed with
+// seed is replayed with the one command a run prints (ReplayCommand):
 //
-//	KFPIPE_NEMESIS_SEED=<seed> go test -run TestChaosNemesis -count=1 ./internal/chaos/
-//
-// (with KFPIPE_CHAOS_FULL=1 for the full-size schedule, as make chaos runs it).
+//	KFPIPE_NEMESIS_SEED=<seed> KFPIPE_CHAOS_FULL=1 CHAOS_RUN='^TestChaosNemesis$' make chaos
 
 // EnvNemesisSeed, when set, is the nemesis's seed (a random one is drawn
 // and printed otherwise).
 const EnvNemesisSeed = "KFPIPE_NEMESIS_SEED"
 
 // EnvNemesisDuration, when set, is how long the nemesis injects faults
-// (a Go duration); the default is 30 min in the full suite, 75 s otherwise.
+// (a Go duration); the default is 30 min in the full suite, 3 min otherwise.
 const EnvNemesisDuration = "KFPIPE_NEMESIS_DURATION"
 
 // EnvNemesisKinds, when set, restricts the schedule to these fault kinds

@@ -28,7 +28,7 @@ import (
 // printed before the run; a failure prints the first violations with the
 // seed and the command that replays it.
 //
-// make test runs a short schedule (75 s of faults, the kinds today's code
+// make test runs a short schedule (3 minutes of faults, the kinds today's code
 // survives: ShortKinds); make chaos runs 30 minutes of every kind
 // (KFPIPE_NEMESIS_DURATION changes it, KFPIPE_NEMESIS_KINDS restricts the
 // kinds, KFPIPE_NEMESIS_SEED replays a seed).
