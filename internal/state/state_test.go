@@ -913,6 +913,50 @@ func TestMarkerAdmitHoldsEffects(t *testing.T) {
 	})
 }
 
+// TestLayoutGrowsWhenSlotsInterleave: 900 marks a slot, each slot's last
+// 600 marked after the next slot's first 300 (the partition's customers
+// handled concurrently, some behind) — the layout still grows. Sized when
+// the next slot opened, each slot counted 300 and the layout stayed at one
+// bucket (the nemesis's layout-change: 3 of 3 rate jumps of 630–930 marks a
+// slot changed nothing).
+func TestLayoutGrowsWhenSlotsInterleave(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Slot = time.Second; c.Lease = 2 * time.Second })
+		l := acquire(t, s, "t", 0, 5*time.Second)
+		m := l.NewMarker(time.Millisecond, 1000)
+		base := time.Now().Unix() - 3600
+		item := func(name string, slot int64, i int) Item {
+			return Item{Key: fmt.Sprintf("%s-%d-%d", name, slot, i), SendTime: base + slot}
+		}
+		off := int64(0)
+		mark := func(its []Item) { markAll(t, m, its, off); off += int64(len(its)) }
+		for sl := int64(0); sl < 3; sl++ {
+			var its []Item
+			for i := range 50 {
+				its = append(its, item("calm", sl, i))
+			}
+			mark(its)
+		}
+		var tail []Item
+		for sl := int64(3); sl < 9; sl++ {
+			var head []Item
+			for i := range 300 {
+				head = append(head, item("jump", sl, i))
+			}
+			mark(head)
+			mark(tail)
+			tail = nil
+			for i := 300; i < 900; i++ {
+				tail = append(tail, item("jump", sl, i))
+			}
+		}
+		mark(tail)
+		if bk := l.layout().bucketsAt(s.slotOf(base + 8)); bk < 2 {
+			t.Fatalf("900 marks a slot, interleaved: %d bucket(s) a slot at the end, want >= 2 (layout %+v)", bk, l.layout())
+		}
+	})
+}
+
 // TestPartitionsAddedMarksFound (issue 43, item 6): partitions are added
 // to a topic; a copy of a message handled before lands in the partition
 // its user has now, and every look-up (the lease's, the Looker's, the
