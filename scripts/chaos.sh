@@ -17,6 +17,10 @@
 #   KFPIPE_NEMESIS_SEED=<seed> CHAOS_RUN='TestChaosNemesis$' make chaos
 #   KFPIPE_NEMESIS_DURATION=10m        a shorter (or longer) schedule
 #   KFPIPE_NEMESIS_KINDS=a,b           only these fault kinds (minimizing)
+#   KFPIPE_NEMESIS_KAFKA=shared        on the shared broker (no broker kinds)
+#   KFPIPE_NEMESIS_REDIS=sentinel      on Redis Sentinel, with sentinel-failover
+#                                      (TestChaosNemesisSentinel runs 10 min of it)
+# A failing run prints its replay: one make chaos command.
 # Output is also written to .run/chaos.log, the scenario lines to
 # .run/chaos-report.txt.
 set -euo pipefail

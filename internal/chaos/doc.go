@@ -65,8 +65,9 @@
 //	nemesis seed=N verdict: lost=0 dup=0 reordered=0 replies_dup=0 … | messages=… faults=… [kind:n,…]
 //
 // and, on a violation, the first ones, the replay command and the
-// schedule. make test runs 75 s of ShortKinds with seed 48; make chaos 30
-// minutes of every kind with a fresh seed (KFPIPE_NEMESIS_SEED,
-// KFPIPE_NEMESIS_DURATION, KFPIPE_NEMESIS_KINDS and KFPIPE_NEMESIS_KAFKA
-// replay and minimize).
+// schedule. make test runs 3 minutes of ShortKinds with seed 48; make
+// chaos 30 minutes of every kind with a fresh seed, and 10 minutes on
+// Redis Sentinel (KFPIPE_NEMESIS_SEED, KFPIPE_NEMESIS_DURATION,
+// KFPIPE_NEMESIS_KINDS, KFPIPE_NEMESIS_KAFKA and KFPIPE_NEMESIS_REDIS
+// replay and minimize; ReplayCommand prints the one make chaos command).
 package chaos

@@ -3,11 +3,12 @@ package chaos
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config"
 )
 
 // The nemesis: a seeded random schedule of faults, routine events and
@@ -17,18 +18,16 @@ import (
 // consumer restarts, a freeze while a customer floods) are found only by
 // schedules nobody wrote down. The schedule is a pure function of its seed
 // and NemesisConfig (GenSchedule), printed before the run, so a failing
-// seed is replayed with
+// seed is replayed with the one command a run prints (ReplayCommand):
 //
-//	KFPIPE_NEMESIS_SEED=<seed> go test -run TestChaosNemesis -count=1 ./internal/chaos/
-//
-// (with KFPIPE_CHAOS_FULL=1 for the full-size schedule, as make chaos runs it).
+//	KFPIPE_NEMESIS_SEED=<seed> KFPIPE_CHAOS_FULL=1 CHAOS_RUN='^TestChaosNemesis$' make chaos
 
 // EnvNemesisSeed, when set, is the nemesis's seed (a random one is drawn
 // and printed otherwise).
 const EnvNemesisSeed = "KFPIPE_NEMESIS_SEED"
 
 // EnvNemesisDuration, when set, is how long the nemesis injects faults
-// (a Go duration); the default is 30 min in the full suite, 75 s otherwise.
+// (a Go duration); the default is 30 min in the full suite, 3 min otherwise.
 const EnvNemesisDuration = "KFPIPE_NEMESIS_DURATION"
 
 // EnvNemesisKinds, when set, restricts the schedule to these fault kinds
@@ -40,6 +39,15 @@ const EnvNemesisKinds = "KFPIPE_NEMESIS_KINDS"
 // (no broker kinds); by default it starts a private 3-node cluster and
 // kills and stops its brokers too. The short run uses the shared broker.
 const EnvNemesisKafka = "KFPIPE_NEMESIS_KAFKA"
+
+// EnvNemesisRedis: "sentinel" runs the nemesis on a Redis Sentinel setup
+// (primary, replica, three sentinels: scripts/redis.sh sentinel-start, its
+// fixed ports) and adds sentinel-failover; the fault proxy's kinds
+// (redis-delay, redis-reset, redis-partition) are left out there: a
+// Sentinel client connects to the address the sentinels name, not through
+// a proxy. By default the nemesis runs on the shared Redis through the
+// proxy.
+const EnvNemesisRedis = "KFPIPE_NEMESIS_REDIS"
 
 // FaultKind is one kind of thing the nemesis does to the running system.
 type FaultKind string
@@ -74,6 +82,29 @@ const (
 	// With a private 3-node Kafka cluster (NemesisConfig.Brokers):
 	BrokerKill9 FaultKind = "broker-kill9" // kill -9 a broker, resume it after Dur
 	BrokerStop  FaultKind = "broker-stop"  // stop a broker (SIGTERM, controlled shutdown), resume it after Dur
+	// The operations runbook's partition change mid-run (docs/operations.md):
+	// stop kf-producer, wait for zero consumer lag, add Arg partitions to the
+	// main topic, restart every daemon with the new count (the consumers one
+	// at a time). Dur is the time the step holds every daemon.
+	PartitionsAdded FaultKind = "partitions-added"
+	// A rate jump in one partition: Arg messages a second of 100 new
+	// customers, all placed in one partition, for Dur — more marks a
+	// 10-second send-time slot than a bucket of the partition's layout
+	// holds, so its owner starts a new dedup bucket generation
+	// (internal/state's layouts); the low rate afterwards shrinks a 4-bucket
+	// one again 60 slots later.
+	LayoutChange FaultKind = "layout-change"
+	// With Redis Sentinel (NemesisConfig.Sentinel): kill -9 the current
+	// primary; the sentinels promote the replica; the old primary is
+	// started again after Dur and rejoins as the replica.
+	SentinelFailover FaultKind = "sentinel-failover"
+)
+
+// sentinelKinds need NemesisConfig.Sentinel; proxyKinds need the fault
+// proxy between the consumers and Redis (not with Sentinel).
+var (
+	sentinelKinds = map[FaultKind]bool{SentinelFailover: true}
+	proxyKinds    = map[FaultKind]bool{RedisDelay: true, RedisReset: true, RedisPartition: true}
 )
 
 // brokerKinds need NemesisConfig.Brokers.
@@ -86,7 +117,7 @@ type kindSpec struct {
 	weight       int
 	durLo, durHi time.Duration
 	argLo, argHi int
-	target       string // "consumer", "spare", "producer", "dlq", "sink", "bot", "user", "" (none)
+	target       string // "consumer", "spare", "producer", "dlq", "sink", "bot", "user", "layout", "all", "" (none)
 }
 
 func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
@@ -127,6 +158,18 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 		// min.insync.replicas 2, two down would stop every write.
 		BrokerKill9: {weight: 3, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "broker"},
 		BrokerStop:  {weight: 2, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "broker"},
+		// Every daemon held: the runbook restarts them all.
+		PartitionsAdded: {weight: 1, durLo: 60 * time.Second, durHi: 90 * time.Second, argLo: 1, argHi: 2, target: "all"},
+		// 1000–1600 marks a slot: 2.2–3.6× the 448 a bucket that grow a
+		// layout of one bucket (to 4). A sustained rate: the owner
+		// sizes a slot from its count when the next slot opens, and one
+		// burst's marks, written behind later slots of other customers, are
+		// not all counted by then. Not while partitions are added (the
+		// customers are placed by the count).
+		LayoutChange: {weight: 2, durLo: 20 * time.Second, durHi: 30 * time.Second, argLo: 100, argHi: 160, target: "layout"},
+		// One failover at a time, the old primary back (as the replica)
+		// before the next: with it down there is no replica to promote.
+		SentinelFailover: {weight: 4, durLo: 5 * time.Second, durHi: 20 * time.Second, target: "redis"},
 	}
 }
 
@@ -134,17 +177,21 @@ func kindSpecs(full bool, lease time.Duration) map[FaultKind]kindSpec {
 func AllKinds() []FaultKind {
 	return []FaultKind{ConsumerKill9, ConsumerRestart, ConsumerFreeze, ProducerKill9, ProducerRestart, ProducerFreeze,
 		DLQKill9, DLQRestart, ScaleOut, ScaleIn, RedisDelay, RedisReset, RedisPartition, ReceiverSlow, ReceiverFlaky, FailUser, FailAll,
-		DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst, SlowHandler, BrokerKill9, BrokerStop}
+		DownstreamFixed, ReplyThrottle, ReplyServicer, SyncThrottle, Flood, HumanBurst, SlowHandler, BrokerKill9, BrokerStop,
+		PartitionsAdded, LayoutChange, SentinelFailover}
 }
 
 // ShortKinds are the kinds make test's short nemesis draws from: every kind
-// but the brokers' (they need the 3-node cluster a full run starts). A
-// consumer's SIGTERM (consumer-restart, scale-in, scale-out), a freeze past
-// the lease and a cut from Redis came in with the hand-over fixes (issue
-// 43): before them a handler still running past the drain ran again at the
-// next owner and the stop exited 1 (the kept regression scenarios).
+// but the brokers' (they need the 3-node cluster a full run starts) and
+// the topic's and the layout's changes and Sentinel's failover (full suite
+// only: they came after the short run's schedule was shown clean). A
+// consumer's SIGTERM (consumer-restart, scale-in, scale-out), a freeze
+// past the lease and a cut from Redis came in with the hand-over fixes
+// (issue 43): before them a handler still running past the drain ran again
+// at the next owner and the stop exited 1 (the kept regression scenarios).
 func ShortKinds() []FaultKind {
-	skip := map[FaultKind]bool{BrokerKill9: true, BrokerStop: true}
+	skip := map[FaultKind]bool{BrokerKill9: true, BrokerStop: true, PartitionsAdded: true, LayoutChange: true,
+		SentinelFailover: true}
 	var out []FaultKind
 	for _, k := range AllKinds() {
 		if !skip[k] {
@@ -164,6 +211,7 @@ type NemesisConfig struct {
 	Full      bool          // full-size ranges (handlers up to 30 s)
 	Kinds     []FaultKind   // the kinds to draw from
 	Brokers   int           // nodes of the private Kafka cluster (0: the shared broker, no broker kinds)
+	Sentinel  bool          // Redis Sentinel (sentinel kinds; no proxy kinds)
 	// Gap is the range of the time between two steps' starts.
 	GapLo, GapHi time.Duration
 	// MaxConsumersDown bounds the consumers disturbed at once.
@@ -261,7 +309,7 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 	var kinds []FaultKind
 	total := 0
 	for _, k := range cfg.Kinds {
-		if brokerKinds[k] && cfg.Brokers == 0 {
+		if brokerKinds[k] && cfg.Brokers == 0 || sentinelKinds[k] && !cfg.Sentinel || proxyKinds[k] && cfg.Sentinel {
 			continue
 		}
 		if sp, ok := specs[k]; ok && sp.weight > 0 {
@@ -337,6 +385,24 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 			}
 			var res string
 			switch sp.target {
+			case "all":
+				// Free only when nothing holds a daemon; then it holds them
+				// all (and every consumer counts as disturbed).
+				all := []string{"spare", "producer", "dlq", "layout"}
+				for i := 1; i <= cfg.Consumers; i++ {
+					all = append(all, "consumer-"+strconv.Itoa(i))
+				}
+				free := true
+				for _, r := range all {
+					free = free && busy[r] <= at
+				}
+				if !free {
+					continue
+				}
+				for _, r := range all {
+					busy[r] = st.End() + 3*time.Second
+				}
+				st.Target = "all"
 			case "consumer":
 				if consumersDown(at) >= cfg.MaxConsumersDown {
 					continue
@@ -351,8 +417,10 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 				res = "user-" + st.Target
 			case "broker":
 				res, st.Target = "broker", "broker-"+strconv.Itoa(1+r.IntN(max(1, cfg.Brokers)))
-			case "producer", "dlq", "sink", "bot", "flaky":
+			case "producer", "dlq", "sink", "bot", "flaky", "redis":
 				res, st.Target = sp.target, sp.target
+			case "layout":
+				res = "layout"
 			}
 			if res != "" {
 				if busy[res] > at {
@@ -370,17 +438,96 @@ func GenSchedule(seed uint64, cfg NemesisConfig) Schedule {
 	return sched
 }
 
-// NemesisSeed returns the seed from EnvNemesisSeed, or a fresh random
-// one; fromEnv says which.
-func NemesisSeed() (seed uint64, fromEnv bool, err error) {
-	if v := os.Getenv(EnvNemesisSeed); v != "" {
+// NemesisPlan is the seed and the configuration of a nemesis run as the
+// environment (env: its lookup) asks for them: the full switch, the seed
+// (a fixed one, 48, for make test's short run; a fresh one for make chaos),
+// the duration, the kinds and the Kafka cluster. A replay command
+// (ReplayCommand) sets what gives the same plan again.
+func NemesisPlan(env func(string) string) (uint64, NemesisConfig, error) {
+	v := env(EnvFull)
+	full := v != "" && v != "0" && v != "false"
+	size := func(reduced, full_ time.Duration) time.Duration {
+		if full {
+			return full_
+		}
+		return reduced
+	}
+	var seed uint64
+	if v := env(EnvNemesisSeed); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			return 0, true, fmt.Errorf("%s=%q: %w", EnvNemesisSeed, v, err)
+			return 0, NemesisConfig{}, fmt.Errorf("%s=%q: %w", EnvNemesisSeed, v, err)
 		}
-		return s, true, nil
+		seed = s
+	} else if full {
+		seed = rand.Uint64() % 1_000_000_000
+	} else {
+		// make test replays a fixed seed: the short run is a regression
+		// test, the same schedule every time (make chaos draws anew).
+		seed = 48
 	}
-	return rand.Uint64() % 1_000_000_000, false, nil
+	duration := size(3*time.Minute, 30*time.Minute)
+	if v := env(EnvNemesisDuration); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return 0, NemesisConfig{}, fmt.Errorf("%s: %w", EnvNemesisDuration, err)
+		}
+		duration = d
+	}
+	kinds := ShortKinds()
+	if full {
+		kinds = AllKinds()
+	}
+	if v := env(EnvNemesisKinds); v != "" {
+		k, err := ParseKinds(v)
+		if err != nil {
+			return 0, NemesisConfig{}, err
+		}
+		kinds = k
+	}
+	// The private cluster only when a broker kind may be drawn.
+	brokers := 0
+	for _, k := range kinds {
+		if brokerKinds[k] && full && env(EnvNemesisKafka) != "shared" {
+			brokers = 3
+		}
+	}
+	users, down := 150, 1
+	if full {
+		users, down = 600, 2
+	}
+	sentinel := env(EnvNemesisRedis) == "sentinel"
+	if sentinel && env(EnvNemesisKinds) == "" {
+		kinds = append(kinds[:len(kinds):len(kinds)], SentinelFailover)
+		if full {
+			kinds = AllKinds()
+		}
+	}
+	return seed, NemesisConfig{Duration: duration, Warmup: 5 * time.Second, Consumers: 3, Users: users,
+		Lease: config.DefaultDedupLease, Full: full, Kinds: kinds, GapLo: 2 * time.Second,
+		GapHi: size(5*time.Second, 12*time.Second), MaxConsumersDown: down, Brokers: brokers, Sentinel: sentinel}, nil
+}
+
+// ReplayCommand is the one command that runs test again with seed's
+// schedule: make chaos (which starts the services that are not running,
+// and gives go test the 120 minutes a 30-minute schedule needs; a plain
+// go test would stop it at its 10-minute default) with the seed, the full
+// switch and every nemesis setting of env (the environment's lookup) that
+// is set, the test named exactly.
+func ReplayCommand(test string, seed uint64, full bool, env func(string) string) string {
+	var parts []string
+	for _, k := range []string{EnvNemesisKinds, EnvNemesisDuration, EnvNemesisKafka, EnvNemesisRedis} {
+		if v := env(k); v != "" {
+			parts = append(parts, k+"="+v)
+		}
+	}
+	fullV := "0"
+	if full {
+		fullV = "1"
+	}
+	parts = append(parts, fmt.Sprintf("%s=%d", EnvNemesisSeed, seed), EnvFull+"="+fullV,
+		"CHAOS_RUN='^"+test+"$'", "make chaos")
+	return strings.Join(parts, " ")
 }
 
 // ParseKinds parses a comma-separated list of kind names ("all": every

@@ -3,6 +3,10 @@ package chaos
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +58,11 @@ func TestNemesisFullScheduleSize(t *testing.T) {
 				if o.Target == "" || o.End()+3*time.Second <= st.At {
 					continue
 				}
+				// partitions-added restarts every daemon: nothing else
+				// may hold one meanwhile.
+				if (o.Target == "all") != (st.Target == "all") && (daemonTarget(o.Target) || daemonTarget(st.Target)) {
+					t.Errorf("seed %d: %s overlaps %s", seed, st, o)
+				}
 				if o.Target == st.Target {
 					t.Errorf("seed %d: %s overlaps %s on one target", seed, st, o)
 				}
@@ -66,8 +75,14 @@ func TestNemesisFullScheduleSize(t *testing.T) {
 			}
 		}
 	}
-	short := GenSchedule(48, NemesisConfig{Duration: 75 * time.Second, Warmup: 5 * time.Second, Consumers: 3, Users: 150,
-		Lease: 10 * time.Second, Kinds: ShortKinds(), GapLo: 2 * time.Second, GapHi: 5 * time.Second, MaxConsumersDown: 1})
+	seed, scfg, err := NemesisPlan(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seed != 48 || scfg.Duration != 3*time.Minute {
+		t.Errorf("make test's nemesis: seed %d for %s, want 48 for 3m", seed, scfg.Duration)
+	}
+	short := GenSchedule(seed, scfg)
 	for _, st := range short.Steps {
 		if st.Kind == SlowHandler && st.Arg > 3000 {
 			t.Errorf("the short schedule has a handler of %d ms", st.Arg)
@@ -163,5 +178,80 @@ func TestNemesisCheckerJudges(t *testing.T) {
 		Finding: "SIGTERM: exit status 1"})
 	if v := Check(ev, rep, replies, dups, run); v.ShutdownFailures != 1 || v.OK() {
 		t.Fatalf("shutdown failures %d, want 1", v.ShutdownFailures)
+	}
+}
+
+// daemonTarget: a step's target is one of the daemons.
+func daemonTarget(target string) bool {
+	return strings.HasPrefix(target, "consumer-") || target == "producer" || target == "dlq"
+}
+
+// The replay command a run prints gives the same schedule again: its
+// assignments, read back as the environment, plan the same seed and
+// configuration (for make test's fixed seed, a full run's fresh one, and a
+// minimized schedule's kinds and duration), and it runs through make
+// chaos, whose go test timeout leaves room for a 30-minute schedule.
+func TestNemesisReplayCommandReplays(t *testing.T) {
+	envs := []map[string]string{
+		{},
+		{EnvFull: "1"},
+		{EnvFull: "1", EnvNemesisSeed: "5", EnvNemesisKinds: "scale-out,receiver-slow", EnvNemesisDuration: "2m"},
+		{EnvNemesisSeed: "7", EnvNemesisKafka: "shared"},
+		{EnvFull: "1", EnvNemesisRedis: "sentinel", EnvNemesisDuration: "10m"},
+	}
+	for _, e := range envs {
+		seed, cfg, err := NemesisPlan(func(k string) string { return e[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := ReplayCommand("TestChaosNemesis", seed, cfg.Full, func(k string) string { return e[k] })
+		if !strings.HasSuffix(cmd, " CHAOS_RUN='^TestChaosNemesis$' make chaos") {
+			t.Errorf("replay %q: not one make chaos run of exactly the test", cmd)
+		}
+		replayed := map[string]string{}
+		for _, f := range strings.Fields(cmd) {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				replayed[k] = strings.Trim(v, "'")
+			}
+		}
+		seed2, cfg2, err := NemesisPlan(func(k string) string { return replayed[k] })
+		if err != nil {
+			t.Fatalf("replay %q: %v", cmd, err)
+		}
+		if a, b := GenSchedule(seed, cfg).String(), GenSchedule(seed2, cfg2).String(); a != b {
+			t.Errorf("env %v, replay %q: another schedule:\n%s\n---\n%s", e, cmd, a, b)
+		}
+	}
+	script, err := os.ReadFile(filepath.Join("..", "..", "scripts", "chaos.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`go test -v -run "\$run" -count=1 -timeout (\d+)m`).FindSubmatch(script)
+	if m == nil {
+		t.Fatal("scripts/chaos.sh: no go test -timeout for the scenarios")
+	}
+	if n, _ := strconv.Atoi(string(m[1])); time.Duration(n)*time.Minute < 2*30*time.Minute {
+		t.Errorf("scripts/chaos.sh gives go test %sm: a 30-minute nemesis, its start and its settling need more", m[1])
+	}
+}
+
+// On Redis Sentinel the schedule fails the primary over and leaves out
+// the fault proxy's kinds; elsewhere it never draws a failover.
+func TestNemesisSentinelKinds(t *testing.T) {
+	for _, redisMode := range []string{"", "sentinel"} {
+		env := map[string]string{EnvFull: "1", EnvNemesisRedis: redisMode, EnvNemesisDuration: "10m", EnvNemesisSeed: "9"}
+		seed, cfg, err := NemesisPlan(func(k string) string { return env[k] })
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks := GenSchedule(seed, cfg).Kinds()
+		if got := ks[SentinelFailover] > 0; got != (redisMode == "sentinel") {
+			t.Errorf("redis %q: %d sentinel failovers", redisMode, ks[SentinelFailover])
+		}
+		for k := range proxyKinds {
+			if redisMode == "sentinel" && ks[k] > 0 {
+				t.Errorf("on Sentinel the schedule has %d %s", ks[k], k)
+			}
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -140,6 +141,11 @@ type Pipeline struct {
 	cuts      []Kill
 }
 
+// EnvLogDir, when set, is a directory the daemons' logs are written
+// under (one directory a run) and kept, instead of the test's own
+// temporary directory.
+const EnvLogDir = "KFPIPE_CHAOS_LOG_DIR"
+
 // Start starts the producer, then the consumers and the dlq-consumer, and
 // waits until all are ready. Everything is stopped at test cleanup.
 func Start(t *testing.T, o Options) *Pipeline {
@@ -148,6 +154,13 @@ func Start(t *testing.T, o Options) *Pipeline {
 	bin := binDir(t)
 	logDir := t.TempDir()
 	suffix := testenv.Short()
+	if d := os.Getenv(EnvLogDir); d != "" {
+		// The daemons' logs kept past the run, for a failure's cause.
+		logDir = filepath.Join(d, strings.NewReplacer("/", "_").Replace(t.Name())+"-"+suffix)
+		if err := os.MkdirAll(logDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	p := &Pipeline{T: t, Opts: o, MainTopic: "chaos-main-" + suffix, DLQTopic: "chaos-dlq-" + suffix,
 		Prefix: "chaos-" + suffix + ":"}
 	for i := range o.OpenKfIDs {

@@ -16,7 +16,10 @@ import (
 // The fixed ports of scripts/redis.sh sentinel-start.
 var sentinelAddrs = []string{"127.0.0.1:26479", "127.0.0.1:26480", "127.0.0.1:26481"}
 
-const sentinelPrimary = "127.0.0.1:26379"
+const (
+	sentinelPrimary = "127.0.0.1:26379"
+	sentinelReplica = "127.0.0.1:26380"
+)
 
 // TestChaosSentinelFailover (full suite only): the daemons run on Redis
 // Sentinel (primary, one replica, three sentinels). Under load the primary

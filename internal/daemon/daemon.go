@@ -26,6 +26,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/obs"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
+	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/version"
 )
 
@@ -113,6 +114,10 @@ func Start(ctx context.Context, name string, c config.Common) (*Base, error) {
 		return nil, err
 	}
 	if err := b.bootstrapTopics(bctx); err != nil {
+		_ = b.Close(context.Background())
+		return nil, err
+	}
+	if err := b.recordPartitionCount(bctx); err != nil {
 		_ = b.Close(context.Background())
 		return nil, err
 	}
@@ -226,6 +231,30 @@ func (b *Base) bootstrapTopics(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// recordPartitionCount records the main topic's partition count in the
+// dedup state's count history and, when the count is new (partitions were
+// added), waits until every consumer's cached history holds it, before
+// this daemon places (kf-producer, the dlq-consumer's re-injections) or
+// reads a message under it: a copy of a moved user's message is then
+// always looked for in the partition the user had (state.RecordPartitionCount).
+func (b *Base) recordPartitionCount(ctx context.Context) error {
+	main := b.common.Kafka.Topics.Main
+	wait, err := state.RecordPartitionCount(ctx, b.Redis, b.common.Redis.KeyPrefix, main.Name, main.Partitions)
+	if err != nil {
+		return err
+	}
+	if wait > 0 {
+		b.Log.Info("the main topic's partition count is new: waiting until every consumer's dedup state knows it",
+			zap.String("topic", main.Name), zap.Int("partitions", main.Partitions), zap.Duration("wait", wait))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	return nil
 }
 
 // checkRedisPolicy refuses to start on a Redis that may evict kfpipe's

@@ -207,9 +207,10 @@ func (m *Marker) run() {
 // Layout adaptation. A bucket keeps to an intset (8 B a mark) up to
 // MaxIntset members and costs a key's overhead (~100 B) however few it
 // holds: the marker sizes each new slot from the marks of the last full
-// slot it saw, at about bucketTarget a bucket. It grows as soon as a slot
-// held more than bucketGrow a bucket (from the next slot on: a jump costs
-// one slot of oversized buckets), and shrinks when a slot held less than
+// slot it saw (the one before the last: see adapt), at about bucketTarget
+// a bucket. It grows as soon as a slot held more than bucketGrow a bucket
+// (from the slot after next on: a jump costs two slots of oversized
+// buckets), and shrinks when a slot held less than
 // a quarter of the target a bucket, at most once per shrinkEvery slots
 // (each change is a generation the record keeps while its marks live).
 const (
@@ -243,12 +244,16 @@ func (m *Marker) adapt(ctx context.Context, items []Item) {
 		m.first = top
 	}
 	if top > m.top {
-		// The last full slot: the highest below top. The first slot this
-		// marker saw may have been seen in part (the lease was taken in
-		// it): it sizes nothing.
+		// The last full slot: the highest below the one before top. A
+		// slot's last marks come after the next slot's first ones (the
+		// partition's customers are handled concurrently, and one behind
+		// in its queue marks late), so the slot just before top is still
+		// filling; by the time the slot after next opens, a slot is
+		// counted whole. The first slot this marker saw may have been seen
+		// in part (the lease was taken in it): it sizes nothing.
 		full := int64(-1)
 		for sl := range m.perSlot {
-			if sl < top {
+			if sl < top-1 {
 				full = max(full, sl)
 			}
 		}

@@ -239,3 +239,41 @@ func (s *Store) lookMoved(ctx context.Context, topic string, partition int32, it
 // producer's murmur2_random, as the Java client) puts a non-empty key in
 // among partitions: the one internal/kafkaclient uses (package keyhash).
 func KeyPartition(key string, partitions int) int32 { return keyhash.Partition(key, partitions) }
+
+// recordCountAtScript: ARGV count. Records when a count was first seen
+// (Redis's clock) and returns that time, Redis's time now (in seconds) and
+// how many counts the topic has had.
+var recordCountAtScript = redis.NewScript(`
+local t = redis.call('TIME')
+redis.call('HSETNX', KEYS[1], ARGV[1], t[1])
+return {tonumber(redis.call('HGET', KEYS[1], ARGV[1])), tonumber(t[1]), redis.call('HLEN', KEYS[1])}
+`)
+
+// RecordPartitionCount records that topic's messages are placed by n
+// partitions (every daemon calls it at start with its configured count,
+// before it reads or writes the topic) and returns how long the caller
+// must wait before placing or reading any message under that count: until
+// every store's cached count history (read at most historyRefresh ago)
+// holds it. Without the wait, a copy of a message (a re-pull, a
+// re-injected letter) placed under a new count reaches a consumer whose
+// history still shows only the old count, which then never asks the
+// partition the user had, and the copy takes effect again. The wait is
+// zero once the count was first seen that long ago, and for a topic's
+// first count (no user has moved): a partition change costs each daemon
+// started in the ~11 s after it the rest of them.
+func RecordPartitionCount(ctx context.Context, client redis.UniversalClient, keyPrefix, topic string, n int) (time.Duration, error) {
+	if n < 1 {
+		return 0, nil
+	}
+	key := keyPrefix + "st:{" + topic + "}:np"
+	v, err := recordCountAtScript.Run(ctx, client, []string{key}, n).Int64Slice()
+	if err != nil || len(v) != 3 {
+		return 0, fmt.Errorf("state: record the partition count of %s: %v %w", topic, v, err)
+	}
+	if v[2] < 2 {
+		return 0, nil
+	}
+	// first is whole seconds: the count was seen up to 1 s after it.
+	known := time.Duration(v[0]-v[1])*time.Second + historyRefresh + time.Second
+	return max(0, known), nil
+}

@@ -913,6 +913,50 @@ func TestMarkerAdmitHoldsEffects(t *testing.T) {
 	})
 }
 
+// TestLayoutGrowsWhenSlotsInterleave: 900 marks a slot, each slot's last
+// 600 marked after the next slot's first 300 (the partition's customers
+// handled concurrently, some behind) — the layout still grows. Sized when
+// the next slot opened, each slot counted 300 and the layout stayed at one
+// bucket (the nemesis's layout-change: 3 of 3 rate jumps of 630–930 marks a
+// slot changed nothing).
+func TestLayoutGrowsWhenSlotsInterleave(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		s := newStore(t, rdb, prefix, "a", func(c *Config) { c.Slot = time.Second; c.Lease = 2 * time.Second })
+		l := acquire(t, s, "t", 0, 5*time.Second)
+		m := l.NewMarker(time.Millisecond, 1000)
+		base := time.Now().Unix() - 3600
+		item := func(name string, slot int64, i int) Item {
+			return Item{Key: fmt.Sprintf("%s-%d-%d", name, slot, i), SendTime: base + slot}
+		}
+		off := int64(0)
+		mark := func(its []Item) { markAll(t, m, its, off); off += int64(len(its)) }
+		for sl := int64(0); sl < 3; sl++ {
+			var its []Item
+			for i := range 50 {
+				its = append(its, item("calm", sl, i))
+			}
+			mark(its)
+		}
+		var tail []Item
+		for sl := int64(3); sl < 9; sl++ {
+			var head []Item
+			for i := range 300 {
+				head = append(head, item("jump", sl, i))
+			}
+			mark(head)
+			mark(tail)
+			tail = nil
+			for i := 300; i < 900; i++ {
+				tail = append(tail, item("jump", sl, i))
+			}
+		}
+		mark(tail)
+		if bk := l.layout().bucketsAt(s.slotOf(base + 8)); bk < 2 {
+			t.Fatalf("900 marks a slot, interleaved: %d bucket(s) a slot at the end, want >= 2 (layout %+v)", bk, l.layout())
+		}
+	})
+}
+
 // TestPartitionsAddedMarksFound (issue 43, item 6): partitions are added
 // to a topic; a copy of a message handled before lands in the partition
 // its user has now, and every look-up (the lease's, the Looker's, the
@@ -982,6 +1026,93 @@ func TestPartitionsAddedMarksFound(t *testing.T) {
 					}
 				}
 			}
+		}
+	})
+}
+
+// TestPartitionCountKnownAfterTheWait: a consumer whose store read the
+// topic's count history (one count: 4) before partitions were added keeps
+// it up to historyRefresh. A daemon started with the new count (8) records
+// it and waits RecordPartitionCount's answer before it places or reads a
+// message; after that wait the consumer's look-up of a moved user's copy
+// asks the partition the user had and finds the mark. (Without the wait
+// the copy, read at once, was not found: the nemesis's partitions-added
+// step, a producer copy taking effect twice.)
+func TestPartitionCountKnownAfterTheWait(t *testing.T) {
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		ctx := ctxT(t, 40*time.Second)
+		var count sync.Map
+		count.Store("t", 4)
+		parts := func(c *Config) {
+			c.Partitions = func(_ context.Context, topic string) (int, error) {
+				n, _ := count.Load(topic)
+				return n.(int), nil
+			}
+		}
+		if wait, err := RecordPartitionCount(ctx, rdb, prefix, "t", 4); err != nil || wait != 0 {
+			t.Fatalf("the topic's first count: wait %s (%v), want none", wait, err)
+		}
+		var moved []Item
+		for i := 0; len(moved) < 10; i++ {
+			u := fmt.Sprintf("wk-user-%d", i)
+			if KeyPartition(u, 4) != KeyPartition(u, 8) {
+				moved = append(moved, Item{Key: "wk:" + u + ":m1", SendTime: time.Now().Unix(), User: u})
+			}
+		}
+		a := newStore(t, rdb, prefix, "a", parts)
+		for p := range int32(4) {
+			l := acquire(t, a, "t", p, 5*time.Second)
+			var mine []Item
+			for _, it := range moved {
+				if KeyPartition(it.User, 4) == p {
+					mine = append(mine, it)
+				}
+			}
+			if err := l.Mark(ctx, 1, mine); err != nil {
+				t.Fatal(err)
+			}
+			_ = l.Release(ctx)
+		}
+		// The consumer's store reads the history while it has one count.
+		b := newStore(t, rdb, prefix, "b", parts)
+		if _, err := b.Look(ctx, "t", 0, []Item{{Key: "wk:nobody:m1", SendTime: time.Now().Unix(), User: "nobody"}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1100 * time.Millisecond) // the new count is first seen a second later
+		count.Store("t", 8)
+		wait, err := RecordPartitionCount(ctx, rdb, prefix, "t", 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wait < historyRefresh {
+			t.Fatalf("a new count: wait %s, want at least the %s a store keeps its history", wait, historyRefresh)
+		}
+		time.Sleep(wait)
+		for p := range int32(8) {
+			var copies []Item
+			for _, it := range moved {
+				if KeyPartition(it.User, 8) == p {
+					copies = append(copies, it)
+				}
+			}
+			if len(copies) == 0 {
+				continue
+			}
+			l := acquire(t, b, "t", p, 5*time.Second)
+			st, err := l.Look(ctx, copies)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range st {
+				if v != Done {
+					t.Fatalf("partition %d, after the new count's wait: %s (marked in partition %d) not found",
+						p, copies[i].Key, KeyPartition(copies[i].User, 4))
+				}
+			}
+			_ = l.Release(ctx)
+		}
+		if wait, err := RecordPartitionCount(ctx, rdb, prefix, "t", 8); err != nil || wait != 0 {
+			t.Fatalf("the count recorded %s ago: wait %s (%v), want none", historyRefresh, wait, err)
 		}
 	})
 }
