@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 // Batch mode (WithBatch): a user's actor hands the handler the user's
@@ -22,14 +23,14 @@ import (
 //     left out (finished as duplicates); the handler gets the others. With
 //     none left it is not called.
 //   - The handler is called once per batch: Handle with the batch's first
-//     message, and BatchFrom(ctx) returning the whole batch. Retries, the
+//     message, and handler.BatchFrom(ctx) returning the whole batch. Retries, the
 //     attempt timeout, the outage gate and the fencing token are those of
 //     one message.
 //   - Success: each message gets its own done mark, queued from the last
 //     message to the first, so the first is marked last: until it is done,
 //     a re-run batch begins with the same first message (the exactly-once
 //     replies are keyed by it: docs/handlers.md).
-//   - Failure after the attempts, or Permanent: each message of the batch
+//   - Failure after the attempts, or handler.Permanent: each message of the batch
 //     becomes its own dead letter, in order, with the batch's reason and
 //     attempts. A message that cannot be decoded is dead-lettered alone and
 //     left out of the batch.
@@ -42,7 +43,7 @@ type batchMode struct {
 // WithBatch makes the consumer hand each user's consecutive queued
 // messages to the handler together: up to size messages, waiting up to wait
 // for more when fewer are queued (0: only those already queued). The
-// handler is called with the batch's first message and BatchFrom(ctx)
+// handler is called with the batch's first message and handler.BatchFrom(ctx)
 // returns the batch. size 1 or less leaves batching off (the default).
 func WithBatch(size int, wait time.Duration) Option {
 	return func(c *Consumer) { c.batchMode = batchMode{max: size, wait: max(wait, 0)} }
@@ -55,27 +56,6 @@ func (c *Consumer) installBatch() {
 		c.batchMode.handle = c.processBatch
 		c.acts.batch = c.batchMode
 	}
-}
-
-// BatchItem is one message of a batch with its delivery.
-type BatchItem struct {
-	Msg      *chatmsg.ChatMessage
-	Delivery Delivery
-}
-
-type batchKey struct{}
-
-// BatchFrom returns the batch the handler call ctx belongs to, in order
-// (nil outside batch mode). Its first message is the one Handle got.
-func BatchFrom(ctx context.Context) []BatchItem {
-	b, _ := ctx.Value(batchKey{}).([]BatchItem)
-	return b
-}
-
-// WithBatchItems returns ctx carrying items as its batch (for tests and
-// harnesses that call a handler in batch mode without a consumer).
-func WithBatchItems(ctx context.Context, items []BatchItem) context.Context {
-	return context.WithValue(ctx, batchKey{}, items)
 }
 
 // wake signals a batch wait (called under a.mu).
@@ -189,7 +169,7 @@ func (c *Consumer) processBatch(envs []*envelope) {
 			c.breakerOutcome(env, false)
 			reason := ReasonDownstreamError
 			switch {
-			case IsPermanent(hf.err):
+			case handler.IsPermanent(hf.err):
 				reason = ReasonInvalidMessage
 			case hf.timedOut:
 				reason = ReasonProcessTimeout
@@ -205,11 +185,11 @@ func (c *Consumer) processBatch(envs []*envelope) {
 func (c *Consumer) handleBatchOnce(live []*envelope) (dup []bool, err error) {
 	dup = make([]bool, len(live))
 	run := func(ctx context.Context, g *claimGuard, todo []*envelope) error {
-		items := make([]BatchItem, len(todo))
+		items := make([]handler.BatchItem, len(todo))
 		for i, env := range todo {
-			items[i] = BatchItem{Msg: env.msg, Delivery: DeliveryFrom(withDelivery(context.Background(), env.km))}
+			items[i] = handler.BatchItem{Msg: env.msg, Delivery: handler.DeliveryFrom(withDelivery(context.Background(), env.km))}
 		}
-		attempts, timedOut, err := c.handleWithRetry(WithBatchItems(ctx, items), todo[0], g)
+		attempts, timedOut, err := c.handleWithRetry(handler.WithBatchItems(ctx, items), todo[0], g)
 		if err == nil {
 			return nil
 		}

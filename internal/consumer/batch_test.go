@@ -12,6 +12,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 // TestBatchActorTakesQueuedMessages: a user's messages sent quickly reach
@@ -90,7 +91,7 @@ type batchRecorder struct {
 
 func (b *batchRecorder) Handle(ctx context.Context, m *chatmsg.ChatMessage) error {
 	var ids []string
-	for _, it := range BatchFrom(ctx) {
+	for _, it := range handler.BatchFrom(ctx) {
 		ids = append(ids, it.Msg.UpstreamMsgID)
 	}
 	b.mu.Lock()
@@ -185,7 +186,7 @@ func TestProcessBatchFailureDeadLettersEachMessage(t *testing.T) {
 		wantAttempts int
 	}{
 		{"retried", errors.New("boom"), ReasonDownstreamError, true, 3},
-		{"permanent", Permanent(errors.New("bad")), ReasonInvalidMessage, false, 1},
+		{"permanent", handler.Permanent(errors.New("bad")), ReasonInvalidMessage, false, 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			st := newMemState()

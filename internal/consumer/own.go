@@ -11,18 +11,13 @@ package consumer
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// ErrNotOwner is returned by CheckOwner (and so by a reply) when the
-// partition lease the handler runs under is past its local deadline, or
-// was lost: whatever the handler was about to start is the next owner's.
-var ErrNotOwner = errors.New("consumer: the partition's lease is no longer certainly held")
+	"github.com/kfpipe/kfpipe/internal/handler"
+)
 
 // deadliner is implemented by a Lease that knows its local deadline (the
 // state store's does): until then it is certainly held.
@@ -47,62 +42,6 @@ func ownerMargin(lease time.Duration) time.Duration {
 		return 0
 	}
 	return min(lease/10, time.Second)
-}
-
-type marginKey struct{}
-
-// ReplyClaimer is implemented by a ReplyLog that claims a reply before it
-// is sent (the partition lease's: the claim carries its fencing token), so
-// that two owners of a message — a newer one and an older one that has not
-// stopped yet — never both send it.
-type ReplyClaimer interface {
-	// ClaimReply returns the reply's record (found) when it was recorded;
-	// otherwise it claims the reply for hold (what the send may take at
-	// most) and returns wait 0, or, when an older owner's claim is live,
-	// how long it is live (look again then). A newer owner's claim is an
-	// error: the reply is not this owner's to send.
-	ClaimReply(ctx context.Context, it StateItem, hold time.Duration) (record string, found bool, wait time.Duration, err error)
-}
-
-// ownedLog is what OwnedUntil reads from the reply log in a handler's
-// context (the consumer's is the partition's lease).
-type ownedLog interface {
-	Lost() <-chan struct{}
-	Deadline() time.Time
-}
-
-// OwnedUntil returns until when the handler whose context ctx is may start
-// something under its partition's lease: the lease's local deadline minus
-// the owner margin. ok is false outside a handler of a consumer with a
-// State (nothing to check); err is ErrNotOwner when that time has passed
-// or the lease was lost. The check is local: no round trip.
-func OwnedUntil(ctx context.Context) (until time.Time, ok bool, err error) {
-	// The lease a consumer's handler runs under is also its reply log; a
-	// handler run outside a consumer (the test kit) may be given a reply
-	// log that knows its deadline too.
-	d, ok := ctx.Value(replyLogKey{}).(ownedLog)
-	if !ok {
-		return time.Time{}, false, nil
-	}
-	select {
-	case <-d.Lost():
-		return time.Time{}, true, ErrNotOwner
-	default:
-	}
-	margin, _ := ctx.Value(marginKey{}).(time.Duration)
-	until = d.Deadline().Add(-margin)
-	if !time.Now().Before(until) {
-		return until, true, fmt.Errorf("%w (deadline %s)", ErrNotOwner, d.Deadline().Format(time.RFC3339Nano))
-	}
-	return until, true, nil
-}
-
-// CheckOwner returns ErrNotOwner when the handler whose context ctx is may
-// no longer start anything under its partition's lease (see OwnedUntil);
-// nil otherwise, and outside a consumer's handler.
-func CheckOwner(ctx context.Context) error {
-	_, _, err := OwnedUntil(ctx)
-	return err
 }
 
 // partWork is a partition's running handler attempts. The zero value is
@@ -265,7 +204,7 @@ func (c *Consumer) endWork(ps []*partition, limit time.Duration) (unended map[*p
 // start and the message is looked up again under the next lease (nothing
 // is dead-lettered for it).
 func (c *Consumer) startAttempt(ctx context.Context, env *envelope, g *claimGuard) (context.Context, context.CancelFunc, error) {
-	if err := CheckOwner(ctx); err != nil {
+	if err := handler.CheckOwner(ctx); err != nil {
 		c.m.own.notOwner.Inc()
 		return nil, nil, errClaimLost
 	}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/overload"
 )
 
@@ -149,7 +150,7 @@ func (c *Consumer) process(env *envelope) {
 		c.breakerOutcome(env, false)
 		reason := ReasonDownstreamError
 		switch {
-		case IsPermanent(hf.err):
+		case handler.IsPermanent(hf.err):
 			reason = ReasonInvalidMessage
 		case hf.timedOut:
 			reason = ReasonProcessTimeout
@@ -237,7 +238,7 @@ func (c *Consumer) underLease(parent context.Context, l Lease, g *claimGuard, f 
 		close(watched)
 		<-exited // g is reset by the next call: no late lose on it
 	}()
-	return f(context.WithValue(withLease(parent, l), marginKey{}, ownerMargin(c.cfg.Dedup.Lease)))
+	return f(handler.WithLease(parent, l, ownerMargin(c.cfg.Dedup.Lease)))
 }
 
 // markDone queues env's done mark on l; until it is recorded a copy of the
@@ -342,7 +343,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		attempts++
 		err = c.safeHandle(withDelivery(actx, env.km), m)
 		timedOut = isTimeout(actx, err)
-		lost := g.ended() || errors.Is(err, ErrNotOwner) // a reply found the lease past its deadline
+		lost := g.ended() || errors.Is(err, handler.ErrNotOwner) // a reply found the lease past its deadline
 		cancel()
 		c.m.attempts[attemptOutcome(err, timedOut)].Inc()
 		switch {
@@ -363,7 +364,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 			c.down.release(start, outcomeOf(err, false))
 			// A permanent failure is the receiver refusing this message:
 			// the downstream answers.
-			c.gate.result(m.ExternalUserID, err == nil || IsPermanent(err), probe)
+			c.gate.result(m.ExternalUserID, err == nil || handler.IsPermanent(err), probe)
 		}
 		if err == nil {
 			return attempts, false, nil
@@ -374,7 +375,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		if ctx.Err() != nil {
 			return attempts, false, c.stopCause(ctx)
 		}
-		if IsPermanent(err) {
+		if handler.IsPermanent(err) {
 			return attempts, false, err
 		}
 	}
@@ -418,7 +419,7 @@ func attemptOutcome(err error, timedOut bool) string {
 	switch {
 	case err == nil:
 		return attemptOK
-	case IsPermanent(err):
+	case handler.IsPermanent(err):
 		return attemptPermanent
 	case timedOut:
 		return attemptTimeout
