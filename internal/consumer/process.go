@@ -83,9 +83,20 @@ func (g *claimGuard) ended() (lost bool) {
 	return g.lost
 }
 
-// process runs in the user's actor goroutine: decode, dedup, handle with
-// retry, then finish the message or dead-letter it.
-func (c *Consumer) process(env *envelope) {
+// process runs in the user's actor goroutine for one message: a batch of
+// one (processBatch).
+func (c *Consumer) process(env *envelope) { c.processBatch([]*envelope{env}) }
+
+// batching reports whether the consumer runs in batch mode (WithBatch):
+// the handler then sees the batch (handler.BatchFrom) and the dead
+// letters and logs say how many messages it held.
+func (c *Consumer) batching() bool { return c.batchMode.max > 1 }
+
+// processBatch runs in the user's actor goroutine: decode, dedup, handle
+// with retry, then finish every message or dead-letter each. Outside batch
+// mode envs is one message; in it, the user's consecutive messages of one
+// partition (batch.go).
+func (c *Consumer) processBatch(envs []*envelope) {
 	defer func() {
 		// A bug here must not kill the daemon; the message stays
 		// unfinished (never committed) and is read again after a restart.
@@ -93,26 +104,32 @@ func (c *Consumer) process(env *envelope) {
 			c.log.Error("actor panic", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
 	}()
-	if env.part.dropped.Load() || c.runCtx.Err() != nil {
+	if envs[0].part.dropped.Load() || c.runCtx.Err() != nil {
 		return // revoked past the drain limit, or stopping: the next reader handles it
 	}
-	if env.msg == nil {
-		msg, err := chatmsg.Decode(env.km.Value)
-		if err != nil {
-			// Bad input says nothing about the user's downstream: it
-			// releases a half-open trial slot like a success instead of
-			// opening the breaker for the user's good messages.
-			c.breakerOutcome(env, true)
-			c.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
-			return
+	live := make([]*envelope, 0, len(envs))
+	for _, env := range envs {
+		if env.msg == nil {
+			msg, err := chatmsg.Decode(env.km.Value)
+			if err != nil {
+				// Bad input says nothing about the user's downstream: it
+				// releases a half-open trial slot like a success instead of
+				// opening the breaker for the user's good messages.
+				c.breakerOutcome(env, true)
+				c.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
+				continue
+			}
+			env.msg = msg
 		}
-		env.msg = msg
+		live = append(live, env)
 	}
-	m := env.msg
-	var dup bool
+	if len(live) == 0 {
+		return
+	}
+	var dup []bool
 	var err error
 	for backoff := c.cfg.Processor.RetryBase; ; {
-		dup, err = c.handleOnce(env, m)
+		dup, err = c.handleOnce(live)
 		var hf *handlerFailure
 		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || c.runCtx.Err() != nil {
 			break
@@ -122,9 +139,15 @@ func (c *Consumer) process(env *envelope) {
 		// the message is fine, so no dead letter; wait and try again. The
 		// user's later messages wait behind it (I4) and the partition's
 		// in-flight cap bounds how much piles up.
-		c.log.Warn("state: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
-			zap.String("dedup_key", m.DedupKey()), zap.Error(err))
-		if !sleep(c.runCtx, c.clock, backoff) || env.part.dropped.Load() {
+		m := live[0].msg
+		if c.batching() {
+			c.log.Warn("state: batch not settled; retrying", zap.String("user_id", m.ExternalUserID),
+				zap.String("dedup_key", m.DedupKey()), zap.Int("messages", len(live)), zap.Error(err))
+		} else {
+			c.log.Warn("state: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
+				zap.String("dedup_key", m.DedupKey()), zap.Error(err))
+		}
+		if !sleep(c.runCtx, c.clock, backoff) || live[0].part.dropped.Load() {
 			return // stopping, or the partition's new owner reads it again
 		}
 		backoff = min(2*backoff+time.Millisecond, c.cfg.Processor.RetryMax)
@@ -133,29 +156,39 @@ func (c *Consumer) process(env *envelope) {
 		return
 	}
 	var hf *handlerFailure
-	switch {
-	case err == nil && dup:
-		c.m.duplicates.Inc()
-		c.m.result(resultDuplicate).Inc()
-		c.breakerOutcome(env, true)
-		c.finish(env)
-	case err == nil:
-		c.m.result(resultOK).Inc()
-		if m.ProducedAt > 0 {
-			c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
-		}
-		c.breakerOutcome(env, true)
-		c.finish(env)
-	case errors.As(err, &hf):
-		c.breakerOutcome(env, false)
-		reason := ReasonDownstreamError
+	failed := errors.As(err, &hf)
+	if err != nil && !failed {
+		return // not reached: the loop ends on these errors only
+	}
+	for i, env := range live {
 		switch {
-		case handler.IsPermanent(hf.err):
-			reason = ReasonInvalidMessage
-		case hf.timedOut:
-			reason = ReasonProcessTimeout
+		case dup[i]:
+			c.m.duplicates.Inc()
+			c.m.result(resultDuplicate).Inc()
+			c.breakerOutcome(env, true)
+			c.finish(env)
+		case !failed:
+			c.m.result(resultOK).Inc()
+			if m := env.msg; m.ProducedAt > 0 {
+				c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
+			}
+			c.breakerOutcome(env, true)
+			c.finish(env)
+		default:
+			c.breakerOutcome(env, false)
+			reason := ReasonDownstreamError
+			switch {
+			case handler.IsPermanent(hf.err):
+				reason = ReasonInvalidMessage
+			case hf.timedOut:
+				reason = ReasonProcessTimeout
+			}
+			details := hf.err.Error()
+			if c.batching() {
+				details = fmt.Sprintf("batch of %d: %s", len(live), details)
+			}
+			c.deadLetter(env, reason, details, hf.attempts)
 		}
-		c.deadLetter(env, reason, hf.err.Error(), hf.attempts)
 	}
 }
 
@@ -168,18 +201,30 @@ func (c *Consumer) breakerOutcome(env *envelope, ok bool) {
 
 // handleOnce runs the handler with retries under the partition's lease:
 // a message the state store holds as done (or that this consumer handled
-// and is marking) is a duplicate; otherwise the handler runs, with the
-// lease's fencing token in its context, and is stopped when the lease is
-// lost (errClaimLost: the message is looked up again under the next
-// lease). After a success the done mark is queued, and the message is
-// finished at once: the effect has happened, and a message left
-// unfinished until its mark lands would be run again by the partition's
-// next owner when a Redis outage outlasts the lease. The mark is recorded
-// whoever owns the partition when it lands (Lease.Mark), and a copy of
-// the message this consumer meets before then is a duplicate (pending).
-func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, err error) {
-	run := func(ctx context.Context, g *claimGuard) error {
-		attempts, timedOut, err := c.handleWithRetry(ctx, env, g)
+// and is marking) is a duplicate (dup[i]), left out of the handler's
+// batch; the handler runs for the others — once, with the first of them
+// and, in batch mode, all of them in handler.BatchFrom — with the lease's
+// fencing token in its context, and is stopped when the lease is lost
+// (errClaimLost: the messages are looked up again under the next lease).
+// After a success the done marks are queued, the last message's first (a
+// re-run batch begins with the same first message until it is done), and
+// the messages are finished at once: the effect has happened, and a
+// message left unfinished until its mark lands would be run again by the
+// partition's next owner when a Redis outage outlasts the lease. The mark
+// is recorded whoever owns the partition when it lands (Lease.Mark), and a
+// copy of the message this consumer meets before then is a duplicate
+// (pending).
+func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
+	dup = make([]bool, len(live))
+	run := func(ctx context.Context, g *claimGuard, todo []*envelope) error {
+		if c.batching() {
+			items := make([]handler.BatchItem, len(todo))
+			for i, env := range todo {
+				items[i] = handler.BatchItem{Msg: env.msg, Delivery: handler.DeliveryFrom(withDelivery(context.Background(), env.km))}
+			}
+			ctx = handler.WithBatchItems(ctx, items)
+		}
+		attempts, timedOut, err := c.handleWithRetry(ctx, todo[0], g)
 		if err == nil {
 			return nil
 		}
@@ -188,40 +233,69 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 		}
 		return &handlerFailure{err: err, attempts: attempts, timedOut: timedOut}
 	}
-	pl := env.part.lease
+	pl := live[0].part.lease
 	if pl == nil {
-		return false, run(c.runCtx, nil) // no State: every message runs
+		return dup, run(c.runCtx, nil, live) // no State: every message runs
 	}
 	l, ok := c.leaseOf(pl)
 	if !ok {
-		return false, errStopping
+		return dup, errStopping
 	}
-	it := StateItem{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID}
-	if pl.isPending(it.Key) {
-		return true, nil
+	items := make([]StateItem, len(live))
+	var look []StateItem
+	var lookAt []int
+	for i, env := range live {
+		m := env.msg
+		items[i] = StateItem{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID}
+		if pl.isPending(items[i].Key) {
+			dup[i] = true
+			continue
+		}
+		look = append(look, items[i])
+		lookAt = append(lookAt, i)
 	}
-	seen, err := l.Seen(c.runCtx, []StateItem{it})
-	if err != nil {
-		return false, fmt.Errorf("state: look up %s: %w", it.Key, err)
+	if len(look) > 0 {
+		seen, err := l.Seen(c.runCtx, look)
+		if err != nil {
+			if len(look) == 1 {
+				return dup, fmt.Errorf("state: look up %s: %w", look[0].Key, err)
+			}
+			return dup, fmt.Errorf("state: look up %d messages from %s: %w", len(look), look[0].Key, err)
+		}
+		for j, s := range seen {
+			if s {
+				dup[lookAt[j]] = true
+			}
+		}
 	}
-	if len(seen) == 1 && seen[0] {
-		return true, nil
+	var todo []*envelope
+	var todoAt []int
+	for i, env := range live {
+		if !dup[i] {
+			todo = append(todo, env)
+			todoAt = append(todoAt, i)
+		}
 	}
-	// own.go: the lease covers the message until its mark is queued (a
-	// hand-over gives the lease back only after that, with the mark).
+	if len(todo) == 0 {
+		return dup, nil
+	}
+	// own.go: the lease covers the messages until their marks are queued
+	// (a hand-over gives the lease back only after that, with the marks).
 	hctx, hcancel := context.WithCancel(c.runCtx)
 	defer hcancel()
-	hold, ok := env.part.work.hold(hcancel)
+	hold, ok := todo[0].part.work.hold(hcancel)
 	if !ok {
-		return false, errStopping
+		return dup, errStopping
 	}
-	defer env.part.work.end(hold)
-	g := &env.guard
-	if err := c.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g) }); err != nil {
-		return false, err
+	defer todo[0].part.work.end(hold)
+	g := &todo[0].guard
+	if err := c.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
+		return dup, err
 	}
-	c.markDone(pl, l, env, it)
-	return false, nil
+	for k := len(todo) - 1; k >= 0; k-- {
+		c.markDone(pl, l, todo[k], items[todoAt[k]])
+	}
+	return dup, nil
 }
 
 // underLease runs f with l in its context (the fencing token, the reply
