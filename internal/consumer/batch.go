@@ -25,69 +25,13 @@ import "time"
 //     becomes its own dead letter, in order, with the batch's reason and
 //     attempts. A message that cannot be decoded is dead-lettered alone and
 //     left out of the batch.
-type batchMode struct {
-	max    int
-	wait   time.Duration
-	handle func([]*envelope)
-}
 
 // WithBatch makes the consumer hand each user's consecutive queued
 // messages to the handler together: up to size messages, waiting up to wait
 // for more when fewer are queued (0: only those already queued). The
 // handler is called with the batch's first message and
-// handler.BatchFrom(ctx) returns the batch. size 1 or less leaves batching off (the default).
+// handler.BatchFrom(ctx) returns the batch. size 1 or less leaves
+// batching off (the default).
 func WithBatch(size int, wait time.Duration) Option {
 	return func(c *Consumer) { c.batchMode = batchMode{max: size, wait: max(wait, 0)} }
-}
-
-// installBatch turns batch mode on in the actors' registry when WithBatch
-// asked for it.
-func (c *Consumer) installBatch() {
-	if c.batchMode.max > 1 {
-		c.batchMode.handle = c.processBatch
-		c.acts.batch = c.batchMode
-	}
-}
-
-// wake signals a batch wait (called under a.mu).
-func (a *actor) wake() {
-	if a.full != nil {
-		select {
-		case a.full <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// runBatch takes the next batch off the mailbox and handles it. It is
-// called from run with a.mu held and the mailbox not empty, and returns
-// with a.mu unlocked.
-func (a *actor) runBatch() {
-	b := &a.reg.batch
-	if len(a.queue)-a.head < b.max && b.wait > 0 && a.state.Load() == stateActive {
-		full := make(chan struct{}, 1)
-		a.full = full
-		a.mu.Unlock()
-		t := a.reg.clock.AfterFunc(b.wait, func() {
-			select {
-			case full <- struct{}{}:
-			default:
-			}
-		})
-		<-full
-		t.Stop()
-		a.mu.Lock()
-		a.full = nil
-	}
-	first := a.queue[a.head]
-	end := a.head + 1
-	for end < len(a.queue) && end-a.head < b.max && a.queue[end].part == first.part {
-		end++
-	}
-	batch := make([]*envelope, end-a.head)
-	copy(batch, a.queue[a.head:end])
-	clear(a.queue[a.head:end])
-	a.head = end
-	a.mu.Unlock()
-	b.handle(batch)
 }

@@ -11,10 +11,9 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfpipe/kfpipe/internal/handler"
 )
@@ -255,33 +254,64 @@ func watchDeadline(l Lease, g *claimGuard, stop <-chan struct{}) {
 	}
 }
 
-// ownMetrics are the hand-over's series.
-type ownMetrics struct {
-	handOver *prometheus.CounterVec // fate: awaited, cancelled, lapsed
-	notOwner prometheus.Counter
-}
-
-func newOwnMetrics(reg prometheus.Registerer) ownMetrics {
-	m := ownMetrics{
-		handOver: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kfpipe_handover_attempts_total",
-			Help: "Handler attempts running when their partition was handed over (revoke, loss, stop), by fate: awaited (ended within kafka.consumer.revoke_drain_limit), cancelled (their context cancelled at the limit), lapsed (still running after the cancel: the lease was left to lapse, not given back)."},
-			[]string{"fate"}),
-		notOwner: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kfpipe_attempts_not_owner_total",
-			Help: "Handler attempts not started because the partition's lease was past its local deadline (a paused or cut-off owner): the message is looked up again under the next lease."}),
-	}
-	for _, f := range []string{"awaited", "cancelled", "lapsed"} {
-		m.handOver.WithLabelValues(f)
-	}
-	if reg != nil {
-		reg.MustRegister(m.handOver, m.notOwner)
-	}
-	return m
-}
-
 func (m ownMetrics) add(st handOverStats) {
 	m.handOver.WithLabelValues("awaited").Add(float64(st.awaited))
 	m.handOver.WithLabelValues("cancelled").Add(float64(st.cancelled))
 	m.handOver.WithLabelValues("lapsed").Add(float64(st.lapsed))
+}
+
+// errStopping means the consumer is stopping: the message is left
+// unfinished, so its offset is not committed and it is read again.
+var errStopping = errors.New("consumer stopping")
+
+// errClaimLost means the message's dedup claim was lost while the handler
+// ran (it expired, or another owner took the key): the handler was stopped
+// and the message is looked at again under the dedup protocol, which waits
+// for the other owner's outcome.
+var errClaimLost = errors.New("dedup claim lost while the handler ran")
+
+// claimGuard stops a message's handler when its dedup claim is lost
+// (AheadDeduper's lost callback), so the message needs no context of its
+// own besides each attempt's.
+type claimGuard struct {
+	mu     sync.Mutex
+	lost   bool
+	cancel context.CancelFunc // the running attempt's, if any
+}
+
+func (g *claimGuard) lose(error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.lost = true
+	if g.cancel != nil {
+		g.cancel()
+	}
+}
+
+// attempt returns the context of one handler attempt; ok is false when the
+// claim is already lost. A nil guard only bounds the attempt.
+func (g *claimGuard) attempt(ctx context.Context, d time.Duration) (_ context.Context, _ context.CancelFunc, ok bool) {
+	actx, cancel := context.WithTimeout(ctx, d)
+	if g == nil {
+		return actx, cancel, true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lost {
+		cancel()
+		return nil, nil, false
+	}
+	g.cancel = cancel
+	return actx, cancel, true
+}
+
+// ended reports, after an attempt, whether the claim was lost.
+func (g *claimGuard) ended() (lost bool) {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.cancel = nil
+	return g.lost
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -26,62 +25,6 @@ type handlerFailure struct {
 
 func (h *handlerFailure) Error() string { return h.err.Error() }
 func (h *handlerFailure) Unwrap() error { return h.err }
-
-// errStopping means the consumer is stopping: the message is left
-// unfinished, so its offset is not committed and it is read again.
-var errStopping = errors.New("consumer stopping")
-
-// errClaimLost means the message's dedup claim was lost while the handler
-// ran (it expired, or another owner took the key): the handler was stopped
-// and the message is looked at again under the dedup protocol, which waits
-// for the other owner's outcome.
-var errClaimLost = errors.New("dedup claim lost while the handler ran")
-
-// claimGuard stops a message's handler when its dedup claim is lost
-// (AheadDeduper's lost callback), so the message needs no context of its
-// own besides each attempt's.
-type claimGuard struct {
-	mu     sync.Mutex
-	lost   bool
-	cancel context.CancelFunc // the running attempt's, if any
-}
-
-func (g *claimGuard) lose(error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.lost = true
-	if g.cancel != nil {
-		g.cancel()
-	}
-}
-
-// attempt returns the context of one handler attempt; ok is false when the
-// claim is already lost. A nil guard only bounds the attempt.
-func (g *claimGuard) attempt(ctx context.Context, d time.Duration) (_ context.Context, _ context.CancelFunc, ok bool) {
-	actx, cancel := context.WithTimeout(ctx, d)
-	if g == nil {
-		return actx, cancel, true
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.lost {
-		cancel()
-		return nil, nil, false
-	}
-	g.cancel = cancel
-	return actx, cancel, true
-}
-
-// ended reports, after an attempt, whether the claim was lost.
-func (g *claimGuard) ended() (lost bool) {
-	if g == nil {
-		return false
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.cancel = nil
-	return g.lost
-}
 
 // process runs in the user's actor goroutine for one message: a batch of
 // one (processBatch).
@@ -116,7 +59,7 @@ func (c *Consumer) processBatch(envs []*envelope) {
 				// releases a half-open trial slot like a success instead of
 				// opening the breaker for the user's good messages.
 				c.breakerOutcome(env, true)
-				c.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
+				c.dead.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
 				continue
 			}
 			env.msg = msg
@@ -166,14 +109,14 @@ func (c *Consumer) processBatch(envs []*envelope) {
 			c.m.duplicates.Inc()
 			c.m.result(resultDuplicate).Inc()
 			c.breakerOutcome(env, true)
-			c.finish(env)
+			c.commits.finish(env)
 		case !failed:
 			c.m.result(resultOK).Inc()
 			if m := env.msg; m.ProducedAt > 0 {
 				c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
 			}
 			c.breakerOutcome(env, true)
-			c.finish(env)
+			c.commits.finish(env)
 		default:
 			c.breakerOutcome(env, false)
 			reason := ReasonDownstreamError
@@ -187,7 +130,7 @@ func (c *Consumer) processBatch(envs []*envelope) {
 			if c.batching() {
 				details = fmt.Sprintf("batch of %d: %s", len(live), details)
 			}
-			c.deadLetter(env, reason, details, hf.attempts)
+			c.dead.deadLetter(env, reason, details, hf.attempts)
 		}
 	}
 }
@@ -480,28 +423,6 @@ func (c *Consumer) awaitVerdict(ctx context.Context) (open, ok bool) {
 	}
 }
 
-// Handler attempt outcomes (kfpipe_handler_attempts_total's label).
-const (
-	attemptOK        = "ok"
-	attemptFailed    = "failed"
-	attemptTimeout   = "timeout"
-	attemptPermanent = "permanent"
-	attemptAbandoned = "abandoned" // retry not made: the partition was revoked or lost
-)
-
-func attemptOutcome(err error, timedOut bool) string {
-	switch {
-	case err == nil:
-		return attemptOK
-	case handler.IsPermanent(err):
-		return attemptPermanent
-	case timedOut:
-		return attemptTimeout
-	default:
-		return attemptFailed
-	}
-}
-
 // logRetry says that attempt number attempts of m failed (err, or a
 // timeout) and the next comes after backoff: at info for the first retry
 // of a message, at debug for the others.
@@ -537,93 +458,4 @@ func (c *Consumer) safeHandle(ctx context.Context, m *chatmsg.ChatMessage) (err 
 		}
 	}()
 	return c.handler.Handle(ctx, m)
-}
-
-// deadLetter hands env to the DLQ; the message is finished only when the
-// dead letter is durable (I6). It queues the letter on the partition's
-// dead-letter queue, whose goroutine sends it (deadqueue.go), so neither
-// the poll goroutine nor an actor waits for the DLQ. A failed send is
-// repeated after a backoff until it succeeds or the consumer stops, or the
-// partition goes (then the offset stays uncommitted and the record is read
-// again).
-func (c *Consumer) deadLetter(env *envelope, reason, details string, attempts int) {
-	km := env.km
-	dl := &DeadLetter{
-		Reason: reason, Details: details, Msg: env.msg,
-		Raw: km.Value, Key: km.Key, Headers: km.Headers,
-		Topic: env.part.topic, Partition: env.part.id, Offset: int64(km.TopicPartition.Offset),
-		Timestamp: km.Timestamp, Attempts: attempts, FailedAt: c.clock.Now(),
-	}
-	dl.UserID = env.user
-	if env.msg != nil {
-		if dl.UserID == "" {
-			dl.UserID = env.msg.ExternalUserID
-		} else if env.msg.ExternalUserID != dl.UserID {
-			dl.Details += fmt.Sprintf(" (routed by record key %q; payload external_userid %q)", dl.UserID, env.msg.ExternalUserID)
-		}
-	}
-	if dl.UserID == "" {
-		dl.UserID = string(km.Key)
-	}
-	c.log.Info("dead letter", zap.String("reason", reason), zap.String("user_id", dl.UserID),
-		zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.String("details", dl.Details))
-	l := &letter{dl: dl, env: env, backoff: c.cfg.Processor.RetryBase}
-	if q := env.part.dead; q != nil {
-		q.push(l, false) // never blocks: the poll goroutine and the actors only queue
-		return
-	}
-	c.sendDead(l.dl, l.env, l.backoff) // a partition built without a queue (unit tests of process)
-}
-
-func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration) {
-	c.dlq.Send(dl, func(err error) {
-		if err == nil {
-			c.m.result(dl.Reason).Inc()
-			c.finish(env)
-			if q := env.part.dead; q != nil {
-				q.durable()
-			}
-			return
-		}
-		if c.runCtx.Err() != nil {
-			return
-		}
-		c.notDurable.Store(&notDurable{at: c.clock.Now(), err: err})
-		c.log.Error("dead letter not durable; retrying", zap.String("reason", dl.Reason),
-			zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.Error(err))
-		next := min(2*backoff+time.Millisecond, max(c.cfg.Processor.RetryMax, time.Millisecond))
-		c.retryMu.Lock()
-		defer c.retryMu.Unlock()
-		if c.runCtx.Err() != nil {
-			return // shutdown stopped the retries: the message stays uncommitted
-		}
-		if c.retries == nil {
-			c.retries = map[Timer]struct{}{}
-		}
-		var t Timer
-		t = c.clock.AfterFunc(backoff, func() {
-			c.retryMu.Lock()
-			delete(c.retries, t)
-			c.retryMu.Unlock()
-			switch q := env.part.dead; {
-			case c.runCtx.Err() != nil:
-			case q != nil:
-				q.push(&letter{dl: dl, env: env, backoff: next}, true) // sent again by the partition's sender
-			default:
-				c.sendDead(dl, env, next)
-			}
-		})
-		c.retries[t] = struct{}{}
-	})
-}
-
-// stopRetries stops the pending dead-letter retries (after runCtx was
-// cancelled, so none is added).
-func (c *Consumer) stopRetries() {
-	c.retryMu.Lock()
-	defer c.retryMu.Unlock()
-	for t := range c.retries {
-		t.Stop()
-	}
-	clear(c.retries)
 }

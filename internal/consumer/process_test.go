@@ -112,12 +112,12 @@ func unitConsumer(t testing.TB, h Handler, dlq DeadLetters, st State) (*Consumer
 // unitConsumerLog is unitConsumer logging to log (set before the lease's
 // keeper starts, which reads it).
 func unitConsumerLog(t testing.TB, h Handler, dlq DeadLetters, st State, log *zap.Logger) (*Consumer, *partition) {
-	c := &Consumer{handler: h, dlq: dlq, state: st, log: log, clock: realClock{}, m: newMetrics(nil),
-		kick: make(chan struct{}, 1)}
+	c := &Consumer{handler: h, state: st, log: log, clock: realClock{}, m: newMetrics(nil)}
 	c.cfg.Processor = config.Processor{RetryAttempts: 3, RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond,
 		AttemptTimeout: 50 * time.Millisecond}
 	c.cfg.Kafka.Consumer.CommitEveryN = 1000
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
+	c.dead = newDeadLetterer(dlq, c.runCtx, c.commits.finish, c.cfg.Processor, c.clock, c.log, c.m)
 	p := &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0)}
 	c.startLease(p)
 	if p.lease != nil {
@@ -447,16 +447,16 @@ func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
 	c.cfg.Processor.RetryBase, c.cfg.Processor.RetryMax = 5*time.Millisecond, 20*time.Millisecond
 	p.tracker.Add(0)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, part: p}
-	c.sendDead(&DeadLetter{Reason: "downstream_error"}, env, c.cfg.Processor.RetryBase)
+	c.dead.send(&DeadLetter{Reason: "downstream_error"}, env, c.cfg.Processor.RetryBase)
 	testenv.Eventually(t, 5*time.Second, func() error {
 		n := dlq.sends.Load()
 		return testenv.Check(n >= 3, "%d sends, want at least 3", n)
 	})
 	c.cancelRun()
-	c.stopRetries()
-	c.retryMu.Lock()
-	pending := len(c.retries)
-	c.retryMu.Unlock()
+	c.dead.stopRetries()
+	c.dead.mu.Lock()
+	pending := len(c.dead.retries)
+	c.dead.mu.Unlock()
 	if pending != 0 {
 		t.Fatalf("%d retry timers left after shutdown", pending)
 	}
