@@ -32,7 +32,7 @@ func (c *Consumer) process(env *envelope) { c.processBatch([]*envelope{env}) }
 
 // batching reports whether the consumer runs in batch mode (WithBatch):
 // the handler then sees the batch (handler.BatchFrom) and the dead
-// letters and logs say how many messages it held.
+// letters say how many messages it held.
 func (c *Consumer) batching() bool { return c.batchMode.max > 1 }
 
 // processBatch runs in the user's actor goroutine: decode, dedup, handle
@@ -83,13 +83,8 @@ func (c *Consumer) processBatch(envs []*envelope) {
 		// user's later messages wait behind it (I4) and the partition's
 		// in-flight cap bounds how much piles up.
 		m := live[0].msg
-		if c.batching() {
-			c.log.Warn("state: batch not settled; retrying", zap.String("user_id", m.ExternalUserID),
-				zap.String("dedup_key", m.DedupKey()), zap.Int("messages", len(live)), zap.Error(err))
-		} else {
-			c.log.Warn("state: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
-				zap.String("dedup_key", m.DedupKey()), zap.Error(err))
-		}
+		c.log.Warn("state: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
+			zap.String("dedup_key", m.DedupKey()), zap.Int("messages", len(live)), zap.Error(err))
 		if !sleep(c.runCtx, c.clock, backoff) || live[0].part.dropped.Load() {
 			return // stopping, or the partition's new owner reads it again
 		}
@@ -200,10 +195,7 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 	if len(look) > 0 {
 		seen, err := l.Seen(c.runCtx, look)
 		if err != nil {
-			if len(look) == 1 {
-				return dup, fmt.Errorf("state: look up %s: %w", look[0].Key, err)
-			}
-			return dup, fmt.Errorf("state: look up %d messages from %s: %w", len(look), look[0].Key, err)
+			return dup, fmt.Errorf("state: look up %s: %w", look[0].Key, err)
 		}
 		for j, s := range seen {
 			if s {
