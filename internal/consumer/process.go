@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -50,7 +51,7 @@ func (c *Consumer) processBatch(envs []*envelope) {
 	if envs[0].part.dropped.Load() || c.runCtx.Err() != nil {
 		return // revoked past the drain limit, or stopping: the next reader handles it
 	}
-	live := make([]*envelope, 0, len(envs))
+	live, bad := envs, 0
 	for _, env := range envs {
 		if env.msg == nil {
 			msg, err := chatmsg.Decode(env.km.Value)
@@ -60,11 +61,19 @@ func (c *Consumer) processBatch(envs []*envelope) {
 				// opening the breaker for the user's good messages.
 				c.breakerOutcome(env, true)
 				c.dead.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
+				bad++
 				continue
 			}
 			env.msg = msg
 		}
-		live = append(live, env)
+	}
+	if bad > 0 { // the usual batch decodes whole: no copy
+		live = make([]*envelope, 0, len(envs)-bad)
+		for _, env := range envs {
+			if env.msg != nil {
+				live = append(live, env)
+			}
+		}
 	}
 	if len(live) == 0 {
 		return
@@ -179,18 +188,26 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 	if !ok {
 		return dup, errStopping
 	}
+	// A message that is not pending (the usual case) costs no slice beyond
+	// items and dup: look is items and todo is live.
 	items := make([]StateItem, len(live))
-	var look []StateItem
-	var lookAt []int
+	pending := 0
 	for i, env := range live {
 		m := env.msg
 		items[i] = StateItem{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID}
 		if pl.isPending(items[i].Key) {
 			dup[i] = true
-			continue
+			pending++
 		}
-		look = append(look, items[i])
-		lookAt = append(lookAt, i)
+	}
+	look, lookAt := items, []int(nil)
+	if pending > 0 {
+		look = nil
+		for i := range items {
+			if !dup[i] {
+				look, lookAt = append(look, items[i]), append(lookAt, i)
+			}
+		}
 	}
 	if len(look) > 0 {
 		seen, err := l.Seen(c.runCtx, look)
@@ -198,17 +215,22 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 			return dup, fmt.Errorf("state: look up %s: %w", look[0].Key, err)
 		}
 		for j, s := range seen {
-			if s {
+			switch {
+			case !s:
+			case lookAt == nil:
+				dup[j] = true
+			default:
 				dup[lookAt[j]] = true
 			}
 		}
 	}
-	var todo []*envelope
-	var todoAt []int
-	for i, env := range live {
-		if !dup[i] {
-			todo = append(todo, env)
-			todoAt = append(todoAt, i)
+	todo, todoItems := live, items
+	if slices.Contains(dup, true) {
+		todo, todoItems = nil, nil
+		for i, env := range live {
+			if !dup[i] {
+				todo, todoItems = append(todo, env), append(todoItems, items[i])
+			}
 		}
 	}
 	if len(todo) == 0 {
@@ -228,7 +250,7 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 		return dup, err
 	}
 	for k := len(todo) - 1; k >= 0; k-- {
-		c.markDone(pl, l, todo[k], items[todoAt[k]])
+		c.markDone(pl, l, todo[k], todoItems[k])
 	}
 	return dup, nil
 }
