@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
+	"github.com/kfpipe/kfpipe/internal/service"
 )
 
 // BatchHandler handles a user's consecutive messages together: a customer
@@ -81,20 +82,20 @@ func NewBatchConsumer(cfg *Config, bh BatchHandler, size int, wait time.Duration
 
 // handler returns the consumer's handler for the internal consumer and the
 // options that go with it.
-func (c *Consumer) handler() (consumer.Handler, []consumer.Option) {
+func (c *Consumer) handler() (handler.Handler, []service.ConsumerOption) {
 	if c.batch == nil {
 		return adapt(c.h), nil
 	}
-	return adaptBatch(c.batch.bh), []consumer.Option{consumer.WithBatch(c.batch.size, c.batch.wait)}
+	return adaptBatch(c.batch.bh), []service.ConsumerOption{service.WithBatch(c.batch.size, c.batch.wait)}
 }
 
 // adaptBatch turns bh into the consumer's handler in batch mode: it is
 // called with the batch's first message and the batch in ctx.
-func adaptBatch(bh BatchHandler) consumer.Handler {
-	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
-		items := consumer.BatchFrom(ctx)
+func adaptBatch(bh BatchHandler) handler.Handler {
+	return handler.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
+		items := handler.BatchFrom(ctx)
 		if len(items) == 0 {
-			items = []consumer.BatchItem{{Msg: c, Delivery: consumer.DeliveryFrom(ctx)}}
+			items = []handler.BatchItem{{Msg: c, Delivery: handler.DeliveryFrom(ctx)}}
 		}
 		msgs := make([]*Message, len(items))
 		for i, it := range items {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/history"
 )
 
@@ -91,7 +91,7 @@ func WithMemoryHistory(perUser int) ConsumerOption {
 
 // withHistory wraps ch so that History finds its source: mem when given,
 // else the archive when archive.dsn is set; the returned func closes it.
-func withHistory(ctx context.Context, cfg *config.Consumer, ch consumer.Handler, mem *history.Memory) (consumer.Handler, func(), error) {
+func withHistory(ctx context.Context, cfg *config.Consumer, ch handler.Handler, mem *history.Memory) (handler.Handler, func(), error) {
 	if mem != nil {
 		return history.Wrap(ch, mem), func() {}, nil
 	}

@@ -36,7 +36,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 // Message is one customer-service message or event, as kf-producer read it
@@ -117,7 +117,7 @@ func (m *Message) IdempotencyKey() string { return m.OpenKfID + ":" + m.Upstream
 // accepted per customer and refuses smaller ones cannot take an effect
 // from an owner that lost the partition while it was paused. The HTTP
 // handler sends it as Kfpipe-Fencing-Token.
-func FencingToken(ctx context.Context) (token int64, ok bool) { return consumer.FencingToken(ctx) }
+func FencingToken(ctx context.Context) (token int64, ok bool) { return handler.FencingToken(ctx) }
 
 // Text returns a text message's content (ok false for other types, and
 // for a text message whose Raw carries no readable "text" object). A tap
@@ -243,10 +243,10 @@ func (f HandlerFunc) Handle(ctx context.Context, m *Message) error { return f(ct
 
 // Permanent marks err as a failure that retrying cannot fix: the message
 // is dead-lettered at once (reason invalid_message) instead of retried.
-func Permanent(err error) error { return consumer.Permanent(err) }
+func Permanent(err error) error { return handler.Permanent(err) }
 
 // IsPermanent reports whether err was marked with Permanent.
-func IsPermanent(err error) bool { return consumer.IsPermanent(err) }
+func IsPermanent(err error) bool { return handler.IsPermanent(err) }
 
 // Middleware wraps a Handler with behaviour of its own (logging, timeouts,
 // metrics), as in Watermill's message router.

@@ -6,8 +6,8 @@ import (
 	"io"
 
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/media"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 )
@@ -98,7 +98,7 @@ func OpenMedia(ctx context.Context, m *Message) (*MediaObject, error) {
 // keepMedia wraps h so that a message's media is in the media store
 // before h runs, and OpenMedia finds the store (media.Wrap); with
 // media.store: off or no WeChat credentials, h is returned as it is.
-func keepMedia(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h consumer.Handler) (consumer.Handler, error) {
+func keepMedia(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h handler.Handler) (handler.Handler, error) {
 	k, err := media.FromConfig(ctx, cfg.Media, cfg.WeCom, wecom.NewRedisTokenCache(base.Redis, cfg.Redis.KeyPrefix),
 		base.Log, base.Registry)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -32,7 +33,7 @@ type replyRig struct {
 	fx   *reply.Effects
 	reg  *prometheus.Registry
 	logs *observer.ObservedLogs
-	log  consumer.ReplyLog
+	log  handler.ReplyLog
 	cut  atomic.Pointer[func(w http.ResponseWriter, r *http.Request) bool]
 }
 
@@ -72,20 +73,20 @@ func newReplyRig(t *testing.T) *replyRig {
 // leaseLog is a state lease as the consumer's reply log.
 type leaseLog struct{ l *state.Lease }
 
-func (ll leaseLog) Replied(ctx context.Context, it consumer.StateItem) (string, bool, error) {
+func (ll leaseLog) Replied(ctx context.Context, it handler.StateItem) (string, bool, error) {
 	return ll.l.Replied(ctx, state.Item{Key: it.Key, SendTime: it.SendTime})
 }
 
-func (ll leaseLog) RecordReply(ctx context.Context, it consumer.StateItem, record string) error {
+func (ll leaseLog) RecordReply(ctx context.Context, it handler.StateItem, record string) error {
 	return ll.l.RecordReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime}, record)
 }
 
 // wrap is reply.Wrap with the rig's reply log in each call's context, as
 // the consumer gives a handler its partition's lease.
-func (rig *replyRig) wrap(h consumer.Handler) consumer.Handler {
+func (rig *replyRig) wrap(h handler.Handler) handler.Handler {
 	w := reply.Wrap(h, rig.fx)
-	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
-		return w.Handle(consumer.WithReplyLog(ctx, rig.log), c)
+	return handler.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
+		return w.Handle(handler.WithReplyLog(ctx, rig.log), c)
 	})
 }
 

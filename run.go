@@ -13,8 +13,8 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/history"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/service"
@@ -46,15 +46,15 @@ func RunConsumer(ctx context.Context, args []string, h Handler) error {
 			return err
 		}
 	}
-	return service.RunConsumerWith(ctx, args, func(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (consumer.Handler, func(), error) {
+	return service.RunConsumerWith(ctx, args, func(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (handler.Handler, func(), error) {
 		fx, closeFx, err := reply.FromConfig(ctx, cfg, base)
 		if err != nil {
 			return nil, nil, err
 		}
-		var ch consumer.Handler
+		var ch handler.Handler
 		if h != nil {
 			ch = adapt(h)
-		} else if ch, err = consumer.NewHandler(cfg.Handler, base.Log, webhookReplies); err != nil {
+		} else if ch, err = service.NewHandler(cfg.Handler, base.Log, webhookReplies); err != nil {
 			// The built-in handler; an http receiver's answer may carry replies.
 			closeFx()
 			return nil, nil, err
@@ -74,10 +74,10 @@ func RunConsumer(ctx context.Context, args []string, h Handler) error {
 
 // adapt turns h into the consumer's handler, called with the public
 // Message.
-func adapt(h Handler) consumer.Handler {
-	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
+func adapt(h Handler) handler.Handler {
+	return handler.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
 		m := fromChat(c)
-		d := consumer.DeliveryFrom(ctx)
+		d := handler.DeliveryFrom(ctx)
 		m.RetryFromDLQ, m.RetryCount = d.RetryFromDLQ, d.RetryCount
 		return h.Handle(ctx, m)
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/service"
 )
@@ -20,7 +21,7 @@ import (
 // the per-partition state store, ratelimit limiter, breakers, DLQ producer) on topic
 // with h, after mutate adjusts the configuration. It returns the
 // consumer's metrics registry too.
-func (e *Env) startConsumer(name, topic string, h consumer.Handler, mutate func(*config.Consumer)) (*service.Consumer, prometheus.Gatherer, error) {
+func (e *Env) startConsumer(name, topic string, h handler.Handler, mutate func(*config.Consumer)) (*service.Consumer, prometheus.Gatherer, error) {
 	dlqTopic, err := e.Topic(name+"-dlq", 2)
 	if err != nil {
 		return nil, nil, err
@@ -113,7 +114,7 @@ func (d *noDeadLetters) Send(_ *consumer.DeadLetter, done func(error)) {
 
 type closer interface{ Close(context.Context) error }
 
-func (e *Env) startBare(topic string, h consumer.Handler) (*consumer.Consumer, error) {
+func (e *Env) startBare(topic string, h handler.Handler) (*consumer.Consumer, error) {
 	cfg, err := e.ConsumerConfig("consume-bare", topic, "unused")
 	if err != nil {
 		return nil, err

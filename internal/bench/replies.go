@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/kf"
 )
@@ -58,7 +58,7 @@ func Replies(e *Env, o ConsumerOptions) (Result, error) {
 			_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, kf.Text{Content: "Thanks, we got your message."})
 			return err
 		}
-		handler := consumer.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+		handler := handler.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
 			if withReply {
 				if err := reply.Do(ctx, "reply", send); err != nil {
 					return err

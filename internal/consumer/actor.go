@@ -195,3 +195,55 @@ func (a *actor) kill() {
 	a.wake()
 	a.reg.died()
 }
+
+// batchMode is how the actors take batches off their mailboxes (WithBatch,
+// batch.go): at most max messages, waiting up to wait for more; handle
+// gets each batch.
+type batchMode struct {
+	max    int
+	wait   time.Duration
+	handle func([]*envelope)
+}
+
+// wake signals a batch wait (called under a.mu).
+func (a *actor) wake() {
+	if a.full != nil {
+		select {
+		case a.full <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// runBatch takes the next batch off the mailbox and handles it. It is
+// called from run with a.mu held and the mailbox not empty, and returns
+// with a.mu unlocked.
+func (a *actor) runBatch() {
+	b := &a.reg.batch
+	if len(a.queue)-a.head < b.max && b.wait > 0 && a.state.Load() == stateActive {
+		full := make(chan struct{}, 1)
+		a.full = full
+		a.mu.Unlock()
+		t := a.reg.clock.AfterFunc(b.wait, func() {
+			select {
+			case full <- struct{}{}:
+			default:
+			}
+		})
+		<-full
+		t.Stop()
+		a.mu.Lock()
+		a.full = nil
+	}
+	first := a.queue[a.head]
+	end := a.head + 1
+	for end < len(a.queue) && end-a.head < b.max && a.queue[end].part == first.part {
+		end++
+	}
+	batch := make([]*envelope, end-a.head)
+	copy(batch, a.queue[a.head:end])
+	clear(a.queue[a.head:end])
+	a.head = end
+	a.mu.Unlock()
+	b.handle(batch)
+}

@@ -1,6 +1,10 @@
 package consumer
 
-import "context"
+import (
+	"context"
+
+	"github.com/kfpipe/kfpipe/internal/handler"
+)
 
 // Admitter is implemented by a Lease whose done marks bound the
 // effect→mark window by backpressure (the state store's: issue 43): Admit
@@ -16,7 +20,8 @@ type Admitter interface {
 // was lost meanwhile, else ctx's stop cause. A lease that is no Admitter
 // (or none: a consumer without a State) admits every attempt.
 func (c *Consumer) admitAttempt(ctx context.Context) error {
-	l, ok := ctx.Value(leaseKey{}).(Lease)
+	hl, _ := handler.LeaseOf(ctx)
+	l, ok := hl.(Lease)
 	if !ok {
 		return nil
 	}

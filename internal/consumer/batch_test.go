@@ -12,6 +12,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 // TestBatchActorTakesQueuedMessages: a user's messages sent quickly reach
@@ -90,7 +91,7 @@ type batchRecorder struct {
 
 func (b *batchRecorder) Handle(ctx context.Context, m *chatmsg.ChatMessage) error {
 	var ids []string
-	for _, it := range BatchFrom(ctx) {
+	for _, it := range handler.BatchFrom(ctx) {
 		ids = append(ids, it.Msg.UpstreamMsgID)
 	}
 	b.mu.Lock()
@@ -105,6 +106,7 @@ func TestProcessBatchSuccessMarksEachMessage(t *testing.T) {
 	h := &batchRecorder{}
 	c, p := unitConsumer(t, h, &memDLQ{}, st)
 	envs := batchEnvs(p, "u", 3)
+	WithBatch(8, 0)(c) // batch mode: the handler sees the batch
 	c.processBatch(envs)
 	want := []string{envs[0].msg.UpstreamMsgID, envs[1].msg.UpstreamMsgID, envs[2].msg.UpstreamMsgID}
 	if len(h.batches) != 1 || !slices.Equal(h.batches[0], want) || h.firsts[0] != want[0] {
@@ -131,6 +133,7 @@ func TestProcessBatchRerunAfterPartialMarks(t *testing.T) {
 	h := &batchRecorder{}
 	c, p := unitConsumer(t, h, &memDLQ{}, order)
 	envs := batchEnvs(p, "u", 4)
+	WithBatch(8, 0)(c) // batch mode: the handler sees the batch
 	c.processBatch(envs)
 	keys := func(envs []*envelope) []string {
 		var k []string
@@ -149,6 +152,7 @@ func TestProcessBatchRerunAfterPartialMarks(t *testing.T) {
 	h2 := &batchRecorder{}
 	c2, p2 := unitConsumer(t, h2, &memDLQ{}, st2)
 	envs2 := batchEnvs(p2, "u", 4)
+	WithBatch(8, 0)(c2) // batch mode: the handler sees the batch
 	c2.processBatch(envs2)
 	want := []string{envs2[0].msg.UpstreamMsgID, envs2[1].msg.UpstreamMsgID}
 	if len(h2.batches) != 1 || !slices.Equal(h2.batches[0], want) {
@@ -167,6 +171,7 @@ func TestProcessBatchRerunAfterPartialMarks(t *testing.T) {
 	}
 	// A third run finds every message done: the handler is not called.
 	c3, p3 := unitConsumer(t, h2, &memDLQ{}, st2)
+	WithBatch(8, 0)(c3) // batch mode: the handler sees the batch
 	c3.processBatch(batchEnvs(p3, "u", 4))
 	if len(h2.batches) != 1 {
 		t.Fatalf("handler called for a batch of done messages: %v", h2.batches)
@@ -185,7 +190,7 @@ func TestProcessBatchFailureDeadLettersEachMessage(t *testing.T) {
 		wantAttempts int
 	}{
 		{"retried", errors.New("boom"), ReasonDownstreamError, true, 3},
-		{"permanent", Permanent(errors.New("bad")), ReasonInvalidMessage, false, 1},
+		{"permanent", handler.Permanent(errors.New("bad")), ReasonInvalidMessage, false, 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			st := newMemState()
@@ -193,6 +198,7 @@ func TestProcessBatchFailureDeadLettersEachMessage(t *testing.T) {
 			dlq := &memDLQ{}
 			c, p := unitConsumer(t, h, dlq, st)
 			envs := batchEnvs(p, "u", 3)
+			WithBatch(8, 0)(c) // batch mode: the handler sees the batch
 			c.processBatch(envs)
 			dlq.wg.Wait()
 			if len(h.batches) != tt.wantAttempts {
@@ -226,6 +232,7 @@ func TestProcessBatchUndecodable(t *testing.T) {
 	c, p := unitConsumer(t, h, dlq, newMemState())
 	envs := batchEnvs(p, "u", 3)
 	envs[1].msg, envs[1].km.Value = nil, []byte("not json")
+	WithBatch(8, 0)(c) // batch mode: the handler sees the batch
 	c.processBatch(envs)
 	dlq.wg.Wait()
 	if len(h.batches) != 1 || len(h.batches[0]) != 2 {

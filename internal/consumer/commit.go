@@ -6,18 +6,69 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/offsets"
 )
 
-func (c *Consumer) commitLoop() {
-	defer close(c.commitDone)
-	interval := c.cfg.Kafka.Consumer.CommitInterval
+// committer commits each partition's contiguous finished prefix (I2), with
+// the finished offsets behind it in the commit's metadata: from its own
+// goroutine every kafka.consumer.commit_interval and after every
+// kafka.consumer.commit_every_n finished messages (finish), and
+// synchronously on revoke and on shutdown (commit). The zero value counts
+// finished messages and commits nothing (unit tests' consumers).
+type committer struct {
+	kc interface {
+		CommitOffsets([]kafka.TopicPartition) ([]kafka.TopicPartition, error)
+	}
+	parts    func() []*partition // every assigned partition
+	interval time.Duration
+	everyN   int64
+	clock    Clock
+	log      *zap.Logger
+	m        *metrics
+
+	mu      sync.Mutex // serialises commits with revoke and shutdown
+	aborted bool       // guarded by mu: no commit after a simulated crash
+
+	since atomic.Int64  // finished since the last commit
+	kick  chan struct{} // cap 1: a pending "commit now" is enough
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func (cm *committer) init(cfg config.KafkaConsumer, kc *kafka.Consumer, parts func() []*partition, clk Clock, log *zap.Logger, m *metrics) {
+	cm.kc, cm.parts, cm.clock, cm.log, cm.m = kc, parts, clk, log, m
+	cm.interval, cm.everyN = cfg.CommitInterval, int64(cfg.CommitEveryN)
+	cm.kick, cm.stop, cm.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+}
+
+// start runs the periodic commits until shutdown.
+func (cm *committer) start() { go cm.loop() }
+
+// shutdown stops the periodic commits and waits for the goroutine.
+func (cm *committer) shutdown() {
+	close(cm.stop)
+	<-cm.done
+}
+
+// abort refuses every later commit (a simulated crash).
+func (cm *committer) abort() {
+	cm.mu.Lock()
+	cm.aborted = true
+	cm.mu.Unlock()
+}
+
+func (cm *committer) loop() {
+	defer close(cm.done)
 	tick := make(chan struct{}, 1)
-	t := c.clock.AfterFunc(interval, func() {
+	t := cm.clock.AfterFunc(cm.interval, func() {
 		select {
 		case tick <- struct{}{}:
 		default:
@@ -26,15 +77,28 @@ func (c *Consumer) commitLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-c.stopCommit:
+		case <-cm.stop:
 			return
 		case <-tick:
-			t.Reset(interval)
-		case <-c.kick:
+			t.Reset(cm.interval)
+		case <-cm.kick:
 		}
-		c.sinceCommit.Store(0)
-		if err := c.commit(nil); err != nil {
-			c.log.Warn("periodic commit", zap.Error(err))
+		cm.since.Store(0)
+		if err := cm.commit(nil); err != nil {
+			cm.log.Warn("periodic commit", zap.Error(err))
+		}
+	}
+}
+
+// finish marks env's offset finished (handled, duplicate, or durably
+// dead-lettered).
+func (cm *committer) finish(env *envelope) {
+	p, off := env.part, int64(env.km.TopicPartition.Offset)
+	p.tracker.Done(off)
+	if n := cm.since.Add(1); n >= cm.everyN {
+		select {
+		case cm.kick <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -42,18 +106,14 @@ func (c *Consumer) commitLoop() {
 // commit commits the committable offsets of ps (all partitions when ps is
 // nil) that moved since their last commit. It is synchronous; the periodic
 // caller is the commit goroutine, so the poll loop never waits for it.
-func (c *Consumer) commit(ps []*partition) error {
-	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
-	if c.aborted {
+func (cm *committer) commit(ps []*partition) error {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	if cm.aborted {
 		return nil
 	}
 	if ps == nil {
-		c.mu.Lock()
-		for _, p := range c.parts {
-			ps = append(ps, p)
-		}
-		c.mu.Unlock()
+		ps = cm.parts()
 	}
 	var list []kafka.TopicPartition
 	var moved []*partition
@@ -83,7 +143,7 @@ func (c *Consumer) commit(ps []*partition) error {
 			continue
 		}
 		if truncated {
-			c.m.metaTruncated.Inc()
+			cm.m.metaTruncated.Inc()
 		}
 		md := meta
 		list = append(list, kafka.TopicPartition{Topic: &p.topic, Partition: p.id, Offset: kafka.Offset(next), Metadata: &md})
@@ -94,7 +154,7 @@ func (c *Consumer) commit(ps []*partition) error {
 	if len(list) == 0 {
 		return nil
 	}
-	res, err := c.kc.CommitOffsets(list)
+	res, err := cm.kc.CommitOffsets(list)
 	if err == nil {
 		for _, tp := range res {
 			if tp.Error != nil {
@@ -104,10 +164,10 @@ func (c *Consumer) commit(ps []*partition) error {
 		}
 	}
 	if err != nil {
-		c.m.commits.WithLabelValues("error").Inc()
+		cm.m.commits.WithLabelValues("error").Inc()
 		return fmt.Errorf("commit offsets: %w", err)
 	}
-	c.m.commits.WithLabelValues("ok").Inc()
+	cm.m.commits.WithLabelValues("ok").Inc()
 	for i, p := range moved {
 		p.committed, p.meta = nexts[i], metas[i]
 	}
@@ -146,17 +206,4 @@ func groupMovedOn(err error) bool {
 		return true
 	}
 	return false
-}
-
-// finish marks env's offset finished (handled, duplicate, or durably
-// dead-lettered).
-func (c *Consumer) finish(env *envelope) {
-	p, off := env.part, int64(env.km.TopicPartition.Offset)
-	p.tracker.Done(off)
-	if n := c.sinceCommit.Add(1); n >= int64(c.cfg.Kafka.Consumer.CommitEveryN) {
-		select {
-		case c.kick <- struct{}{}:
-		default:
-		}
-	}
 }

@@ -93,7 +93,7 @@ type partition struct {
 	tracker *offsets.Tracker
 	// committed is the last committed offset and meta the finished offsets
 	// behind it listed in that commit's metadata (guarded by
-	// Consumer.commitMu).
+	// the committer's mu).
 	committed int64
 	meta      string
 	// prior is what the previous owner finished behind its committed
@@ -146,7 +146,6 @@ type Consumer struct {
 	topic   string
 	group   string
 	handler Handler
-	dlq     DeadLetters
 	state   State
 	limiter Limiter
 	// prefetch is limiter when it implements Prefetcher, else nil.
@@ -178,20 +177,15 @@ type Consumer struct {
 	handingOver map[tpKey]chan struct{}
 	handOvers   sync.WaitGroup
 
-	commitMu sync.Mutex // serialises commits with revoke and shutdown
-	aborted  bool       // guarded by commitMu: no commit after a simulated crash
+	// commits is the committer (commit.go).
+	commits committer
 
-	sinceCommit atomic.Int64
-	kick        chan struct{} // cap 1: a pending "commit now" is enough
-
-	stopPoll   chan struct{}
-	pollDone   chan struct{}
-	stopCommit chan struct{}
-	commitDone chan struct{}
-	closing    atomic.Bool
-	started    bool
-	closeOnce  sync.Once
-	closeErr   error
+	stopPoll  chan struct{}
+	pollDone  chan struct{}
+	closing   atomic.Bool
+	started   bool
+	closeOnce sync.Once
+	closeErr  error
 
 	// sb is the standby state: out of the group on purpose (SetStandby).
 	sb standby
@@ -203,15 +197,8 @@ type Consumer struct {
 	// (downstream.go).
 	down *downstream
 
-	// retries are the pending retries of dead letters that were not
-	// durable yet; shutdown stops them.
-	retryMu sync.Mutex
-	retries map[Timer]struct{}
-	// notDurable is the last failed dead-letter send (DeadLetterDetail).
-	notDurable atomic.Pointer[notDurable]
-
-	// deadWG counts the partitions' dead-letter goroutines (deadqueue.go).
-	deadWG sync.WaitGroup
+	// dead is the dead-lettering (deadqueue.go).
+	dead *deadLetterer
 
 	// batchMode is WithBatch's (batch.go).
 	batchMode batchMode
@@ -228,9 +215,8 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	}
 	c := &Consumer{
 		cfg: cfg, topic: cfg.Kafka.Topics.Main.Name, group: cfg.Kafka.Consumer.GroupID,
-		handler: h, dlq: dlq, parts: map[tpKey]*partition{}, kick: make(chan struct{}, 1),
+		handler: h, parts: map[tpKey]*partition{},
 		stopPoll: make(chan struct{}), pollDone: make(chan struct{}),
-		stopCommit: make(chan struct{}), commitDone: make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(c)
@@ -249,17 +235,29 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	c.down = newDownstream(cfg, c.clock.Now, c.reg)
 	c.prefetch, _ = c.limiter.(Prefetcher)
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
-	c.retries = map[Timer]struct{}{}
+	c.dead = newDeadLetterer(dlq, c.runCtx, c.commits.finish, cfg.Processor, c.clock, c.log, c.m)
 	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
 		func(d int) { c.m.active.Add(float64(d)) })
 	c.acts.onIdle = c.forget
-	c.installBatch()
+	if c.batchMode.max > 1 {
+		c.batchMode.handle = c.processBatch
+		c.acts.batch = c.batchMode
+	}
 	kc, err := kafka.NewConsumer(kafkaclient.Consumer(cfg.Kafka, c.group))
 	if err != nil {
 		c.cancelRun()
 		return nil, fmt.Errorf("consumer: create kafka consumer: %w", err)
 	}
 	c.kc = kc
+	c.commits.init(cfg.Kafka.Consumer, kc, func() []*partition {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		ps := make([]*partition, 0, len(c.parts))
+		for _, p := range c.parts {
+			ps = append(ps, p)
+		}
+		return ps
+	}, c.clock, c.log, c.m)
 	return c, nil
 }
 
@@ -287,7 +285,7 @@ func (c *Consumer) Start() error {
 	}
 	c.started = true
 	go c.pollLoop()
-	go c.commitLoop()
+	c.commits.start()
 	return nil
 }
 
@@ -352,9 +350,7 @@ func (c *Consumer) abort() {
 func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	c.closing.Store(true)
 	if crash {
-		c.commitMu.Lock()
-		c.aborted = true
-		c.commitMu.Unlock()
+		c.commits.abort()
 		c.cancelRun()
 	}
 	var err error
@@ -366,14 +362,13 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 		}
 	}
 	c.cancelRun()
-	c.stopRetries()
+	c.dead.stopRetries()
 	c.stopDeadQueues()
 	c.closeActors(errors.Is(err, ErrDrainTimeout))
 	if c.started {
-		close(c.stopCommit)
-		<-c.commitDone
+		c.commits.shutdown()
 		if !crash {
-			if cerr := c.commit(nil); groupMovedOn(cerr) {
+			if cerr := c.commits.commit(nil); groupMovedOn(cerr) {
 				// Stopping while the group rebalances (a member joined,
 				// left or died): the group refuses this member's commit,
 				// and its partitions go to others, who read the finished
@@ -413,7 +408,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 		return err
 	}
 	c.stopDeadQueues() // any assigned while the client closed
-	c.deadWG.Wait()
+	c.dead.wait()
 	c.handOvers.Wait()
 	return err
 }
@@ -427,7 +422,7 @@ func (c *Consumer) stopDeadQueues() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, p := range c.parts {
-		c.stopDeadQueue(p)
+		c.dead.stopQueue(p)
 	}
 }
 

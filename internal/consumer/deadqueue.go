@@ -1,12 +1,16 @@
 package consumer
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/config"
 )
 
 // deadQueue holds one assigned partition's dead letters until they are
@@ -119,11 +123,44 @@ func (q *deadQueue) halt() {
 	})
 }
 
+// deadLetterer is the consumer's dead-lettering (I6): it builds a
+// message's dead letter, queues it on the partition's deadQueue, sends it
+// from the queue's goroutine, repeats a send that failed after a backoff,
+// and finishes the message (finish) only when its letter is durable.
+type deadLetterer struct {
+	dlq       DeadLetters
+	runCtx    context.Context // ended: no more sends or retries
+	finish    func(*envelope)
+	retryBase time.Duration
+	retryMax  time.Duration
+	clock     Clock
+	log       *zap.Logger
+	m         *metrics
+
+	// retries are the pending retries of dead letters that were not
+	// durable yet; shutdown stops them.
+	mu      sync.Mutex
+	retries map[Timer]struct{}
+	// notDurable is the last failed send (DeadLetterDetail).
+	notDurable atomic.Pointer[notDurable]
+	// wg counts the partitions' sender goroutines.
+	wg sync.WaitGroup
+}
+
+func newDeadLetterer(dlq DeadLetters, runCtx context.Context, finish func(*envelope), p config.Processor, clk Clock, log *zap.Logger, m *metrics) *deadLetterer {
+	return &deadLetterer{dlq: dlq, runCtx: runCtx, finish: finish, retryBase: p.RetryBase, retryMax: p.RetryMax,
+		clock: clk, log: log, m: m, retries: map[Timer]struct{}{}}
+}
+
+// wait waits for the partitions' sender goroutines (after their queues
+// were halted).
+func (d *deadLetterer) wait() { d.wg.Wait() }
+
 // runDeadQueue is the partition's dead-letter sender goroutine, started
 // with the partition's assignment; halt ends it and Consumer.shutdown
-// waits for it (deadWG).
-func (c *Consumer) runDeadQueue(q *deadQueue) {
-	defer c.deadWG.Done()
+// waits for it (wait).
+func (d *deadLetterer) run(q *deadQueue) {
+	defer d.wg.Done()
 	for {
 		select {
 		case <-q.stop:
@@ -141,7 +178,7 @@ func (c *Consumer) runDeadQueue(q *deadQueue) {
 					return // the rest stays unfinished: read again
 				default:
 				}
-				c.sendDead(l.dl, l.env, l.backoff)
+				d.send(l.dl, l.env, l.backoff)
 			}
 			q.giveBack(batch)
 		}
@@ -149,20 +186,109 @@ func (c *Consumer) runDeadQueue(q *deadQueue) {
 }
 
 // startDeadQueue gives p its dead-letter queue and sender goroutine.
-func (c *Consumer) startDeadQueue(p *partition) {
-	p.dead = newDeadQueue(c.m.deadWaiting.WithLabelValues(p.label))
-	c.deadWG.Add(1)
-	go c.runDeadQueue(p.dead)
+func (d *deadLetterer) startQueue(p *partition) {
+	p.dead = newDeadQueue(d.m.deadWaiting.WithLabelValues(p.label))
+	d.wg.Add(1)
+	go d.run(p.dead)
 }
 
 // stopDeadQueue halts p's queue and forgets its gauge; the goroutine ends
 // at its next step (a Send in progress finishes first).
-func (c *Consumer) stopDeadQueue(p *partition) {
+func (d *deadLetterer) stopQueue(p *partition) {
 	if p.dead == nil {
 		return
 	}
 	p.dead.halt()
-	c.m.deadWaiting.DeleteLabelValues(p.label)
+	d.m.deadWaiting.DeleteLabelValues(p.label)
+}
+
+// deadLetter hands env to the DLQ; the message is finished only when the
+// dead letter is durable (I6). It queues the letter on the partition's
+// dead-letter queue, whose goroutine sends it (deadqueue.go), so neither
+// the poll goroutine nor an actor waits for the DLQ. A failed send is
+// repeated after a backoff until it succeeds or the consumer stops, or the
+// partition goes (then the offset stays uncommitted and the record is read
+// again).
+func (d *deadLetterer) deadLetter(env *envelope, reason, details string, attempts int) {
+	km := env.km
+	dl := &DeadLetter{
+		Reason: reason, Details: details, Msg: env.msg,
+		Raw: km.Value, Key: km.Key, Headers: km.Headers,
+		Topic: env.part.topic, Partition: env.part.id, Offset: int64(km.TopicPartition.Offset),
+		Timestamp: km.Timestamp, Attempts: attempts, FailedAt: d.clock.Now(),
+	}
+	dl.UserID = env.user
+	if env.msg != nil {
+		if dl.UserID == "" {
+			dl.UserID = env.msg.ExternalUserID
+		} else if env.msg.ExternalUserID != dl.UserID {
+			dl.Details += fmt.Sprintf(" (routed by record key %q; payload external_userid %q)", dl.UserID, env.msg.ExternalUserID)
+		}
+	}
+	if dl.UserID == "" {
+		dl.UserID = string(km.Key)
+	}
+	d.log.Info("dead letter", zap.String("reason", reason), zap.String("user_id", dl.UserID),
+		zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.String("details", dl.Details))
+	l := &letter{dl: dl, env: env, backoff: d.retryBase}
+	if q := env.part.dead; q != nil {
+		q.push(l, false) // never blocks: the poll goroutine and the actors only queue
+		return
+	}
+	d.send(l.dl, l.env, l.backoff) // a partition built without a queue (unit tests of process)
+}
+
+func (d *deadLetterer) send(dl *DeadLetter, env *envelope, backoff time.Duration) {
+	d.dlq.Send(dl, func(err error) {
+		if err == nil {
+			d.m.result(dl.Reason).Inc()
+			d.finish(env)
+			if q := env.part.dead; q != nil {
+				q.durable()
+			}
+			return
+		}
+		if d.runCtx.Err() != nil {
+			return
+		}
+		d.notDurable.Store(&notDurable{at: d.clock.Now(), err: err})
+		d.log.Error("dead letter not durable; retrying", zap.String("reason", dl.Reason),
+			zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.Error(err))
+		next := min(2*backoff+time.Millisecond, max(d.retryMax, time.Millisecond))
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.runCtx.Err() != nil {
+			return // shutdown stopped the retries: the message stays uncommitted
+		}
+		if d.retries == nil {
+			d.retries = map[Timer]struct{}{}
+		}
+		var t Timer
+		t = d.clock.AfterFunc(backoff, func() {
+			d.mu.Lock()
+			delete(d.retries, t)
+			d.mu.Unlock()
+			switch q := env.part.dead; {
+			case d.runCtx.Err() != nil:
+			case q != nil:
+				q.push(&letter{dl: dl, env: env, backoff: next}, true) // sent again by the partition's sender
+			default:
+				d.send(dl, env, next)
+			}
+		})
+		d.retries[t] = struct{}{}
+	})
+}
+
+// stopRetries stops the pending dead-letter retries (after runCtx was
+// cancelled, so none is added).
+func (d *deadLetterer) stopRetries() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for t := range d.retries {
+		t.Stop()
+	}
+	clear(d.retries)
 }
 
 // notDurable records a dead letter the DLQ did not take: neither the DLQ
@@ -177,7 +303,7 @@ type notDurable struct {
 // the last error (the DLQ topic's and the emergency file's). Empty when
 // every send of the last 30 s was recorded, or nothing waits.
 func (c *Consumer) DeadLetterDetail() string {
-	nd := c.notDurable.Load()
+	nd := c.dead.notDurable.Load()
 	if nd == nil || c.clock.Now().Sub(nd.at) > 30*time.Second {
 		return ""
 	}

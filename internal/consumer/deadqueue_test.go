@@ -94,16 +94,16 @@ func queuedConsumer(t *testing.T, dlq *stallingDLQ) (*Consumer, [2]*partition) {
 	var ps [2]*partition
 	for i := range ps {
 		ps[i] = &partition{topic: "t", id: int32(i), tracker: offsets.NewTracker(int32(i)), label: strconv.Itoa(i)}
-		c.startDeadQueue(ps[i])
+		c.dead.startQueue(ps[i])
 	}
 	t.Cleanup(func() {
 		dlq.unblock()
 		c.cancelRun()
-		c.stopRetries()
+		c.dead.stopRetries()
 		for _, p := range ps {
-			c.stopDeadQueue(p)
+			c.dead.stopQueue(p)
 		}
-		c.deadWG.Wait()
+		c.dead.wait()
 	})
 	return c, ps
 }
@@ -118,7 +118,7 @@ func deadLetterAll(t *testing.T, c *Consumer, p *partition, n int) {
 		for off := range n {
 			p.tracker.Add(int64(off))
 			env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: kafka.Offset(off)}}, part: p, user: "u"}
-			c.deadLetter(env, ReasonInvalidMessage, "poison", 0)
+			c.dead.deadLetter(env, ReasonInvalidMessage, "poison", 0)
 		}
 	}()
 	select {
@@ -219,7 +219,7 @@ func TestHaltedDeadQueueLeavesMessagesUnfinished(t *testing.T) {
 	c, ps := queuedConsumer(t, dlq)
 	deadLetterAll(t, c, ps[0], 20)
 	waitCount(t, 5*time.Second, "sends", &dlq.calls, 1) // the first is in Send
-	c.stopDeadQueue(ps[0])
+	c.dead.stopQueue(ps[0])
 	dlq.unblock()
 	time.Sleep(100 * time.Millisecond)
 	if n := dlq.calls.Load(); n != 1 {
@@ -228,7 +228,7 @@ func TestHaltedDeadQueueLeavesMessagesUnfinished(t *testing.T) {
 	if next, ok := ps[0].tracker.Committable(); !ok || next != 1 {
 		t.Fatalf("committable %d %v, want 1 (only the letter that was in Send is durable)", next, ok)
 	}
-	c.deadLetter(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 20}}, part: ps[0]},
+	c.dead.deadLetter(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 20}}, part: ps[0]},
 		ReasonInvalidMessage, "late", 0)
 	if n := dlq.calls.Load(); n != 1 {
 		t.Fatal("a letter pushed after halt was sent")
@@ -441,7 +441,7 @@ func BenchmarkDeadLetter(b *testing.B) {
 			c.cfg.Kafka.Consumer.CommitEveryN = 1 << 30
 			p := &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0), label: "0"}
 			if queued {
-				c.startDeadQueue(p)
+				c.dead.startQueue(p)
 			}
 			envs := make([]*envelope, b.N)
 			for i := range envs {
@@ -451,15 +451,15 @@ func BenchmarkDeadLetter(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for _, env := range envs {
-				c.deadLetter(env, ReasonRateLimited, "over the limit", 0)
+				c.dead.deadLetter(env, ReasonRateLimited, "over the limit", 0)
 			}
 			for p.tracker.InFlight() > 0 {
 				time.Sleep(10 * time.Microsecond)
 			}
 			b.StopTimer()
 			if queued {
-				c.stopDeadQueue(p)
-				c.deadWG.Wait()
+				c.dead.stopQueue(p)
+				c.dead.wait()
 			}
 			c.cancelRun()
 		})

@@ -7,25 +7,16 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
-// Delivery is what a record's headers say about this delivery of its
-// message: whether the DLQ's recovery put it back on the main topic, and
-// how many times that has happened.
-type Delivery struct {
-	RetryFromDLQ bool
-	RetryCount   int
-}
-
-type deliveryKey struct{}
-
-// withDelivery returns ctx carrying the Delivery of record km (ctx itself
+// withDelivery returns ctx carrying the handler.Delivery of record km (ctx itself
 // for a first delivery).
 func withDelivery(ctx context.Context, km *kafka.Message) context.Context {
 	if km == nil {
 		return ctx
 	}
-	var d Delivery
+	var d handler.Delivery
 	for _, h := range km.Headers {
 		switch h.Key {
 		case chatmsg.HeaderRetryFromDLQ:
@@ -36,15 +27,5 @@ func withDelivery(ctx context.Context, km *kafka.Message) context.Context {
 			}
 		}
 	}
-	if d == (Delivery{}) {
-		return ctx
-	}
-	return context.WithValue(ctx, deliveryKey{}, d)
-}
-
-// DeliveryFrom returns the Delivery of the message a handler call handles
-// (the zero Delivery for a first delivery).
-func DeliveryFrom(ctx context.Context) Delivery {
-	d, _ := ctx.Value(deliveryKey{}).(Delivery)
-	return d
+	return handler.WithDelivery(ctx, d)
 }

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -36,20 +35,11 @@ type State interface {
 	Acquire(ctx context.Context, topic string, partition int32) (Lease, error)
 }
 
-// StateItem is one message as the state store knows it: its idempotency
-// key, WeChat's send_time (Unix seconds, the same in every copy) and the
-// external_userid.
-type StateItem struct {
-	Key      string
-	SendTime int64
-	User     string
-}
-
 // Lease is one owner's hold on a partition in the State, from Acquire to
 // Release or its loss.
 type Lease interface {
 	// Token is the fencing token: larger than every token handed out for
-	// the partition before (handlers read it with FencingToken).
+	// the partition before (handlers read it with handler.FencingToken).
 	Token() int64
 	// Lost is closed when the lease is lost (not renewed in time, or
 	// another owner took it).
@@ -70,78 +60,6 @@ type Lease interface {
 	// Release sends the marks still queued, then gives the lease back so
 	// the next owner need not wait for its expiry.
 	Release(ctx context.Context) error
-}
-
-// ReplyLog keeps a message's replies (each with a key of its own: the
-// message's and the reply's number) so that a handler that runs again for
-// the message finds the replies it made. The consumer's is the partition's
-// lease; the reply path reads it from the handler's context (ReplyLogOf).
-type ReplyLog interface {
-	// Replied returns what was recorded for the reply it (found false
-	// when nothing); it reads the store, never a copy.
-	Replied(ctx context.Context, it StateItem) (record string, found bool, err error)
-	// RecordReply records the reply it as sent, with record: a fact,
-	// recorded whoever owns the partition now.
-	RecordReply(ctx context.Context, it StateItem, record string) error
-}
-
-type leaseKey struct{}
-
-type replyLogKey struct{}
-
-// withLease returns ctx carrying the lease a handler runs under, which is
-// also its reply log.
-func withLease(ctx context.Context, l Lease) context.Context {
-	return WithReplyLog(context.WithValue(ctx, leaseKey{}, l), l)
-}
-
-// WithReplyLog returns ctx whose handler keeps its replies in log: for a
-// handler run outside the consumer (the test kit).
-func WithReplyLog(ctx context.Context, log ReplyLog) context.Context {
-	return context.WithValue(ctx, replyLogKey{}, log)
-}
-
-// FencingToken returns the token of the partition lease a handler runs
-// under (ok false outside a handler of the consumer).
-func FencingToken(ctx context.Context) (token int64, ok bool) {
-	l, ok := ctx.Value(leaseKey{}).(Lease)
-	if !ok {
-		return 0, false
-	}
-	return l.Token(), true
-}
-
-// ReplyLogOf returns the reply log of the partition lease a handler runs
-// under (ok false outside a handler of a consumer with a State).
-func ReplyLogOf(ctx context.Context) (ReplyLog, bool) {
-	l, ok := ctx.Value(replyLogKey{}).(ReplyLog)
-	return l, ok
-}
-
-// MemReplyLog is a ReplyLog in memory (the test kit's, and a consumer's
-// without a State). The zero value is not usable: NewMemReplyLog.
-type MemReplyLog struct {
-	mu sync.Mutex
-	m  map[string]string
-}
-
-// NewMemReplyLog returns an empty MemReplyLog.
-func NewMemReplyLog() *MemReplyLog { return &MemReplyLog{m: map[string]string{}} }
-
-// Replied implements ReplyLog.
-func (l *MemReplyLog) Replied(_ context.Context, it StateItem) (string, bool, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	v, ok := l.m[it.Key]
-	return v, ok, nil
-}
-
-// RecordReply implements ReplyLog.
-func (l *MemReplyLog) RecordReply(_ context.Context, it StateItem, record string) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.m[it.Key] = record
-	return nil
 }
 
 // Verdict is a Limiter's answer for one message.

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/overload"
 )
 
@@ -95,7 +96,7 @@ func newDownstream(cfg config.Consumer, now func() time.Time, reg prometheus.Reg
 func outcomeOf(err error, timedOut bool) overload.Outcome {
 	var ra *RetryAfterError
 	switch {
-	case err == nil || IsPermanent(err):
+	case err == nil || handler.IsPermanent(err):
 		return overload.Success
 	case timedOut, errors.As(err, &ra):
 		return overload.Dropped

@@ -19,37 +19,18 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/permanent"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
-// Handler is the business logic plugged into the consumer. Handle is called
-// from the user's actor, one message at a time per user, in partition order
-// (I4). A nil error finishes the message. An error is retried in place
-// (processor.retry_attempts, exponential backoff) unless it is Permanent;
-// after the last attempt the message goes to the DLQ. ctx ends at
-// processor.attempt_timeout or when the consumer stops. Handle must be
-// idempotent for a message whose previous attempt timed out, because the
-// handler may have had an effect before the timeout fired.
-type Handler interface {
-	Handle(ctx context.Context, m *chatmsg.ChatMessage) error
-}
-
-// HandlerFunc adapts a function to Handler.
-type HandlerFunc func(ctx context.Context, m *chatmsg.ChatMessage) error
-
-// Handle calls f.
-func (f HandlerFunc) Handle(ctx context.Context, m *chatmsg.ChatMessage) error { return f(ctx, m) }
-
-// Permanent marks err as not retryable: the message goes straight to the
-// DLQ as invalid_message, not recoverable. Permanent(nil) is nil. It is
-// permanent.Mark; a WeChat errcode that retrying cannot fix (kf.Error,
-// wecom.APIError) is permanent without it.
-func Permanent(err error) error { return permanent.Mark(err) }
-
-// IsPermanent reports whether err (or an error it wraps) is permanent:
-// made by Permanent, or a WeChat errcode that retrying cannot fix
-// (permanent.Is).
-func IsPermanent(err error) bool { return permanent.Is(err) }
+// The handler contract is package handler's; these are its names in the
+// engine.
+type (
+	Handler         = handler.Handler
+	HandlerFunc     = handler.HandlerFunc
+	StateItem       = handler.StateItem
+	ReplyLog        = handler.ReplyLog
+	RetryAfterError = handler.RetryAfterError
+)
 
 // NoopHandler accepts every message and does nothing.
 var NoopHandler Handler = HandlerFunc(func(context.Context, *chatmsg.ChatMessage) error { return nil })
@@ -99,16 +80,6 @@ func Signature(secret, timestamp string, body []byte) string {
 	return "v1=" + hex.EncodeToString(mac.Sum(nil))
 }
 
-// RetryAfterError is a retryable failure after which the receiver asked
-// for a pause (HTTP Retry-After): the next attempt waits at least After.
-type RetryAfterError struct {
-	After time.Duration
-	Err   error
-}
-
-func (e *RetryAfterError) Error() string { return e.Err.Error() }
-func (e *RetryAfterError) Unwrap() error { return e.Err }
-
 // maxRetryAfter caps a receiver's Retry-After: a longer pause is the
 // DLQ's job (the message is dead-lettered after its attempts and retried
 // with backoff).
@@ -119,7 +90,7 @@ const maxRetryAfter = time.Minute
 // as Idempotency-Key (a timed-out attempt may have had its effect; the
 // retry has the same key) and, with a secret, a timestamp and an HMAC
 // signature. Status: 2xx finishes the message; 408, 425, 429 and 503 are
-// retried, after Retry-After when given; other 4xx are Permanent (the
+// retried, after Retry-After when given; other 4xx are handler.Permanent (the
 // receiver rejects this message); other 5xx, transport errors and timeouts
 // are retried. timeout runs from when the request is sent (it got its
 // connection), so a wait for a pooled connection never makes a call time
@@ -137,7 +108,7 @@ func SignedHTTPHandler(url string, timeout time.Duration, client *http.Client, s
 
 // ResponseFunc receives the body of a 2xx answer of the http handler, with
 // the message's context (not bounded by the request's timeout); its error
-// is the message's (Permanent included).
+// is the message's (handler.Permanent included).
 type ResponseFunc func(ctx context.Context, body []byte) error
 
 // maxResponseBody bounds the 2xx body a ResponseFunc is given.
@@ -153,7 +124,7 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 	return HandlerFunc(func(msgCtx context.Context, m *chatmsg.ChatMessage) error {
 		body, err := chatmsg.Encode(m)
 		if err != nil {
-			return Permanent(fmt.Errorf("encode: %w", err))
+			return handler.Permanent(fmt.Errorf("encode: %w", err))
 		}
 		ctx := msgCtx
 		var st *sendTimer
@@ -164,11 +135,11 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 		if err != nil {
-			return Permanent(fmt.Errorf("http handler request: %w", err))
+			return handler.Permanent(fmt.Errorf("http handler request: %w", err))
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", m.DedupKey())
-		if tok, ok := FencingToken(ctx); ok {
+		if tok, ok := handler.FencingToken(ctx); ok {
 			// The partition lease's token, larger for every new owner of
 			// the partition; a receiver can refuse a smaller one.
 			req.Header.Set("Kfpipe-Fencing-Token", strconv.FormatInt(tok, 10))
@@ -200,7 +171,7 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 				return fmt.Errorf("http handler: read the answer: %w", err)
 			}
 			if len(data) > maxResponseBody {
-				return Permanent(fmt.Errorf("http handler: the answer is larger than %d bytes", maxResponseBody))
+				return handler.Permanent(fmt.Errorf("http handler: the answer is larger than %d bytes", maxResponseBody))
 			}
 			return respond(msgCtx, data)
 		}
@@ -215,7 +186,7 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 			}
 			return failure
 		case c >= 400 && c < 500:
-			return Permanent(failure)
+			return handler.Permanent(failure)
 		default:
 			return failure
 		}

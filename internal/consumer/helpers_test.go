@@ -14,6 +14,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -208,11 +209,11 @@ func (s *redisState) Acquire(ctx context.Context, topic string, partition int32)
 	if err != nil {
 		return nil, err
 	}
-	return &redisLease{MemReplyLog: NewMemReplyLog(), s: s, key: key, owner: owner, token: tok, lost: make(chan struct{})}, nil
+	return &redisLease{MemReplyLog: handler.NewMemReplyLog(), s: s, key: key, owner: owner, token: tok, lost: make(chan struct{})}, nil
 }
 
 type redisLease struct {
-	*MemReplyLog
+	*handler.MemReplyLog
 	s          *redisState
 	key, owner string
 	token      int64

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfpipe/kfpipe/internal/deadletter"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 // metrics are the consumer's Prometheus series (kfpipe_ names; the alerts of
@@ -128,4 +129,51 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			m.priorFinished, m.metaTruncated)
 	}
 	return m
+}
+
+// ownMetrics are the hand-over's series.
+type ownMetrics struct {
+	handOver *prometheus.CounterVec // fate: awaited, cancelled, lapsed
+	notOwner prometheus.Counter
+}
+
+func newOwnMetrics(reg prometheus.Registerer) ownMetrics {
+	m := ownMetrics{
+		handOver: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_handover_attempts_total",
+			Help: "Handler attempts running when their partition was handed over (revoke, loss, stop), by fate: awaited (ended within kafka.consumer.revoke_drain_limit), cancelled (their context cancelled at the limit), lapsed (still running after the cancel: the lease was left to lapse, not given back)."},
+			[]string{"fate"}),
+		notOwner: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_attempts_not_owner_total",
+			Help: "Handler attempts not started because the partition's lease was past its local deadline (a paused or cut-off owner): the message is looked up again under the next lease."}),
+	}
+	for _, f := range []string{"awaited", "cancelled", "lapsed"} {
+		m.handOver.WithLabelValues(f)
+	}
+	if reg != nil {
+		reg.MustRegister(m.handOver, m.notOwner)
+	}
+	return m
+}
+
+// Handler attempt outcomes (kfpipe_handler_attempts_total's label).
+const (
+	attemptOK        = "ok"
+	attemptFailed    = "failed"
+	attemptTimeout   = "timeout"
+	attemptPermanent = "permanent"
+	attemptAbandoned = "abandoned" // retry not made: the partition was revoked or lost
+)
+
+func attemptOutcome(err error, timedOut bool) string {
+	switch {
+	case err == nil:
+		return attemptOK
+	case handler.IsPermanent(err):
+		return attemptPermanent
+	case timedOut:
+		return attemptTimeout
+	default:
+		return attemptFailed
+	}
 }

@@ -12,17 +12,11 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
-
-// ErrNotOwner is returned by CheckOwner (and so by a reply) when the
-// partition lease the handler runs under is past its local deadline, or
-// was lost: whatever the handler was about to start is the next owner's.
-var ErrNotOwner = errors.New("consumer: the partition's lease is no longer certainly held")
 
 // deadliner is implemented by a Lease that knows its local deadline (the
 // state store's does): until then it is certainly held.
@@ -47,62 +41,6 @@ func ownerMargin(lease time.Duration) time.Duration {
 		return 0
 	}
 	return min(lease/10, time.Second)
-}
-
-type marginKey struct{}
-
-// ReplyClaimer is implemented by a ReplyLog that claims a reply before it
-// is sent (the partition lease's: the claim carries its fencing token), so
-// that two owners of a message — a newer one and an older one that has not
-// stopped yet — never both send it.
-type ReplyClaimer interface {
-	// ClaimReply returns the reply's record (found) when it was recorded;
-	// otherwise it claims the reply for hold (what the send may take at
-	// most) and returns wait 0, or, when an older owner's claim is live,
-	// how long it is live (look again then). A newer owner's claim is an
-	// error: the reply is not this owner's to send.
-	ClaimReply(ctx context.Context, it StateItem, hold time.Duration) (record string, found bool, wait time.Duration, err error)
-}
-
-// ownedLog is what OwnedUntil reads from the reply log in a handler's
-// context (the consumer's is the partition's lease).
-type ownedLog interface {
-	Lost() <-chan struct{}
-	Deadline() time.Time
-}
-
-// OwnedUntil returns until when the handler whose context ctx is may start
-// something under its partition's lease: the lease's local deadline minus
-// the owner margin. ok is false outside a handler of a consumer with a
-// State (nothing to check); err is ErrNotOwner when that time has passed
-// or the lease was lost. The check is local: no round trip.
-func OwnedUntil(ctx context.Context) (until time.Time, ok bool, err error) {
-	// The lease a consumer's handler runs under is also its reply log; a
-	// handler run outside a consumer (the test kit) may be given a reply
-	// log that knows its deadline too.
-	d, ok := ctx.Value(replyLogKey{}).(ownedLog)
-	if !ok {
-		return time.Time{}, false, nil
-	}
-	select {
-	case <-d.Lost():
-		return time.Time{}, true, ErrNotOwner
-	default:
-	}
-	margin, _ := ctx.Value(marginKey{}).(time.Duration)
-	until = d.Deadline().Add(-margin)
-	if !time.Now().Before(until) {
-		return until, true, fmt.Errorf("%w (deadline %s)", ErrNotOwner, d.Deadline().Format(time.RFC3339Nano))
-	}
-	return until, true, nil
-}
-
-// CheckOwner returns ErrNotOwner when the handler whose context ctx is may
-// no longer start anything under its partition's lease (see OwnedUntil);
-// nil otherwise, and outside a consumer's handler.
-func CheckOwner(ctx context.Context) error {
-	_, _, err := OwnedUntil(ctx)
-	return err
 }
 
 // partWork is a partition's running handler attempts. The zero value is
@@ -265,7 +203,7 @@ func (c *Consumer) endWork(ps []*partition, limit time.Duration) (unended map[*p
 // start and the message is looked up again under the next lease (nothing
 // is dead-lettered for it).
 func (c *Consumer) startAttempt(ctx context.Context, env *envelope, g *claimGuard) (context.Context, context.CancelFunc, error) {
-	if err := CheckOwner(ctx); err != nil {
+	if err := handler.CheckOwner(ctx); err != nil {
 		c.m.own.notOwner.Inc()
 		return nil, nil, errClaimLost
 	}
@@ -316,33 +254,64 @@ func watchDeadline(l Lease, g *claimGuard, stop <-chan struct{}) {
 	}
 }
 
-// ownMetrics are the hand-over's series.
-type ownMetrics struct {
-	handOver *prometheus.CounterVec // fate: awaited, cancelled, lapsed
-	notOwner prometheus.Counter
-}
-
-func newOwnMetrics(reg prometheus.Registerer) ownMetrics {
-	m := ownMetrics{
-		handOver: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kfpipe_handover_attempts_total",
-			Help: "Handler attempts running when their partition was handed over (revoke, loss, stop), by fate: awaited (ended within kafka.consumer.revoke_drain_limit), cancelled (their context cancelled at the limit), lapsed (still running after the cancel: the lease was left to lapse, not given back)."},
-			[]string{"fate"}),
-		notOwner: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kfpipe_attempts_not_owner_total",
-			Help: "Handler attempts not started because the partition's lease was past its local deadline (a paused or cut-off owner): the message is looked up again under the next lease."}),
-	}
-	for _, f := range []string{"awaited", "cancelled", "lapsed"} {
-		m.handOver.WithLabelValues(f)
-	}
-	if reg != nil {
-		reg.MustRegister(m.handOver, m.notOwner)
-	}
-	return m
-}
-
 func (m ownMetrics) add(st handOverStats) {
 	m.handOver.WithLabelValues("awaited").Add(float64(st.awaited))
 	m.handOver.WithLabelValues("cancelled").Add(float64(st.cancelled))
 	m.handOver.WithLabelValues("lapsed").Add(float64(st.lapsed))
+}
+
+// errStopping means the consumer is stopping: the message is left
+// unfinished, so its offset is not committed and it is read again.
+var errStopping = errors.New("consumer stopping")
+
+// errClaimLost means the message's dedup claim was lost while the handler
+// ran (it expired, or another owner took the key): the handler was stopped
+// and the message is looked at again under the dedup protocol, which waits
+// for the other owner's outcome.
+var errClaimLost = errors.New("dedup claim lost while the handler ran")
+
+// claimGuard stops a message's handler when its dedup claim is lost
+// (AheadDeduper's lost callback), so the message needs no context of its
+// own besides each attempt's.
+type claimGuard struct {
+	mu     sync.Mutex
+	lost   bool
+	cancel context.CancelFunc // the running attempt's, if any
+}
+
+func (g *claimGuard) lose(error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.lost = true
+	if g.cancel != nil {
+		g.cancel()
+	}
+}
+
+// attempt returns the context of one handler attempt; ok is false when the
+// claim is already lost. A nil guard only bounds the attempt.
+func (g *claimGuard) attempt(ctx context.Context, d time.Duration) (_ context.Context, _ context.CancelFunc, ok bool) {
+	actx, cancel := context.WithTimeout(ctx, d)
+	if g == nil {
+		return actx, cancel, true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lost {
+		cancel()
+		return nil, nil, false
+	}
+	g.cancel = cancel
+	return actx, cancel, true
+}
+
+// ended reports, after an attempt, whether the claim was lost.
+func (g *claimGuard) ended() (lost bool) {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.cancel = nil
+	return g.lost
 }

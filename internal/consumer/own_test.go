@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -152,13 +153,14 @@ func TestRevokeEndsWorkBeforeHandOver(t *testing.T) {
 	// partition p.
 	var qmu sync.Mutex
 	quick := map[int32][]time.Time{}
-	handler := func(who string) Handler {
+	handlerOf := func(who string) Handler {
 		sh := slowHandler(who, rs)
 		return HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
 			if m.ExternalUserID[:4] == "slow" {
 				return sh.Handle(ctx, m)
 			}
-			if rl, ok := ctx.Value(leaseKey{}).(*storeLease); ok && who == "a" {
+			hl, _ := handler.LeaseOf(ctx)
+			if rl, ok := hl.(*storeLease); ok && who == "a" {
 				qmu.Lock()
 				quick[rl.partition] = append(quick[rl.partition], time.Now())
 				qmu.Unlock()
@@ -167,7 +169,7 @@ func TestRevokeEndsWorkBeforeHandOver(t *testing.T) {
 		})
 	}
 	regA := prometheus.NewRegistry()
-	a := startConsumer(t, cfg, handler("a"), &memDLQ{}, WithRegisterer(regA),
+	a := startConsumer(t, cfg, handlerOf("a"), &memDLQ{}, WithRegisterer(regA),
 		WithState(newStoreState(t, prefix, "a", cfg.Dedup.Lease)))
 	testenv.Eventually(t, 60*time.Second, func() error {
 		n := 0
@@ -207,7 +209,7 @@ func TestRevokeEndsWorkBeforeHandOver(t *testing.T) {
 		}
 	}()
 	time.Sleep(time.Second)
-	b := startConsumer(t, cfg, handler("b"), &memDLQ{}, WithRegisterer(prometheus.NewRegistry()),
+	b := startConsumer(t, cfg, handlerOf("b"), &memDLQ{}, WithRegisterer(prometheus.NewRegistry()),
 		WithState(newStoreState(t, prefix, "b", cfg.Dedup.Lease)))
 	// B runs the moved partition's slow messages (after A's hand-over).
 	testenv.Eventually(t, 60*time.Second, func() error {

@@ -125,12 +125,12 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	env := &envelope{km: km, part: p}
 	if c.finishedBefore(p, off) {
 		c.m.priorFinished.Inc()
-		c.finish(env)
+		c.commits.finish(env)
 		return nil
 	}
 	if max := c.cfg.Processor.MaxMessageBytes; len(km.Value) > max {
 		env.user = string(km.Key)
-		c.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), 0)
+		c.dead.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), 0)
 		return nil
 	}
 	if len(km.Key) > 0 {
@@ -139,7 +139,7 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	}
 	msg, err := chatmsg.Decode(km.Value)
 	if err != nil {
-		c.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
+		c.dead.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
 		return nil
 	}
 	env.msg, env.user = msg, msg.ExternalUserID
@@ -247,7 +247,7 @@ func (c *Consumer) route(env *envelope) {
 	if c.breaker != nil {
 		done, err := c.breaker.Allow(user)
 		if err != nil {
-			c.deadLetter(env, ReasonCircuitOpen, err.Error(), 0)
+			c.dead.deadLetter(env, ReasonCircuitOpen, err.Error(), 0)
 			return
 		}
 		env.breakerDone = done
@@ -258,7 +258,7 @@ func (c *Consumer) route(env *envelope) {
 			if reason == "" {
 				reason = ReasonRateLimited
 			}
-			c.deadLetter(env, reason, v.Details, 0)
+			c.dead.deadLetter(env, reason, v.Details, 0)
 			return
 		}
 	}
@@ -266,6 +266,6 @@ func (c *Consumer) route(env *envelope) {
 		if env.breakerDone != nil {
 			env.breakerDone(false)
 		}
-		c.deadLetter(env, ReasonQueueFull, fmt.Sprintf("mailbox of %d messages is full", c.cfg.Processor.MailboxSize), 0)
+		c.dead.deadLetter(env, ReasonQueueFull, fmt.Sprintf("mailbox of %d messages is full", c.cfg.Processor.MailboxSize), 0)
 	}
 }

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/overload"
 )
 
@@ -26,65 +27,20 @@ type handlerFailure struct {
 func (h *handlerFailure) Error() string { return h.err.Error() }
 func (h *handlerFailure) Unwrap() error { return h.err }
 
-// errStopping means the consumer is stopping: the message is left
-// unfinished, so its offset is not committed and it is read again.
-var errStopping = errors.New("consumer stopping")
+// process runs in the user's actor goroutine for one message: a batch of
+// one (processBatch).
+func (c *Consumer) process(env *envelope) { c.processBatch([]*envelope{env}) }
 
-// errClaimLost means the message's dedup claim was lost while the handler
-// ran (it expired, or another owner took the key): the handler was stopped
-// and the message is looked at again under the dedup protocol, which waits
-// for the other owner's outcome.
-var errClaimLost = errors.New("dedup claim lost while the handler ran")
+// batching reports whether the consumer runs in batch mode (WithBatch):
+// the handler then sees the batch (handler.BatchFrom) and the dead
+// letters say how many messages it held.
+func (c *Consumer) batching() bool { return c.batchMode.max > 1 }
 
-// claimGuard stops a message's handler when its dedup claim is lost
-// (AheadDeduper's lost callback), so the message needs no context of its
-// own besides each attempt's.
-type claimGuard struct {
-	mu     sync.Mutex
-	lost   bool
-	cancel context.CancelFunc // the running attempt's, if any
-}
-
-func (g *claimGuard) lose(error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.lost = true
-	if g.cancel != nil {
-		g.cancel()
-	}
-}
-
-// attempt returns the context of one handler attempt; ok is false when the
-// claim is already lost. A nil guard only bounds the attempt.
-func (g *claimGuard) attempt(ctx context.Context, d time.Duration) (_ context.Context, _ context.CancelFunc, ok bool) {
-	actx, cancel := context.WithTimeout(ctx, d)
-	if g == nil {
-		return actx, cancel, true
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.lost {
-		cancel()
-		return nil, nil, false
-	}
-	g.cancel = cancel
-	return actx, cancel, true
-}
-
-// ended reports, after an attempt, whether the claim was lost.
-func (g *claimGuard) ended() (lost bool) {
-	if g == nil {
-		return false
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.cancel = nil
-	return g.lost
-}
-
-// process runs in the user's actor goroutine: decode, dedup, handle with
-// retry, then finish the message or dead-letter it.
-func (c *Consumer) process(env *envelope) {
+// processBatch runs in the user's actor goroutine: decode, dedup, handle
+// with retry, then finish every message or dead-letter each. Outside batch
+// mode envs is one message; in it, the user's consecutive messages of one
+// partition (batch.go).
+func (c *Consumer) processBatch(envs []*envelope) {
 	defer func() {
 		// A bug here must not kill the daemon; the message stays
 		// unfinished (never committed) and is read again after a restart.
@@ -92,26 +48,40 @@ func (c *Consumer) process(env *envelope) {
 			c.log.Error("actor panic", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
 	}()
-	if env.part.dropped.Load() || c.runCtx.Err() != nil {
+	if envs[0].part.dropped.Load() || c.runCtx.Err() != nil {
 		return // revoked past the drain limit, or stopping: the next reader handles it
 	}
-	if env.msg == nil {
-		msg, err := chatmsg.Decode(env.km.Value)
-		if err != nil {
-			// Bad input says nothing about the user's downstream: it
-			// releases a half-open trial slot like a success instead of
-			// opening the breaker for the user's good messages.
-			c.breakerOutcome(env, true)
-			c.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
-			return
+	live, bad := envs, 0
+	for _, env := range envs {
+		if env.msg == nil {
+			msg, err := chatmsg.Decode(env.km.Value)
+			if err != nil {
+				// Bad input says nothing about the user's downstream: it
+				// releases a half-open trial slot like a success instead of
+				// opening the breaker for the user's good messages.
+				c.breakerOutcome(env, true)
+				c.dead.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
+				bad++
+				continue
+			}
+			env.msg = msg
 		}
-		env.msg = msg
 	}
-	m := env.msg
-	var dup bool
+	if bad > 0 { // the usual batch decodes whole: no copy
+		live = make([]*envelope, 0, len(envs)-bad)
+		for _, env := range envs {
+			if env.msg != nil {
+				live = append(live, env)
+			}
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	var dup []bool
 	var err error
 	for backoff := c.cfg.Processor.RetryBase; ; {
-		dup, err = c.handleOnce(env, m)
+		dup, err = c.handleOnce(live)
 		var hf *handlerFailure
 		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || c.runCtx.Err() != nil {
 			break
@@ -121,9 +91,10 @@ func (c *Consumer) process(env *envelope) {
 		// the message is fine, so no dead letter; wait and try again. The
 		// user's later messages wait behind it (I4) and the partition's
 		// in-flight cap bounds how much piles up.
+		m := live[0].msg
 		c.log.Warn("state: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
-			zap.String("dedup_key", m.DedupKey()), zap.Error(err))
-		if !sleep(c.runCtx, c.clock, backoff) || env.part.dropped.Load() {
+			zap.String("dedup_key", m.DedupKey()), zap.Int("messages", len(live)), zap.Error(err))
+		if !sleep(c.runCtx, c.clock, backoff) || live[0].part.dropped.Load() {
 			return // stopping, or the partition's new owner reads it again
 		}
 		backoff = min(2*backoff+time.Millisecond, c.cfg.Processor.RetryMax)
@@ -132,29 +103,39 @@ func (c *Consumer) process(env *envelope) {
 		return
 	}
 	var hf *handlerFailure
-	switch {
-	case err == nil && dup:
-		c.m.duplicates.Inc()
-		c.m.result(resultDuplicate).Inc()
-		c.breakerOutcome(env, true)
-		c.finish(env)
-	case err == nil:
-		c.m.result(resultOK).Inc()
-		if m.ProducedAt > 0 {
-			c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
-		}
-		c.breakerOutcome(env, true)
-		c.finish(env)
-	case errors.As(err, &hf):
-		c.breakerOutcome(env, false)
-		reason := ReasonDownstreamError
+	failed := errors.As(err, &hf)
+	if err != nil && !failed {
+		return // not reached: the loop ends on these errors only
+	}
+	for i, env := range live {
 		switch {
-		case IsPermanent(hf.err):
-			reason = ReasonInvalidMessage
-		case hf.timedOut:
-			reason = ReasonProcessTimeout
+		case dup[i]:
+			c.m.duplicates.Inc()
+			c.m.result(resultDuplicate).Inc()
+			c.breakerOutcome(env, true)
+			c.commits.finish(env)
+		case !failed:
+			c.m.result(resultOK).Inc()
+			if m := env.msg; m.ProducedAt > 0 {
+				c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
+			}
+			c.breakerOutcome(env, true)
+			c.commits.finish(env)
+		default:
+			c.breakerOutcome(env, false)
+			reason := ReasonDownstreamError
+			switch {
+			case handler.IsPermanent(hf.err):
+				reason = ReasonInvalidMessage
+			case hf.timedOut:
+				reason = ReasonProcessTimeout
+			}
+			details := hf.err.Error()
+			if c.batching() {
+				details = fmt.Sprintf("batch of %d: %s", len(live), details)
+			}
+			c.dead.deadLetter(env, reason, details, hf.attempts)
 		}
-		c.deadLetter(env, reason, hf.err.Error(), hf.attempts)
 	}
 }
 
@@ -167,18 +148,30 @@ func (c *Consumer) breakerOutcome(env *envelope, ok bool) {
 
 // handleOnce runs the handler with retries under the partition's lease:
 // a message the state store holds as done (or that this consumer handled
-// and is marking) is a duplicate; otherwise the handler runs, with the
-// lease's fencing token in its context, and is stopped when the lease is
-// lost (errClaimLost: the message is looked up again under the next
-// lease). After a success the done mark is queued, and the message is
-// finished at once: the effect has happened, and a message left
-// unfinished until its mark lands would be run again by the partition's
-// next owner when a Redis outage outlasts the lease. The mark is recorded
-// whoever owns the partition when it lands (Lease.Mark), and a copy of
-// the message this consumer meets before then is a duplicate (pending).
-func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, err error) {
-	run := func(ctx context.Context, g *claimGuard) error {
-		attempts, timedOut, err := c.handleWithRetry(ctx, env, g)
+// and is marking) is a duplicate (dup[i]), left out of the handler's
+// batch; the handler runs for the others — once, with the first of them
+// and, in batch mode, all of them in handler.BatchFrom — with the lease's
+// fencing token in its context, and is stopped when the lease is lost
+// (errClaimLost: the messages are looked up again under the next lease).
+// After a success the done marks are queued, the last message's first (a
+// re-run batch begins with the same first message until it is done), and
+// the messages are finished at once: the effect has happened, and a
+// message left unfinished until its mark lands would be run again by the
+// partition's next owner when a Redis outage outlasts the lease. The mark
+// is recorded whoever owns the partition when it lands (Lease.Mark), and a
+// copy of the message this consumer meets before then is a duplicate
+// (pending).
+func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
+	dup = make([]bool, len(live))
+	run := func(ctx context.Context, g *claimGuard, todo []*envelope) error {
+		if c.batching() {
+			items := make([]handler.BatchItem, len(todo))
+			for i, env := range todo {
+				items[i] = handler.BatchItem{Msg: env.msg, Delivery: handler.DeliveryFrom(withDelivery(context.Background(), env.km))}
+			}
+			ctx = handler.WithBatchItems(ctx, items)
+		}
+		attempts, timedOut, err := c.handleWithRetry(ctx, todo[0], g)
 		if err == nil {
 			return nil
 		}
@@ -187,40 +180,79 @@ func (c *Consumer) handleOnce(env *envelope, m *chatmsg.ChatMessage) (dup bool, 
 		}
 		return &handlerFailure{err: err, attempts: attempts, timedOut: timedOut}
 	}
-	pl := env.part.lease
+	pl := live[0].part.lease
 	if pl == nil {
-		return false, run(c.runCtx, nil) // no State: every message runs
+		return dup, run(c.runCtx, nil, live) // no State: every message runs
 	}
 	l, ok := c.leaseOf(pl)
 	if !ok {
-		return false, errStopping
+		return dup, errStopping
 	}
-	it := StateItem{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID}
-	if pl.isPending(it.Key) {
-		return true, nil
+	// A message that is not pending (the usual case) costs no slice beyond
+	// items and dup: look is items and todo is live.
+	items := make([]StateItem, len(live))
+	pending := 0
+	for i, env := range live {
+		m := env.msg
+		items[i] = StateItem{Key: m.DedupKey(), SendTime: m.SendTime, User: m.ExternalUserID}
+		if pl.isPending(items[i].Key) {
+			dup[i] = true
+			pending++
+		}
 	}
-	seen, err := l.Seen(c.runCtx, []StateItem{it})
-	if err != nil {
-		return false, fmt.Errorf("state: look up %s: %w", it.Key, err)
+	look, lookAt := items, []int(nil)
+	if pending > 0 {
+		look = nil
+		for i := range items {
+			if !dup[i] {
+				look, lookAt = append(look, items[i]), append(lookAt, i)
+			}
+		}
 	}
-	if len(seen) == 1 && seen[0] {
-		return true, nil
+	if len(look) > 0 {
+		seen, err := l.Seen(c.runCtx, look)
+		if err != nil {
+			return dup, fmt.Errorf("state: look up %s: %w", look[0].Key, err)
+		}
+		for j, s := range seen {
+			switch {
+			case !s:
+			case lookAt == nil:
+				dup[j] = true
+			default:
+				dup[lookAt[j]] = true
+			}
+		}
 	}
-	// own.go: the lease covers the message until its mark is queued (a
-	// hand-over gives the lease back only after that, with the mark).
+	todo, todoItems := live, items
+	if slices.Contains(dup, true) {
+		todo, todoItems = nil, nil
+		for i, env := range live {
+			if !dup[i] {
+				todo, todoItems = append(todo, env), append(todoItems, items[i])
+			}
+		}
+	}
+	if len(todo) == 0 {
+		return dup, nil
+	}
+	// own.go: the lease covers the messages until their marks are queued
+	// (a hand-over gives the lease back only after that, with the marks).
 	hctx, hcancel := context.WithCancel(c.runCtx)
 	defer hcancel()
-	hold, ok := env.part.work.hold(hcancel)
+	hold, ok := todo[0].part.work.hold(hcancel)
 	if !ok {
-		return false, errStopping
+		return dup, errStopping
 	}
-	defer env.part.work.end(hold)
-	g := &env.guard
-	if err := c.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g) }); err != nil {
-		return false, err
+	defer todo[0].part.work.end(hold)
+	g := &todo[0].guard
+	if err := c.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
+		return dup, err
 	}
-	c.markDone(pl, l, env, it)
-	return false, nil
+	for k := len(todo) - 1; k >= 0; k-- {
+		c.markDone(pl, l, todo[k], todoItems[k])
+	}
+	return dup, nil
 }
 
 // underLease runs f with l in its context (the fencing token, the reply
@@ -237,7 +269,7 @@ func (c *Consumer) underLease(parent context.Context, l Lease, g *claimGuard, f 
 		close(watched)
 		<-exited // g is reset by the next call: no late lose on it
 	}()
-	return f(context.WithValue(withLease(parent, l), marginKey{}, ownerMargin(c.cfg.Dedup.Lease)))
+	return f(handler.WithLease(parent, l, ownerMargin(c.cfg.Dedup.Lease)))
 }
 
 // markDone queues env's done mark on l; until it is recorded a copy of the
@@ -342,7 +374,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		attempts++
 		err = c.safeHandle(withDelivery(actx, env.km), m)
 		timedOut = isTimeout(actx, err)
-		lost := g.ended() || errors.Is(err, ErrNotOwner) // a reply found the lease past its deadline
+		lost := g.ended() || errors.Is(err, handler.ErrNotOwner) // a reply found the lease past its deadline
 		cancel()
 		c.m.attempts[attemptOutcome(err, timedOut)].Inc()
 		switch {
@@ -363,7 +395,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 			c.down.release(start, outcomeOf(err, false))
 			// A permanent failure is the receiver refusing this message:
 			// the downstream answers.
-			c.gate.result(m.ExternalUserID, err == nil || IsPermanent(err), probe)
+			c.gate.result(m.ExternalUserID, err == nil || handler.IsPermanent(err), probe)
 		}
 		if err == nil {
 			return attempts, false, nil
@@ -374,7 +406,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		if ctx.Err() != nil {
 			return attempts, false, c.stopCause(ctx)
 		}
-		if IsPermanent(err) {
+		if handler.IsPermanent(err) {
 			return attempts, false, err
 		}
 	}
@@ -402,28 +434,6 @@ func (c *Consumer) awaitVerdict(ctx context.Context) (open, ok bool) {
 		if !sleep(ctx, c.clock, max(wait, time.Millisecond)) {
 			return false, false
 		}
-	}
-}
-
-// Handler attempt outcomes (kfpipe_handler_attempts_total's label).
-const (
-	attemptOK        = "ok"
-	attemptFailed    = "failed"
-	attemptTimeout   = "timeout"
-	attemptPermanent = "permanent"
-	attemptAbandoned = "abandoned" // retry not made: the partition was revoked or lost
-)
-
-func attemptOutcome(err error, timedOut bool) string {
-	switch {
-	case err == nil:
-		return attemptOK
-	case IsPermanent(err):
-		return attemptPermanent
-	case timedOut:
-		return attemptTimeout
-	default:
-		return attemptFailed
 	}
 }
 
@@ -462,93 +472,4 @@ func (c *Consumer) safeHandle(ctx context.Context, m *chatmsg.ChatMessage) (err 
 		}
 	}()
 	return c.handler.Handle(ctx, m)
-}
-
-// deadLetter hands env to the DLQ; the message is finished only when the
-// dead letter is durable (I6). It queues the letter on the partition's
-// dead-letter queue, whose goroutine sends it (deadqueue.go), so neither
-// the poll goroutine nor an actor waits for the DLQ. A failed send is
-// repeated after a backoff until it succeeds or the consumer stops, or the
-// partition goes (then the offset stays uncommitted and the record is read
-// again).
-func (c *Consumer) deadLetter(env *envelope, reason, details string, attempts int) {
-	km := env.km
-	dl := &DeadLetter{
-		Reason: reason, Details: details, Msg: env.msg,
-		Raw: km.Value, Key: km.Key, Headers: km.Headers,
-		Topic: env.part.topic, Partition: env.part.id, Offset: int64(km.TopicPartition.Offset),
-		Timestamp: km.Timestamp, Attempts: attempts, FailedAt: c.clock.Now(),
-	}
-	dl.UserID = env.user
-	if env.msg != nil {
-		if dl.UserID == "" {
-			dl.UserID = env.msg.ExternalUserID
-		} else if env.msg.ExternalUserID != dl.UserID {
-			dl.Details += fmt.Sprintf(" (routed by record key %q; payload external_userid %q)", dl.UserID, env.msg.ExternalUserID)
-		}
-	}
-	if dl.UserID == "" {
-		dl.UserID = string(km.Key)
-	}
-	c.log.Info("dead letter", zap.String("reason", reason), zap.String("user_id", dl.UserID),
-		zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.String("details", dl.Details))
-	l := &letter{dl: dl, env: env, backoff: c.cfg.Processor.RetryBase}
-	if q := env.part.dead; q != nil {
-		q.push(l, false) // never blocks: the poll goroutine and the actors only queue
-		return
-	}
-	c.sendDead(l.dl, l.env, l.backoff) // a partition built without a queue (unit tests of process)
-}
-
-func (c *Consumer) sendDead(dl *DeadLetter, env *envelope, backoff time.Duration) {
-	c.dlq.Send(dl, func(err error) {
-		if err == nil {
-			c.m.result(dl.Reason).Inc()
-			c.finish(env)
-			if q := env.part.dead; q != nil {
-				q.durable()
-			}
-			return
-		}
-		if c.runCtx.Err() != nil {
-			return
-		}
-		c.notDurable.Store(&notDurable{at: c.clock.Now(), err: err})
-		c.log.Error("dead letter not durable; retrying", zap.String("reason", dl.Reason),
-			zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.Error(err))
-		next := min(2*backoff+time.Millisecond, max(c.cfg.Processor.RetryMax, time.Millisecond))
-		c.retryMu.Lock()
-		defer c.retryMu.Unlock()
-		if c.runCtx.Err() != nil {
-			return // shutdown stopped the retries: the message stays uncommitted
-		}
-		if c.retries == nil {
-			c.retries = map[Timer]struct{}{}
-		}
-		var t Timer
-		t = c.clock.AfterFunc(backoff, func() {
-			c.retryMu.Lock()
-			delete(c.retries, t)
-			c.retryMu.Unlock()
-			switch q := env.part.dead; {
-			case c.runCtx.Err() != nil:
-			case q != nil:
-				q.push(&letter{dl: dl, env: env, backoff: next}, true) // sent again by the partition's sender
-			default:
-				c.sendDead(dl, env, next)
-			}
-		})
-		c.retries[t] = struct{}{}
-	})
-}
-
-// stopRetries stops the pending dead-letter retries (after runCtx was
-// cancelled, so none is added).
-func (c *Consumer) stopRetries() {
-	c.retryMu.Lock()
-	defer c.retryMu.Unlock()
-	for t := range c.retries {
-		t.Stop()
-	}
-	clear(c.retries)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/offsets"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -48,7 +49,7 @@ func (s *memState) Acquire(context.Context, string, int32) (Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.token++
-	s.cur = &memLease{MemReplyLog: NewMemReplyLog(), s: s, token: s.token, lost: make(chan struct{})}
+	s.cur = &memLease{MemReplyLog: handler.NewMemReplyLog(), s: s, token: s.token, lost: make(chan struct{})}
 	return s.cur, nil
 }
 
@@ -73,7 +74,7 @@ func (s *memState) loseLease() {
 }
 
 type memLease struct {
-	*MemReplyLog
+	*handler.MemReplyLog
 	s     *memState
 	token int64
 	lost  chan struct{}
@@ -111,12 +112,12 @@ func unitConsumer(t testing.TB, h Handler, dlq DeadLetters, st State) (*Consumer
 // unitConsumerLog is unitConsumer logging to log (set before the lease's
 // keeper starts, which reads it).
 func unitConsumerLog(t testing.TB, h Handler, dlq DeadLetters, st State, log *zap.Logger) (*Consumer, *partition) {
-	c := &Consumer{handler: h, dlq: dlq, state: st, log: log, clock: realClock{}, m: newMetrics(nil),
-		kick: make(chan struct{}, 1)}
+	c := &Consumer{handler: h, state: st, log: log, clock: realClock{}, m: newMetrics(nil)}
 	c.cfg.Processor = config.Processor{RetryAttempts: 3, RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond,
 		AttemptTimeout: 50 * time.Millisecond}
 	c.cfg.Kafka.Consumer.CommitEveryN = 1000
 	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
+	c.dead = newDeadLetterer(dlq, c.runCtx, c.commits.finish, c.cfg.Processor, c.clock, c.log, c.m)
 	p := &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0)}
 	c.startLease(p)
 	if p.lease != nil {
@@ -151,7 +152,7 @@ func TestProcessOutcomes(t *testing.T) {
 			return func(context.Context, *chatmsg.ChatMessage) error { return errors.New("boom") }
 		}, ReasonDownstreamError, true, 3},
 		{"permanent is not retried", func(*atomic.Int64) HandlerFunc {
-			return func(context.Context, *chatmsg.ChatMessage) error { return Permanent(errors.New("bad")) }
+			return func(context.Context, *chatmsg.ChatMessage) error { return handler.Permanent(errors.New("bad")) }
 		}, ReasonInvalidMessage, false, 1},
 		{"timeout", func(*atomic.Int64) HandlerFunc {
 			return func(ctx context.Context, _ *chatmsg.ChatMessage) error { <-ctx.Done(); return ctx.Err() }
@@ -244,8 +245,8 @@ func TestHTTPHandler(t *testing.T) {
 	}{{200, false, false}, {204, false, false}, {400, true, true}, {422, true, true}, {500, true, false}, {503, true, false}, {0, true, false}} {
 		status.Store(tc.status)
 		err := h.Handle(context.Background(), chat("u", 1))
-		if (err != nil) != tc.wantErr || IsPermanent(err) != tc.wantPm {
-			t.Errorf("status %d: err %v (permanent %v)", tc.status, err, IsPermanent(err))
+		if (err != nil) != tc.wantErr || handler.IsPermanent(err) != tc.wantPm {
+			t.Errorf("status %d: err %v (permanent %v)", tc.status, err, handler.IsPermanent(err))
 		}
 	}
 	if _, err := NewHandler(config.Handler{Type: "nope"}, nil, nil); err == nil {
@@ -304,17 +305,17 @@ func TestHandlerGetsFencingToken(t *testing.T) {
 	var got int64
 	var ok bool
 	h := HandlerFunc(func(ctx context.Context, _ *chatmsg.ChatMessage) error {
-		got, ok = FencingToken(ctx)
+		got, ok = handler.FencingToken(ctx)
 		return nil
 	})
 	c, p := unitConsumer(t, h, &memDLQ{}, st)
 	p.tracker.Add(0)
 	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
 	if !ok || got != 1 {
-		t.Fatalf("FencingToken = %d, %v; want the lease's token 1", got, ok)
+		t.Fatalf("handler.FencingToken = %d, %v; want the lease's token 1", got, ok)
 	}
-	if _, ok := FencingToken(context.Background()); ok {
-		t.Fatal("FencingToken outside a handler reported a token")
+	if _, ok := handler.FencingToken(context.Background()); ok {
+		t.Fatal("handler.FencingToken outside a handler reported a token")
 	}
 }
 
@@ -446,16 +447,16 @@ func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
 	c.cfg.Processor.RetryBase, c.cfg.Processor.RetryMax = 5*time.Millisecond, 20*time.Millisecond
 	p.tracker.Add(0)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, part: p}
-	c.sendDead(&DeadLetter{Reason: "downstream_error"}, env, c.cfg.Processor.RetryBase)
+	c.dead.send(&DeadLetter{Reason: "downstream_error"}, env, c.cfg.Processor.RetryBase)
 	testenv.Eventually(t, 5*time.Second, func() error {
 		n := dlq.sends.Load()
 		return testenv.Check(n >= 3, "%d sends, want at least 3", n)
 	})
 	c.cancelRun()
-	c.stopRetries()
-	c.retryMu.Lock()
-	pending := len(c.retries)
-	c.retryMu.Unlock()
+	c.dead.stopRetries()
+	c.dead.mu.Lock()
+	pending := len(c.dead.retries)
+	c.dead.mu.Unlock()
 	if pending != 0 {
 		t.Fatalf("%d retry timers left after shutdown", pending)
 	}

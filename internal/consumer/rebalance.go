@@ -89,7 +89,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			if pr, ok := prior[k]; ok {
 				p.base, p.prior = pr.base, pr.finished
 			}
-			c.startDeadQueue(p)
+			c.dead.startQueue(p)
 			p.after = c.handingOver[k] // this consumer's own hand-over of it, if one runs
 			c.startLease(p)
 			c.parts[k] = p
@@ -135,7 +135,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			// What is finished now; what the running attempts finish
 			// during the hand-over the next owner reads again and finds
 			// done (their marks are sent before the lease is given back).
-			if err := c.commit(ps); err != nil {
+			if err := c.commits.commit(ps); err != nil {
 				c.log.Warn("commit on revoke", zap.Error(err))
 			}
 		}
@@ -160,7 +160,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 		for _, p := range ps {
 			// Its letters not durable yet stay uncommitted: the next owner
 			// reads their records again.
-			c.stopDeadQueue(p)
+			c.dead.stopQueue(p)
 			delete(c.parts, tpKey{p.topic, p.id})
 			c.m.lag.DeleteLabelValues(p.label)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -82,7 +83,7 @@ func TestRoutingByKey(t *testing.T) {
 	dlq := &memDLQ{}
 	c := startConsumer(t, cfg, HandlerFunc(func(_ context.Context, m *chatmsg.ChatMessage) error {
 		if m.UpstreamMsgID == mismatched.UpstreamMsgID {
-			return Permanent(errors.New("refused by business"))
+			return handler.Permanent(errors.New("refused by business"))
 		}
 		mu.Lock()
 		handled = append(handled, m.UpstreamMsgID)

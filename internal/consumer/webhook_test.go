@@ -18,6 +18,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -62,7 +63,7 @@ func TestWebhookReferenceReceiver(t *testing.T) {
 		}
 	}
 	err = SignedHTTPHandler(url, 5*time.Second, nil, "forged").Handle(ctx, chat("u-forged", 1))
-	if err == nil || !IsPermanent(err) {
+	if err == nil || !handler.IsPermanent(err) {
 		t.Fatalf("forged signature: %v, want a permanent failure (401)", err)
 	}
 	// A captured request replayed an hour later.

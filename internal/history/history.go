@@ -14,7 +14,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 // ErrNone is returned when no history source is configured (no
@@ -62,14 +62,14 @@ func From(ctx context.Context) Source {
 
 // Wrap gives h's calls s in their context; a Memory also records each
 // message (every message of a batch) before h sees it.
-func Wrap(h consumer.Handler, s Source) consumer.Handler {
+func Wrap(h handler.Handler, s Source) handler.Handler {
 	if s == nil {
 		return h
 	}
 	rec, _ := s.(recorder)
-	return consumer.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+	return handler.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
 		if rec != nil {
-			if b := consumer.BatchFrom(ctx); len(b) > 0 {
+			if b := handler.BatchFrom(ctx); len(b) > 0 {
 				for _, it := range b {
 					rec.record(it.Msg)
 				}

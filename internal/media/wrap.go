@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 // Wrap returns h that keeps a message's media (stage consumer) before it
@@ -19,14 +19,14 @@ import (
 // or refused as too large is the handler's to answer: it runs, and
 // kfpipe.OpenMedia says why there is no media. k nil (keeping off)
 // returns h.
-func Wrap(h consumer.Handler, k *Keeper) consumer.Handler {
+func Wrap(h handler.Handler, k *Keeper) handler.Handler {
 	if k == nil {
 		return h
 	}
-	return consumer.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
+	return handler.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
 		ctx = WithKeeper(ctx, k)
 		msgs := []*chatmsg.ChatMessage{m}
-		if b := consumer.BatchFrom(ctx); len(b) > 0 {
+		if b := handler.BatchFrom(ctx); len(b) > 0 {
 			// A batch (consumer.WithBatch): every message's media.
 			msgs = msgs[:0]
 			for _, it := range b {

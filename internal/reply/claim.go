@@ -8,17 +8,17 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	statestore "github.com/kfpipe/kfpipe/internal/state"
 )
 
 // A reply is an effect under the partition's ownership. Before it is sent:
-//   - the owner checks its lease's local deadline (consumer.OwnedUntil, no
+//   - the owner checks its lease's local deadline (handler.OwnedUntil, no
 //     round trip): past it nothing is sent, the message is retried under
 //     the next lease;
 //   - the reply is looked up and claimed in one call, the claim carrying
 //     the lease's fencing token and lasting until the send certainly ended
-//     (consumer.ReplyClaimer). A newer owner meeting an older owner's live
+//     (handler.ReplyClaimer). A newer owner meeting an older owner's live
 //     claim waits for its record or for the claim to run out; an older
 //     owner meeting a newer one's claim is told (the reply is not its to
 //     send).
@@ -48,16 +48,16 @@ const (
 // it under the handler's lease. It returns the record when the reply was
 // recorded (done), else the context to send it with (ending at the
 // lease's deadline) and its cancel.
-func (fx *Effects) claim(ctx context.Context, log consumer.ReplyLog, it consumer.StateItem) (record string, done bool, sctx context.Context, cancel context.CancelFunc, err error) {
+func (fx *Effects) claim(ctx context.Context, log handler.ReplyLog, it handler.StateItem) (record string, done bool, sctx context.Context, cancel context.CancelFunc, err error) {
 	nop := func() {}
 	if v, ok := fx.recording.Load(it.Key); ok {
 		return v.(string), true, ctx, nop, nil // sent here; its record is still being written
 	}
-	until, owned, err := consumer.OwnedUntil(ctx)
+	until, owned, err := handler.OwnedUntil(ctx)
 	if err != nil {
 		return "", false, nil, nop, err
 	}
-	claimer, ok := log.(consumer.ReplyClaimer)
+	claimer, ok := log.(handler.ReplyClaimer)
 	if !owned || !ok {
 		record, done, err = log.Replied(ctx, it)
 	} else {
@@ -65,7 +65,7 @@ func (fx *Effects) claim(ctx context.Context, log consumer.ReplyLog, it consumer
 			var wait time.Duration
 			record, done, wait, err = claimer.ClaimReply(ctx, it, time.Until(until)+claimSlack)
 			if errors.Is(err, statestore.ErrReplyFenced) {
-				err = fmt.Errorf("%w: %w", consumer.ErrNotOwner, err)
+				err = fmt.Errorf("%w: %w", handler.ErrNotOwner, err)
 			}
 			if err != nil || done || wait == 0 {
 				break
@@ -81,7 +81,7 @@ func (fx *Effects) claim(ctx context.Context, log consumer.ReplyLog, it consumer
 				return "", false, nil, nop, fmt.Errorf("wait for an older owner's claim: %w", ctx.Err())
 			case <-t.C:
 			}
-			if until, _, err = consumer.OwnedUntil(ctx); err != nil {
+			if until, _, err = handler.OwnedUntil(ctx); err != nil {
 				return "", false, nil, nop, err
 			}
 		}
@@ -100,7 +100,7 @@ func (fx *Effects) claim(ctx context.Context, log consumer.ReplyLog, it consumer
 // own, and, when that fails, again in the background for up to
 // recordRetryFor (meanwhile a run of the same handler in this process
 // finds the reply sent).
-func (fx *Effects) record(ctx context.Context, log consumer.ReplyLog, it consumer.StateItem, record string) {
+func (fx *Effects) record(ctx context.Context, log handler.ReplyLog, it handler.StateItem, record string) {
 	base := context.WithoutCancel(ctx)
 	try := func() error {
 		rctx, cancel := context.WithTimeout(base, recordTimeout)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -24,7 +24,7 @@ type ownerLog struct {
 	deadline time.Time
 }
 
-func item(it consumer.StateItem) state.Item {
+func item(it handler.StateItem) state.Item {
 	return state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}
 }
 
@@ -35,13 +35,13 @@ func (o *ownerLog) Deadline() time.Time {
 	}
 	return o.l.Deadline()
 }
-func (o *ownerLog) Replied(ctx context.Context, it consumer.StateItem) (string, bool, error) {
+func (o *ownerLog) Replied(ctx context.Context, it handler.StateItem) (string, bool, error) {
 	return o.l.Replied(ctx, item(it))
 }
-func (o *ownerLog) RecordReply(ctx context.Context, it consumer.StateItem, record string) error {
+func (o *ownerLog) RecordReply(ctx context.Context, it handler.StateItem, record string) error {
 	return o.l.RecordClaimedReply(ctx, item(it), record)
 }
-func (o *ownerLog) ClaimReply(ctx context.Context, it consumer.StateItem, hold time.Duration) (string, bool, time.Duration, error) {
+func (o *ownerLog) ClaimReply(ctx context.Context, it handler.StateItem, hold time.Duration) (string, bool, time.Duration, error) {
 	return o.l.ClaimReply(ctx, item(it), hold)
 }
 
@@ -121,7 +121,7 @@ func TestNewerOwnerWaitsOnOlderClaim(t *testing.T) {
 	gate, sending := make(chan struct{}), make(chan struct{})
 	aDone := make(chan error, 1)
 	go func() {
-		ctx := reply.With(consumer.WithReplyLog(context.Background(), &ownerLog{l: la}), rig.fx, rig.to)
+		ctx := reply.With(handler.WithReplyLog(context.Background(), &ownerLog{l: la}), rig.fx, rig.to)
 		aDone <- reply.Do(ctx, "reply", sendText(gate, sending))
 	}()
 	<-sending
@@ -135,7 +135,7 @@ func TestNewerOwnerWaitsOnOlderClaim(t *testing.T) {
 	}
 	bDone := make(chan error, 1)
 	go func() {
-		ctx := reply.With(consumer.WithReplyLog(context.Background(), &ownerLog{l: lb}), rig.fx, rig.to)
+		ctx := reply.With(handler.WithReplyLog(context.Background(), &ownerLog{l: lb}), rig.fx, rig.to)
 		bDone <- reply.Do(ctx, "reply", sendText(nil, nil))
 	}()
 	time.Sleep(500 * time.Millisecond)
@@ -163,19 +163,19 @@ func TestNewerOwnerWaitsOnOlderClaim(t *testing.T) {
 	rig.to.UpstreamMsgID = rig.fake.AddText("wk", "u1", "again")
 	bGate, bSending := make(chan struct{}), make(chan struct{})
 	go func() {
-		ctx := reply.With(consumer.WithReplyLog(context.Background(), &ownerLog{l: lb}), rig.fx, rig.to)
+		ctx := reply.With(handler.WithReplyLog(context.Background(), &ownerLog{l: lb}), rig.fx, rig.to)
 		bDone <- reply.Do(ctx, "reply", sendText(bGate, bSending))
 	}()
 	<-bSending
 	old := &ownerLog{l: la, deadline: time.Now().Add(time.Minute)} // it believes it still owns it
-	ctx := reply.With(consumer.WithReplyLog(context.Background(), old), rig.fx, rig.to)
+	ctx := reply.With(handler.WithReplyLog(context.Background(), old), rig.fx, rig.to)
 	var called atomic.Bool
 	err := reply.Do(ctx, "reply", func(context.Context, *kf.Client, reply.Target, string) error {
 		called.Store(true)
 		return nil
 	})
 	close(bGate)
-	if !errors.Is(err, consumer.ErrNotOwner) || called.Load() {
+	if !errors.Is(err, handler.ErrNotOwner) || called.Load() {
 		t.Fatalf("older owner: err %v, sent %v; want ErrNotOwner and no send", err, called.Load())
 	}
 	if err := <-bDone; err != nil {
@@ -192,7 +192,7 @@ func TestReplyRecordedAfterOwnershipLost(t *testing.T) {
 	rig := newClaimRig(t)
 	la := rig.acquire(t, 0)
 	ctx, cancel := context.WithCancel(context.Background())
-	ctx = reply.With(consumer.WithReplyLog(ctx, &ownerLog{l: la}), rig.fx, rig.to)
+	ctx = reply.With(handler.WithReplyLog(ctx, &ownerLog{l: la}), rig.fx, rig.to)
 	err := reply.Do(ctx, "reply", func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
 		err := sendText(nil, nil)(ctx, kc, to, msgID)
 		cancel() // ownership lost as the answer came back
@@ -207,7 +207,7 @@ func TestReplyRecordedAfterOwnershipLost(t *testing.T) {
 	}
 	// The next owner's run finds it.
 	lb := func() *state.Lease { _ = la.Release(context.Background()); return rig.acquire(t, 1) }()
-	ctx = reply.With(consumer.WithReplyLog(context.Background(), &ownerLog{l: lb}), rig.fx, rig.to)
+	ctx = reply.With(handler.WithReplyLog(context.Background(), &ownerLog{l: lb}), rig.fx, rig.to)
 	if err := reply.Do(ctx, "reply", sendText(nil, nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -224,9 +224,9 @@ func TestReplyRecordedAfterOwnershipLost(t *testing.T) {
 func TestNoReplyPastLeaseDeadline(t *testing.T) {
 	rig := newClaimRig(t)
 	la := rig.acquire(t, 0)
-	ctx := reply.With(consumer.WithReplyLog(context.Background(), &ownerLog{l: la, deadline: time.Now().Add(-time.Millisecond)}), rig.fx, rig.to)
+	ctx := reply.With(handler.WithReplyLog(context.Background(), &ownerLog{l: la, deadline: time.Now().Add(-time.Millisecond)}), rig.fx, rig.to)
 	err := reply.Do(ctx, "reply", sendText(nil, nil))
-	if !errors.Is(err, consumer.ErrNotOwner) {
+	if !errors.Is(err, handler.ErrNotOwner) {
 		t.Fatalf("reply past the lease's deadline: %v, want ErrNotOwner", err)
 	}
 	if n := rig.sends(); n != 0 {

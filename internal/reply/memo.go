@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kfpipe/kfpipe/internal/consumer"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 // A message's memos are values a handler computes once per message (an
@@ -33,14 +33,14 @@ func Memo(ctx context.Context, name string, compute func(context.Context) (strin
 	if s == nil {
 		return "", ErrNoReplier
 	}
-	log, ok := consumer.ReplyLogOf(ctx)
+	log, ok := handler.ReplyLogOf(ctx)
 	if !ok {
 		if s.fx == nil {
 			return "", ErrNoReplier
 		}
 		log = s.fx.own
 	}
-	it := consumer.StateItem{Key: memoKey(s.to, name), SendTime: s.to.SendTime, User: s.to.User}
+	it := handler.StateItem{Key: memoKey(s.to, name), SendTime: s.to.SendTime, User: s.to.User}
 	v, found, err := log.Replied(ctx, it)
 	if err != nil {
 		return "", fmt.Errorf("memo %s: %w", name, err)

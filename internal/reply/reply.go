@@ -26,8 +26,8 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/overload"
 	statestore "github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/wecom"
@@ -90,13 +90,13 @@ func routine(err error) error {
 const TTL = 7 * 24 * time.Hour
 
 // Effects sends replies through one WeChat client. Each reply is recorded
-// in the reply log of the handler's context (consumer.ReplyLogOf: the
+// in the reply log of the handler's context (handler.ReplyLogOf: the
 // partition's lease, beside the message's done marks), or in a log of its
 // own when the handler runs without one.
 type Effects struct {
-	own        *consumer.MemReplyLog // the log of calls whose context has none
-	recording  sync.Map              // reply key → record: sent, its record not written yet (claim.go)
-	legacy     *legacyReplies        // the old reply claims, read during the switch-over
+	own        *handler.MemReplyLog // the log of calls whose context has none
+	recording  sync.Map             // reply key → record: sent, its record not written yet (claim.go)
+	legacy     *legacyReplies       // the old reply claims, read during the switch-over
 	kf         *kf.Client
 	outcome    *prometheus.CounterVec
 	counts     [len(outcomes)]atomic.Int64
@@ -165,7 +165,7 @@ func (fx *Effects) count(i int) {
 // New builds Effects on the given client; reg (nil: none) gets
 // kfpipe_replies_total{outcome} and kfpipe_reply_mismatch_total.
 func New(kc *kf.Client, reg prometheus.Registerer, opts ...Option) *Effects {
-	fx := &Effects{own: consumer.NewMemReplyLog(), kf: kc, outcome: prometheus.NewCounterVec(prometheus.CounterOpts{
+	fx := &Effects{own: handler.NewMemReplyLog(), kf: kc, outcome: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kfpipe_replies_total",
 		Help: "Replies (send_msg, welcome messages, session transfers) by outcome: sent, skipped (already sent for this message: a re-run handler), refused (a WeChat refusal that retrying cannot fix), failed (retried with the message), servicer_session (refused with 95018: a human servicer holds the session).",
 	}, []string{"outcome"}), mismatch: prometheus.NewCounter(prometheus.CounterOpts{
@@ -273,10 +273,10 @@ func With(ctx context.Context, fx *Effects, to Target) context.Context {
 
 // Wrap gives each call of h a context that carries its reply state, and
 // settles the routine refusals it returns (Settle).
-func Wrap(h consumer.Handler, fx *Effects) consumer.Handler {
-	return consumer.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
+func Wrap(h handler.Handler, fx *Effects) handler.Handler {
+	return handler.HandlerFunc(func(ctx context.Context, c *chatmsg.ChatMessage) error {
 		to := TargetOf(c)
-		if b := consumer.BatchFrom(ctx); len(b) > 0 {
+		if b := handler.BatchFrom(ctx); len(b) > 0 {
 			// A batch (consumer.WithBatch): its replies are keyed by its
 			// first message, c; every message is observed.
 			for _, it := range b {
@@ -367,9 +367,9 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 	s.mu.Unlock()
 	to := s.to
 	fx := s.fx
-	it := consumer.StateItem{Key: to.OpenKfID + ":" + to.UpstreamMsgID + ":" + strconv.Itoa(n), SendTime: to.SendTime, User: to.User}
+	it := handler.StateItem{Key: to.OpenKfID + ":" + to.UpstreamMsgID + ":" + strconv.Itoa(n), SendTime: to.SendTime, User: to.User}
 	fp := Fingerprint(what, content)
-	log, ok := consumer.ReplyLogOf(ctx)
+	log, ok := handler.ReplyLogOf(ctx)
 	if !ok {
 		log = fx.own
 	}
@@ -422,16 +422,16 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 		fx.count(4)
 		a.Outcome = RefusalServicerSession
 		fx.sessions.Forget(ctx, to.OpenKfID, to.User)
-		err = consumer.Permanent(fmt.Errorf("%s: %w: %w", what, ErrServicerSession, err))
+		err = handler.Permanent(fmt.Errorf("%s: %w: %w", what, ErrServicerSession, err))
 	case kf.IsPermanent(err):
 		// The 5-in-48h window, an ended session, an unknown user: retrying
 		// the message cannot change WeChat's answer.
 		fx.count(2)
 		a.Outcome = "refused"
 		if sentinel := routine(err); sentinel != nil {
-			err = consumer.Permanent(fmt.Errorf("%s: %w: %w", what, sentinel, err))
+			err = handler.Permanent(fmt.Errorf("%s: %w: %w", what, sentinel, err))
 		} else {
-			err = consumer.Permanent(fmt.Errorf("%s: %w", what, err))
+			err = handler.Permanent(fmt.Errorf("%s: %w", what, err))
 		}
 	default:
 		fx.count(3)

@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/fleet"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
 	"github.com/kfpipe/kfpipe/internal/state"
@@ -59,7 +61,7 @@ func (pl *partitionLease) Lapse() {
 	pl.l.Lapse()
 }
 
-func stateItems(items []consumer.StateItem) []state.Item {
+func stateItems(items []handler.StateItem) []state.Item {
 	out := make([]state.Item, len(items))
 	for i, it := range items {
 		out[i] = state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}
@@ -70,7 +72,7 @@ func stateItems(items []consumer.StateItem) []state.Item {
 // Seen implements consumer.Lease: a message an old store's owner still
 // holds (while the old keys are read) is not done yet, and not fresh
 // either: the look-up fails and is made again.
-func (pl *partitionLease) Seen(ctx context.Context, items []consumer.StateItem) ([]bool, error) {
+func (pl *partitionLease) Seen(ctx context.Context, items []handler.StateItem) ([]bool, error) {
 	st, err := pl.look.Look(ctx, pl.l, stateItems(items))
 	if err != nil {
 		return nil, err
@@ -89,7 +91,7 @@ func (pl *partitionLease) Seen(ctx context.Context, items []consumer.StateItem) 
 // was closed: the lease was lost or given back) is sent on its own, again
 // and again for up to markRetryFor: an effect that happened is recorded
 // whoever owns the partition.
-func (pl *partitionLease) Mark(it consumer.StateItem, offset int64, done func(bool)) {
+func (pl *partitionLease) Mark(it handler.StateItem, offset int64, done func(bool)) {
 	si := state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}
 	pl.m.Add(si, offset, func(err error) {
 		if err == nil || errors.Is(err, state.ErrFenced) {
@@ -118,19 +120,19 @@ func (pl *partitionLease) Mark(it consumer.StateItem, offset int64, done func(bo
 // attempts while its marks lag or cannot be written.
 func (pl *partitionLease) Admit(ctx context.Context) error { return pl.m.Admit(ctx) }
 
-// Replied implements consumer.ReplyLog.
-func (pl *partitionLease) Replied(ctx context.Context, it consumer.StateItem) (string, bool, error) {
+// Replied implements handler.ReplyLog.
+func (pl *partitionLease) Replied(ctx context.Context, it handler.StateItem) (string, bool, error) {
 	return pl.l.Replied(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User})
 }
 
-// RecordReply implements consumer.ReplyLog: the record replaces the
+// RecordReply implements handler.ReplyLog: the record replaces the
 // reply's claim.
-func (pl *partitionLease) RecordReply(ctx context.Context, it consumer.StateItem, record string) error {
+func (pl *partitionLease) RecordReply(ctx context.Context, it handler.StateItem, record string) error {
 	return pl.l.RecordClaimedReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, record)
 }
 
-// ClaimReply implements consumer.ReplyClaimer.
-func (pl *partitionLease) ClaimReply(ctx context.Context, it consumer.StateItem, hold time.Duration) (string, bool, time.Duration, error) {
+// ClaimReply implements handler.ReplyClaimer.
+func (pl *partitionLease) ClaimReply(ctx context.Context, it handler.StateItem, hold time.Duration) (string, bool, time.Duration, error) {
 	return pl.l.ClaimReply(ctx, state.Item{Key: it.Key, SendTime: it.SendTime, User: it.User}, hold)
 }
 
@@ -244,10 +246,25 @@ type Consumer struct {
 	statusDone chan struct{}
 }
 
+// ConsumerOption is an engine option StartConsumer passes on (a batch
+// consumer's WithBatch): the public package configures the engine through
+// this layer, not by importing it.
+type ConsumerOption = consumer.Option
+
+// WithBatch makes the engine hand each user's consecutive queued messages
+// to the handler together (consumer.WithBatch).
+func WithBatch(size int, wait time.Duration) ConsumerOption { return consumer.WithBatch(size, wait) }
+
+// NewHandler returns the built-in handler handler.type names
+// (consumer.NewHandler); respond gets the http handler's 2xx answers.
+func NewHandler(cfg config.Handler, log *zap.Logger, respond func(ctx context.Context, body []byte) error) (handler.Handler, error) {
+	return consumer.NewHandler(cfg, log, respond)
+}
+
 // StartConsumer starts the schedule-consumer's parts on base's clients
 // with handler h (nil: the one selected by handler.type) and the extra
 // consumer options (a batch consumer's).
-func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h consumer.Handler, extra ...consumer.Option) (*Consumer, error) {
+func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base, h handler.Handler, extra ...consumer.Option) (*Consumer, error) {
 	log, reg := base.Log, base.Registry
 	logConsumerSettings(log, cfg)
 	prefix := cfg.Redis.KeyPrefix

@@ -8,8 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
@@ -125,7 +125,7 @@ func startBase(t *testing.T, ctx context.Context, name string, c config.Common) 
 
 // startConsumer starts a schedule-consumer on cfg with handler h; the
 // caller closes it. Its base is closed at cleanup.
-func startConsumer(t *testing.T, ctx context.Context, cfg *config.Consumer, h consumer.Handler) (*Consumer, *daemon.Base) {
+func startConsumer(t *testing.T, ctx context.Context, cfg *config.Consumer, h handler.Handler) (*Consumer, *daemon.Base) {
 	t.Helper()
 	b := startBase(t, ctx, "schedule-consumer", cfg.Common)
 	c, err := StartConsumer(ctx, cfg, b, h)
@@ -164,7 +164,7 @@ type pipeline struct {
 // handler makes from its base, a dlq-consumer on dcfg and a kf-producer on
 // pcfg. The caller closes them (close). Their bases are closed at cleanup.
 func startPipeline(t *testing.T, ctx context.Context, pcfg *config.Producer, ccfg *config.Consumer, dcfg *config.DLQConsumer,
-	handler func(*daemon.Base) consumer.Handler) pipeline {
+	handler func(*daemon.Base) handler.Handler) pipeline {
 	t.Helper()
 	cbase := startBase(t, ctx, "schedule-consumer", ccfg.Common)
 	var pl pipeline

@@ -11,8 +11,8 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/media"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -56,7 +56,7 @@ func (h *mediaHandler) Handle(ctx context.Context, m *chatmsg.ChatMessage) error
 		h.before[m.UpstreamMsgID] = err == nil
 		h.mu.Unlock()
 	}
-	if ref.MediaID == h.imageID && !consumer.DeliveryFrom(ctx).RetryFromDLQ {
+	if ref.MediaID == h.imageID && !handler.DeliveryFrom(ctx).RetryFromDLQ {
 		if n == 3 {
 			h.fake.ExpireMedia(ref.MediaID) // "day 4": WeChat no longer has it
 			h.mu.Lock()
@@ -82,7 +82,7 @@ func (h *mediaHandler) Handle(ctx context.Context, m *chatmsg.ChatMessage) error
 	}
 	h.mu.Lock()
 	h.read[m.UpstreamMsgID] = b
-	h.retried[m.UpstreamMsgID] = consumer.DeliveryFrom(ctx).RetryFromDLQ
+	h.retried[m.UpstreamMsgID] = handler.DeliveryFrom(ctx).RetryFromDLQ
 	h.mu.Unlock()
 	return nil
 }
@@ -121,7 +121,7 @@ func TestDLQRetryAfterMediaExpired(t *testing.T) {
 
 	h := &mediaHandler{fake: fake, imageID: imgID, attempts: map[string]int{}, before: map[string]bool{},
 		read: map[string][]byte{}, retried: map[string]bool{}, refused: map[string]string{}}
-	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) consumer.Handler {
+	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) handler.Handler {
 		k, err := media.FromConfig(ctx, ccfg.Media, ccfg.WeCom, nil, cbase.Log, cbase.Registry)
 		if err != nil || k == nil {
 			t.Fatalf("consumer keeper: %v, %v", k, err)

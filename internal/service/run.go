@@ -8,9 +8,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/handler"
 )
 
 type closer interface {
@@ -68,7 +68,7 @@ func RunConsumer(ctx context.Context, args []string) error {
 // HandlerFactory builds the consumer's handler once the configuration is
 // loaded and the shared clients are up; close (may be nil) runs after the
 // consumer stopped.
-type HandlerFactory func(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (h consumer.Handler, close func(), err error)
+type HandlerFactory func(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (h handler.Handler, close func(), err error)
 
 // RunConsumerWith is RunConsumer with the handler mk builds (nil: the one
 // handler.type names). The public kfpipe.RunConsumer is built on it.
@@ -76,7 +76,7 @@ func RunConsumerWith(ctx context.Context, args []string, mk HandlerFactory) erro
 	return run(ctx, "schedule-consumer", args, config.LoadConsumer,
 		func(c *config.Consumer) config.Common { return c.Common },
 		func(ctx context.Context, c *config.Consumer, b *daemon.Base) (closer, error) {
-			var h consumer.Handler
+			var h handler.Handler
 			var done func()
 			if mk != nil {
 				var err error

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -88,7 +88,7 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 	dcfg.RateLimit.DefaultGroup = "seed"
 
 	rec := &recorder{byKey: map[string]int{}, order: map[string][]string{}, attempts: map[string]int{}}
-	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(*daemon.Base) consumer.Handler { return rec })
+	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(*daemon.Base) handler.Handler { return rec })
 	defer pl.close(t)
 	d := pl.d
 

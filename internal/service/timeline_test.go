@@ -17,9 +17,9 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -344,7 +344,7 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 func startAnswering(t *testing.T, ctx context.Context, pcfg *config.Producer, ccfg *config.Consumer, dcfg *config.DLQConsumer) pipeline {
 	t.Helper()
 	ans := &answerer{attempts: map[string]int{}, done: map[string]bool{}}
-	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) consumer.Handler {
+	pl := startPipeline(t, ctx, pcfg, ccfg, dcfg, func(cbase *daemon.Base) handler.Handler {
 		fx, closeReplies, err := reply.FromConfig(ctx, ccfg, cbase)
 		if err != nil || fx == nil {
 			t.Fatalf("replies: %v", err)
