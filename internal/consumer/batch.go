@@ -258,18 +258,8 @@ func (c *Consumer) handleBatchOnce(live []*envelope) (dup []bool, err error) {
 	if len(todo) == 0 {
 		return dup, nil
 	}
-	// As handleOnce: the lease covers the batch until its marks are queued
-	// (a hand-over awaits or cancels it, and gives the lease back only
-	// after that, with the marks).
-	hctx, hcancel := context.WithCancel(c.runCtx)
-	defer hcancel()
-	hold, ok := todo[0].part.work.hold(hcancel)
-	if !ok {
-		return dup, errStopping
-	}
-	defer todo[0].part.work.end(hold)
 	g := &todo[0].guard
-	if err := c.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
+	if err := c.underLease(c.runCtx, l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
 		return dup, err
 	}
 	for i := len(todo) - 1; i >= 0; i-- {

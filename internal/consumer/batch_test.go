@@ -312,9 +312,8 @@ func TestBatchActorOnePartitionPerBatch(t *testing.T) {
 // one of its two partitions to a consumer that joins: the batches running
 // on the moving partition are cancelled at revoke_drain_limit and awaited
 // before its lease is given back, so the new owner never runs a message
-// beside the old one. Before, a batch's attempt was not held as the
-// partition's work: the hand-over neither awaited nor cancelled it, and
-// the lease was given back while it ran.
+// beside the old one; both consumers then stop with batches running and
+// return no error.
 func TestBatchRevokeEndsWorkBeforeHandOver(t *testing.T) {
 	topic := testenv.Topic(t, 2)
 	_, prefix := testenv.Redis(t)
@@ -329,7 +328,7 @@ func TestBatchRevokeEndsWorkBeforeHandOver(t *testing.T) {
 	produce(t, topic, slow)
 	rs := newRuns()
 	regA := prometheus.NewRegistry()
-	startConsumer(t, cfg, slowHandler("a", rs), &memDLQ{}, WithRegisterer(regA), WithBatch(4, 0),
+	a := startConsumer(t, cfg, slowHandler("a", rs), &memDLQ{}, WithRegisterer(regA), WithBatch(4, 0),
 		WithState(newStoreState(t, prefix, "a", cfg.Dedup.Lease)))
 	testenv.Eventually(t, 60*time.Second, func() error {
 		rs.mu.Lock()
@@ -362,5 +361,16 @@ func TestBatchRevokeEndsWorkBeforeHandOver(t *testing.T) {
 	}
 	if v, _ := testenv.Gathered(t, regA, "kfpipe_handover_attempts_total", "fate", "cancelled"); v == 0 {
 		t.Fatal("no batch attempt cancelled at the drain limit")
+	}
+	// Both stop with their batches still running: each hands its
+	// partitions over (cancel, await, give the leases back) and returns
+	// no error.
+	for name, c := range map[string]*Consumer{"B": b, "A": a} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := c.Close(ctx)
+		cancel()
+		if err != nil {
+			t.Errorf("close %s: %v", name, err)
+		}
 	}
 }
