@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe"
+	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/kf"
 )
@@ -34,7 +35,8 @@ func TestBatchConsumerRuns(t *testing.T) {
 	e.produce(t)
 
 	cfg := e.config(t)
-	cfg.Ops.ShutdownTimeout = 2 * time.Second
+	cfg.Kafka.Consumer.RevokeDrainLimit = time.Second
+	cfg.Ops.ShutdownTimeout = time.Second + config.StopReserve
 
 	if _, err := kfpipe.NewBatchConsumer(cfg, kfpipe.BatchHandlerFunc(nil), 1, 0); err == nil || !strings.Contains(err.Error(), "size") {
 		t.Fatalf("a batch size of 1: %v, want an error naming size", err)

@@ -2,15 +2,20 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
+	"sort"
 	"strconv"
+	"strings"
+	"testing"
 	"time"
 
-	"testing"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // TestChaosSlowBot: the journey of an LLM-backed bot through what a
@@ -24,8 +29,12 @@ import (
 // (SIGSTOP) past its partitions' lease and resumed. Every effect and every
 // reply must happen once and in order, and every SIGTERM must hand its
 // partitions over and exit 0 within kafka.consumer.revoke_drain_limit and
-// a few seconds. The line says how many running handlers the hand-overs
-// awaited, cancelled, or left to a lapsing lease.
+// a few seconds, leave the fleet (the consumers run with coord enabled, as
+// in production) and exit 0. Until the freeze (the rolling restart and the
+// scale-out) no user may wait for its next answer longer than the bot's
+// slowest answer plus one kafka.consumer.session_timeout (max_user_wait).
+// The line says how many running handlers the hand-overs awaited,
+// cancelled, or left to a lapsing lease.
 func TestChaosSlowBot(t *testing.T) {
 	svc := NeedServices(t)
 	lo, hi := Size(time.Second, 5*time.Second), Size(3*time.Second, 30*time.Second)
@@ -37,6 +46,17 @@ func TestChaosSlowBot(t *testing.T) {
 	drainLimit := 10 * time.Second // kafka.consumer.revoke_drain_limit's default
 	stopBound := drainLimit + 5*time.Second
 	consumers := Size(2, 3)
+	waitBound := hi + config.DefaultSessionTimeout
+	etcd, ns := testenv.Etcd(t)
+	fleetSize := func() (int64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := etcd.Get(ctx, ns+"services/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return 0, err
+		}
+		return resp.Count, nil
+	}
 	// The frozen consumer's requests already at the bot finish during the
 	// freeze, without their marks, as a killed one's do: the in-flight
 	// window the judge allows is the bot's slowest answer.
@@ -50,11 +70,16 @@ func TestChaosSlowBot(t *testing.T) {
 		ConsumerEnv: map[string]string{
 			"KFPIPE_PROCESSOR_ATTEMPT_TIMEOUT": attemptTimeout.String(),
 			"KFPIPE_HANDLER_HTTP_TIMEOUT":      attemptTimeout.String(),
+			"KFPIPE_COORD_ENABLED":             "true",
+			"KFPIPE_COORD_ENDPOINTS":           strings.Join(testenv.EtcdEndpoints(t), ","),
+			"KFPIPE_COORD_NAMESPACE":           ns,
 		}})
 	p.Sink.SlowBot(lo, hi, 0.3)
 	spare := p.Consumers[consumers] // the scale-out's
 	var stops []string
+	var leftFleet int
 	stop := func(d *Daemon, rec *Report) {
+		before, ferr := fleetSize()
 		start := time.Now()
 		err := d.Stop(stopBound + 10*time.Second)
 		took := time.Since(start)
@@ -65,8 +90,27 @@ func TestChaosSlowBot(t *testing.T) {
 		case took > stopBound:
 			rec.Problem("SIGTERM %s took %s, want within %s (revoke_drain_limit + 5 s)", d.Name, took.Round(time.Millisecond), stopBound)
 		}
+		// A graceful stop removes its fleet entry before it exits; one
+		// that did not would stay until its etcd lease expired.
+		after, aerr := fleetSize()
+		switch {
+		case ferr != nil || aerr != nil:
+			rec.Problem("SIGTERM %s: read the fleet: %v", d.Name, errors.Join(ferr, aerr))
+		case after != before-1:
+			rec.Problem("SIGTERM %s: %d fleet entries before, %d after its exit: it did not leave the fleet", d.Name, before, after)
+		default:
+			leftFleet++
+		}
 	}
-	p.Opts.Judge = func(_ *Evidence, rep *Report) {
+	var freezeAt time.Time
+	p.Opts.Judge = func(ev *Evidence, rep *Report) {
+		wait, who := maxUserWait(ev, freezeAt)
+		rep.Extra("max_user_wait", wait.Round(100*time.Millisecond))
+		rep.Extra("max_user_wait_bound", waitBound)
+		if wait > waitBound {
+			rep.Problem("user %s waited %s for its next answer before the freeze, want at most the bot's slowest answer + one session timeout (%s)", who, wait.Round(100*time.Millisecond), waitBound)
+		}
+		rep.Extra("sigterm_left_fleet", leftFleet)
 		var awaited, cancelled, lapsed int
 		for _, d := range p.Consumers {
 			a, c, l := handOvers(d)
@@ -105,6 +149,7 @@ func TestChaosSlowBot(t *testing.T) {
 		// One consumer frozen past its lease (and the grace), then resumed:
 		// the one users wait on (aimed like consumer-zombie's freezes).
 		victim := busyConsumer(ctx, p, 10*time.Second)
+		freezeAt = time.Now()
 		if _, err := victim.Freeze(); err != nil {
 			return err
 		}
@@ -119,6 +164,45 @@ func TestChaosSlowBot(t *testing.T) {
 		stop(spare, rec)
 		return nil
 	})
+}
+
+// maxUserWait is the longest a user waited for its next answer among the
+// answers made before until (zero: all): from its previous answer, or from
+// its message's send when it had none pending, to the first effect of its
+// next message (WeChat order). The bot's own time is in it: a user waits
+// at least one answer's time for each message.
+func maxUserWait(ev *Evidence, until time.Time) (time.Duration, string) {
+	first := map[string]time.Time{}
+	for _, d := range ev.Deliveries {
+		if t, ok := first[d.MsgID]; !ok || d.At.Before(t) {
+			first[d.MsgID] = d.At
+		}
+	}
+	byUser := map[string][]Sent{}
+	for _, s := range ev.Sent {
+		byUser[s.User] = append(byUser[s.User], s)
+	}
+	var longest time.Duration
+	var who string
+	for u, ss := range byUser {
+		sort.Slice(ss, func(i, j int) bool { return ss[i].Index < ss[j].Index })
+		var prev time.Time
+		for _, s := range ss {
+			at, ok := first[s.MsgID]
+			if !ok || (!until.IsZero() && at.After(until)) {
+				break
+			}
+			from := s.At
+			if prev.After(from) {
+				from = prev
+			}
+			if w := at.Sub(from); w > longest {
+				longest, who = w, u
+			}
+			prev = at
+		}
+	}
+	return longest, who
 }
 
 var handOverField = regexp.MustCompile(`"(awaited|cancelled|left_to_lapsing_lease)":\s*(\d+)`)
@@ -149,4 +233,66 @@ func handOvers(d *Daemon) (awaited, cancelled, lapsed int) {
 		}
 	}
 	return awaited, cancelled, lapsed
+}
+
+// TestChaosFieldRun is issue 43's field run as a test: shipped defaults
+// except processor.attempt_timeout and handler.http.timeout at 60 s, a bot
+// answering every message in 12–20 s (reduced: 1.2–2 s) and replying once,
+// 200 customers × 4 messages (reduced: 30 × 4), and a rolling restart of
+// every consumer (SIGTERM, start) while the bot is busy. Every message
+// must reach the receiver once (dup=0, lost=0) and be answered once
+// (replies_dup=0), and every SIGTERM must exit 0 within
+// kafka.consumer.revoke_drain_limit and a few seconds. Before issue 43's
+// fixes, the same run made 32 of 800 messages reach the receiver twice.
+func TestChaosFieldRun(t *testing.T) {
+	svc := NeedServices(t)
+	lo, hi := Size(1200*time.Millisecond, 12*time.Second), Size(2*time.Second, 20*time.Second)
+	load := Size(Load{Total: 120, Users: 30, Rate: 8, MaxPerUser: 4}, Load{Total: 800, Users: 200, Rate: 4, MaxPerUser: 4})
+	const timeout = time.Minute
+	stopBound := 10*time.Second + 5*time.Second // revoke_drain_limit's default + 5 s
+	consumers := Size(2, 3)
+	p := Start(t, Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: consumers, Replies: true,
+		InFlightSlack: hi + 2*time.Second,
+		ConsumerEnv: map[string]string{
+			"KFPIPE_PROCESSOR_ATTEMPT_TIMEOUT": timeout.String(),
+			"KFPIPE_HANDLER_HTTP_TIMEOUT":      timeout.String(),
+		}})
+	p.Sink.SlowBot(lo, hi, 0)
+	var stops []string
+	p.Opts.Judge = func(_ *Evidence, rep *Report) {
+		var awaited, cancelled, lapsed int
+		for _, d := range p.Consumers {
+			a, c, l := handOvers(d)
+			awaited, cancelled, lapsed = awaited+a, cancelled+c, lapsed+l
+		}
+		rep.Extra("handlers_awaited", awaited)
+		rep.Extra("handlers_cancelled", cancelled)
+		rep.Extra("handlers_left_to_lapse", lapsed)
+		rep.Extra("sigterm_stops", len(stops))
+		t.Logf("field-run: SIGTERM stops %v", stops)
+	}
+	Run(t, "field-run", p, load, Size(2*time.Minute, 5*time.Minute), func(ctx context.Context, p *Pipeline, rec *Report) error {
+		if !Pause(ctx, 2*hi, 2*hi) {
+			return ctx.Err()
+		}
+		for _, d := range p.Consumers {
+			start := time.Now()
+			err := d.Stop(stopBound + 10*time.Second)
+			took := time.Since(start)
+			stops = append(stops, fmt.Sprintf("%s:%s", d.Name, took.Round(100*time.Millisecond)))
+			switch {
+			case err != nil:
+				rec.Problem("SIGTERM %s: %v", d.Name, err)
+			case took > stopBound:
+				rec.Problem("SIGTERM %s took %s, want within %s (revoke_drain_limit + 5 s)", d.Name, took.Round(time.Millisecond), stopBound)
+			}
+			if err := d.Restart(time.Minute); err != nil {
+				return err
+			}
+			if !Pause(ctx, hi, hi) {
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
 }

@@ -68,8 +68,12 @@ type Ops struct {
 	// Pprof serves /debug/pprof on the ops port; off unless asked for.
 	Pprof bool `mapstructure:"pprof"`
 	// ShutdownTimeout bounds a graceful stop after SIGTERM (drain, flush,
-	// commit); keep it below the orchestrator's kill grace period.
-	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout" default:"8s" range:"[1s, 5m]"`
+	// commit); keep it below the orchestrator's kill grace period. A
+	// schedule-consumer needs at least kafka.consumer.revoke_drain_limit
+	// plus 8 s (StopReserve), so that a stop under load awaits its handlers for
+	// the whole drain limit, hands its partitions over and leaves the
+	// fleet before the deadline.
+	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout" default:"25s" range:"[1s, 5m]"`
 	// ReadyTimeout bounds each dependency probe of /readyz.
 	ReadyTimeout time.Duration `mapstructure:"ready_timeout" default:"2s" range:"[100ms, 1m]"`
 }

@@ -74,7 +74,7 @@ func TestEnvironmentTopicDefaults(t *testing.T) {
 func TestEnvOverrides(t *testing.T) {
 	t.Setenv("KFPIPE_KAFKA_BROKERS", "10.0.0.1:9092,10.0.0.2:9092")
 	t.Setenv("KFPIPE_PROCESSOR_MAILBOX_SIZE", "17")
-	t.Setenv("KFPIPE_OPS_SHUTDOWN_TIMEOUT", "3s")
+	t.Setenv("KFPIPE_OPS_SHUTDOWN_TIMEOUT", "31s")
 	t.Setenv("KFPIPE_REDIS_MODE", "sentinel")
 	t.Setenv("KFPIPE_REDIS_SENTINEL_ADDRS", "s1:26379,s2:26379")
 	p := writeYAML(t, "kafka:\n  brokers: file:9092\n")
@@ -85,7 +85,7 @@ func TestEnvOverrides(t *testing.T) {
 	if cfg.Kafka.Brokers != "10.0.0.1:9092,10.0.0.2:9092" {
 		t.Errorf("brokers = %q (env must win over file)", cfg.Kafka.Brokers)
 	}
-	if cfg.Processor.MailboxSize != 17 || cfg.Ops.ShutdownTimeout != 3*time.Second {
+	if cfg.Processor.MailboxSize != 17 || cfg.Ops.ShutdownTimeout != 31*time.Second {
 		t.Errorf("mailbox=%d shutdown=%s", cfg.Processor.MailboxSize, cfg.Ops.ShutdownTimeout)
 	}
 	if len(cfg.Redis.SentinelAddrs) != 2 || cfg.Redis.SentinelAddrs[1] != "s2:26379" {
@@ -378,5 +378,26 @@ func TestListenAddressesDefaultToLoopback(t *testing.T) {
 	if _, err := LoadConsumer(writeYAML(t, "ops:\n  addrs:\n    schedule-consumr: \":9201\"\n")); err == nil ||
 		!strings.Contains(err.Error(), "ops.addrs.schedule-consumr is not a daemon") {
 		t.Fatalf("misspelt daemon in ops.addrs: %v", err)
+	}
+}
+
+// TestShutdownLeavesTheDrain: with the shipped defaults a stop can await
+// its handlers for the whole kafka.consumer.revoke_drain_limit and still
+// hand over and leave the fleet (issue 43); a shutdown_timeout that leaves
+// less is refused, naming the key.
+func TestShutdownLeavesTheDrain(t *testing.T) {
+	cfg, err := LoadConsumer(writeYAML(t, "kafka:\n  brokers: k:9092\n"))
+	if err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if got, need := cfg.Ops.ShutdownTimeout, cfg.Kafka.Consumer.RevokeDrainLimit+StopReserve; got < need {
+		t.Fatalf("default ops.shutdown_timeout %s < revoke_drain_limit + StopReserve = %s", got, need)
+	}
+	_, err = LoadConsumer(writeYAML(t, "kafka:\n  brokers: k:9092\nops:\n  shutdown_timeout: 15s\n"))
+	if err == nil || !strings.Contains(err.Error(), "ops.shutdown_timeout is 15s") {
+		t.Fatalf("shutdown_timeout 15s with a 10s drain limit: %v, want an error naming ops.shutdown_timeout", err)
+	}
+	if _, err := LoadConsumer(writeYAML(t, "kafka:\n  brokers: k:9092\n  consumer:\n    revoke_drain_limit: 5s\nops:\n  shutdown_timeout: 15s\n")); err != nil {
+		t.Fatalf("shutdown_timeout 15s with a 5s drain limit: %v", err)
 	}
 }

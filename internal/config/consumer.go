@@ -327,6 +327,12 @@ func defaultConsumer(env string) Consumer {
 	return c
 }
 
+// StopReserve is what a schedule-consumer's stop needs after its drain
+// (kafka.consumer.revoke_drain_limit): the cancelled handler attempts'
+// wait (2 s), the Kafka group's leave (up to 5 s) and the fleet's leave.
+// ops.shutdown_timeout must leave it.
+const StopReserve = 8 * time.Second
+
 // Validate reports every invalid key.
 func (c *Consumer) Validate() error {
 	v := &validator{}
@@ -358,6 +364,12 @@ func (c *Consumer) Validate() error {
 	if need := state.MinTTL + horizon; c.Dedup.TTL < need {
 		v.addf("dedup.ttl", "is %s, shorter than WeChat's re-pull window (%s) plus the DLQ's retry horizon (%s = %s): a copy re-pulled on day 3 and dead-lettered stays retryable a horizon from its own failure, and would run again once its message's done mark expired; raise dedup.ttl to at least %s",
 			c.Dedup.TTL, state.MinTTL, from, horizon, need)
+	}
+	// A stop awaits the running handlers up to the drain limit, then needs
+	// StopReserve for the rest (issue 43): with less, it cancels them early.
+	if need := c.Kafka.Consumer.RevokeDrainLimit + StopReserve; c.Ops.ShutdownTimeout < need {
+		v.addf("ops.shutdown_timeout", "is %s, shorter than kafka.consumer.revoke_drain_limit (%s) plus the %s the rest of a stop needs (the cancelled handlers' wait, the group's leave, the fleet's leave): a SIGTERM under load would cancel its handlers before the drain limit or be cut off before it left the fleet; raise ops.shutdown_timeout to at least %s or lower kafka.consumer.revoke_drain_limit",
+			c.Ops.ShutdownTimeout, c.Kafka.Consumer.RevokeDrainLimit, StopReserve, need)
 	}
 	// The dedup section checks itself (package state owns it).
 	v.addErr(c.Dedup.Validate())

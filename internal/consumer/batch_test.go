@@ -3,16 +3,19 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 	"github.com/kfpipe/kfpipe/internal/handler"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // TestBatchActorTakesQueuedMessages: a user's messages sent quickly reach
@@ -307,6 +310,74 @@ func TestBatchActorOnePartitionPerBatch(t *testing.T) {
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatalf("no batch %v after 5s", want)
+		}
+	}
+}
+
+// TestBatchRevokeEndsWorkBeforeHandOver: TestRevokeEndsWorkBeforeHandOver
+// in batch mode. A consumer handing users' batches to a slow handler loses
+// one of its two partitions to a consumer that joins: the batches running
+// on the moving partition are cancelled at revoke_drain_limit and awaited
+// before its lease is given back, so the new owner never runs a message
+// beside the old one; both consumers then stop with batches running and
+// return no error.
+func TestBatchRevokeEndsWorkBeforeHandOver(t *testing.T) {
+	topic := testenv.Topic(t, 2)
+	_, prefix := testenv.Redis(t)
+	cfg := testConfig(t, topic)
+	cfg.Kafka.Consumer.RevokeDrainLimit = 2 * time.Second
+	cfg.Processor.AttemptTimeout = time.Minute
+	cfg.Dedup.Lease = 10 * time.Second
+	var slow []*chatmsg.ChatMessage
+	for i := 0; i < 16; i++ {
+		slow = append(slow, chat(fmt.Sprintf("slow%02d", i), 0), chat(fmt.Sprintf("slow%02d", i), 1))
+	}
+	produce(t, topic, slow)
+	rs := newRuns()
+	regA := prometheus.NewRegistry()
+	a := startConsumer(t, cfg, slowHandler("a", rs), &memDLQ{}, WithRegisterer(regA), WithBatch(4, 0),
+		WithState(newStoreState(t, prefix, "a", cfg.Dedup.Lease)))
+	testenv.Eventually(t, 60*time.Second, func() error {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		n := 0
+		for _, r := range rs.running {
+			n += min(r, 1)
+		}
+		return testenv.Check(n == 16, "%d of 16 users' batches running on A", n)
+	})
+	b := startConsumer(t, cfg, slowHandler("b", rs), &memDLQ{}, WithRegisterer(prometheus.NewRegistry()), WithBatch(4, 0),
+		WithState(newStoreState(t, prefix, "b", cfg.Dedup.Lease)))
+	testenv.Eventually(t, 60*time.Second, func() error {
+		return testenv.Check(len(b.Partitions()) == 1, "B holds %v", b.Partitions())
+	})
+	// B runs the moved partition's batches (after A's hand-over).
+	testenv.Eventually(t, 60*time.Second, func() error {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		n := 0
+		for _, c := range rs.started {
+			if c > 1 {
+				n++
+			}
+		}
+		return testenv.Check(n > 0, "B ran none of the moved batches")
+	})
+	if o := rs.overlaps(); len(o) > 0 {
+		t.Fatalf("%d batch runs started while the previous owner's run of the same batch still ran: %v", len(o), o)
+	}
+	if v, _ := testenv.Gathered(t, regA, "kfpipe_handover_attempts_total", "fate", "cancelled"); v == 0 {
+		t.Fatal("no batch attempt cancelled at the drain limit")
+	}
+	// Both stop with their batches still running: each hands its
+	// partitions over (cancel, await, give the leases back) and returns
+	// no error.
+	for name, c := range map[string]*Consumer{"B": b, "A": a} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := c.Close(ctx)
+		cancel()
+		if err != nil {
+			t.Errorf("close %s: %v", name, err)
 		}
 	}
 }
