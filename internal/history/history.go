@@ -85,9 +85,7 @@ func Wrap(h consumer.Handler, s Source) consumer.Handler {
 			}
 		}
 		if mem != nil {
-			// The bot's replies are turns too (a batch's are keyed by
-			// its first message, m).
-			ctx = outcome.WithSink(ctx, func(r outcome.Reply) { mem.recordReply(m, r) })
+			ctx = mem.Replies(ctx, m)
 		}
 		return h.Handle(With(ctx, s), m)
 	})
@@ -174,6 +172,13 @@ func (mem *Memory) add(openKfID, user, id string, t Turn) {
 		}
 		c.turns = append([]Turn(nil), c.turns[len(c.turns)-mem.perUser:]...)
 	}
+}
+
+// Replies returns ctx in which the replies a handler makes for m (a
+// batch's are keyed by its first message) are recorded as turns of m's
+// conversation, right after m: the bot's replies are turns too.
+func (mem *Memory) Replies(ctx context.Context, m *chatmsg.ChatMessage) context.Context {
+	return outcome.WithSink(ctx, func(r outcome.Reply) { mem.recordReply(m, r) })
 }
 
 // recordReply adds the reply r to m's conversation when the customer got
