@@ -27,7 +27,9 @@ func TestHistoryFromArchive(t *testing.T) {
 	// The consumer's outcome records (on with archive.dsn) on a topic of
 	// the test's own.
 	cfg.Archive.OutcomesTopic = testenv.Name(t, "outcomes")
-	t.Cleanup(func() { _, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{cfg.Archive.OutcomesTopic}) })
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{cfg.Archive.OutcomesTopic})
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
