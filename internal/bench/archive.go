@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,18 +102,33 @@ func Archive(e *Env, o ArchiveOptions) (Result, error) {
 	if o.DSN == "" {
 		return Result{}, fmt.Errorf("archive scenario: -archive-dsn (or KFPIPE_TEST_POSTGRES) is empty")
 	}
-	ctx := context.Background()
+	// A run stopped (make bench's time limit sends SIGTERM, Ctrl-C)
+	// still drops its schema: its ~9 GB must not stay behind.
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
 	schema := strings.ReplaceAll(strings.ToLower(e.Prefix), "-", "_") + "_archive"
 	conn, err := pgx.Connect(ctx, o.DSN)
 	if err != nil {
 		return Result{}, err
 	}
-	defer conn.Close(ctx)
+	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return Result{}, err
 	}
 	defer func() {
-		_, _ = conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		// On a connection of its own: a query cancelled by a signal
+		// closes the run's.
+		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		c, err := pgx.Connect(dctx, o.DSN)
+		if err != nil {
+			e.Log.Sugar().Errorf("archive: schema %s not dropped: %v", schema, err)
+			return
+		}
+		defer c.Close(dctx)
+		if _, err := c.Exec(dctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			e.Log.Sugar().Errorf("archive: schema %s not dropped: %v", schema, err)
+		}
 	}()
 	sep := "?"
 	if strings.Contains(o.DSN, "?") {
@@ -186,8 +204,13 @@ func Archive(e *Env, o ArchiveOptions) (Result, error) {
 	ok := waitUntil(10*time.Minute, func() bool {
 		_ = conn.QueryRow(ctx, "SELECT coalesce(sum(next_offset), 0) FROM "+pgx.Identifier{schema, "kf_archive_progress"}.Sanitize()+
 			" WHERE topic = $1", topic).Scan(&rows)
-		return rows >= int64(o.Msgs)
+		return rows >= int64(o.Msgs) || ctx.Err() != nil
 	})
+	if ctx.Err() != nil {
+		cancel()
+		<-done
+		return Result{}, fmt.Errorf("archive: stopped: %w", ctx.Err())
+	}
 	took := time.Since(t0)
 	cpu := CPUTime() - cpu0
 	cancel()
