@@ -14,11 +14,14 @@ import (
 
 // Turn is one turn of a customer's conversation before the message being
 // handled (History): the customer's message, a human servicer's or a
-// system event, as WeChat delivered it.
+// system event, as WeChat delivered it, or a reply the bot sent
+// (OriginBot).
 type Turn struct {
+	// MsgID is the message's upstream msgid; a reply's is the msgid of
+	// the message it answered.
 	MsgID string
-	// Origin is who wrote it: OriginCustomer, OriginSystem or
-	// OriginServicer.
+	// Origin is who wrote it: OriginCustomer, OriginSystem,
+	// OriginServicer or OriginBot.
 	Origin int
 	// Servicer is the servicer who wrote it (OriginServicer).
 	Servicer string
@@ -51,15 +54,16 @@ var ErrNoHistory = history.ErrNone
 
 // History returns the last n turns of m's conversation (its customer on
 // its KF account) sent before m, oldest first: the customer's messages,
-// the human servicers' and the events — the context an LLM-backed bot
-// answers with. m itself is left out, and so is anything sent after it,
+// the human servicers', the events and the bot's own replies the
+// customer got — the context an LLM-backed bot answers with. m itself is left out, and so is anything sent after it,
 // so a retry (a DLQ retry days later included) sees the same history as
 // the first attempt did, as far as the archive still keeps it.
 //
 // It reads the conversation archive (archive.dsn; the dlq-consumer's
 // archiver fills it from the main topic, so the newest turns may lag it
-// by the archiver's batch interval). The bot's own replies are not
-// turns: they do not come back through WeChat's sync_msg. An error other
+// by the archiver's batch interval). The bot's replies do not come back
+// through WeChat's sync_msg: the consumers record them on the outcomes
+// topic (archive.outcomes_topic), which the archiver reads too. An error other
 // than ErrNoHistory (the database unreachable) is worth returning: the
 // message is retried.
 func History(ctx context.Context, m *Message, n int) ([]Turn, error) {

@@ -24,6 +24,12 @@ func TestHistoryFromArchive(t *testing.T) {
 	dsn := testenv.Postgres(t)
 	cfg := e.config(t)
 	cfg.Archive.DSN = dsn
+	// The consumer's outcome records (on with archive.dsn) on a topic of
+	// the test's own.
+	cfg.Archive.OutcomesTopic = testenv.Name(t, "outcomes")
+	t.Cleanup(func() {
+		_, _ = testenv.Admin(t).DeleteTopics(context.Background(), []string{cfg.Archive.OutcomesTopic})
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 

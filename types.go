@@ -1,5 +1,7 @@
 package kfpipe
 
+import "github.com/kfpipe/kfpipe/internal/archive"
+
 // Origins of a message: who wrote it (WeChat's origin field, Message.Origin).
 // A bot normally answers OriginCustomer only: a servicer's message reaches
 // the handler too (WeChat returns it from sync_msg), and answering it would
@@ -12,6 +14,10 @@ const (
 	// OriginServicer is a message a servicer (接待人员) sent from the WeChat
 	// Work client; ServicerUserID names the servicer.
 	OriginServicer = 5
+	// OriginBot is not WeChat's: it is a History turn that is a reply the
+	// bot sent through kfpipe (Reply, Welcome), its MsgID the message it
+	// answered.
+	OriginBot = archive.OriginBot
 )
 
 // Message types: WeChat's msgtype of an inbound message (Message.MsgType).

@@ -152,3 +152,17 @@ func (r raw) msgType() string { return r.typ }
 func (r raw) body() map[string]any {
 	return map[string]any{"msgtype": r.typ, r.typ: r.obj}
 }
+
+// Item returns m as WeChat's message item, the JSON send_msg is given
+// without its addressing ({"msgtype":"text","text":{"content":"…"}}), and
+// its msgtype: how the conversation archive keeps a reply.
+func Item(m Message) (msgType string, item json.RawMessage, err error) {
+	if m == nil {
+		return "", nil, fmt.Errorf("kf: no message")
+	}
+	b, err := json.Marshal(m.body())
+	if err != nil {
+		return "", nil, fmt.Errorf("kf: %w", err)
+	}
+	return m.msgType(), b, nil
+}

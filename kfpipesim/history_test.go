@@ -30,7 +30,8 @@ var historyBot = kfpipe.HandlerFunc(func(ctx context.Context, m *kfpipe.Message)
 })
 
 // TestSimulatorHistory: in the simulator (no database) the bot's History
-// holds the customer's earlier messages and the servicer's, in order.
+// holds the customer's earlier messages, its own replies and the
+// servicer's, in order.
 func TestSimulatorHistory(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -55,7 +56,8 @@ func TestSimulatorHistory(t *testing.T) {
 		return false
 	})
 	post(t, s.url+"api/send", sendRequest{User: "h1", As: "customer", Text: "thanks"})
-	want := "history 3:where is my parcel|5:it left today|"
+	// The bot's own first reply (OriginBot) is a turn too.
+	want := fmt.Sprintf("history 3:where is my parcel|%d:history |5:it left today|", kfpipe.OriginBot)
 	waitState(t, s.url, "h1", "the reply with the history", func(st state) bool {
 		for _, m := range st.Messages {
 			if m.Reply && m.Text == want {

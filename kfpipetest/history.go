@@ -9,7 +9,7 @@ import (
 
 // The conversation kfpipe.History serves in a test: every message Run or
 // RunBatch gives the handler is remembered (as the consumer's archive
-// would hold it), and Remember adds earlier turns without running the
+// would hold it), so is every reply the handler sent (OriginBot), and Remember adds earlier turns without running the
 // handler — what the customer said yesterday, a human servicer's answer.
 
 // historyTurns is how many turns of a conversation the harness keeps.
@@ -27,6 +27,10 @@ func (hs *Harness) Remember(msgs ...*kfpipe.Message) {
 // withHistory is ctx with the harness's history, msgs remembered.
 func (hs *Harness) withHistory(ctx context.Context, msgs []*kfpipe.Message) context.Context {
 	hs.Remember(msgs...)
+	if len(msgs) > 0 {
+		// The replies the handler sends are turns of the conversation.
+		ctx = hs.memory().Replies(ctx, chatOf(msgs[0]))
+	}
 	return history.With(ctx, hs.memory())
 }
 

@@ -24,8 +24,11 @@ func contextBot() kfpipe.Handler {
 		var b strings.Builder
 		for _, t := range turns {
 			who := "customer"
-			if t.Origin == kfpipe.OriginServicer {
+			switch t.Origin {
+			case kfpipe.OriginServicer:
 				who = "servicer " + t.Servicer
+			case kfpipe.OriginBot:
+				who = "bot"
 			}
 			text, _ := t.Text()
 			fmt.Fprintf(&b, "%s:%s|", who, text)
@@ -36,17 +39,18 @@ func contextBot() kfpipe.Handler {
 }
 
 // History gives the handler the customer's earlier turns, a human
-// servicer's included, oldest first, without the message being handled or
-// another customer's; a retry sees the same.
+// servicer's and the bot's own replies included, oldest first, without
+// the message being handled or another customer's; a retry sees the same.
 func TestHistoryInHandler(t *testing.T) {
 	h := New(t, contextBot())
 	h.Run(Text("u1", "hello")).ExpectDone().ExpectTexts("now:hello")
 	h.Run(Text("u2", "other customer")).ExpectDone()
 	h.Remember(ServicerText("u1", "alice", "I am looking at your order"))
 	h.Run(Text("u1", "thanks")).ExpectDone().ExpectTexts(
-		"customer:hello|servicer alice:I am looking at your order|now:thanks")
+		"customer:hello|bot:now:hello|servicer alice:I am looking at your order|now:thanks")
 	first, second := h.RunTwice(Text("u1", "and?"))
-	first.ExpectDone().ExpectTexts("customer:hello|servicer alice:I am looking at your order|customer:thanks|now:and?")
+	first.ExpectDone().ExpectTexts("customer:hello|bot:now:hello|servicer alice:I am looking at your order|customer:thanks|" +
+		"bot:customer:hello|bot:now:hello|servicer alice:I am looking at your order|now:thanks|now:and?")
 	second.ExpectDone()
 }
 

@@ -9,14 +9,17 @@
 #   postgres.sh status
 #   postgres.sh env                print `export KFPIPE_TEST_POSTGRES=postgres://...`
 #
-# State (data, pid, log) is in .run/postgres/. Run as root, the server runs as
-# the postgres user (initdb refuses root); the data directory belongs to it.
+# State (data, pid, log) is in .run/postgres/, or in $KFPIPE_POSTGRES_DIR: a
+# second server of its own (a fault test that restarts its database) with
+# `KFPIPE_POSTGRES_DIR=DIR postgres.sh start --port P`, its stop/resume/kill9
+# given the same DIR. Run as root, the server runs as the postgres user
+# (initdb refuses root); the data directory belongs to it.
 set -euo pipefail
 LOG_TAG=postgres
 # shellcheck source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
-DIR="$RUN_DIR/postgres"
+DIR="${KFPIPE_POSTGRES_DIR:-$RUN_DIR/postgres}"
 DATA="$DIR/data"
 START_TIMEOUT="${KFPIPE_POSTGRES_START_TIMEOUT:-60}"
 PGBIN=""

@@ -37,6 +37,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	)
 	fs.StringVar(&o.Kafka, "kafka", "", "host:port of a real Kafka (default: embedded mock cluster)")
 	fs.StringVar(&o.Redis, "redis", "", "host:port of a real Redis (default: embedded miniredis)")
+	fs.StringVar(&o.Archive, "archive", "", "postgres://... DSN: keep the conversation in PostgreSQL and read the timeline from it (default: no database)")
 	fs.StringVar(&o.ConfigPath, "config", "", "base config (default: config/development.yaml, found upwards)")
 	fs.BoolVar(&o.Hold, "hold", false, "keep everything up after the report until Ctrl-C (admin console stays reachable)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "scenario seed")

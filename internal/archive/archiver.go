@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -14,6 +15,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/internal/outcome"
 )
 
 // Archiver reads the main topic and the DLQ topic in a consumer group of
@@ -103,7 +105,8 @@ func (b *batch) empty() bool { return len(b.next) == 0 }
 // Run archives until ctx is cancelled; then it writes and commits what it
 // read. It returns nil on cancellation.
 func (a *Archiver) Run(ctx context.Context) error {
-	main, dlqTopic := a.kcfg.Topics.Main.Name, a.kcfg.Topics.DLQ.Name
+	main, dlqTopic, outTopic := a.kcfg.Topics.Main.Name, a.kcfg.Topics.DLQ.Name, a.cfg.OutcomesTopic
+	topics := []string{main, dlqTopic}
 	cm := kafkaclient.Consumer(a.kcfg, a.cfg.GroupID)
 	_ = cm.SetKey("client.id", a.kcfg.ClientID+"-archiver")
 	// A new group reads everything the topics still hold.
@@ -116,6 +119,14 @@ func (a *Archiver) Run(ctx context.Context) error {
 		return fmt.Errorf("archiver: %w", err)
 	}
 	defer kc.Close()
+	if outTopic != "" {
+		// The consumers create it when they start with the archive on;
+		// created here too, so the archiver may start first.
+		if err := a.ensureOutcomesTopic(ctx, kc); err != nil {
+			return err
+		}
+		topics = append(topics, outTopic)
+	}
 	b := newBatch()
 	// flush writes b until it is written (or ctx ends: then nothing of it
 	// is committed) and commits its offsets.
@@ -156,7 +167,7 @@ func (a *Archiver) Run(ctx context.Context) error {
 		b = newBatch()
 		return nil
 	}
-	err = kc.SubscribeTopics([]string{main, dlqTopic}, func(_ *kafka.Consumer, ev kafka.Event) error {
+	err = kc.SubscribeTopics(topics, func(_ *kafka.Consumer, ev kafka.Event) error {
 		if _, ok := ev.(kafka.RevokedPartitions); ok {
 			// Written and committed before the partitions go, so their
 			// next owner starts after them.
@@ -187,8 +198,13 @@ func (a *Archiver) Run(ctx context.Context) error {
 			if b.empty() {
 				b.since = time.Now()
 			}
-			if r, ok := a.row(e, *e.TopicPartition.Topic == dlqTopic); ok {
-				b.rows = append(b.rows, r)
+			switch topic := *e.TopicPartition.Topic; {
+			case topic == outTopic:
+				b.rows = append(b.rows, OutcomeRows(e.Value, e.TopicPartition.Partition, int64(e.TopicPartition.Offset), e.Timestamp)...)
+			default:
+				if r, ok := a.row(e, topic == dlqTopic); ok {
+					b.rows = append(b.rows, r)
+				}
 			}
 			b.next[tp] = int64(e.TopicPartition.Offset) + 1
 			if e.Timestamp.After(b.recTime[tp]) {
@@ -257,4 +273,82 @@ func sendTime(cm *chatmsg.ChatMessage, fallback time.Time) time.Time {
 		return time.Unix(cm.SendTime, 0).UTC()
 	}
 	return fallback.UTC()
+}
+
+// ensureOutcomesTopic creates the outcomes topic when missing, with the
+// main topic's settings (outcome.Topic's), retrying while ctx lasts.
+func (a *Archiver) ensureOutcomesTopic(ctx context.Context, kc *kafka.Consumer) error {
+	ac, err := kafka.NewAdminClientFromConsumer(kc)
+	if err != nil {
+		return fmt.Errorf("archiver: %w", err)
+	}
+	defer ac.Close()
+	t := a.kcfg.Topics.Main
+	t.Name = a.cfg.OutcomesTopic
+	for backoff := time.Second; ; backoff = min(2*backoff, 30*time.Second) {
+		err := kafkaclient.Bootstrap(ctx, ac, t)
+		if err == nil || errors.Is(err, kafkaclient.ErrPartitionMismatch) {
+			return err
+		}
+		a.log.Warn("archiver: outcomes topic not created yet; retrying", zap.String("topic", t.Name), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// OutcomeRows are the rows of a record of the outcomes topic read at
+// partition and offset, written at recorded: the message's outcome and
+// its replies (failed replies are not recorded; a reply an earlier run
+// sent is sent). An undecodable record has none.
+func OutcomeRows(value []byte, partition int32, offset int64, recorded time.Time) []Row {
+	rec, err := outcome.Decode(value)
+	if err != nil || rec.MsgID == "" {
+		return nil
+	}
+	at := time.Unix(rec.SendTime, 0).UTC()
+	if rec.SendTime <= 0 {
+		at = recorded.UTC()
+	}
+	base := Row{At: at, MsgID: rec.MsgID, OpenKfID: rec.OpenKfID, ExternalUserID: rec.User,
+		Partition: partition, Offset: offset, Recorded: recorded.UTC()}
+	var rows []Row
+	switch rec.Outcome {
+	case outcome.Handled, outcome.Recovered:
+		r := base
+		r.Kind, r.Seq = KindHandled, rec.Retry
+		if rec.Outcome == outcome.Recovered {
+			r.Kind = KindRecovered
+		}
+		if !rec.At.IsZero() {
+			r.Recorded = rec.At.UTC()
+		}
+		rows = append(rows, r)
+	}
+	for _, rp := range rec.Replies {
+		r := base
+		r.Kind, r.Seq, r.Origin, r.MsgType, r.Content, r.Detail = KindReply, rp.N, OriginBot, rp.MsgType, rp.Content, rp.Error
+		switch rp.Outcome {
+		case "sent":
+			r.Reason = ReplySent
+		case "skipped":
+			r.Reason, r.Detail = ReplySent, "sent by an earlier run of the handler"
+		case "servicer_session":
+			r.Reason = ReplyServicerSession
+		case "refused":
+			r.Reason = ReplyRefused
+		default:
+			continue
+		}
+		if rp.What != "reply" && rp.What != "" {
+			r.Detail = strings.TrimSpace(rp.What + " " + r.Detail)
+		}
+		if !rp.At.IsZero() {
+			r.Recorded = rp.At.UTC()
+		}
+		rows = append(rows, r)
+	}
+	return rows
 }

@@ -240,15 +240,30 @@ func (s *Store) Account(ctx context.Context, openKfID string, since time.Time, l
 		ORDER BY at DESC, recorded DESC LIMIT $3`, openKfID, since.UTC(), limit)
 }
 
-// LastTurns returns the last n messages (customer, servicer and events)
-// of user's conversation on the KF account openKfID sent at or before
-// before, leaving out the message exclude, oldest first.
+// LastTurns returns the last n turns of user's conversation on the KF
+// account openKfID — messages (customer, servicer and events) and the
+// bot's replies the customer got — about messages sent at or before
+// before, leaving out the message exclude and its replies, oldest first.
+// A reply sorts after the message it answers (it is kept at that
+// message's send time, and recorded later).
 func (s *Store) LastTurns(ctx context.Context, openKfID, user string, before time.Time, exclude string, n int) ([]Row, error) {
-	rows, err := s.query(ctx, selectRows+`WHERE external_userid = $1 AND open_kfid = $2 AND kind = 'message'
+	rows, err := s.query(ctx, selectRows+`WHERE external_userid = $1 AND open_kfid = $2
+		AND (kind = 'message' OR (kind = 'reply' AND reason = 'sent'))
 		AND at >= $3 AND at <= $4 AND msgid <> $5
-		ORDER BY at DESC, recorded DESC, src_offset DESC LIMIT $6`, user, openKfID, s.cutoff().UTC(), before.UTC(), exclude, n)
+		ORDER BY at DESC, recorded DESC, kind DESC, seq DESC, src_offset DESC LIMIT $6`, user, openKfID, s.cutoff().UTC(), before.UTC(), exclude, n)
 	reverse(rows)
 	return rows, err
+}
+
+// Outcomes returns the outcome and reply rows (KindHandled,
+// KindRecovered, KindReply) about the messages msgids, in the order they
+// were recorded.
+func (s *Store) Outcomes(ctx context.Context, msgids []string) ([]Row, error) {
+	if len(msgids) == 0 {
+		return nil, nil
+	}
+	return s.query(ctx, selectRows+`WHERE msgid = ANY($1) AND kind IN ('handled', 'recovered', 'reply') AND at >= $2
+		ORDER BY recorded, kind, seq`, msgids, s.cutoff().UTC())
 }
 
 // Progress returns how far the archiver has written each partition of

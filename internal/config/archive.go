@@ -29,6 +29,11 @@ type Archive struct {
 	// FlushInterval is how long a record waits for its batch to fill
 	// before the batch is written anyway.
 	FlushInterval time.Duration `mapstructure:"flush_interval" default:"200ms" range:"[1ms, 1m]"`
+	// OutcomesTopic is the topic the schedule-consumers write each
+	// message's outcome and replies to when the archive is on, keyed by
+	// user; the archiver reads it beside the main topic and the DLQ topic.
+	// Created when missing with the main topic's settings.
+	OutcomesTopic string `mapstructure:"outcomes_topic" default:"qywx-chat-outcomes"`
 }
 
 // BoundsApply reports whether the section's bounds are checked: only
@@ -50,4 +55,5 @@ func (a Archive) validate(v *validator) {
 		v.addf("archive.dsn", "must be a postgres://host/db URL or a key=value connection string")
 	}
 	v.nonEmpty("archive.group_id", a.GroupID)
+	v.nonEmpty("archive.outcomes_topic", a.OutcomesTopic)
 }

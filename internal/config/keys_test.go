@@ -90,11 +90,12 @@ var outOfRange = map[string]struct {
 
 	"dlq.emergency_file": {bad: " ", readBy: rC | rD},
 
-	"admin.addr":           {bad: " ", readBy: rD},
-	"admin.consumer_group": {bad: " ", readBy: rD},
-	"archive.dsn":          {bad: "mysql://127.0.0.1/x", readBy: rC | rD},
-	"archive.group_id":     {bad: " ", readBy: rC | rD},
-	"admin.tokens":         {bad: []map[string]string{{"name": "x", "token": "short", "role": "viewer"}}, readBy: rD, wantKey: "admin.tokens[0].token"},
+	"admin.addr":             {bad: " ", readBy: rD},
+	"admin.consumer_group":   {bad: " ", readBy: rD},
+	"archive.dsn":            {bad: "mysql://127.0.0.1/x", readBy: rC | rD},
+	"archive.group_id":       {bad: " ", readBy: rC | rD},
+	"archive.outcomes_topic": {bad: " ", readBy: rC | rD},
+	"admin.tokens":           {bad: []map[string]string{{"name": "x", "token": "short", "role": "viewer"}}, readBy: rD, wantKey: "admin.tokens[0].token"},
 
 	"media.dir":           {bad: " ", readBy: rP | rC},
 	"media.s3.endpoint":   {bad: "http://127.0.0.1:1", readBy: rP | rC},

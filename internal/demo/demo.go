@@ -37,8 +37,13 @@ type Options struct {
 	ConfigPath string
 	// Kafka and Redis are real services' addresses; "" embeds them.
 	Kafka, Redis string
-	Scenario     Scenario
-	Seed         uint64
+	// Archive is a PostgreSQL DSN: the conversation archive is on
+	// (archive.dsn of the consumer and the dlq-consumer), the timeline
+	// reads it. "" keeps the demo's default: no database, the timeline
+	// scans the main topic.
+	Archive  string
+	Scenario Scenario
+	Seed     uint64
 	// LogLevel of the daemons' loggers (stderr); "" is error, so the
 	// progress bar stays readable.
 	LogLevel string
@@ -459,6 +464,21 @@ func configure(o Options, be *backends, tmp, fakeURL string) (*configs, error) {
 	mediaDir := filepath.Join(tmp, "media")
 	prod.Media.Store, prod.Media.Dir = "dir", mediaDir
 	cons.Media.Store, cons.Media.Dir = "dir", mediaDir
+
+	if o.Archive != "" {
+		cons.Archive.DSN, dq.Archive.DSN = o.Archive, o.Archive
+		// A group and an outcomes topic of the run's own: the database
+		// may have seen other runs, the group must not resume theirs.
+		run := be.suffix
+		if run == "" {
+			run = randHex(6)
+		}
+		dq.Archive.GroupID += "-" + run
+		if be.suffix != "" {
+			cons.Archive.OutcomesTopic += "-" + be.suffix
+			dq.Archive.OutcomesTopic = cons.Archive.OutcomesTopic
+		}
+	}
 
 	cons.Handler.Type = "noop" // replaced by the recorder
 	cons.WeCom = prod.WeCom    // the recorder's replies go to the fake

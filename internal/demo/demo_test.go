@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/dlq"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // summaryRE is the contract of the report's last line.
@@ -311,5 +315,68 @@ func TestReportRecovery(t *testing.T) {
 	r.blocks(map[string]time.Time{botUser: later, f: later})
 	if len(r.BlockedByRecovery) != 1 || r.BlockedByRecovery[0] != f {
 		t.Errorf("blocked by recovery = %v, want [%s]", r.BlockedByRecovery, f)
+	}
+}
+
+// TestShortDemoWithArchive runs the short scenario on the embedded Kafka
+// and Redis with --archive on the test PostgreSQL (a schema of its own):
+// every message of the scenario (the report's, which leaves out the
+// warm-up and the photo) is archived once, every
+// processed message has its outcome, every reply sent its row, and the
+// excited customer's 24 messages are their conversation in the archive.
+func TestShortDemoWithArchive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole pipeline for ~20 s")
+	}
+	dsn := testenv.Postgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := Run(ctx, Options{Scenario: ShortScenario(), Seed: 7, Out: &out, DrainTimeout: 45 * time.Second, Archive: dsn})
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	if rep.Lost != 0 || rep.Reordered != 0 || !rep.Settled {
+		t.Fatalf("the demo itself failed:\n%s", out.String())
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var msgs, msgids, outcomes, replies int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 'message'), count(DISTINCT msgid) FILTER (WHERE kind = 'message'),
+		count(DISTINCT msgid) FILTER (WHERE kind IN ('handled', 'recovered')), count(*) FILTER (WHERE kind = 'reply' AND reason = 'sent')
+		FROM kf_archive WHERE external_userid NOT IN ($1, $2)`, warmupUser, photoUser).Scan(&msgs, &msgids, &outcomes, &replies); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("archive: %d message rows (%d msgids), %d messages with an outcome, %d replies sent; report in=%d processed=%d replies=%d",
+		msgs, msgids, outcomes, replies, rep.In, rep.Processed, rep.RepliesSent)
+	if msgs != rep.In || msgids != rep.In {
+		t.Errorf("archive holds %d message rows of %d msgids, want the %d messages given to WeChat once each", msgs, msgids, rep.In)
+	}
+	if outcomes != rep.Processed {
+		t.Errorf("archive holds an outcome for %d messages, want the %d processed", outcomes, rep.Processed)
+	}
+	if replies != rep.RepliesSent {
+		t.Errorf("archive holds %d replies sent, want the report's %d", replies, rep.RepliesSent)
+	}
+	st, err := archive.Open(ctx, dsn, 30*24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rows, _, err := st.Conversation(ctx, "demo-excited", time.Now().Add(-24*time.Hour), time.Now().Add(time.Hour), 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, r := range rows {
+		if r.Kind == archive.KindMessage {
+			n++
+		}
+	}
+	if n != 24 {
+		t.Errorf("the excited customer's conversation in the archive has %d messages, want 24", n)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/outcome"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 )
 
@@ -51,7 +53,11 @@ func stageUp(o Options) (_ *stage, err error) {
 	st.fake = wecomtest.NewHandler(wecomtest.Options{CorpID: p.WeCom.CorpID, Secret: p.WeCom.Secret, Accounts: p.WeCom.OpenKfIDs})
 	st.fakeSrv = &http.Server{Handler: st.fake, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = st.fakeSrv.Serve(fakeLn) }()
-	if err := st.be.createMockTopics(st.cfgs.common.Kafka.Topics.Main, st.cfgs.common.Kafka.Topics.DLQ); err != nil {
+	topics := []config.Topic{st.cfgs.common.Kafka.Topics.Main, st.cfgs.common.Kafka.Topics.DLQ}
+	if a := st.cfgs.consumer.Archive; a.DSN != "" {
+		topics = append(topics, outcome.Topic(st.cfgs.consumer.Kafka, a))
+	}
+	if err := st.be.createMockTopics(topics...); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -63,7 +69,11 @@ func (st *stage) close(notice io.Writer) {
 	if st.cfgs != nil && st.be != nil && st.be.suffix != "" {
 		cctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		c := st.cfgs.common
-		if err := st.be.cleanup(cctx, []string{c.Kafka.Topics.Main.Name, c.Kafka.Topics.DLQ.Name}, c.Redis.KeyPrefix); err != nil {
+		topics := []string{c.Kafka.Topics.Main.Name, c.Kafka.Topics.DLQ.Name}
+		if a := st.cfgs.consumer.Archive; a.DSN != "" {
+			topics = append(topics, a.OutcomesTopic)
+		}
+		if err := st.be.cleanup(cctx, topics, c.Redis.KeyPrefix); err != nil {
 			fmt.Fprintf(notice, "demo: cleanup of real services incomplete: %v\n", err)
 		}
 		cancel()

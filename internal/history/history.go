@@ -9,12 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/handler"
+	"github.com/kfpipe/kfpipe/internal/outcome"
 )
 
 // ErrNone is returned when no history source is configured (no
@@ -22,17 +24,21 @@ import (
 var ErrNone = errors.New("kfpipe: no conversation history: set archive.dsn (the conversation archive)")
 
 // Turn is one turn of a conversation: a customer's message, a servicer's
-// or a system event, as WeChat delivered it.
+// or a system event, as WeChat delivered it, or a reply of the bot
+// (archive.OriginBot; its MsgID is the message it answered).
 type Turn struct {
 	MsgID string
-	// Origin is WeChat's: 3 the customer, 4 a system event, 5 a servicer.
+	// Origin is WeChat's: 3 the customer, 4 a system event, 5 a servicer;
+	// or archive.OriginBot, a reply of the bot.
 	Origin int
 	// Servicer is the servicer who wrote it (origin 5).
 	Servicer string
 	MsgType  string
 	SendTime time.Time
-	// Content is WeChat's message item as received (JSON).
+	// Content is WeChat's message item as received (JSON); a reply's as
+	// sent.
 	Content json.RawMessage
+	id      string // Memory's: the message's msgid, a reply's msgid and number
 }
 
 // Source reads a conversation's turns.
@@ -67,6 +73,7 @@ func Wrap(h handler.Handler, s Source) handler.Handler {
 		return h
 	}
 	rec, _ := s.(recorder)
+	mem, _ := s.(*Memory)
 	return handler.HandlerFunc(func(ctx context.Context, m *chatmsg.ChatMessage) error {
 		if rec != nil {
 			if b := handler.BatchFrom(ctx); len(b) > 0 {
@@ -76,6 +83,9 @@ func Wrap(h handler.Handler, s Source) handler.Handler {
 			} else {
 				rec.record(m)
 			}
+		}
+		if mem != nil {
+			ctx = mem.Replies(ctx, m)
 		}
 		return h.Handle(With(ctx, s), m)
 	})
@@ -127,9 +137,16 @@ func NewMemory(perUser, users int) *Memory {
 func (mem *Memory) Record(m *chatmsg.ChatMessage) { mem.record(m) }
 
 func (mem *Memory) record(m *chatmsg.ChatMessage) {
+	mem.add(m.OpenKfID, m.ExternalUserID, m.UpstreamMsgID, Turn{MsgID: m.UpstreamMsgID, Origin: m.Origin,
+		Servicer: m.ServicerUserID, MsgType: m.MsgType, SendTime: time.Unix(m.SendTime, 0).UTC(), Content: m.Content})
+}
+
+// add adds turn t, known as id, to the conversation of user on openKfID
+// (once per id).
+func (mem *Memory) add(openKfID, user, id string, t Turn) {
 	mem.mu.Lock()
 	defer mem.mu.Unlock()
-	k := m.OpenKfID + "\x00" + m.ExternalUserID
+	k := openKfID + "\x00" + user
 	c := mem.convs[k]
 	if c == nil {
 		if len(mem.convs) >= mem.users {
@@ -139,12 +156,11 @@ func (mem *Memory) record(m *chatmsg.ChatMessage) {
 		mem.convs[k] = c
 	}
 	c.last = time.Now()
-	if c.seen[m.UpstreamMsgID] {
+	if c.seen[id] {
 		return
 	}
-	c.seen[m.UpstreamMsgID] = true
-	t := Turn{MsgID: m.UpstreamMsgID, Origin: m.Origin, Servicer: m.ServicerUserID, MsgType: m.MsgType,
-		SendTime: time.Unix(m.SendTime, 0).UTC(), Content: m.Content}
+	c.seen[id] = true
+	t.id = id
 	// In send order (a retried message may come back late).
 	i := sort.Search(len(c.turns), func(i int) bool { return c.turns[i].SendTime.After(t.SendTime) })
 	c.turns = append(c.turns, Turn{})
@@ -152,10 +168,28 @@ func (mem *Memory) record(m *chatmsg.ChatMessage) {
 	c.turns[i] = t
 	if len(c.turns) > mem.perUser {
 		for _, old := range c.turns[:len(c.turns)-mem.perUser] {
-			delete(c.seen, old.MsgID)
+			delete(c.seen, old.id)
 		}
 		c.turns = append([]Turn(nil), c.turns[len(c.turns)-mem.perUser:]...)
 	}
+}
+
+// Replies returns ctx in which the replies a handler makes for m (a
+// batch's are keyed by its first message) are recorded as turns of m's
+// conversation, right after m: the bot's replies are turns too.
+func (mem *Memory) Replies(ctx context.Context, m *chatmsg.ChatMessage) context.Context {
+	return outcome.WithSink(ctx, func(r outcome.Reply) { mem.recordReply(m, r) })
+}
+
+// recordReply adds the reply r to m's conversation when the customer got
+// it (sent, or sent by an earlier run), right after m.
+func (mem *Memory) recordReply(m *chatmsg.ChatMessage, r outcome.Reply) {
+	if r.Outcome != "sent" && r.Outcome != "skipped" {
+		return
+	}
+	mem.add(m.OpenKfID, m.ExternalUserID, m.UpstreamMsgID+"\x00reply:"+strconv.Itoa(r.N),
+		Turn{MsgID: m.UpstreamMsgID, Origin: archive.OriginBot, MsgType: r.MsgType,
+			SendTime: time.Unix(m.SendTime, 0).UTC(), Content: r.Content})
 }
 
 func (mem *Memory) forgetOldestLocked() {

@@ -28,6 +28,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/handler"
+	"github.com/kfpipe/kfpipe/internal/outcome"
 	"github.com/kfpipe/kfpipe/internal/overload"
 	statestore "github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/wecom"
@@ -442,6 +443,8 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 	if fx.observe != nil {
 		fx.observe(a)
 	}
+	// The conversation archive (package outcome) and History's memory.
+	outcome.Replied(ctx, what, n, a.Outcome, content, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n), err)
 	return result, err
 }
 

@@ -3,6 +3,8 @@ package service
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +16,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
+	"github.com/kfpipe/kfpipe/kf"
 )
 
 // The conversation archive in the dlq-consumer: the archiver beside the
@@ -120,4 +123,59 @@ func archiveRecord(r archive.Row) admin.TopicRecord {
 		OpenKfID: r.OpenKfID, MsgType: r.MsgType, SendTime: r.At.Unix(), Archived: true}
 	rec.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: &chatmsg.ChatMessage{MsgType: r.MsgType, Content: r.Content}})
 	return rec
+}
+
+// archivedEffects completes fx, each message's effects as the marks hold
+// them, with what the archive recorded: a message handled or recovered
+// is done, a reply the customer got is a reply, and one skipped because a
+// human servicer held the session says so. The marks last dedup.ttl and
+// the reply log reply.TTL; the archive keeps them archive.retention. A
+// failed read leaves fx as the marks say.
+func (p pipelineView) archivedEffects(ctx context.Context, msgs []admin.MessageRef, fx []admin.MessageEffects) {
+	if p.archive == nil || len(msgs) == 0 {
+		return
+	}
+	ids := make([]string, 0, len(msgs))
+	at := map[string][]int{}
+	for i, m := range msgs {
+		if m.UpstreamMsgID == "" {
+			continue
+		}
+		if at[m.UpstreamMsgID] == nil {
+			ids = append(ids, m.UpstreamMsgID)
+		}
+		at[m.UpstreamMsgID] = append(at[m.UpstreamMsgID], i)
+	}
+	rows, err := p.archive.Outcomes(ctx, ids)
+	if err != nil {
+		// The archive's own read (ArchivedRecords) fails and is reported
+		// the same way; the marks' answer stands.
+		return
+	}
+	for _, r := range rows {
+		for _, i := range at[r.MsgID] {
+			m, e := msgs[i], &fx[i]
+			if m.OpenKfID != "" && r.OpenKfID != m.OpenKfID {
+				continue
+			}
+			switch r.Kind {
+			case archive.KindHandled, archive.KindRecovered:
+				e.Done = admin.DoneYes
+			case archive.KindReply:
+				switch r.Reason {
+				case archive.ReplySent:
+					key := m.OpenKfID + ":" + m.UpstreamMsgID + ":" + strconv.Itoa(r.Seq)
+					if !slices.ContainsFunc(e.Replies, func(x admin.ReplyMark) bool { return x.Key == key }) {
+						e.Replies = append(e.Replies, admin.ReplyMark{Key: key, MsgID: kf.MsgID(m.OpenKfID, m.UpstreamMsgID, r.Seq)})
+					}
+					e.RepliesUnknown = false
+				case archive.ReplyServicerSession:
+					if e.ReplySkipped == "" {
+						e.ReplySkipped = archive.ReplyServicerSession
+					}
+					e.RepliesUnknown = false
+				}
+			}
+		}
+	}
 }

@@ -56,6 +56,7 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 	dcfg := pc.dlqConfig(t)
 	dcfg.RateLimit.DefaultGroup = "seed"
 	dcfg.Archive.DSN = dsn
+	archiveOutcomes(t, pc, dsn, ccfg, dcfg)
 
 	// The old message, then fillers on its partition (other users, 2 a
 	// partition's max_records below).
@@ -242,6 +243,7 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 	if want := len(recs) + 14; rows != want || msgids != want {
 		t.Errorf("archive holds %d message rows of %d msgids, want %d of %d", rows, msgids, want, want)
 	}
+	checkArchivedOutcomes(t, ctx, dsn, wk, answered, flaky)
 }
 
 func record(t *testing.T, m *chatmsg.ChatMessage) testenv.Record {

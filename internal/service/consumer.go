@@ -16,6 +16,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/handler"
+	"github.com/kfpipe/kfpipe/internal/outcome"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
 	"github.com/kfpipe/kfpipe/internal/state"
@@ -236,6 +237,8 @@ type Consumer struct {
 	looker   *state.Looker
 	limiter  *ratelimit.Limiter
 	producer *dlq.Producer
+	// outcomes writes the archive's outcome records (nil: archive off).
+	outcomes *outcome.Writer
 	// stopWatch ends the Redis watch (nil when standby is off);
 	// watchDone is closed when it returned.
 	stopWatch context.CancelFunc
@@ -308,6 +311,10 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 	if err != nil {
 		_ = s.close(ctx)
 		return nil, fmt.Errorf("dlq producer: %w", err)
+	}
+	if h, s.outcomes, err = recordOutcomes(ctx, cfg, base, h); err != nil {
+		_ = s.close(ctx)
+		return nil, err
 	}
 	s.C, err = consumer.New(*cfg, h, deadLetters{p: s.producer, node: nodeName()}, append(opts, extra...)...)
 	if err != nil {
@@ -474,6 +481,9 @@ func (s *Consumer) close(ctx context.Context) error {
 	}
 	if s.producer != nil {
 		errs = append(errs, s.producer.Close(ctx))
+	}
+	if s.outcomes != nil {
+		s.outcomes.Close(ctx)
 	}
 	if s.limiter != nil {
 		errs = append(errs, s.limiter.Close())

@@ -255,5 +255,7 @@ func (p pipelineView) Effects(ctx context.Context, user string, msgs []admin.Mes
 		fx.RepliesUnknown = len(fx.Replies) == 0 && (m.SendTime == 0 || now.Sub(time.Unix(m.SendTime, 0)) > reply.TTL)
 		out[i] = fx
 	}
+	// What the marks no longer know (or never knew), the archive may.
+	p.archivedEffects(ctx, msgs, out)
 	return out, nil
 }

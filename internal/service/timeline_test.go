@@ -43,8 +43,9 @@ func (a *answerer) Handle(ctx context.Context, m *chatmsg.ChatMessage) error {
 	if m.ExternalUserID == "tl-flaky" && n <= 3 {
 		return errors.New("downstream hiccup")
 	}
-	err := reply.Do(ctx, "reply", func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
-		_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, kf.Text{Content: "thanks"})
+	msg := kf.Text{Content: "thanks"}
+	err := reply.DoContent(ctx, "reply", msg, func(ctx context.Context, kc *kf.Client, to reply.Target, msgID string) error {
+		_, err := kc.Send(ctx, to.OpenKfID, to.User, msgID, msg)
 		return err
 	})
 	if err == nil {
