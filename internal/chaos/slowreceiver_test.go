@@ -188,14 +188,12 @@ func TestChaosSlowReceiver(t *testing.T) {
 // restarted consumer's limit starts again from overload.initial_limit,
 // so the share is printed, not judged.
 //
-// One setting is not the shipped one: ops.shutdown_timeout is 15 s, so
-// that a stop can await the calls running at the receiver (3 s at most)
-// before it cancels them. With the shipped 8 s a stop gives them 1 s
-// (8 s less the 2 s it waits for cancelled attempts and the 5 s it keeps
-// for the Kafka close): a reduced run cancelled 11 calls the receiver,
-// which does not notice a client leaving, finished anyway, and the next
-// owner called again (late_effects=11 of 640). docs/operations.md
-// ("A slow downstream") tells operators to size it so.
+// Every setting is the shipped one: ops.shutdown_timeout's 25 s default
+// leaves a stop revoke_drain_limit (10 s) to await the calls running at
+// the receiver (3 s at most) before it cancels them. With the old 8 s
+// default a stop gave them 1 s: a reduced run cancelled 11 calls the
+// receiver, which does not notice a client leaving, finished anyway, and
+// the next owner called again (late_effects=11 of 640).
 func TestChaosSlowReceiverRollingRestart(t *testing.T) {
 	runSlowReceiver(t, "slow-receiver-rolling-restart", true)
 }
@@ -298,9 +296,6 @@ func runSlowReceiver(t *testing.T, name string, rolling bool) {
 		}
 	}
 	opts := Options{Brokers: svc.Brokers, Redis: svc.Redis, Kcat: svc.Kcat, Consumers: consumers, Judge: judge}
-	if rolling {
-		opts.ConsumerEnv = map[string]string{"KFPIPE_OPS_SHUTDOWN_TIMEOUT": "15s"}
-	}
 	p = Start(t, opts)
 	p.Sink.SetReceiver(rcv.serve)
 	stopSampler = sampler(p, rcv, time.Second)

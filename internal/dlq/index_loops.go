@@ -123,6 +123,9 @@ type claimed struct {
 	id       string
 	dl       *DeadLetterMessage
 	attempts int
+	// batch is the operator batch that requeued the letter ("" for the
+	// scheduler's own retries).
+	batch string
 }
 
 // claim hands out up to limit entries due by now, leased for lease, with
@@ -140,17 +143,19 @@ func (x *Index) claim(ctx context.Context, now time.Time, limit int, lease time.
 	var ids []string
 	var at []Coord
 	var atts []int
-	for i := 0; i+2 < len(vals); i += 3 {
+	var batches []string
+	for i := 0; i+3 < len(vals); i += 4 {
 		id, _ := vals[i].(string)
 		k, _ := vals[i+1].(string)
 		att, _ := strconv.Atoi(fmt.Sprint(vals[i+2]))
+		batch, _ := vals[i+3].(string)
 		c, ok := parseCoord(k)
 		if !ok {
 			x.toReview(ctx, id, "undecodable DLQ index entry; moved to review", fmt.Errorf("bad coordinates %q", k))
 			x.m.undecodableEntries.Inc()
 			continue
 		}
-		ids, at, atts = append(ids, id), append(at, c), append(atts, att)
+		ids, at, atts, batches = append(ids, id), append(at, c), append(atts, att), append(batches, batch)
 	}
 	if len(ids) == 0 {
 		return nil, nil
@@ -168,7 +173,7 @@ func (x *Index) claim(ctx context.Context, now time.Time, limit int, lease time.
 				fmt.Errorf("not at %s", at[i]))
 			continue
 		}
-		out = append(out, claimed{id: ids[i], dl: dl, attempts: atts[i]})
+		out = append(out, claimed{id: ids[i], dl: dl, attempts: atts[i], batch: batches[i]})
 	}
 	return out, nil
 }

@@ -165,13 +165,14 @@ local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[2], 'LIMIT', 0, tonumb
 local until_ms = tonumber(ARGV[2]) + tonumber(ARGV[4])
 local out = {}
 for _, id in ipairs(ids) do
-  local h = redis.call('HMGET', p .. 'msg:' .. id, 'k', 'a')
+  local h = redis.call('HMGET', p .. 'msg:' .. id, 'k', 'a', 'b')
   if h[1] then
     redis.call('ZADD', due, 'XX', until_ms, id)
     redis.call('HSET', p .. 'msg:' .. id, 'l', until_ms)
     table.insert(out, id)
     table.insert(out, h[1])
     table.insert(out, h[2] or '0')
+    table.insert(out, h[3] or '')
   else
     redis.call('ZREM', due, id)
   end

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -57,5 +58,43 @@ func TestBlockHoldReleasesABatchsLetters(t *testing.T) {
 	vs, err = idx.RetrySelected(ctx, ids, RetryRequest{Batch: "b2", DryRun: true})
 	if err != nil || vs[0] != VerdictRetry || vs[1] != VerdictRetry {
 		t.Fatalf("the second batch's dry run: %v %v, want both retried, not busy", vs, err)
+	}
+}
+
+// An operator retries letters whose retries are spent (in review): the
+// re-injection starts a fresh budget (retry_count 1), so when the user's
+// breaker, still open from the failures, refuses it on the way back, the
+// new letter is recoverable and retried after its backoff — not put
+// straight back in review, which stranded the letters of the dlq-kill9
+// scenario (review=45 after the batch).
+func TestOperatorRetryGivesAFreshBudget(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	mainTopic := testenv.Topic(t, 1)
+	rdb, prefix := testenv.Redis(t)
+	clk, idx, pol := indexRig(rdb, prefix)
+	ctx := context.Background()
+	dl := deadLetter("spent", ReasonDownstreamError, 7, clk.Now())
+	dl.RetryCount = 5
+	placeIndexed(t, ctx, idx, pol, dl)
+	if e, err := idx.Get(ctx, dl.ID); err != nil || e.State != StateReview {
+		t.Fatalf("a letter with its retries spent: %+v %v, want it in review", e, err)
+	}
+	s := newScheduler(t, brokers, mainTopic, idx, clk)
+	warmUp(t, s)
+
+	vs, err := idx.RetrySelected(ctx, []string{dl.ID}, RetryRequest{Batch: "b1", At: clk.Now()})
+	if err != nil || vs[0] != VerdictRetry {
+		t.Fatalf("the batch: %v %v, want retried", vs, err)
+	}
+	clk.Add(time.Second)
+	if n, err := s.ScanOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("scan sent %d %v, want the requeued letter", n, err)
+	}
+	msgs := readTopic(t, brokers, mainTopic, 1, 300*time.Millisecond)
+	if len(msgs) != 1 {
+		t.Fatalf("%d records on the main topic, want 1", len(msgs))
+	}
+	if got := header(msgs[0], chatmsg.HeaderRetryCount); got != "1" {
+		t.Fatalf("retry_count %q on the operator's retry, want 1 (a fresh budget)", got)
 	}
 }

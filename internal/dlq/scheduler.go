@@ -376,7 +376,7 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 			}
 			continue
 		}
-		rec, err := st.PrepareRetry(c.dl)
+		rec, err := st.PrepareRetry(retryBudget(c))
 		if err != nil {
 			st.OnFailure(c.dl, err)
 			if err := s.idx.MoveToReview(ctx, c.id); err != nil && !errors.Is(err, ErrNotFound) {
@@ -608,4 +608,19 @@ func (s *Scheduler) Close(ctx context.Context) error {
 		s.txDrain.Wait()
 	})
 	return nil
+}
+
+// retryBudget is the letter a retry is prepared from. An operator's batch
+// retry gives the letter a fresh budget: its re-injection counts as the
+// first retry, so a refusal on the way back (the user's breaker still
+// open, the limiter) dead-letters it as recoverable and the scheduler
+// tries again after its backoff, instead of sending it straight back to
+// review because the retries it spent before the operator acted are gone.
+func retryBudget(c claimed) *DeadLetterMessage {
+	if c.batch == "" || c.dl.RetryCount == 0 {
+		return c.dl
+	}
+	fresh := *c.dl
+	fresh.RetryCount = 0
+	return &fresh
 }
