@@ -22,13 +22,15 @@ import (
 // due, nothing waits in review, and every message of the five users had
 // its effect.
 //
-// Open finding (issue 48): when the batch comes less than the breaker's
-// open_timeout (30 s) after the failing customers' last failures, their
-// per-user breakers are still open, refuse the batch's re-injections
+// Found by this scenario (issue 48): when the batch came less than the
+// breaker's open_timeout (30 s) after the failing customers' last failures,
+// their per-user breakers were still open, refused the batch's re-injections
 // (circuit_open, not tried) and, the letters' retries being spent, put them
 // straight back in review: 45 of 115 letters stranded, 45 messages never
-// delivered (full size, 1 of 2 runs with the wait below; the batch came
-// 12 s after the last failure).
+// delivered (full size, 1 of 2 runs; the batch came 12 s after the last
+// failure). An operator's retry now gives a letter a fresh retry budget
+// (TestOperatorRetryGivesAFreshBudget fails without it), so such a refusal
+// is retried after its backoff.
 func TestChaosDLQKill9(t *testing.T) {
 	SkipUnlessFull(t) // make test: TestSchedulerRestartLosesNothing, TestTwoSchedulersSendOnce
 	svc := NeedServices(t)
