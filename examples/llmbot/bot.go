@@ -59,8 +59,9 @@ func Bot(model Completer, turns int) kfpipe.Handler {
 }
 
 // prompt is the request's messages: the system prompt, the customer's
-// earlier turns (the customer's as user, a human servicer's as assistant,
-// marked with the servicer's name), then the message being answered.
+// earlier turns (the customer's as user, the bot's own replies as
+// assistant, a human servicer's as assistant marked with the servicer's
+// name), then the message being answered.
 // Without a conversation archive (kfpipe.ErrNoHistory) the model gets the
 // message alone; the archive unreachable is an error (retried).
 func prompt(ctx context.Context, m *kfpipe.Message, text string, turns int) ([]ChatMessage, error) {
@@ -79,6 +80,8 @@ func prompt(ctx context.Context, m *kfpipe.Message, text string, turns int) ([]C
 			msgs = append(msgs, ChatMessage{Role: "user", Content: said})
 		case kfpipe.OriginServicer:
 			msgs = append(msgs, ChatMessage{Role: "assistant", Content: "[servicer " + t.Servicer + "] " + said})
+		case kfpipe.OriginBot:
+			msgs = append(msgs, ChatMessage{Role: "assistant", Content: said})
 		}
 	}
 	return append(msgs, ChatMessage{Role: "user", Content: text}), nil

@@ -102,6 +102,7 @@ func TestHistoryReachesThePrompt(t *testing.T) {
 	want := []ChatMessage{
 		{Role: "system", Content: systemPrompt},
 		{Role: "user", Content: "My parcel 123 has not arrived"},
+		{Role: "assistant", Content: "answer 1"},
 		{Role: "assistant", Content: "[servicer alice] It left our warehouse today."},
 		{Role: "user", Content: "When will it arrive?"},
 	}

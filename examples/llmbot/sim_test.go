@@ -85,7 +85,7 @@ func TestSimulatorServicerTurnReachesTheModel(t *testing.T) {
 	for _, m := range calls[1] {
 		got = append(got, m.Role+": "+m.Content)
 	}
-	want := []string{"system: " + systemPrompt, "user: Where is my parcel 123?",
+	want := []string{"system: " + systemPrompt, "user: Where is my parcel 123?", "assistant: answer 1",
 		"assistant: [servicer servicer-1] It left our warehouse this morning.", "user: Thanks, when will it arrive?"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("the second request's messages:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
