@@ -964,36 +964,10 @@ func TestLayoutGrowsWhenSlotsInterleave(t *testing.T) {
 func TestPartitionsAddedMarksFound(t *testing.T) {
 	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
 		ctx := ctxT(t, 20*time.Second)
-		var count sync.Map
-		count.Store("t", 4)
-		parts := func(c *Config) {
-			c.Partitions = func(_ context.Context, topic string) (int, error) {
-				n, _ := count.Load(topic)
-				return n.(int), nil
-			}
-		}
+		count, parts := partitionCount("t", 4)
 		// Users that move when 4 partitions become 8.
-		var moved []Item
-		for i := 0; len(moved) < 20; i++ {
-			u := fmt.Sprintf("wm-user-%d", i)
-			if KeyPartition(u, 4) != KeyPartition(u, 8) {
-				moved = append(moved, Item{Key: "wk:" + u + ":m1", SendTime: time.Now().Unix(), User: u})
-			}
-		}
-		a := newStore(t, rdb, prefix, "a", parts)
-		for p := range int32(4) {
-			l := acquire(t, a, "t", p, 5*time.Second)
-			var mine []Item
-			for _, it := range moved {
-				if KeyPartition(it.User, 4) == p {
-					mine = append(mine, it)
-				}
-			}
-			if err := l.Mark(ctx, 1, mine); err != nil {
-				t.Fatal(err)
-			}
-			_ = l.Release(ctx)
-		}
+		moved := movedUsers("wm-user-", 20)
+		markWhereTheyWere(t, ctx, newStore(t, rdb, prefix, "a", parts), moved)
 		time.Sleep(1100 * time.Millisecond) // the new count is first seen a second later
 		count.Store("t", 8)
 		b := newStore(t, rdb, prefix, "b", parts)
@@ -1041,38 +1015,12 @@ func TestPartitionsAddedMarksFound(t *testing.T) {
 func TestPartitionCountKnownAfterTheWait(t *testing.T) {
 	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
 		ctx := ctxT(t, 40*time.Second)
-		var count sync.Map
-		count.Store("t", 4)
-		parts := func(c *Config) {
-			c.Partitions = func(_ context.Context, topic string) (int, error) {
-				n, _ := count.Load(topic)
-				return n.(int), nil
-			}
-		}
+		count, parts := partitionCount("t", 4)
 		if wait, err := RecordPartitionCount(ctx, rdb, prefix, "t", 4); err != nil || wait != 0 {
 			t.Fatalf("the topic's first count: wait %s (%v), want none", wait, err)
 		}
-		var moved []Item
-		for i := 0; len(moved) < 10; i++ {
-			u := fmt.Sprintf("wk-user-%d", i)
-			if KeyPartition(u, 4) != KeyPartition(u, 8) {
-				moved = append(moved, Item{Key: "wk:" + u + ":m1", SendTime: time.Now().Unix(), User: u})
-			}
-		}
-		a := newStore(t, rdb, prefix, "a", parts)
-		for p := range int32(4) {
-			l := acquire(t, a, "t", p, 5*time.Second)
-			var mine []Item
-			for _, it := range moved {
-				if KeyPartition(it.User, 4) == p {
-					mine = append(mine, it)
-				}
-			}
-			if err := l.Mark(ctx, 1, mine); err != nil {
-				t.Fatal(err)
-			}
-			_ = l.Release(ctx)
-		}
+		moved := movedUsers("wk-user-", 10)
+		markWhereTheyWere(t, ctx, newStore(t, rdb, prefix, "a", parts), moved)
 		// The consumer's store reads the history while it has one count.
 		b := newStore(t, rdb, prefix, "b", parts)
 		if _, err := b.Look(ctx, "t", 0, []Item{{Key: "wk:nobody:m1", SendTime: time.Now().Unix(), User: "nobody"}}); err != nil {
@@ -1160,4 +1108,49 @@ func TestStaleLayoutMarkRebucketed(t *testing.T) {
 		}
 		mustAllSeen(t, lb, late, 5*time.Second, "the new owner after the former owner's late mark")
 	})
+}
+
+// partitionCount is a Config option whose topic has the count held in
+// the returned map (topic → int), starting at n.
+func partitionCount(topic string, n int) (*sync.Map, func(*Config)) {
+	var count sync.Map
+	count.Store(topic, n)
+	return &count, func(c *Config) {
+		c.Partitions = func(_ context.Context, topic string) (int, error) {
+			n, _ := count.Load(topic)
+			return n.(int), nil
+		}
+	}
+}
+
+// movedUsers is n messages of users (named prefix + a number) whose
+// partition changes when 4 partitions become 8.
+func movedUsers(prefix string, n int) []Item {
+	var moved []Item
+	for i := 0; len(moved) < n; i++ {
+		u := fmt.Sprintf("%s%d", prefix, i)
+		if KeyPartition(u, 4) != KeyPartition(u, 8) {
+			moved = append(moved, Item{Key: "wk:" + u + ":m1", SendTime: time.Now().Unix(), User: u})
+		}
+	}
+	return moved
+}
+
+// markWhereTheyWere marks each of moved done in its user's partition of
+// 4, under a lease of a's.
+func markWhereTheyWere(t *testing.T, ctx context.Context, a *Store, moved []Item) {
+	t.Helper()
+	for p := range int32(4) {
+		l := acquire(t, a, "t", p, 5*time.Second)
+		var mine []Item
+		for _, it := range moved {
+			if KeyPartition(it.User, 4) == p {
+				mine = append(mine, it)
+			}
+		}
+		if err := l.Mark(ctx, 1, mine); err != nil {
+			t.Fatal(err)
+		}
+		_ = l.Release(ctx)
+	}
 }
