@@ -36,6 +36,11 @@ type ArchiveOptions struct {
 	// the archiver's writes and the timeline's queries are measured on.
 	// Filling 20M rows through Kafka and the archiver would take hours.
 	Bulk int
+	// Beside runs the schedule-consumer's full pipeline (a counting
+	// handler) over the same topic while the archiver writes: the
+	// archiver's rate is measured beside the consumer, as it runs in a
+	// deployment (its own group, the same records).
+	Beside bool
 }
 
 // bulkFill inserts n rows shaped like the archiver's (msgid, customer
@@ -197,6 +202,17 @@ func Archive(e *Env, o ArchiveOptions) (Result, error) {
 	done := make(chan error, 1)
 	cpu0 := CPUTime()
 	t0 := time.Now()
+	var beside *counter
+	var besideTook time.Duration
+	if o.Beside {
+		beside = &counter{target: int64(o.Msgs)}
+		sc, _, err := e.startConsumer("archive-consumer", topic, beside, nil)
+		if err != nil {
+			cancel()
+			return Result{}, err
+		}
+		defer func() { _ = sc.Close(context.Background()) }()
+	}
 	go func() { done <- archive.NewArchiver(kcfg, acfg, st, e.Log, nil).Run(rctx) }()
 	var rows int64
 	// Progress, not count(*): counting 20M rows every poll would load
@@ -214,6 +230,12 @@ func Archive(e *Env, o ArchiveOptions) (Result, error) {
 	took := time.Since(t0)
 	cpu := CPUTime() - cpu0
 	cancel()
+	if beside != nil {
+		if !waitUntil(10*time.Minute, func() bool { return beside.n.Load() >= int64(o.Msgs) }) {
+			return Result{}, fmt.Errorf("archive: the consumer beside handled %d of %d", beside.n.Load(), o.Msgs)
+		}
+		besideTook = time.Unix(0, beside.lastAt.Load()).Sub(t0)
+	}
 	if err := <-done; err != nil {
 		return Result{}, err
 	}
@@ -261,20 +283,32 @@ func Archive(e *Env, o ArchiveOptions) (Result, error) {
 		P50Ms: round(lat.Quantile(0.5), 2), P99Ms: round(lat.Quantile(0.99), 2),
 		Goal: "archive writes >= 5000 msg/s", Pass: rate >= 5000, RSSMiB: round(RSSMiB(), 1),
 		Extra: map[string]any{
-			"wire_bytes_per_msg":     round(wire, 0),
-			"table_bytes_per_msg":    round(float64(table)/float64(total), 1),
-			"index_bytes_per_msg":    round(float64(indexes)/float64(total), 1),
-			"disk_bytes_per_msg":     round(float64(table+indexes)/float64(total), 1),
-			"disk_gib":               round(float64(table+indexes)/(1<<30), 2),
-			"rows":                   total,
-			"bulk_rows":              o.Bulk,
-			"bulk_fill_s":            round(filled.Seconds(), 1),
-			"archiver_msgs":          o.Msgs,
-			"day_partitions":         parts,
-			"users":                  o.Users,
-			"archiver_cpu_s_per_10k": round(cpu.Seconds()/float64(o.Msgs)*10000, 3),
-			"latency":                fmt.Sprintf("timeline query: a customer over %d days", o.Days),
-			"query":                  "one customer's conversation over every partition (p50_ms, p99_ms)",
-			"queries":                o.Queries,
+			"wire_bytes_per_msg":  round(wire, 0),
+			"table_bytes_per_msg": round(float64(table)/float64(total), 1),
+			"index_bytes_per_msg": round(float64(indexes)/float64(total), 1),
+			"disk_bytes_per_msg":  round(float64(table+indexes)/float64(total), 1),
+			"disk_gib":            round(float64(table+indexes)/(1<<30), 2),
+			"rows":                total,
+			"bulk_rows":           o.Bulk,
+			"bulk_fill_s":         round(filled.Seconds(), 1),
+			"archiver_msgs":       o.Msgs,
+			"day_partitions":      parts,
+			"users":               o.Users,
+			// With the consumer beside, the process's CPU is both's.
+			"process_cpu_s_per_10k": round(cpu.Seconds()/float64(o.Msgs)*10000, 3),
+			"beside_consumer":       o.Beside,
+			"consumer_msgs_per_s":   besideRate(o.Msgs, besideTook),
+			"latency":               fmt.Sprintf("timeline query: a customer over %d days", o.Days),
+			"query":                 "one customer's conversation over every partition (p50_ms, p99_ms)",
+			"queries":               o.Queries,
 		}}, nil
+}
+
+// besideRate is the rate of the consumer that ran beside the archiver (0
+// when none did).
+func besideRate(n int, took time.Duration) float64 {
+	if took <= 0 {
+		return 0
+	}
+	return round(float64(n)/took.Seconds(), 0)
 }

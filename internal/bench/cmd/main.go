@@ -36,6 +36,7 @@ func run() error {
 	scenario := flag.String("scenario", "", "producer|consumer|paced|peer|replies|e2e|memory|isolation|state|archive")
 	archiveDSN := flag.String("archive-dsn", os.Getenv("KFPIPE_TEST_POSTGRES"), "archive scenario: the PostgreSQL to write to (a schema of the run's own)")
 	days := flag.Int("days", 7, "archive scenario: day partitions the messages' send times spread over")
+	archiveBeside := flag.Bool("archive-beside", true, "archive scenario: run the schedule-consumer's pipeline over the same topic while the archiver writes")
 	archiveBulk := flag.Int("archive-bulk", 20_000_000, "archive scenario: rows the server puts in the archive (generate_series) before the archiver's messages are measured on top")
 	pcJar := flag.String("pc-jar", ".run/bench/pc-peer.jar", "peer scenario: the Parallel Consumer runner (bench/pc-peer)")
 	pcConcurrency := flag.Int("pc-concurrency", 16, "peer scenario: the Parallel Consumer's max concurrency")
@@ -214,7 +215,7 @@ func run() error {
 	case "archive":
 		var r bench.Result
 		r, err = bench.Archive(e, bench.ArchiveOptions{DSN: *archiveDSN, Msgs: or(*msgs, 300000), Users: or(*users, 100000),
-			Partitions: *partitions, Days: *days, Queries: 200, Bulk: *archiveBulk})
+			Partitions: *partitions, Days: *days, Queries: 200, Bulk: *archiveBulk, Beside: *archiveBeside})
 		results = []bench.Result{r}
 	default:
 		return fmt.Errorf("-scenario must be one of producer, consumer, peer, replies, e2e, memory, isolation, state, archive; got %q", *scenario)
