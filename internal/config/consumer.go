@@ -132,11 +132,15 @@ type Overload struct {
 	// its own calls).
 	MaxInFlight int `mapstructure:"max_in_flight" default:"1024" range:"[0, 1_000_000]" zero:"no limit"`
 	// InitialLimit is the limit before the downstream's latency is known.
+	// The limit grows one call a round trip: a handler that takes seconds
+	// (an LLM bot) needs it near the calls it carries at once (rate ×
+	// mean latency), docs/handlers.md.
 	InitialLimit int `mapstructure:"initial_limit" default:"10" range:"[1, 1_000_000]"`
-	// Tolerance: when the mean latency of a window of calls exceeds this
-	// many times the downstream's baseline latency, the downstream is
-	// queueing our calls and the limit is cut by a quarter; otherwise a
-	// window that used the limit raises it by one.
+	// Tolerance: when the shortest call of windows of at least 24 calls
+	// exceeds this many times the downstream's baseline latency (its
+	// shortest call), the downstream is queueing our calls and the limit
+	// is cut by a quarter; otherwise a window that used the limit raises
+	// it by one call a round trip.
 	Tolerance float64 `mapstructure:"tolerance" default:"1.3" range:"(1, 10]"`
 	// RetryBudget bounds retries to this share of first calls (each first
 	// call earns this much of a retry, a few a second always go); a retry
