@@ -208,9 +208,9 @@ func (m *Marker) run() {
 // MaxIntset members and costs a key's overhead (~100 B) however few it
 // holds: the marker sizes each new slot from the marks of the last full
 // slot it saw (the one before the last: see adapt), at about bucketTarget
-// a bucket. It grows as soon as a slot held more than bucketGrow a bucket
-// (from the slot after next on: a jump costs two slots of oversized
-// buckets), and shrinks when a slot held less than
+// a bucket. It grows as soon as a slot held more than bucketGrow a bucket,
+// the slot still filling included (from the next slot on: a jump costs
+// one slot of oversized buckets), and shrinks when a full slot held less than
 // a quarter of the target a bucket, at most once per shrinkEvery slots
 // (each change is a generation the record keeps while its marks live).
 const (
@@ -259,13 +259,20 @@ func (m *Marker) adapt(ctx context.Context, items []Item) {
 		}
 		if full > m.first {
 			n := m.perSlot[full]
+			// The slot still filling holds at least what it counts so
+			// far: enough to grow on (a jump costs one slot of oversized
+			// buckets, not two), never to shrink on.
+			grow := n
+			if top-1 > m.first {
+				grow = max(grow, m.perSlot[top-1])
+			}
 			cur := m.l.layout().bucketsAt(top)
-			want := bucketsFor(n)
+			want := cur
 			switch {
-			case int64(n) > cur*bucketGrow && want > cur:
-			case want*4 <= cur && top-m.lastChange >= shrinkEvery:
-			default:
-				want = cur
+			case int64(grow) > cur*bucketGrow && bucketsFor(grow) > cur:
+				want = bucketsFor(grow)
+			case bucketsFor(n)*4 <= cur && top-m.lastChange >= shrinkEvery:
+				want = bucketsFor(n)
 			}
 			if want != cur {
 				if changed, err := m.l.relayout(ctx, top, want); err == nil && changed {
