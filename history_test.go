@@ -91,6 +91,15 @@ func TestHistoryFromArchive(t *testing.T) {
 		})
 	}
 	step(func() string { return e.fake.AddText(kfID, "h1", "where is my parcel") })
+	// Handled before the servicer answers: a turn of the same second is
+	// "at or before" the message, so a first message handled late (a
+	// loaded machine) would see the servicer's answer in its History.
+	testenv.Eventually(t, 30*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		_, ok := seen["where is my parcel"]
+		return testenv.Check(ok, "the first message not handled yet")
+	})
 	step(func() string { return e.fake.AddServicerText(kfID, "h1", "alice", "it left today") })
 	// The same second as the servicer's message at the latest: History
 	// takes turns sent at or before the message.
