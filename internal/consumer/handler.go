@@ -116,12 +116,31 @@ const maxResponseBody = 1 << 20
 
 // WebhookHandler is SignedHTTPHandler handing each 2xx answer's body to
 // respond (nil: the body is discarded). kfpipe sends the replies such a
-// body carries (docs/handler-protocol.md).
+// body carries (docs/handler-protocol.md). When respond fails with an
+// error that is not permanent, the answer is kept and the message's next
+// attempt hands it to respond again without calling the receiver (see
+// answers): one 2xx answer, one effect.
 func WebhookHandler(url string, timeout time.Duration, client *http.Client, secret string, respond ResponseFunc) Handler {
 	if client == nil {
 		client = HTTPClient(64, 0)
 	}
+	kept := newAnswers(time.Now)
+	// answered hands a 2xx body to respond; when respond fails with an
+	// error the next attempt may cure, the body is kept for that attempt
+	// (answers): the receiver is not called twice for one message.
+	answered := func(msgCtx context.Context, key string, data []byte) error {
+		err := respond(msgCtx, data)
+		if err != nil && !handler.IsPermanent(err) && !kept.keep(key, data) {
+			return fmt.Errorf("%w (the answer could not be kept: the receiver is called again)", err)
+		}
+		return err
+	}
 	return HandlerFunc(func(msgCtx context.Context, m *chatmsg.ChatMessage) error {
+		if respond != nil {
+			if data, ok := kept.take(m.DedupKey()); ok {
+				return answered(msgCtx, m.DedupKey(), data)
+			}
+		}
 		body, err := chatmsg.Encode(m)
 		if err != nil {
 			return handler.Permanent(fmt.Errorf("encode: %w", err))
@@ -173,7 +192,7 @@ func WebhookHandler(url string, timeout time.Duration, client *http.Client, secr
 			if len(data) > maxResponseBody {
 				return handler.Permanent(fmt.Errorf("http handler: the answer is larger than %d bytes", maxResponseBody))
 			}
-			return respond(msgCtx, data)
+			return answered(msgCtx, m.DedupKey(), data)
 		}
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxResponseBody))

@@ -131,3 +131,56 @@ func TestRetryAfterHonoured(t *testing.T) {
 		t.Fatalf("%d calls, retried after %v; want the second ~2 s after the first", calls.Load(), gap)
 	}
 }
+
+// TestReceiverNotCalledAgainWhenItsRepliesFail: a receiver answered 2xx
+// and the replies its answer carries could not be sent (the state store
+// was unreachable for the reply's claim). The message's next attempt sends
+// the kept answer's replies without calling the receiver again: it did its
+// work once. A permanent failure of the replies keeps nothing. Without the
+// kept answer, a Redis partition during a reply made two effects of one
+// message (the nemesis, seed 48).
+func TestReceiverNotCalledAgainWhenItsRepliesFail(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := calls.Add(1)
+		fmt.Fprintf(w, `{"replies":[{"msgtype":"text","text":{"content":"answer %d"}}]}`, n)
+	}))
+	defer srv.Close()
+	var got []string
+	fail := 1
+	respond := func(_ context.Context, body []byte) error {
+		got = append(got, string(body))
+		if fail > 0 {
+			fail--
+			return fmt.Errorf("reply claim: state store unreachable")
+		}
+		return nil
+	}
+	h := WebhookHandler(srv.URL, 5*time.Second, nil, "", respond)
+	ctx := context.Background()
+	m := chat("u-kept", 1)
+	if err := h.Handle(ctx, m); err == nil {
+		t.Fatal("first attempt: the replies failed, want an error")
+	}
+	if err := h.Handle(ctx, m); err != nil {
+		t.Fatalf("second attempt: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("receiver called %d times, want once", n)
+	}
+	if len(got) != 2 || got[0] != got[1] {
+		t.Fatalf("replies sent from %q, want the first answer twice", got)
+	}
+	// A permanent failure is the message's end: nothing is kept.
+	respond2 := func(context.Context, []byte) error { return handler.Permanent(fmt.Errorf("bad reply")) }
+	h2 := WebhookHandler(srv.URL, 5*time.Second, nil, "", respond2)
+	p := chat("u-permanent", 1)
+	for range 2 {
+		if err := h2.Handle(ctx, p); !handler.IsPermanent(err) {
+			t.Fatalf("permanent reply failure: %v", err)
+		}
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("receiver called %d times in all, want 3 (a permanent failure keeps no answer)", n)
+	}
+}
