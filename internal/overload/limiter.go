@@ -17,6 +17,7 @@ package overload
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -90,6 +91,11 @@ type Limiter struct {
 	low   time.Duration // the window's shortest call
 	drop  bool
 	peak  int
+	// The window's first latencies: their median tells how widely the
+	// downstream's answers spread (spreadOf).
+	samples [spreadSamples]time.Duration
+	ns      int
+	opened  time.Time // when the window began (the last judgement)
 	since time.Time // calls started before it belong to an older limit
 	// baseline is the latency of the downstream when it does not queue:
 	// the shortest call seen, or a longer one that cuts of the limit did
@@ -118,7 +124,7 @@ func New(cfg Config, now func() time.Time) *Limiter {
 	if cfg.Backoff <= 0 || cfg.Backoff >= 1 {
 		cfg.Backoff = 0.75
 	}
-	return &Limiter{cfg: cfg, now: now, limit: float64(cfg.Initial)}
+	return &Limiter{cfg: cfg, now: now, limit: float64(cfg.Initial), opened: now()}
 }
 
 // TryAcquire takes a slot if one is free now and nobody waits for one.
@@ -202,6 +208,10 @@ func (l *Limiter) Release(start time.Time, o Outcome) {
 			if l.low == 0 || rtt < l.low {
 				l.low = max(rtt, time.Nanosecond)
 			}
+			if l.ns < spreadSamples {
+				l.samples[l.ns] = rtt
+				l.ns++
+			}
 		case Dropped:
 			l.drop = true
 			l.n++
@@ -228,12 +238,23 @@ func (l *Limiter) judge() {
 	if low > 0 && (l.baseline == 0 || low < l.baseline) {
 		l.baseline = low
 	}
-	slow := low > 0 && float64(low) > l.cfg.Tolerance*float64(l.baseline) && low-l.baseline > noiseFloor
+	// allowed is how far above the baseline the window's shortest call
+	// may lie with no queue at the downstream: the tolerance's share of
+	// the baseline, or, for answers spread far wider than that, the
+	// spread's (spreadOf; the peak bound is argued on the tolerance,
+	// PeakBound).
+	allowed := max(time.Duration((l.cfg.Tolerance-1)*float64(l.baseline)), noiseFloor)
+	if sp := l.spreadOf(low, l.slowN+l.n); 2*sp >= 3*allowed {
+		allowed = sp
+	}
+	slow := low > 0 && low-l.baseline > allowed
 	if slow && !l.drop && l.slowN+l.n < minEvidence {
 		// Slow, on too few calls to tell a queue from the answers'
-		// spread: the next windows decide.
+		// spread: the next windows decide, on the shortest call and the
+		// spread of all of them.
 		l.slowN += l.n
-		l.n, l.sum, l.low, l.peak = 0, 0, 0, l.inFlight
+		l.n, l.sum, l.peak = 0, 0, l.inFlight
+		l.opened = now
 		return
 	}
 	if slow && !l.drop && l.cutLow > 0 && float64(low) >= 0.95*float64(l.cutLow) {
@@ -269,13 +290,56 @@ func (l *Limiter) judge() {
 		l.calm++
 		perRoundTrip := max(1, min(float64(l.n)/l.limit, l.limit))
 		inc := math.Max(perRoundTrip, math.Min(float64(l.calm/6), l.limit/6))
+		if span := now.Sub(l.opened); l.peak >= int(l.limit) && low > 0 && 2*(low-l.baseline) < allowed {
+			// The whole limit was used and the calls show no sign of a
+			// queue (less than half the allowance): the limit grows with
+			// the time the window took, as TCP CUBIC grows its window
+			// with the time since the last loss rather than per round
+			// trip, up to doubling a growthTime. One call a round trip
+			// is a rate that shrinks as the round trip grows: a bot
+			// answering in 5–30 s took minutes to get the calls its
+			// waiting customers needed. A round trip of a few seconds
+			// grows by one a window, as before.
+			inc = math.Max(inc, math.Min(l.limit*float64(span)/float64(growthTime), l.limit/2))
+		}
 		l.limit = math.Min(float64(l.cfg.Max), l.limit+inc)
 		l.cutLow = 0
 	default:
 		l.slowN = 0
 		l.cutLow = 0
 	}
-	l.n, l.sum, l.low, l.drop, l.peak = 0, 0, 0, false, l.inFlight
+	l.n, l.sum, l.low, l.drop, l.peak, l.ns = 0, 0, 0, false, l.inFlight, 0
+	l.opened = now
+}
+
+// growthTime is how long a limit whose calls show no queue takes at most
+// to double.
+const growthTime = time.Minute
+
+// spreadSamples is how many latencies of a window spreadOf reads.
+const spreadSamples = 64
+
+// spreadK is how many times its expected spread a window's shortest call
+// must exceed the baseline by to be slow.
+const spreadK = 4
+
+// spreadOf is how far above the downstream's floor the shortest of n
+// calls lies by chance alone, spreadK times over (l.mu held): of n answers
+// spread evenly above a floor, the shortest lies about range/(n+1) above
+// it, and the range is about twice the median's distance from the
+// shortest. A queue delays every call alike, the shortest and the median,
+// so their distance — and this allowance — does not grow with a queue: it
+// only keeps a downstream whose answers merely spread widely (an LLM bot's
+// 5–30 s) from looking congested. For 1–3 s answers in windows of 20 or
+// more it is below the tolerance's 30% and changes nothing.
+func (l *Limiter) spreadOf(low time.Duration, n int) time.Duration {
+	if l.ns < minWindow {
+		return 0
+	}
+	s := l.samples[:l.ns]
+	slices.Sort(s)
+	gap := s[len(s)/2] - low
+	return spreadK * 2 * gap / time.Duration(n+1)
 }
 
 // handOff gives free slots to waiters in order (l.mu held).
