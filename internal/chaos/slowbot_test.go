@@ -104,8 +104,10 @@ func TestChaosSlowBot(t *testing.T) {
 	}
 	var freezeAt time.Time
 	p.Opts.Judge = func(ev *Evidence, rep *Report) {
-		wait, who := maxUserWait(ev, freezeAt)
+		wait, who, over := maxUserWait(ev, freezeAt, waitBound)
 		rep.Extra("max_user_wait", wait.Round(100*time.Millisecond))
+		rep.Extra("users_over_wait_bound", over)
+		t.Logf("slow-bot: longest wait %s, user %s; %d waits over %s", wait.Round(100*time.Millisecond), who, over, waitBound)
 		rep.Extra("max_user_wait_bound", waitBound)
 		if wait > waitBound {
 			rep.Problem("user %s waited %s for its next answer before the freeze, want at most the bot's slowest answer + one session timeout (%s)", who, wait.Round(100*time.Millisecond), waitBound)
@@ -170,8 +172,9 @@ func TestChaosSlowBot(t *testing.T) {
 // answers made before until (zero: all): from its previous answer, or from
 // its message's send when it had none pending, to the first effect of its
 // next message (WeChat order). The bot's own time is in it: a user waits
-// at least one answer's time for each message.
-func maxUserWait(ev *Evidence, until time.Time) (time.Duration, string) {
+// at least one answer's time for each message. over counts the waits
+// longer than bound.
+func maxUserWait(ev *Evidence, until time.Time, bound time.Duration) (longest time.Duration, who string, over int) {
 	first := map[string]time.Time{}
 	for _, d := range ev.Deliveries {
 		if t, ok := first[d.MsgID]; !ok || d.At.Before(t) {
@@ -182,8 +185,6 @@ func maxUserWait(ev *Evidence, until time.Time) (time.Duration, string) {
 	for _, s := range ev.Sent {
 		byUser[s.User] = append(byUser[s.User], s)
 	}
-	var longest time.Duration
-	var who string
 	for u, ss := range byUser {
 		sort.Slice(ss, func(i, j int) bool { return ss[i].Index < ss[j].Index })
 		var prev time.Time
@@ -196,13 +197,17 @@ func maxUserWait(ev *Evidence, until time.Time) (time.Duration, string) {
 			if prev.After(from) {
 				from = prev
 			}
-			if w := at.Sub(from); w > longest {
+			w := at.Sub(from)
+			if w > bound {
+				over++
+			}
+			if w > longest {
 				longest, who = w, u
 			}
 			prev = at
 		}
 	}
-	return longest, who
+	return longest, who, over
 }
 
 var handOverField = regexp.MustCompile(`"(awaited|cancelled|left_to_lapsing_lease)":\s*(\d+)`)
