@@ -14,13 +14,15 @@ import (
 // into two). The replies themselves are effects with their own records, so
 // sending the kept answer again sends each of them at most once.
 //
-// An answer is kept for answerKeep and at most maxAnswers of them; past
-// either, the next attempt calls the receiver again (its Idempotency-Key
-// is the same), which is what a new owner of the partition does anyway.
+// An answer is kept for answerKeep, at most maxAnswers of them and
+// maxAnswerBytes in all; past any, the next attempt calls the receiver
+// again (its Idempotency-Key is the same), which is what a new owner of the
+// partition does anyway.
 type answers struct {
-	mu   sync.Mutex
-	byID map[string]keptAnswer
-	now  func() time.Time
+	mu    sync.Mutex
+	byID  map[string]keptAnswer
+	bytes int
+	now   func() time.Time
 }
 
 type keptAnswer struct {
@@ -29,8 +31,9 @@ type keptAnswer struct {
 }
 
 const (
-	answerKeep = 15 * time.Minute
-	maxAnswers = 4096
+	answerKeep     = 15 * time.Minute
+	maxAnswers     = 4096
+	maxAnswerBytes = 32 << 20
 )
 
 func newAnswers(now func() time.Time) *answers {
@@ -42,17 +45,23 @@ func (a *answers) keep(key string, body []byte) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.now()
-	if len(a.byID) >= maxAnswers {
+	if old, ok := a.byID[key]; ok {
+		delete(a.byID, key)
+		a.bytes -= len(old.body)
+	}
+	if len(a.byID) >= maxAnswers || a.bytes+len(body) > maxAnswerBytes {
 		for k, v := range a.byID {
 			if now.Sub(v.at) > answerKeep {
 				delete(a.byID, k)
+				a.bytes -= len(v.body)
 			}
 		}
-		if len(a.byID) >= maxAnswers {
+		if len(a.byID) >= maxAnswers || a.bytes+len(body) > maxAnswerBytes {
 			return false
 		}
 	}
 	a.byID[key] = keptAnswer{body: body, at: now}
+	a.bytes += len(body)
 	return true
 }
 
@@ -65,6 +74,7 @@ func (a *answers) take(key string) ([]byte, bool) {
 		return nil, false
 	}
 	delete(a.byID, key)
+	a.bytes -= len(v.body)
 	if a.now().Sub(v.at) > answerKeep {
 		return nil, false
 	}

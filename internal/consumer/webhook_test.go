@@ -184,3 +184,34 @@ func TestReceiverNotCalledAgainWhenItsRepliesFail(t *testing.T) {
 		t.Fatalf("receiver called %d times in all, want 3 (a permanent failure keeps no answer)", n)
 	}
 }
+
+// TestKeptAnswersBounded: the kept answers stay within their count and
+// bytes, an expired one is not handed out, and one taken is gone.
+func TestKeptAnswersBounded(t *testing.T) {
+	now := time.Unix(0, 0)
+	a := newAnswers(func() time.Time { return now })
+	big := make([]byte, maxAnswerBytes/2+1)
+	if !a.keep("a", big) {
+		t.Fatal("the first large answer was not kept")
+	}
+	if a.keep("b", big) {
+		t.Fatal("a second large answer past maxAnswerBytes was kept")
+	}
+	if !a.keep("a", []byte("small")) || a.bytes != len("small") {
+		t.Fatalf("keeping a key again: bytes %d, want %d", a.bytes, len("small"))
+	}
+	if b, ok := a.take("a"); !ok || string(b) != "small" {
+		t.Fatalf("take: %q %v", b, ok)
+	}
+	if _, ok := a.take("a"); ok {
+		t.Fatal("an answer taken twice")
+	}
+	a.keep("c", []byte("x"))
+	now = now.Add(answerKeep + time.Second)
+	if _, ok := a.take("c"); ok {
+		t.Fatal("an expired answer was handed out")
+	}
+	if a.bytes != 0 {
+		t.Fatalf("bytes %d after all were taken, want 0", a.bytes)
+	}
+}
