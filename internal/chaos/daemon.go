@@ -21,6 +21,11 @@ import (
 type Kill struct {
 	Tag string // the incarnation killed, as the Sink sees it ("consumer-1.2")
 	At  time.Time
+	// Thaw is when a frozen incarnation (Freeze) was resumed; zero for a
+	// kill, or a freeze not thawed.
+	Thaw time.Time
+	// Freeze: a SIGSTOP, not a kill.
+	Freeze bool
 }
 
 // Daemon is one of the pipeline's processes. It can be started, killed and
@@ -36,6 +41,7 @@ type Daemon struct {
 	opsAddr string
 	logDir  string
 	onKill  func(Kill)
+	onThaw  func(tag string, at time.Time)
 
 	mu          sync.Mutex
 	cmd         *exec.Cmd
@@ -151,7 +157,7 @@ func (d *Daemon) Freeze() (Kill, error) {
 	if cmd == nil {
 		return Kill{}, fmt.Errorf("%s: not started", d.Name)
 	}
-	k := Kill{Tag: tag, At: time.Now()}
+	k := Kill{Tag: tag, At: time.Now(), Freeze: true}
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		return k, fmt.Errorf("%s: SIGSTOP: %w", tag, err)
 	}
@@ -172,6 +178,9 @@ func (d *Daemon) Thaw() error {
 	}
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		return fmt.Errorf("%s: SIGCONT: %w", tag, err)
+	}
+	if d.onThaw != nil {
+		d.onThaw(tag, time.Now())
 	}
 	return nil
 }

@@ -253,10 +253,30 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 	}
 	r.Deliveries = len(e.Deliveries)
 	killsByTag := map[string][]time.Time{}
+	type frozen struct{ from, to time.Time }
+	freezesByTag := map[string][]frozen{}
 	for _, k := range e.Kills {
 		killsByTag[k.Tag] = append(killsByTag[k.Tag], k.At)
+		if k.Freeze {
+			to := k.Thaw
+			if to.IsZero() {
+				to = k.At.Add(e.inFlight()) // never thawed (killed while frozen)
+			}
+			freezesByTag[k.Tag] = append(freezesByTag[k.Tag], frozen{k.At, to})
+		}
 	}
 	explained := func(prev Delivery) bool {
+		for _, f := range freezesByTag[prev.Tag] {
+			// A frozen process sends nothing: an effect the Sink stamped
+			// while it was frozen is a request it sent before, however
+			// long the receiver took (a 30 s bot), with no mark to follow
+			// until the thaw — a kill's in-flight window, as long as the
+			// freeze. After the thaw the usual slack holds: a resumed
+			// owner must start nothing past its lease (issue 43).
+			if !prev.At.Before(f.from) && !prev.At.After(f.to.Add(inFlightSlack)) {
+				return true
+			}
+		}
 		for _, at := range killsByTag[prev.Tag] {
 			// The kill came soon enough after the delivery that the done
 			// mark can have been missing — or before it: a killed

@@ -54,6 +54,24 @@ func TestReportCounts(t *testing.T) {
 			want:  Report{Effects: 5, Dup: 1},
 		},
 		{
+			// A request sent before a freeze, answered by a slow receiver
+			// 20 s into it: the frozen owner cannot mark it, the next
+			// owner runs it again after the lease.
+			name: "an effect stamped while its process was frozen is in flight at the freeze",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 21000), d(2, "a2", "c.2", 25000),
+				d(3, "a3", "c.2", 25001), d(4, "b1", "c.2", 25002), d(5, "b2", "c.2", 25003)},
+			kills: []Kill{{Tag: "c.1", At: at(1000), Freeze: true, Thaw: at(30000)}},
+			want:  Report{Effects: 5, Redelivered: 1},
+		},
+		{
+			// A zombie: what a resumed owner does after the thaw is its own.
+			name: "an effect after the thaw is not excused by the freeze",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 36000), d(2, "a2", "c.2", 40000),
+				d(3, "a3", "c.2", 40001), d(4, "b1", "c.2", 40002), d(5, "b2", "c.2", 40003)},
+			kills: []Kill{{Tag: "c.1", At: at(1000), Freeze: true, Thaw: at(30000)}},
+			want:  Report{Effects: 5, Dup: 1},
+		},
+		{
 			name: "a kill long after the first effect does not explain a second",
 			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.1", 1000), d(2, "a2", "c.2", 20000),
 				d(3, "a3", "c.2", 20001), d(4, "b1", "c.2", 20002), d(5, "b2", "c.2", 20003)},

@@ -277,7 +277,7 @@ func Start(t *testing.T, o Options) *Pipeline {
 		env = append(env, envList(o.Env)...)
 		d := &Daemon{Name: name, bin: filepath.Join(bin, binName), args: []string{"--config", cfgPath},
 			env: env, envFor: func(string) []string { return nil }, opsAddr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)),
-			logDir: logDir, onKill: p.recordKill}
+			logDir: logDir, onKill: p.recordKill, onThaw: p.recordThaw}
 		return d
 	}
 	p.Producer = newDaemon("producer", "kf-producer", producerEnv, o.ProducerEnv)
@@ -375,6 +375,18 @@ func (p *Pipeline) recordKill(k Kill) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.kills = append(p.kills, k)
+}
+
+// recordThaw notes when the frozen incarnation tag was resumed.
+func (p *Pipeline) recordThaw(tag string, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := len(p.kills) - 1; i >= 0; i-- {
+		if k := &p.kills[i]; k.Tag == tag && k.Freeze && k.Thaw.IsZero() {
+			k.Thaw = at
+			return
+		}
+	}
 }
 
 // RecordFailover notes a kill of the Redis primary, issued at issued and

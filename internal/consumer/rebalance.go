@@ -118,12 +118,21 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 		}
 		limit := c.cfg.Kafka.Consumer.RevokeDrainLimit
 		if kc.AssignmentLost() {
-			// Someone else may own them already: committing now could move
-			// their offsets backwards. Drop without committing, and stop
-			// what runs at once.
+			// Someone else may be assigned them already: committing now
+			// could move their offsets backwards, so nothing is committed.
+			// What runs is awaited as on a revoke, not stopped at once:
+			// ownership is the partition's lease, which this consumer
+			// still holds (the next owner waits for it) and which ends
+			// every attempt at its deadline. Stopping at once cancelled
+			// calls a receiver had just answered, and the next owner
+			// called it again (the 30-minute nemesis: a reply being sent
+			// 20 ms after the receiver's answer, cancelled, the message
+			// run again by the next owner).
 			c.m.rebalances.WithLabelValues("lost").Inc()
 			c.log.Warn("partitions lost", zap.Any("partitions", e.Partitions))
-			limit = 0
+			if c.sb.on {
+				limit = 0
+			}
 		} else {
 			c.m.rebalances.WithLabelValues("revoke").Inc()
 			c.log.Info("partitions revoked", zap.Any("partitions", e.Partitions))
