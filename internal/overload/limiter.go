@@ -86,17 +86,17 @@ type Limiter struct {
 	inFlight int
 	waiters  []chan struct{} // FIFO; each is closed when handed a slot
 	// The current window: samples since the last judgement.
-	n     int
-	sum   time.Duration
-	low   time.Duration // the window's shortest call
-	drop  bool
-	peak  int
+	n    int
+	sum  time.Duration
+	low  time.Duration // the window's shortest call
+	drop bool
+	peak int
 	// The window's first latencies: their median tells how widely the
 	// downstream's answers spread (spreadOf).
 	samples [spreadSamples]time.Duration
 	ns      int
 	opened  time.Time // when the window began (the last judgement)
-	since time.Time // calls started before it belong to an older limit
+	since   time.Time // calls started before it belong to an older limit
 	// baseline is the latency of the downstream when it does not queue:
 	// the shortest call seen, or a longer one that cuts of the limit did
 	// not shorten (the downstream became slower; it is not our queue).
