@@ -302,21 +302,30 @@ func (e *Evidence) Report(name string, elapsed time.Duration) *Report {
 		}
 		return false
 	}
-	late := map[int]bool{}
+	// late: the effects made after their caller gave up, by Seq, with
+	// when their request arrived.
+	late := map[int]time.Time{}
 	for _, d := range e.Deliveries {
 		if d.Late {
-			late[d.Seq] = true
+			late[d.Seq] = d.Arrived
 		}
 	}
 	v := judge.Judge(judge.Input{Sent: judgeSent(e.Sent), Effects: judgeEffects(e.Deliveries), Dead: e.dead(),
-		Explain: func(p judge.Effect) judge.Cause {
+		Explain: func(p, next judge.Effect) judge.Cause {
 			prev := Delivery{Seq: p.Seq, MsgID: p.MsgID, User: p.User, Tag: p.Tag, At: p.At}
 			switch {
 			case explained(prev):
 				return judge.Crash
 			case afterFailover(prev):
 				return judge.Failover
-			case late[prev.Seq]:
+			}
+			if _, ok := late[prev.Seq]; ok {
+				return judge.Late // the caller could not know of it
+			}
+			// A call its caller cancelled (a hand-over's drain limit) that
+			// the receiver finished after the next owner's call: it was
+			// in flight before prev's effect, so no mark could stop it.
+			if arrived, ok := late[next.Seq]; ok && !arrived.IsZero() && arrived.Before(prev.At) {
 				return judge.Late
 			}
 			return judge.Unexplained

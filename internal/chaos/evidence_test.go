@@ -21,6 +21,9 @@ func TestReportCounts(t *testing.T) {
 	d := func(seq int, id, tag string, ms int) Delivery {
 		return Delivery{Seq: seq, MsgID: id, User: id[:1], Tag: tag, At: at(ms)}
 	}
+	// lateD: an effect made after its caller gave up on a request that
+	// arrived at ms.
+	lateD := func(d Delivery, ms int) Delivery { d.Late, d.Arrived = true, at(ms); return d }
 	tests := []struct {
 		name       string
 		deliveries []Delivery
@@ -91,6 +94,30 @@ func TestReportCounts(t *testing.T) {
 				d(3, "a3", "c.2", 11001), d(4, "b1", "c.2", 11002), d(5, "b2", "c.2", 11003)},
 			kills: []Kill{{Tag: "c.1", At: at(1000)}},
 			want:  Report{Effects: 5, Dup: 1},
+		},
+		{
+			// The old owner's call, cancelled at the hand-over, reached a
+			// slow receiver that finished it after the next owner's call
+			// (the 30-minute nemesis, seed 347096448: a 20 s receiver, a
+			// 10 s drain): the later effect is the late one.
+			name: "a cancelled call the receiver finished after the next owner's is late, not a dup",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.2", 1000), lateD(d(2, "a2", "c.1", 5000), 500),
+				d(3, "a3", "c.2", 5001), d(4, "b1", "c.2", 5002), d(5, "b2", "c.2", 5003)},
+			want: Report{Effects: 5},
+		},
+		{
+			// A late call that started after the first effect could have
+			// found its mark: the pipeline's repeat.
+			name: "a late repeat whose call started after the first effect is a dup",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), d(1, "a2", "c.2", 1000), lateD(d(2, "a2", "c.1", 5000), 1500),
+				d(3, "a3", "c.2", 5001), d(4, "b1", "c.2", 5002), d(5, "b2", "c.2", 5003)},
+			want: Report{Effects: 5, Dup: 1},
+		},
+		{
+			name: "a late first effect explains the repeat",
+			deliveries: []Delivery{d(0, "a1", "c.1", 0), lateD(d(1, "a2", "c.1", 1000), 900), d(2, "a2", "c.2", 5000),
+				d(3, "a3", "c.2", 5001), d(4, "b1", "c.2", 5002), d(5, "b2", "c.2", 5003)},
+			want: Report{Effects: 5},
 		},
 		{
 			name:       "first effects out of WeChat order",

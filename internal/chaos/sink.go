@@ -24,6 +24,8 @@ type Delivery struct {
 	// Late: the caller had given up on the request (its timeout) when
 	// the effect was made.
 	Late bool
+	// Arrived: when the request reached the Sink (the effect is At).
+	Arrived time.Time
 }
 
 // Receiver, when set with SetReceiver, stands between a request the Sink
@@ -100,6 +102,7 @@ type wireMsg struct {
 }
 
 func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	tag, ok := strings.CutPrefix(r.URL.Path, "/deliver/")
 	if !ok || r.Method != http.MethodPost {
 		http.NotFound(w, r)
@@ -182,7 +185,7 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		s.tokens[m.ExternalUserID] = token
 	}
 	s.deliveries = append(s.deliveries, Delivery{Seq: len(s.deliveries), MsgID: m.UpstreamMsgID, OpenKfID: m.OpenKfID,
-		User: m.ExternalUserID, Tag: tag, At: now, Late: r.Context().Err() != nil})
+		User: m.ExternalUserID, Tag: tag, At: now, Late: r.Context().Err() != nil, Arrived: arrived})
 	s.seen[m.UpstreamMsgID]++
 	s.changed = now
 	s.mu.Unlock()

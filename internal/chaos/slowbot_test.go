@@ -108,6 +108,7 @@ func TestChaosSlowBot(t *testing.T) {
 		rep.Extra("max_user_wait", wait.Round(100*time.Millisecond))
 		rep.Extra("users_over_wait_bound", over)
 		t.Logf("slow-bot: longest wait %s, user %s; %d waits over %s", wait.Round(100*time.Millisecond), who, over, waitBound)
+		t.Logf("slow-bot: %s's timeline (freeze at %s):\n%s", who, freezeAt.Format("15:04:05.000"), userTimeline(ev, who))
 		rep.Extra("max_user_wait_bound", waitBound)
 		if wait > waitBound {
 			rep.Problem("user %s waited %s for its next answer before the freeze, want at most the bot's slowest answer + one session timeout (%s)", who, wait.Round(100*time.Millisecond), waitBound)
@@ -208,6 +209,25 @@ func maxUserWait(ev *Evidence, until time.Time, bound time.Duration) (longest ti
 		}
 	}
 	return longest, who, over
+}
+
+// userTimeline lists a user's messages: when each was sent and each
+// delivery of it (time, incarnation), for the log of a long wait.
+func userTimeline(ev *Evidence, user string) string {
+	var b strings.Builder
+	for _, s := range ev.Sent {
+		if s.User != user {
+			continue
+		}
+		fmt.Fprintf(&b, "  #%d %s sent %s:", s.Index, s.MsgID, s.At.Format("15:04:05.000"))
+		for _, d := range ev.Deliveries {
+			if d.MsgID == s.MsgID {
+				fmt.Fprintf(&b, " [%s %s late=%v]", d.At.Format("15:04:05.000"), d.Tag, d.Late)
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 var handOverField = regexp.MustCompile(`"(awaited|cancelled|left_to_lapsing_lease)":\s*(\d+)`)

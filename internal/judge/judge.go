@@ -38,10 +38,13 @@ const (
 	// Failover: the done mark of the effect before was lost with a Redis
 	// primary.
 	Failover
-	// Late: the effect before the repeat was made after the caller had
-	// given up on it (the receiver answered past the caller's timeout), so
-	// the caller could not know it happened; a receiver that does not
-	// dedup sees the retry as a second message.
+	// Late: one of the two effects was made after its caller had given
+	// up on it (the receiver answered past the caller's timeout, or
+	// finished a call the caller cancelled at a hand-over): the earlier
+	// one, so the caller could not know it happened and called again; or
+	// the later one, a call cancelled before the next owner's that the
+	// receiver finished after it. A receiver that does not dedup (by the
+	// Idempotency-Key or the fencing token) sees two messages.
 	Late
 	// Unexplained: a duplicate effect, the pipeline's fault.
 	Unexplained
@@ -52,9 +55,9 @@ type Input struct {
 	Sent    []Message
 	Effects []Effect        // any order; Seq gives the arrival order
 	Dead    map[string]bool // msgids with a dead letter
-	// Explain says why effect prev can have been followed by another of
-	// the same message; nil treats every repeat as Unexplained.
-	Explain func(prev Effect) Cause
+	// Explain says why effect prev can have been followed by next, another
+	// of the same message; nil treats every repeat as Unexplained.
+	Explain func(prev, next Effect) Cause
 }
 
 // Repeat is a sent message with more than one effect.
@@ -151,7 +154,7 @@ func Judge(in Input) *Verdict {
 			for i := 1; i < len(es); i++ {
 				c := Unexplained
 				if in.Explain != nil {
-					c = in.Explain(es[i-1])
+					c = in.Explain(es[i-1], es[i])
 				}
 				worst = max(worst, c)
 			}

@@ -33,7 +33,7 @@ func TestJudge(t *testing.T) {
 		name      string
 		effects   []Effect
 		dead      map[string]bool
-		explain   func(Effect) Cause
+		explain   func(prev, next Effect) Cause
 		effectsN  int
 		lost      []string
 		dup       int
@@ -48,7 +48,7 @@ func TestJudge(t *testing.T) {
 		{name: "a second effect is a dup", effects: effects("a0", 1, "a1", 2, "a1", 3, "a2", 4, "b0", 5, "b1", 6),
 			effectsN: 5, dup: 1},
 		{name: "an explained second effect is not a dup", effects: effects("a0", 1, "a1", 2, "a1", 3, "a2", 4, "b0", 5, "b1", 6),
-			explain: func(Effect) Cause { return Crash }, effectsN: 5},
+			explain: func(_, _ Effect) Cause { return Crash }, effectsN: 5},
 		{name: "first effects out of order", effects: effects("a1", 1, "a0", 2, "a2", 3, "b0", 4, "b1", 5),
 			effectsN: 5, reordered: []string{"a0"}},
 		{name: "a redelivery after a later message is not a reorder",
@@ -83,7 +83,7 @@ func TestJudge(t *testing.T) {
 // its repeats, so one unexplained repeat among explained ones is a dup.
 func TestJudgeWorstCause(t *testing.T) {
 	es := effects("a0", 1, "a0", 2, "a0", 3, "a1", 4, "a2", 5, "b0", 6, "b1", 7)
-	v := Judge(Input{Sent: sentSet(), Effects: es, Explain: func(prev Effect) Cause {
+	v := Judge(Input{Sent: sentSet(), Effects: es, Explain: func(prev, _ Effect) Cause {
 		if prev.At.Equal(at(1)) {
 			return Crash
 		}
@@ -92,7 +92,7 @@ func TestJudgeWorstCause(t *testing.T) {
 	if v.Dup() != 1 || v.Count(Crash) != 0 || len(v.Repeats) != 1 || len(v.Repeats[0].Effects) != 3 {
 		t.Fatalf("repeats %+v", v.Repeats)
 	}
-	v = Judge(Input{Sent: sentSet(), Effects: es, Explain: func(prev Effect) Cause { return Failover }})
+	v = Judge(Input{Sent: sentSet(), Effects: es, Explain: func(prev, _ Effect) Cause { return Failover }})
 	if v.Dup() != 0 || v.Count(Failover) != 1 {
 		t.Fatalf("repeats %+v", v.Repeats)
 	}
