@@ -154,6 +154,12 @@ type KafkaConsumer struct {
 	// SessionTimeout is how long the group waits for a silent member
 	// before it hands its partitions to the others.
 	SessionTimeout time.Duration `mapstructure:"session_timeout" default:"DefaultSessionTimeout" range:"[1s, 5m]"`
+	// HeartbeatInterval is how often the member tells the group it is
+	// alive, and so how soon it learns that a rebalance began: a rolling
+	// restart is a few rebalances, each waiting for every member's next
+	// heartbeat (a cooperative one twice). At most a third of
+	// session_timeout.
+	HeartbeatInterval time.Duration `mapstructure:"heartbeat_interval" default:"1s" range:"[100ms, 1m]"`
 	// MaxPollInterval is the longest gap between polls before the member
 	// is considered stuck and leaves the group; at least session_timeout.
 	MaxPollInterval time.Duration `mapstructure:"max_poll_interval" default:"5m"`
@@ -287,6 +293,9 @@ func (k Kafka) validate(v *validator) {
 	}
 	c := k.Consumer
 	v.nonEmpty("kafka.consumer.group_id", c.GroupID)
+	if 3*c.HeartbeatInterval > c.SessionTimeout {
+		v.addf("kafka.consumer.heartbeat_interval", "must be at most a third of kafka.consumer.session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval)
+	}
 	if c.MaxPollInterval < c.SessionTimeout {
 		v.addf("kafka.consumer.max_poll_interval", "must be >= kafka.consumer.session_timeout (%s), got %s", c.SessionTimeout, c.MaxPollInterval)
 	}

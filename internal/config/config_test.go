@@ -178,6 +178,7 @@ func TestValidationNamesKey(t *testing.T) {
 		{"processor:\n  retry_base: 5s\n", "processor.retry_max must be >= processor.retry_base (5s), got 2s"},
 		{"rate_limit:\n  progressive:\n    enabled: true\n    base: 2h\n    max: 1h\n", "rate_limit.progressive.max must be >= rate_limit.progressive.base (2h0m0s), got 1h0m0s"},
 		{"kafka:\n  consumer:\n    session_timeout: 30s\n    max_poll_interval: 20s\n", "kafka.consumer.max_poll_interval must be >= kafka.consumer.session_timeout (30s), got 20s"},
+		{"kafka:\n  consumer:\n    session_timeout: 6s\n    heartbeat_interval: 3s\n", "kafka.consumer.heartbeat_interval must be at most a third of kafka.consumer.session_timeout (6s), got 3s"},
 		{"handler:\n  type: http\n", "handler.http.url must not be empty"},
 		{"env: staging\n", "env must be one of development|test|production, got \"staging\""},
 		{"kafka:\n  consumer:\n    auto_offset_reset: latest\n", "kafka.consumer.auto_offset_reset must be earliest, got \"latest\""},

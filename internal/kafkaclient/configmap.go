@@ -52,6 +52,11 @@ func Consumer(k config.Kafka, group string) *kafka.ConfigMap {
 		"fetch.max.bytes":          c.FetchMaxBytes,
 		"go.logs.channel.enable":   false,
 	}
+	if c.HeartbeatInterval > 0 {
+		// librdkafka's default is 3 s: each rebalance of a rolling restart
+		// waited up to that for the members to notice it.
+		m["heartbeat.interval.ms"] = int(c.HeartbeatInterval.Milliseconds())
+	}
 	return apply(m, k.Overrides)
 }
 
