@@ -83,6 +83,11 @@ func WithLimiter(l Limiter) Option { return func(c *Consumer) { c.limiter = l } 
 // WithBreaker sets the per-user circuit breaker (default: none).
 func WithBreaker(b Breaker) Option { return func(c *Consumer) { c.breaker = b } }
 
+// WithLimitMemory sets where the handler limit is kept across the group's
+// members and restarts (default: nowhere; every start begins at
+// overload.initial_limit).
+func WithLimitMemory(m LimitMemory) Option { return func(c *Consumer) { c.limitMem = m } }
+
 // WithGroup overrides kafka.consumer.group_id.
 func WithGroup(g string) Option { return func(c *Consumer) { c.group = g } }
 
@@ -194,8 +199,9 @@ type Consumer struct {
 	// off).
 	gate *gate
 	// down bounds the handler's calls in flight and its retries
-	// (downstream.go).
-	down *downstream
+	// (downstream.go); limitMem keeps its limit across the group.
+	down     *downstream
+	limitMem LimitMemory
 
 	// dead is the dead-lettering (deadqueue.go).
 	dead *deadLetterer
@@ -284,6 +290,7 @@ func (c *Consumer) Start() error {
 		return fmt.Errorf("consumer: subscribe %s: %w", c.topic, err)
 	}
 	c.started = true
+	c.down.recall(c.runCtx, c.limitMem, c.group, c.log)
 	go c.pollLoop()
 	c.commits.start()
 	return nil
@@ -362,6 +369,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 		}
 	}
 	c.cancelRun()
+	c.down.stopRemembering()
 	c.dead.stopRetries()
 	c.stopDeadQueues()
 	c.closeActors(errors.Is(err, ErrDrainTimeout))

@@ -35,6 +35,19 @@ type State interface {
 	Acquire(ctx context.Context, topic string, partition int32) (Lease, error)
 }
 
+// LimitMemory keeps the handler limit (overload) a consumer group's
+// members learnt, so that a member started or restarted in the fleet
+// starts at the limit the downstream was carrying, not at
+// overload.initial_limit: a rolling restart of consumers calling a bot
+// that answers in 5–30 s otherwise begins every member's climb again
+// (state.Store keeps it in Redis).
+type LimitMemory interface {
+	// LoadLimit returns the limit saved under name, 0 when none is.
+	LoadLimit(ctx context.Context, name string) (int, error)
+	// SaveLimit saves n under name for ttl.
+	SaveLimit(ctx context.Context, name string, n int, ttl time.Duration) error
+}
+
 // Lease is one owner's hold on a partition in the State, from Acquire to
 // Release or its loss.
 type Lease interface {

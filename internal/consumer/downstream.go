@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/handler"
@@ -31,11 +32,75 @@ type downstream struct {
 	// user's calls time out too (a single customer's hanging calls are
 	// that customer's, dead-lettered after their attempts).
 	timeouts [2]userTimeout
+	// memDone is closed when remember ended (nil: not started).
+	memDone chan struct{}
 }
 
 type userTimeout struct {
 	user string
 	at   time.Time
+}
+
+// limitSaveEvery is how often a consumer saves its handler limit in the
+// group's LimitMemory (once it moved), limitKeep how long a saved one
+// is kept: a limit saved longer ago says little of the downstream now.
+const (
+	limitSaveEvery = 10 * time.Second
+	limitKeep      = 10 * time.Minute
+)
+
+// recall raises the limit to the one the group last saved (mem nil: no
+// memory) and starts saving it every limitSaveEvery until stopRemembering.
+// It waits at most 2 s for the memory: a start is not held up by it.
+func (d *downstream) recall(ctx context.Context, mem LimitMemory, name string, log *zap.Logger) {
+	if d == nil || d.limit == nil || mem == nil {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	n, err := mem.LoadLimit(lctx, name)
+	cancel()
+	switch {
+	case err != nil:
+		log.Warn("handler limit: the group's saved limit could not be read; starting at overload.initial_limit", zap.Error(err))
+	case n > d.limit.Stats().Limit:
+		d.limit.Raise(n)
+		log.Info("handler limit: starting at the limit the group saved", zap.Int("limit", d.limit.Stats().Limit))
+	}
+	d.memDone = make(chan struct{})
+	go d.remember(ctx, mem, name, log)
+}
+
+// remember saves the limit every limitSaveEvery, once it moved from where
+// it started (a member that never used its limit says nothing of the
+// downstream), until ctx ends.
+func (d *downstream) remember(ctx context.Context, mem LimitMemory, name string, log *zap.Logger) {
+	defer close(d.memDone)
+	t := time.NewTicker(limitSaveEvery)
+	defer t.Stop()
+	start, moved := d.limit.Stats().Limit, false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n := d.limit.Stats().Limit
+		if moved = moved || n != start; !moved {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := mem.SaveLimit(sctx, name, n, limitKeep); err != nil && ctx.Err() == nil {
+			log.Debug("handler limit: not saved", zap.Error(err))
+		}
+		cancel()
+	}
+}
+
+// stopRemembering waits for remember to end (its context ended first).
+func (d *downstream) stopRemembering() {
+	if d != nil && d.memDone != nil {
+		<-d.memDone
+	}
 }
 
 // minRetriesPerSecond is the retry budget's floor: with no first calls

@@ -391,6 +391,23 @@ func PeakBound(capacity int, tolerance float64, consumers int) int {
 	return int(math.Ceil(float64(capacity)*tolerance)) + consumers
 }
 
+// Raise lifts the limit to n (at most Max) when it is lower: a limit the
+// downstream carried for another client of it (a consumer restarted in a
+// fleet starts where the fleet is, as TCP shares what its connections to
+// one host learnt, RFC 9040), not at Initial. The windows judge it from
+// there: a limit the downstream cannot carry is cut.
+func (l *Limiter) Raise(n int) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if f := math.Min(float64(n), float64(l.cfg.Max)); f > l.limit {
+		l.limit = f
+		l.handOff()
+	}
+}
+
 // Stats is a Limiter's state for metrics and the console.
 type Stats struct {
 	Limit, InFlight, Waiting int

@@ -195,3 +195,74 @@ func TestSlowBotGetsItsConcurrency(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartStartsWhereTheFleetIs: the slow bot of
+// TestSlowBotGetsItsConcurrency; at 2 minutes one of the three consumers
+// is restarted (a rolling restart: its callers move to a new process).
+// With the limit the group saved (Raise, the consumer's LimitMemory) the
+// new process lets at least 95% of its customers' calls through in the
+// minute after; starting at Initial again, as without the memory, it
+// lets fewer (the control): its customers wait for the limit to climb
+// again, a minute at this bot's round trips.
+func TestRestartStartsWhereTheFleetIs(t *testing.T) {
+	const callers, consumers = 24, 3
+	for _, remembered := range []bool{true, false} {
+		for seed := uint64(1); seed <= 5; seed++ {
+			clk := &fakeNow{t: time.Unix(0, 0)}
+			rng := rand.New(rand.NewPCG(seed, 13))
+			r := &receiver{capacity: 1 << 20, service: func() time.Duration {
+				return 5*time.Second + time.Duration(rng.Int64N(int64(25*time.Second)))
+			}}
+			cfg := DefaultConfig(1024)
+			var cs []*simClient
+			for range consumers {
+				cs = append(cs, &simClient{l: New(cfg, clk.now), idle: callers, left: -1})
+			}
+			// The restarted process: idle until the restart.
+			next := &simClient{l: New(cfg, clk.now)}
+			cs = append(cs, next)
+			var let, want int
+			simulateShared(clk, r, cs, 3*time.Minute+10*time.Second, func(sec int) {
+				switch {
+				case sec == 120:
+					old := cs[0]
+					if remembered {
+						next.l.Raise(old.l.Stats().Limit) // what the group saved
+					}
+					old.left = 0 // stops; its running calls end
+					next.idle, next.left = callers, -1
+				case sec > 120 && sec <= 180:
+					let += min(next.l.Stats().Limit, callers)
+					want += callers
+				}
+			})
+			share := float64(let) / float64(want)
+			t.Logf("remembered=%v seed %d: the restarted consumer let %.2f of its customers' calls through in its first minute", remembered, seed, share)
+			if remembered && share < 0.95 {
+				t.Errorf("seed %d: with the saved limit the restarted consumer let %.2f through, want >= 0.95", seed, share)
+			}
+			if !remembered && share >= 0.95 {
+				t.Errorf("seed %d: the control (no saved limit) let %.2f through: the test no longer shows the climb", seed, share)
+			}
+		}
+	}
+}
+
+// TestRaise: Raise lifts the limit up to Max, never lowers it.
+func TestRaise(t *testing.T) {
+	l := New(Config{Initial: 10, Min: 1, Max: 64, Tolerance: 1.3, Backoff: 0.75}, nil)
+	l.Raise(5)
+	if got := l.Stats().Limit; got != 10 {
+		t.Fatalf("Raise(5) from 10: limit %d, want 10", got)
+	}
+	l.Raise(30)
+	if got := l.Stats().Limit; got != 30 {
+		t.Fatalf("Raise(30): limit %d, want 30", got)
+	}
+	l.Raise(1000)
+	if got := l.Stats().Limit; got != 64 {
+		t.Fatalf("Raise(1000): limit %d, want Max 64", got)
+	}
+	var nilL *Limiter
+	nilL.Raise(3) // no panic
+}

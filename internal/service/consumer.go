@@ -291,7 +291,8 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 	}
 	s := &Consumer{looker: st.NewLooker(cfg.Processor.PipelineMaxBatched)}
 	opts := []consumer.Option{consumer.WithLogger(log), consumer.WithRegisterer(reg),
-		consumer.WithState(partitionState{s: st, look: s.looker, flush: max(cfg.Processor.PipelineFlush, time.Millisecond), batch: cfg.Processor.PipelineMaxBatched})}
+		consumer.WithState(partitionState{s: st, look: s.looker, flush: max(cfg.Processor.PipelineFlush, time.Millisecond), batch: cfg.Processor.PipelineMaxBatched}),
+		consumer.WithLimitMemory(st)}
 	if cfg.RateLimit.Enabled {
 		s.limiter, err = ratelimit.New(cfg.RateLimit, ratelimit.NewStore(base.Redis, prefix),
 			append(rulesOption(cfg.RateLimit, base), ratelimit.WithLogger(log), ratelimit.WithRegisterer(reg))...)
