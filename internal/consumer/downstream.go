@@ -200,10 +200,14 @@ func (d *downstream) slowFor(user string, now time.Time, within time.Duration) b
 	return false
 }
 
-// acquire waits for a slot under the limit (nil: none to wait for).
-func (d *downstream) acquire(ctx context.Context) (time.Time, bool) {
+// acquire waits for a slot under the limit (nil: none to wait for); a
+// retry waits before the first attempts waiting.
+func (d *downstream) acquire(ctx context.Context, retry bool) (time.Time, bool) {
 	if d == nil {
 		return time.Time{}, true
+	}
+	if retry {
+		return d.limit.AcquireRetry(ctx)
 	}
 	return d.limit.Acquire(ctx)
 }

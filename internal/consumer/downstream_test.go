@@ -161,7 +161,7 @@ func TestNoLimitWhenMaxInFlightIsZero(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	for i := range 100 {
-		if _, ok := d.acquire(ctx); !ok {
+		if _, ok := d.acquire(ctx, i%2 == 1); !ok {
 			t.Fatalf("call %d waited with the limit off", i)
 		}
 	}
@@ -170,12 +170,12 @@ func TestNoLimitWhenMaxInFlightIsZero(t *testing.T) {
 	}
 	cfg.Overload.MaxInFlight = 4
 	d = newDownstream(cfg, time.Now, nil)
-	if _, ok := d.acquire(ctx); !ok {
+	if _, ok := d.acquire(ctx, false); !ok {
 		t.Fatal("first call refused")
 	}
 	short, cancelShort := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancelShort()
-	if _, ok := d.acquire(short); ok {
+	if _, ok := d.acquire(short, true); ok {
 		t.Fatal("a second call passed a limit of 1")
 	}
 }

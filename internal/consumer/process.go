@@ -351,7 +351,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 		}
 		// A call beyond the handler limit waits here, in its actor, before
 		// its attempt's time starts.
-		start, ok := c.down.acquire(ctx)
+		start, ok := c.down.acquire(ctx, attempts > 0)
 		if !ok {
 			c.gate.release(probe)
 			return attempts, false, c.stopCause(ctx)

@@ -3,6 +3,7 @@ package overload
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -337,5 +338,54 @@ func TestLimiterIgnoresSchedulerNoise(t *testing.T) {
 	}
 	if st := l.Stats(); st.Decreases != 0 || st.Limit < 10 {
 		t.Fatalf("limit %d after %d cuts on scheduler noise", st.Limit, st.Decreases)
+	}
+}
+
+// TestRetriesWaitBeforeFirstCalls: with every slot taken, a retry waits
+// before the first calls already waiting (after the retries before it),
+// and a cancelled retry leaves the order of the others as it was.
+func TestRetriesWaitBeforeFirstCalls(t *testing.T) {
+	l := New(Config{Initial: 1, Min: 1, Max: 1}, nil)
+	s, _ := l.Acquire(context.Background())
+	order := make(chan string, 8)
+	wait := func(name string, retry bool, ctx context.Context) {
+		n := l.Stats().Waiting
+		go func() {
+			var st time.Time
+			var ok bool
+			if retry {
+				st, ok = l.AcquireRetry(ctx)
+			} else {
+				st, ok = l.Acquire(ctx)
+			}
+			if !ok {
+				order <- name + "(cancelled)"
+				return
+			}
+			order <- name
+			l.Release(st, Ignored)
+		}()
+		for l.Stats().Waiting != n+1 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	wait("first-a", false, context.Background())
+	wait("first-b", false, context.Background())
+	wait("retry-1", true, context.Background())
+	wait("retry-gone", true, ctx)
+	wait("retry-2", true, context.Background())
+	cancel()
+	if got := <-order; got != "retry-gone(cancelled)" {
+		t.Fatalf("first out %q, want the cancelled retry", got)
+	}
+	l.Release(s, Ignored)
+	var got []string
+	for range 4 {
+		got = append(got, <-order)
+	}
+	want := []string{"retry-1", "retry-2", "first-a", "first-b"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("slots went to %v, want %v", got, want)
 	}
 }
