@@ -147,6 +147,22 @@ func TestTwoLimitersShareTheReceiver(t *testing.T) {
 	}
 }
 
+// slowBot is an LLM-backed bot that answers each call in 5–30 s however
+// many calls it has (no queue), and consumers shipped limiters, each with
+// callers customers calling again as soon as their limiter lets them.
+func slowBot(seed, stream uint64, callers, consumers int) (*fakeNow, *receiver, []*simClient) {
+	clk := &fakeNow{t: time.Unix(0, 0)}
+	rng := rand.New(rand.NewPCG(seed, stream))
+	r := &receiver{capacity: 1 << 20, service: func() time.Duration {
+		return 5*time.Second + time.Duration(rng.Int64N(int64(25*time.Second)))
+	}}
+	var cs []*simClient
+	for range consumers {
+		cs = append(cs, &simClient{l: New(DefaultConfig(1024), clk.now), idle: callers, left: -1})
+	}
+	return clk, r, cs
+}
+
 // TestSlowBotGetsItsConcurrency is the slow-bot journey's shape (issue
 // 43) without Kafka: three consumers with the shipped limiter call an
 // LLM-backed bot that answers each call in 5–30 s however many calls it
@@ -163,16 +179,7 @@ func TestTwoLimitersShareTheReceiver(t *testing.T) {
 func TestSlowBotGetsItsConcurrency(t *testing.T) {
 	const callers, consumers = 24, 3
 	for seed := uint64(1); seed <= 10; seed++ {
-		clk := &fakeNow{t: time.Unix(0, 0)}
-		rng := rand.New(rand.NewPCG(seed, 11))
-		r := &receiver{capacity: 1 << 20, service: func() time.Duration {
-			return 5*time.Second + time.Duration(rng.Int64N(int64(25*time.Second)))
-		}}
-		cfg := DefaultConfig(1024)
-		var cs []*simClient
-		for range consumers {
-			cs = append(cs, &simClient{l: New(cfg, clk.now), idle: callers, left: -1})
-		}
+		clk, r, cs := slowBot(seed, 11, callers, consumers)
 		var let, want int
 		simulateShared(clk, r, cs, 10*time.Minute, func(sec int) {
 			if sec < 120 {
@@ -208,18 +215,9 @@ func TestRestartStartsWhereTheFleetIs(t *testing.T) {
 	const callers, consumers = 24, 3
 	for _, remembered := range []bool{true, false} {
 		for seed := uint64(1); seed <= 5; seed++ {
-			clk := &fakeNow{t: time.Unix(0, 0)}
-			rng := rand.New(rand.NewPCG(seed, 13))
-			r := &receiver{capacity: 1 << 20, service: func() time.Duration {
-				return 5*time.Second + time.Duration(rng.Int64N(int64(25*time.Second)))
-			}}
-			cfg := DefaultConfig(1024)
-			var cs []*simClient
-			for range consumers {
-				cs = append(cs, &simClient{l: New(cfg, clk.now), idle: callers, left: -1})
-			}
+			clk, r, cs := slowBot(seed, 13, callers, consumers)
 			// The restarted process: idle until the restart.
-			next := &simClient{l: New(cfg, clk.now)}
+			next := &simClient{l: New(DefaultConfig(1024), clk.now)}
 			cs = append(cs, next)
 			var let, want int
 			simulateShared(clk, r, cs, 3*time.Minute+10*time.Second, func(sec int) {
