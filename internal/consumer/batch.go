@@ -33,5 +33,5 @@ import "time"
 // handler.BatchFrom(ctx) returns the batch. size 1 or less leaves
 // batching off (the default).
 func WithBatch(size int, wait time.Duration) Option {
-	return func(c *Consumer) { c.batchMode = batchMode{max: size, wait: max(wait, 0)} }
+	return func(o *options) { o.batch = batchMode{max: size, wait: max(wait, 0)} }
 }

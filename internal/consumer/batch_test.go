@@ -109,8 +109,8 @@ func TestProcessBatchSuccessMarksEachMessage(t *testing.T) {
 	h := &batchRecorder{}
 	c, p := unitConsumer(t, h, &memDLQ{}, st)
 	envs := batchEnvs(p, "u", 3)
-	WithBatch(8, 0)(c) // batch mode: the handler sees the batch
-	c.processBatch(envs)
+	setBatch(c, 8, 0) // batch mode: the handler sees the batch
+	c.proc.processBatch(envs)
 	want := []string{envs[0].msg.UpstreamMsgID, envs[1].msg.UpstreamMsgID, envs[2].msg.UpstreamMsgID}
 	if len(h.batches) != 1 || !slices.Equal(h.batches[0], want) || h.firsts[0] != want[0] {
 		t.Fatalf("handler calls %v (first %v), want one call with %v", h.batches, h.firsts, want)
@@ -136,8 +136,8 @@ func TestProcessBatchRerunAfterPartialMarks(t *testing.T) {
 	h := &batchRecorder{}
 	c, p := unitConsumer(t, h, &memDLQ{}, order)
 	envs := batchEnvs(p, "u", 4)
-	WithBatch(8, 0)(c) // batch mode: the handler sees the batch
-	c.processBatch(envs)
+	setBatch(c, 8, 0) // batch mode: the handler sees the batch
+	c.proc.processBatch(envs)
 	keys := func(envs []*envelope) []string {
 		var k []string
 		for _, e := range envs {
@@ -155,8 +155,8 @@ func TestProcessBatchRerunAfterPartialMarks(t *testing.T) {
 	h2 := &batchRecorder{}
 	c2, p2 := unitConsumer(t, h2, &memDLQ{}, st2)
 	envs2 := batchEnvs(p2, "u", 4)
-	WithBatch(8, 0)(c2) // batch mode: the handler sees the batch
-	c2.processBatch(envs2)
+	setBatch(c2, 8, 0) // batch mode: the handler sees the batch
+	c2.proc.processBatch(envs2)
 	want := []string{envs2[0].msg.UpstreamMsgID, envs2[1].msg.UpstreamMsgID}
 	if len(h2.batches) != 1 || !slices.Equal(h2.batches[0], want) {
 		t.Fatalf("re-run batches %v, want only the not-done %v", h2.batches, want)
@@ -174,8 +174,8 @@ func TestProcessBatchRerunAfterPartialMarks(t *testing.T) {
 	}
 	// A third run finds every message done: the handler is not called.
 	c3, p3 := unitConsumer(t, h2, &memDLQ{}, st2)
-	WithBatch(8, 0)(c3) // batch mode: the handler sees the batch
-	c3.processBatch(batchEnvs(p3, "u", 4))
+	setBatch(c3, 8, 0) // batch mode: the handler sees the batch
+	c3.proc.processBatch(batchEnvs(p3, "u", 4))
 	if len(h2.batches) != 1 {
 		t.Fatalf("handler called for a batch of done messages: %v", h2.batches)
 	}
@@ -201,8 +201,8 @@ func TestProcessBatchFailureDeadLettersEachMessage(t *testing.T) {
 			dlq := &memDLQ{}
 			c, p := unitConsumer(t, h, dlq, st)
 			envs := batchEnvs(p, "u", 3)
-			WithBatch(8, 0)(c) // batch mode: the handler sees the batch
-			c.processBatch(envs)
+			setBatch(c, 8, 0) // batch mode: the handler sees the batch
+			c.proc.processBatch(envs)
 			dlq.wg.Wait()
 			if len(h.batches) != tt.wantAttempts {
 				t.Fatalf("handler called %d times, want %d", len(h.batches), tt.wantAttempts)
@@ -235,8 +235,8 @@ func TestProcessBatchUndecodable(t *testing.T) {
 	c, p := unitConsumer(t, h, dlq, newMemState())
 	envs := batchEnvs(p, "u", 3)
 	envs[1].msg, envs[1].km.Value = nil, []byte("not json")
-	WithBatch(8, 0)(c) // batch mode: the handler sees the batch
-	c.processBatch(envs)
+	setBatch(c, 8, 0) // batch mode: the handler sees the batch
+	c.proc.processBatch(envs)
 	dlq.wg.Wait()
 	if len(h.batches) != 1 || len(h.batches[0]) != 2 {
 		t.Fatalf("batches %v, want one of the 2 good messages", h.batches)

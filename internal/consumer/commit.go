@@ -122,10 +122,10 @@ func (cm *committer) commit(ps []*partition) error {
 	for _, p := range ps {
 		next, ok := p.tracker.Committable()
 		above := p.tracker.FinishedAbove()
-		if len(p.prior) > 0 {
+		if len(p.prior.offs) > 0 {
 			// The previous owner's list holds until this owner has read
 			// past it: a crash before then must not lose it.
-			above = mergeAbove(above, p.prior)
+			above = mergeAbove(above, p.prior.offs)
 		}
 		if !ok && len(above) > 0 {
 			// Nothing committable yet, but finished work behind the first

@@ -34,7 +34,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -43,7 +42,6 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
-	"github.com/kfpipe/kfpipe/internal/offsets"
 )
 
 // Errors returned by New and Close.
@@ -61,153 +59,73 @@ var (
 )
 
 // Option configures a Consumer.
-type Option func(*Consumer)
+type Option func(*options)
+
+// options are what the Options set; New wires them into the parts.
+type options struct {
+	log      *zap.Logger
+	reg      prometheus.Registerer
+	clock    Clock
+	state    State
+	limiter  Limiter
+	breaker  Breaker
+	limitMem LimitMemory
+	group    string
+	batch    batchMode
+}
 
 // WithLogger sets the logger (default: no logging).
-func WithLogger(l *zap.Logger) Option { return func(c *Consumer) { c.log = l } }
+func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 
 // WithRegisterer registers the consumer's metrics (default: not registered).
-func WithRegisterer(r prometheus.Registerer) Option { return func(c *Consumer) { c.reg = r } }
+func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { o.reg = r } }
 
 // WithClock sets the time source (default: the system clock).
-func WithClock(clk Clock) Option { return func(c *Consumer) { c.clock = clk } }
+func WithClock(clk Clock) Option { return func(o *options) { o.clock = clk } }
 
 // WithState sets the consumer-state store (I3): partition leases and done
 // marks. Without one every message is handled, so redeliveries after a
 // crash repeat effects.
-func WithState(s State) Option { return func(c *Consumer) { c.state = s } }
+func WithState(s State) Option { return func(o *options) { o.state = s } }
 
 // WithLimiter sets the per-user rate limiter (default: none).
-func WithLimiter(l Limiter) Option { return func(c *Consumer) { c.limiter = l } }
+func WithLimiter(l Limiter) Option { return func(o *options) { o.limiter = l } }
 
 // WithBreaker sets the per-user circuit breaker (default: none).
-func WithBreaker(b Breaker) Option { return func(c *Consumer) { c.breaker = b } }
+func WithBreaker(b Breaker) Option { return func(o *options) { o.breaker = b } }
 
 // WithLimitMemory sets where the handler limit is kept across the group's
 // members and restarts (default: nowhere; every start begins at
 // overload.initial_limit).
-func WithLimitMemory(m LimitMemory) Option { return func(c *Consumer) { c.limitMem = m } }
+func WithLimitMemory(m LimitMemory) Option { return func(o *options) { o.limitMem = m } }
 
 // WithGroup overrides kafka.consumer.group_id.
-func WithGroup(g string) Option { return func(c *Consumer) { c.group = g } }
-
-// partition is the consumer's state for one assigned partition.
-type partition struct {
-	topic   string
-	id      int32
-	tracker *offsets.Tracker
-	// committed is the last committed offset and meta the finished offsets
-	// behind it listed in that commit's metadata (guarded by
-	// the committer's mu).
-	committed int64
-	meta      string
-	// prior is what the previous owner finished behind its committed
-	// offset (from the commit's metadata, ascending): those records are
-	// finished at once instead of run again. Set before the partition is
-	// shared and never changed; priorAt is the poll goroutine's position.
-	prior   []int64
-	priorAt int
-	// paused is whether the partition is paused in the Kafka client;
-	// pausedCap and pausedDead are the reasons it should be: the in-flight
-	// cap, a full dead-letter queue. It is paused while either holds
-	// (flowControl). All three are owned by the poll goroutine.
-	paused     bool
-	pausedCap  bool
-	pausedDead bool
-	// dead holds the partition's dead letters until they are durable; its
-	// goroutine lives as long as the assignment (nil only for partitions
-	// that unit tests build without a consumer loop).
-	dead *deadQueue
-	// base is the group's committed offset when the partition was assigned
-	// (-1: none committed; -2: not read yet), so that lag shows from the
-	// assignment on, before the first message is finished (poll goroutine).
-	base int64
-	// batched counts the partition's records in the poll goroutine's
-	// current batch (owned by it), not yet tracked.
-	batched int
-	// dropped is set when the partition is revoked or lost: actors skip its
-	// remaining messages, which the next owner reads again.
-	dropped atomic.Bool
-	label   string
-	// lease is the partition's hold in the State (nil without one).
-	lease *partLease
-	// work is its running handler attempts, which the lease covers
-	// (own.go).
-	work partWork
-	// after, when set, is closed when this consumer's earlier hand-over of
-	// the same partition ended: its lease keeper waits for it.
-	after <-chan struct{}
-}
-
-type tpKey struct {
-	topic string
-	id    int32
-}
+func WithGroup(g string) Option { return func(o *options) { o.group = g } }
 
 // Consumer reads the main topic in a consumer group and drives the
 // per-user actors. Start begins consuming; Close stops gracefully.
+//
+// It only assembles its parts — the poller, the ownership, the processor,
+// the mailboxes, the committer, the dead-lettering — and runs their
+// lifecycle; docs/architecture.md ("The consumer's parts") lists what each
+// owns, and partition.go what they hand each other.
 type Consumer struct {
-	cfg     config.Consumer
-	topic   string
-	group   string
-	handler Handler
-	state   State
-	limiter Limiter
-	// prefetch is limiter when it implements Prefetcher, else nil.
-	prefetch Prefetcher
-	breaker  Breaker
-	log      *zap.Logger
-	reg      prometheus.Registerer
-	clock    Clock
-	m        *metrics
-
-	kc   *kafka.Consumer
-	acts *registry
-
-	// Scratch of the poll goroutine, reused for every batch.
-	batch []polled
-	envs  []*envelope
-	users []string
-
-	// runCtx is handed to handlers and the limiter; cancelled when the
-	// consumer gives up waiting (Close deadline, abort).
-	runCtx    context.Context
+	*core
+	group     string
 	cancelRun context.CancelFunc
 
-	mu    sync.Mutex // guards parts for readers other than the poll goroutine
-	parts map[tpKey]*partition
-	// handingOver holds, per revoked partition whose hand-over still runs,
-	// a channel closed when it ended (guarded by mu); handOvers counts
-	// those hand-overs (Close waits for them).
-	handingOver map[tpKey]chan struct{}
-	handOvers   sync.WaitGroup
+	kc       *kafka.Consumer
+	poll     *poller
+	own      *ownership
+	proc     *processor
+	acts     *registry
+	commits  *committer
+	dead     *deadLetterer
+	limitMem LimitMemory
 
-	// commits is the committer (commit.go).
-	commits committer
-
-	stopPoll  chan struct{}
-	pollDone  chan struct{}
-	closing   atomic.Bool
 	started   bool
 	closeOnce sync.Once
 	closeErr  error
-
-	// sb is the standby state: out of the group on purpose (SetStandby).
-	sb standby
-
-	// gate holds messages while the downstream fails for many users (nil:
-	// off).
-	gate *gate
-	// down bounds the handler's calls in flight and its retries
-	// (downstream.go); limitMem keeps its limit across the group.
-	down     *downstream
-	limitMem LimitMemory
-
-	// dead is the dead-lettering (deadqueue.go).
-	dead *deadLetterer
-
-	// batchMode is WithBatch's (batch.go).
-	batchMode batchMode
 }
 
 // New creates the consumer and its Kafka client; it does not consume until
@@ -219,51 +137,43 @@ func New(cfg config.Consumer, h Handler, dlq DeadLetters, opts ...Option) (*Cons
 	if dlq == nil {
 		return nil, ErrNoDeadLetters
 	}
-	c := &Consumer{
-		cfg: cfg, topic: cfg.Kafka.Topics.Main.Name, group: cfg.Kafka.Consumer.GroupID,
-		handler: h, parts: map[tpKey]*partition{},
-		stopPoll: make(chan struct{}), pollDone: make(chan struct{}),
+	o := options{group: cfg.Kafka.Consumer.GroupID}
+	for _, opt := range opts {
+		opt(&o)
 	}
-	for _, o := range opts {
-		o(c)
+	if o.log == nil {
+		o.log = zap.NewNop()
 	}
-	if c.log == nil {
-		c.log = zap.NewNop()
+	if o.clock == nil {
+		o.clock = realClock{}
 	}
-	if c.clock == nil {
-		c.clock = realClock{}
-	}
-	if err := validate(c.topic, c.group); err != nil {
+	topic := cfg.Kafka.Topics.Main.Name
+	if err := validate(topic, o.group); err != nil {
 		return nil, err
 	}
-	c.m = newMetrics(c.reg)
-	c.gate = newGate(cfg.Outage, c.clock, c.log, c.reg)
-	c.down = newDownstream(cfg, c.clock.Now, c.reg)
-	c.prefetch, _ = c.limiter.(Prefetcher)
-	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
-	c.dead = newDeadLetterer(dlq, c.runCtx, c.commits.finish, cfg.Processor, c.clock, c.log, c.m)
-	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, c.clock, c.process,
-		func(d int) { c.m.active.Add(float64(d)) })
-	c.acts.onIdle = c.forget
-	if c.batchMode.max > 1 {
-		c.batchMode.handle = c.processBatch
-		c.acts.batch = c.batchMode
-	}
-	kc, err := kafka.NewConsumer(kafkaclient.Consumer(cfg.Kafka, c.group))
+	k := &core{cfg: cfg, topic: topic, log: o.log, clock: o.clock, m: newMetrics(o.reg)}
+	var cancelRun context.CancelFunc
+	k.runCtx, cancelRun = context.WithCancel(context.Background())
+	kc, err := kafka.NewConsumer(kafkaclient.Consumer(cfg.Kafka, o.group))
 	if err != nil {
-		c.cancelRun()
+		cancelRun()
 		return nil, fmt.Errorf("consumer: create kafka consumer: %w", err)
 	}
-	c.kc = kc
-	c.commits.init(cfg.Kafka.Consumer, kc, func() []*partition {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		ps := make([]*partition, 0, len(c.parts))
-		for _, p := range c.parts {
-			ps = append(ps, p)
-		}
-		return ps
-	}, c.clock, c.log, c.m)
+	c := &Consumer{core: k, group: o.group, cancelRun: cancelRun, kc: kc, limitMem: o.limitMem,
+		commits: &committer{}}
+	c.own = &ownership{core: k, state: o.state, parts: map[tpKey]*partition{}}
+	c.dead = newDeadLetterer(dlq, k.runCtx, c.commits.finish, cfg.Processor, k.clock, k.log, k.m)
+	c.proc = &processor{core: k, handler: h, own: c.own, dead: c.dead, commits: c.commits, batch: o.batch,
+		gate: newGate(cfg.Outage, k.clock, k.log, o.reg), down: newDownstream(cfg, k.clock.Now, o.reg)}
+	c.acts = newRegistry(cfg.Processor.MailboxSize, cfg.Processor.IdleTimeout, k.clock, c.proc.process,
+		func(d int) { k.m.active.Add(float64(d)) })
+	c.poll = newPoller(k, kc, c.own, c.acts, o.limiter, o.breaker, c.dead, c.commits)
+	c.acts.onIdle = c.poll.forget
+	if o.batch.max > 1 {
+		o.batch.handle = c.proc.processBatch
+		c.acts.batch = o.batch
+	}
+	c.commits.init(cfg.Kafka.Consumer, kc, c.own.snapshot, k.clock, k.log, k.m)
 	return c, nil
 }
 
@@ -286,12 +196,12 @@ func (c *Consumer) Start() error {
 	if c.started {
 		return errors.New("consumer: already started")
 	}
-	if err := c.kc.SubscribeTopics([]string{c.topic}, c.rebalance); err != nil {
+	if err := c.kc.SubscribeTopics([]string{c.topic}, c.poll.rb.rebalance); err != nil {
 		return fmt.Errorf("consumer: subscribe %s: %w", c.topic, err)
 	}
 	c.started = true
-	c.down.recall(c.runCtx, c.limitMem, c.group, c.log)
-	go c.pollLoop()
+	c.proc.down.recall(c.runCtx, c.limitMem, c.group, c.log)
+	go c.poll.run()
 	c.commits.start()
 	return nil
 }
@@ -299,12 +209,11 @@ func (c *Consumer) Start() error {
 // Partitions returns the main-topic partitions the consumer holds now,
 // ascending.
 func (c *Consumer) Partitions() []int32 {
-	c.mu.Lock()
-	out := make([]int32, 0, len(c.parts))
-	for k := range c.parts {
-		out = append(out, k.id)
+	ps := c.own.snapshot()
+	out := make([]int32, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.id)
 	}
-	c.mu.Unlock()
 	slices.Sort(out)
 	return out
 }
@@ -314,27 +223,12 @@ func (c *Consumer) ActiveProcessors() int { return c.acts.len() }
 
 // InFlight returns the number of messages read but not yet finished.
 func (c *Consumer) InFlight() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	n := 0
-	for _, p := range c.parts {
+	for _, p := range c.own.snapshot() {
 		n += p.tracker.InFlight()
 	}
 	return n
 }
-
-// maxPollBatch bounds how many already-fetched records the poll goroutine
-// takes before dispatching them; it bounds the dispatch delay of the first
-// record of a batch and the size of one limiter prefetch.
-const maxPollBatch = 256
-
-// maxSendTimeSkew is how far WeChat's send_time may be ahead of the
-// record's produce time (the two clocks differ) and still be trusted.
-const maxSendTimeSkew = 30 * time.Second
-
-// baseUnknown marks a partition whose committed offset at assignment has
-// not been read yet.
-const baseUnknown = -2
 
 // Close stops consuming and hands every partition over as a revoke does
 // (endAll): no new attempt starts, the running ones are awaited up to
@@ -355,21 +249,20 @@ func (c *Consumer) abort() {
 }
 
 func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
-	c.closing.Store(true)
+	c.poll.rb.closing.Store(true)
 	if crash {
 		c.commits.abort()
 		c.cancelRun()
 	}
 	var err error
 	if c.started {
-		close(c.stopPoll)
-		<-c.pollDone
+		c.poll.stop()
 		if !crash {
 			err = c.endAll(ctx)
 		}
 	}
 	c.cancelRun()
-	c.down.stopRemembering()
+	c.proc.down.stopRemembering()
 	c.dead.stopRetries()
 	c.stopDeadQueues()
 	c.closeActors(errors.Is(err, ErrDrainTimeout))
@@ -417,7 +310,7 @@ func (c *Consumer) shutdown(ctx context.Context, crash bool) error {
 	}
 	c.stopDeadQueues() // any assigned while the client closed
 	c.dead.wait()
-	c.handOvers.Wait()
+	c.own.handOvers.Wait()
 	return err
 }
 
@@ -427,9 +320,7 @@ const kafkaCloseGrace = 5 * time.Second
 
 // stopDeadQueues halts the dead-letter queues of the assigned partitions.
 func (c *Consumer) stopDeadQueues() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, p := range c.parts {
+	for _, p := range c.own.snapshot() {
 		c.dead.stopQueue(p)
 	}
 }
@@ -463,12 +354,7 @@ func (c *Consumer) closeActors(unended bool) {
 // ErrDrainTimeout only when attempts still run after their cancel (their
 // partitions' leases lapse instead of being given back).
 func (c *Consumer) endAll(ctx context.Context) error {
-	c.mu.Lock()
-	ps := make([]*partition, 0, len(c.parts))
-	for _, p := range c.parts {
-		ps = append(ps, p)
-	}
-	c.mu.Unlock()
+	ps := c.own.snapshot()
 	for _, p := range ps {
 		p.dropped.Store(true)
 	}
@@ -479,7 +365,7 @@ func (c *Consumer) endAll(ctx context.Context) error {
 		// what ctx leaves.
 		limit = max(min(limit, time.Until(dl)-cancelWait-kafkaCloseGrace), 0)
 	}
-	unended, st := c.endWork(ps, limit)
+	unended, st := c.own.endWork(ps, limit)
 	c.log.Info("close: handler attempts ended", zap.Int("awaited", st.awaited), zap.Int("cancelled", st.cancelled),
 		zap.Int("left_to_lapsing_lease", st.lapsed), zap.Int("not_started", c.InFlight()))
 	if len(unended) > 0 {
@@ -491,4 +377,44 @@ func (c *Consumer) endAll(ctx context.Context) error {
 
 // OutageDetail is the downstream gate's line for /readyz ("" while it is
 // closed).
-func (c *Consumer) OutageDetail() string { return c.gate.detail() }
+func (c *Consumer) OutageDetail() string { return c.proc.gate.detail() }
+
+// SetStandby takes the consumer out of its group (on) or back in (off).
+//
+// A consumer that cannot protect effects — its Redis is unreachable while
+// the other members still have theirs — should not keep partitions it
+// cannot process: its users would wait for its Redis to return although
+// another member could serve them. On standby it unsubscribes; the revoke
+// drains what can finish (processor drain limit), commits the finished
+// prefix, and the partitions go to the other members, whose dedup claims
+// wait for any claim this one still holds (I3). When every member loses
+// Redis they all stand by, which costs nothing more than the outage: no
+// member could process anyway. Off subscribes again (a rebalance gives it
+// partitions back). The change is applied by the poll goroutine within a
+// poll (≤ 100 ms).
+func (c *Consumer) SetStandby(on bool, reason string) { c.poll.sb.set(on, reason) }
+
+// StandbyDetail is the /readyz line while on standby ("" otherwise).
+func (c *Consumer) StandbyDetail() string { return c.poll.sb.detail(c.clock.Now()) }
+
+// DeadLetterDetail is the /readyz detail while dead letters cannot be
+// recorded: how many wait, how many partitions are paused for them, and
+// the last error (the DLQ topic's and the emergency file's). Empty when
+// every send of the last 30 s was recorded, or nothing waits.
+func (c *Consumer) DeadLetterDetail() string {
+	nd := c.dead.notDurable.Load()
+	if nd == nil || c.clock.Now().Sub(nd.at) > 30*time.Second {
+		return ""
+	}
+	waiting := int64(0)
+	for _, p := range c.own.snapshot() {
+		if p.dead != nil {
+			waiting += p.dead.waiting.Load()
+		}
+	}
+	if waiting == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d dead letters not recorded, retried; their partitions pause at processor.dead_letter_queue and nothing after them is committed: %v",
+		waiting, nd.err)
+}

@@ -299,14 +299,14 @@ func TestPauseResume(t *testing.T) {
 		handled.Add(1)
 		return nil
 	}), &memDLQ{}, WithRegisterer(reg))
-	waitMetric(t, 30*time.Second, "paused partitions", c.m.paused, 1)
+	waitMetric(t, 30*time.Second, "paused partitions", c.m.part.paused, 1)
 	time.Sleep(500 * time.Millisecond)
 	if got := testenv.MetricValue(c.m.consumed); got != 40 {
 		t.Fatalf("consumed %v records while paused at max_in_flight 40", got)
 	}
 	closeGate.Do(func() { close(gate) })
 	waitCount(t, 30*time.Second, "handled", &handled, n)
-	waitMetric(t, 5*time.Second, "paused partitions", c.m.paused, 0)
+	waitMetric(t, 5*time.Second, "paused partitions", c.m.part.paused, 0)
 	if got := testenv.MetricValue(c.m.consumed); got != n {
 		t.Fatalf("consumed %v, want %d", got, n)
 	}
@@ -347,7 +347,7 @@ func TestPausedPartitionRevokedAndReassignedResumes(t *testing.T) {
 		return nil
 	}), &memDLQ{}, WithRegisterer(regA))
 	// Both partitions reach the cap and pause.
-	waitMetric(t, 30*time.Second, "paused partitions", a.m.paused, parts)
+	waitMetric(t, 30*time.Second, "paused partitions", a.m.part.paused, parts)
 
 	// B joins: one partition is revoked from A (its in-flight messages are
 	// dropped after the drain limit) and B handles it.
@@ -365,7 +365,7 @@ func TestPausedPartitionRevokedAndReassignedResumes(t *testing.T) {
 	testenv.Eventually(t, 60*time.Second, func() error {
 		return testenv.Check(handledB.Load() > 0, "B handled nothing yet")
 	})
-	waitMetric(t, 30*time.Second, "paused partitions of A", a.m.paused, 1)
+	waitMetric(t, 30*time.Second, "paused partitions of A", a.m.part.paused, 1)
 	// B leaves: the partition comes back to A.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -373,9 +373,9 @@ func TestPausedPartitionRevokedAndReassignedResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 60*time.Second, func() error {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return testenv.Check(len(a.parts) == parts, "A owns %d partitions, want %d", len(a.parts), parts)
+		a.own.mu.Lock()
+		defer a.own.mu.Unlock()
+		return testenv.Check(len(a.own.parts) == parts, "A owns %d partitions, want %d", len(a.own.parts), parts)
 	})
 	// New records on both partitions, then let A work: every record not
 	// handled by B must reach A, including the returned partition's.

@@ -13,50 +13,6 @@ import (
 	"github.com/kfpipe/kfpipe/internal/config"
 )
 
-// deadQueue holds one assigned partition's dead letters until they are
-// durable (I6) and hands them to DeadLetters.Send from a goroutine of its
-// own. The DLQ producer's Send blocks while its queues are full (fsync
-// speed when Kafka refuses and the emergency file takes over); called from
-// the poll goroutine it slowed every partition's dispatch to that speed.
-// Now the poll goroutine and the actors only push, which never blocks, and
-// the poll goroutine pauses the partition while processor.dead_letter_queue
-// letters wait (flowControl), so a slow DLQ holds back only the partitions
-// that dead-letter (I5).
-//
-// The queue is bounded by what the partition has in flight: a letter is a
-// record the offset tracker tracks until the letter is durable, and the
-// in-flight cap (processor.max_in_flight) bounds those. The dead-letter
-// mark pauses well before it; the letters that still arrive after the mark
-// are the rest of the poll batch being dispatched and the messages already
-// in the users' mailboxes.
-//
-// Letters are sent in the order they were pushed, but order does not
-// matter for commits: the tracker commits only the contiguous finished
-// prefix, whichever letter becomes durable first.
-type deadQueue struct {
-	// waiting counts letters pushed and not durable yet: queued, in Send,
-	// or waiting for a retry. Read by the poll goroutine without the lock.
-	waiting atomic.Int64
-	gauge   prometheus.Gauge // kfpipe_dead_letters_waiting of the partition
-
-	mu      sync.Mutex
-	items   []*letter // pushed, not handed to Send yet
-	spare   []*letter // the sender's previous batch, reused
-	stopped bool
-
-	wake chan struct{} // cap 1: one pending wake-up is enough
-	stop chan struct{}
-	once sync.Once
-}
-
-// letter is a dead letter and the message it finishes once durable.
-type letter struct {
-	dl  *DeadLetter
-	env *envelope
-	// backoff is the wait before the next send if this one fails.
-	backoff time.Duration
-}
-
 func newDeadQueue(gauge prometheus.Gauge) *deadQueue {
 	return &deadQueue{gauge: gauge, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 }
@@ -187,7 +143,7 @@ func (d *deadLetterer) run(q *deadQueue) {
 
 // startDeadQueue gives p its dead-letter queue and sender goroutine.
 func (d *deadLetterer) startQueue(p *partition) {
-	p.dead = newDeadQueue(d.m.deadWaiting.WithLabelValues(p.label))
+	p.dead = newDeadQueue(d.m.part.deadWaiting.WithLabelValues(p.label))
 	d.wg.Add(1)
 	go d.run(p.dead)
 }
@@ -199,7 +155,7 @@ func (d *deadLetterer) stopQueue(p *partition) {
 		return
 	}
 	p.dead.halt()
-	d.m.deadWaiting.DeleteLabelValues(p.label)
+	d.m.part.deadWaiting.DeleteLabelValues(p.label)
 }
 
 // deadLetter hands env to the DLQ; the message is finished only when the
@@ -296,37 +252,4 @@ func (d *deadLetterer) stopRetries() {
 type notDurable struct {
 	at  time.Time
 	err error
-}
-
-// DeadLetterDetail is the /readyz detail while dead letters cannot be
-// recorded: how many wait, how many partitions are paused for them, and
-// the last error (the DLQ topic's and the emergency file's). Empty when
-// every send of the last 30 s was recorded, or nothing waits.
-func (c *Consumer) DeadLetterDetail() string {
-	nd := c.dead.notDurable.Load()
-	if nd == nil || c.clock.Now().Sub(nd.at) > 30*time.Second {
-		return ""
-	}
-	waiting := int64(0)
-	for _, p := range c.deadQueues() {
-		waiting += p.waiting.Load()
-	}
-	if waiting == 0 {
-		return ""
-	}
-	return fmt.Sprintf("%d dead letters not recorded, retried; their partitions pause at processor.dead_letter_queue and nothing after them is committed: %v",
-		waiting, nd.err)
-}
-
-// deadQueues returns the assigned partitions' dead-letter queues.
-func (c *Consumer) deadQueues() []*deadQueue {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	qs := make([]*deadQueue, 0, len(c.parts))
-	for _, p := range c.parts {
-		if p.dead != nil {
-			qs = append(qs, p.dead)
-		}
-	}
-	return qs
 }

@@ -148,7 +148,7 @@ func TestBlockedDeadLetterSendBlocksNoDispatch(t *testing.T) {
 	if got := ps[0].dead.waiting.Load(); got != 50 {
 		t.Fatalf("partition 0: %d letters waiting, want 50", got)
 	}
-	if got := testenv.MetricValue(c.m.deadWaiting.WithLabelValues("0")); got != 50 {
+	if got := testenv.MetricValue(c.m.part.deadWaiting.WithLabelValues("0")); got != 50 {
 		t.Fatalf("kfpipe_dead_letters_waiting{partition=0} = %v, want 50", got)
 	}
 	if _, ok := ps[0].tracker.Committable(); ok {
@@ -159,7 +159,7 @@ func TestBlockedDeadLetterSendBlocksNoDispatch(t *testing.T) {
 	if n, most := dlq.sent(0); n != 50 || most != 1 {
 		t.Fatalf("partition 0: %d letters sent, one of them %d times; want 50, once each", n, most)
 	}
-	if got := testenv.MetricValue(c.m.deadWaiting.WithLabelValues("0")); got != 0 {
+	if got := testenv.MetricValue(c.m.part.deadWaiting.WithLabelValues("0")); got != 0 {
 		t.Fatalf("kfpipe_dead_letters_waiting{partition=0} = %v after all were durable", got)
 	}
 }
@@ -189,9 +189,9 @@ func TestDeadLetterDetailWhileNotRecorded(t *testing.T) {
 	dlq := newStallingDLQ()
 	dlq.failing.Store(true)
 	c, ps := queuedConsumer(t, dlq)
-	c.mu.Lock()
-	c.parts = map[tpKey]*partition{{"t", 0}: ps[0], {"t", 1}: ps[1]}
-	c.mu.Unlock()
+	c.own.mu.Lock()
+	c.own.parts = map[tpKey]*partition{{"t", 0}: ps[0], {"t", 1}: ps[1]}
+	c.own.mu.Unlock()
 	if d := c.DeadLetterDetail(); d != "" {
 		t.Fatalf("detail before any failure: %q", d)
 	}
@@ -249,23 +249,25 @@ func TestPauseReasonsCompose(t *testing.T) {
 	if err := kc.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: 0, Offset: kafka.OffsetBeginning}}); err != nil {
 		t.Fatal(err)
 	}
-	c := &Consumer{kc: kc, log: zap.NewNop(), m: newMetrics(prometheus.NewRegistry()), parts: map[tpKey]*partition{}}
+	k := &core{log: zap.NewNop(), m: newMetrics(prometheus.NewRegistry())}
+	c := &Consumer{core: k, kc: kc, own: &ownership{core: k, parts: map[tpKey]*partition{}}}
+	c.poll = newPoller(k, kc, c.own, nil, nil, nil, nil, nil)
 	c.cfg.Processor.MaxInFlight, c.cfg.Processor.ResumeBelow, c.cfg.Processor.DeadLetterQueue = 4, 2, 4
 	p := &partition{topic: topic, id: 0, tracker: offsets.NewTracker(0), label: "0"}
-	p.dead = newDeadQueue(c.m.deadWaiting.WithLabelValues("0")) // no sender: waiting is set by hand
-	c.parts[tpKey{topic, 0}] = p
+	p.dead = newDeadQueue(c.m.part.deadWaiting.WithLabelValues("0")) // no sender: waiting is set by hand
+	c.own.parts[tpKey{topic, 0}] = p
 
 	type state struct{ paused, cap, dead bool }
 	check := func(step string, want state) {
 		t.Helper()
-		c.flowControl()
-		if got := (state{p.paused, p.pausedCap, p.pausedDead}); got != want {
+		c.poll.flow.flowControl()
+		if got := (state{p.pause.on, p.pause.cap, p.pause.dead}); got != want {
 			t.Fatalf("%s: paused/cap/dead = %+v, want %+v", step, got, want)
 		}
-		if v := testenv.MetricValue(c.m.paused); v != b2f(want.cap) {
+		if v := testenv.MetricValue(c.m.part.paused); v != b2f(want.cap) {
 			t.Fatalf("%s: kfpipe_partitions_paused = %v", step, v)
 		}
-		if v := testenv.MetricValue(c.m.deadPaused); v != b2f(want.dead) {
+		if v := testenv.MetricValue(c.m.part.deadPaused); v != b2f(want.dead) {
 			t.Fatalf("%s: kfpipe_partitions_paused_dead_letters = %v", step, v)
 		}
 	}
@@ -292,13 +294,13 @@ func TestPauseReasonsCompose(t *testing.T) {
 	check("and the cap", state{true, true, true})
 	p.dead.waiting.Store(0)
 	check("letters drained, cap holds", state{true, true, false})
-	if v := testenv.MetricValue(c.m.deadPauses); v != 2 {
+	if v := testenv.MetricValue(c.m.part.deadPauses); v != 2 {
 		t.Fatalf("kfpipe_dead_letter_pauses_total = %v, want 2", v)
 	}
 	p.dead.waiting.Store(9)
 	check("both", state{true, true, true})
-	c.resumeForRevoke(kc, []*partition{p})
-	if p.paused || p.pausedCap || p.pausedDead || testenv.MetricValue(c.m.paused) != 0 || testenv.MetricValue(c.m.deadPaused) != 0 {
+	c.poll.flow.resumeForRevoke(kc, []*partition{p})
+	if p.pause.on || p.pause.cap || p.pause.dead || testenv.MetricValue(c.m.part.paused) != 0 || testenv.MetricValue(c.m.part.deadPaused) != 0 {
 		t.Fatal("revoke left a pause reason or a paused gauge")
 	}
 }
@@ -380,13 +382,13 @@ func TestFullDeadLetterQueuePausesOnlyItsPartition(t *testing.T) {
 	t.Cleanup(dlq.unblock) // runs before the consumer's Close: no sender left blocked
 
 	waitCount(t, 60*time.Second, "handled", &handled, good)
-	waitMetric(t, 10*time.Second, "partitions paused for dead letters", c.m.deadPaused, 1)
-	if v := testenv.MetricValue(c.m.deadPauses); v != 1 {
+	waitMetric(t, 10*time.Second, "partitions paused for dead letters", c.m.part.deadPaused, 1)
+	if v := testenv.MetricValue(c.m.part.deadPauses); v != 1 {
 		t.Fatalf("kfpipe_dead_letter_pauses_total = %v, want 1", v)
 	}
 	// Partition 0 stops being read: the records read from it are all
 	// letters waiting (once the actors queued theirs), and no more are read.
-	waiting := func() float64 { return testenv.MetricValue(c.m.deadWaiting.WithLabelValues("0")) }
+	waiting := func() float64 { return testenv.MetricValue(c.m.part.deadWaiting.WithLabelValues("0")) }
 	consumed := func() float64 { return testenv.MetricValue(c.m.consumed) }
 	testenv.Eventually(t, 10*time.Second, func() error {
 		w, read := waiting(), consumed()-good
@@ -417,7 +419,7 @@ func TestFullDeadLetterQueuePausesOnlyItsPartition(t *testing.T) {
 		t.Fatalf("%d letters from partition 1, whose messages are all good", n)
 	}
 	testenv.Eventually(t, 5*time.Second, func() error {
-		p, w := testenv.MetricValue(c.m.deadPaused), waiting()
+		p, w := testenv.MetricValue(c.m.part.deadPaused), waiting()
 		return testenv.Check(p == 0 && w == 0, "%v partitions paused for dead letters, %v letters waiting; want none", p, w)
 	})
 	if v := testenv.MetricValue(c.m.result(ReasonInvalidMessage)); v != poison {

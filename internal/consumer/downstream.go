@@ -258,15 +258,3 @@ func retryWait(backoff time.Duration, err error, timedOut bool, took time.Durati
 	}
 	return wait
 }
-
-// awaitBudget waits until the retry budget lets a retry go (false when
-// ctx ended first). A message waiting here keeps its place in its user's
-// order, spends no attempt and holds no slot under the limit.
-func (c *Consumer) awaitBudget(ctx context.Context) bool {
-	for wait := c.cfg.Processor.RetryBase; !c.down.retry(); wait = min(2*wait+time.Millisecond, time.Second) {
-		if !sleep(ctx, c.clock, max(wait, 10*time.Millisecond)) {
-			return false
-		}
-	}
-	return true
-}

@@ -72,7 +72,7 @@ func TestHTTPTimeoutCountedAsTimeout(t *testing.T) {
 	c, p := unitConsumer(t, h, dlq, newMemState())
 	c.cfg.Processor.AttemptTimeout = 5 * time.Second
 	p.tracker.Add(1)
-	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	c.proc.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	dlq.wg.Wait()
 	if v := testenv.MetricValue(c.m.attempts[attemptTimeout]); v != 3 {
 		t.Fatalf("timeout attempts = %v, want 3 (failed: %v)", v, testenv.MetricValue(c.m.attempts[attemptFailed]))
@@ -99,10 +99,10 @@ func TestTimeoutWhileSlowWaitsInsteadOfDeadLettering(t *testing.T) {
 	c, p := unitConsumer(t, h, dlq, newMemState())
 	c.cfg.Processor.AttemptTimeout = 10 * time.Millisecond
 	c.cfg.Outage.Window = time.Minute
-	c.down = newDownstream(config.Consumer{Overload: config.Overload{MaxInFlight: 8, InitialLimit: 8, Tolerance: 1.3}}, time.Now, nil)
-	c.down.timedOut("another user", time.Now()) // the downstream is slow for others too
+	c.proc.down = newDownstream(config.Consumer{Overload: config.Overload{MaxInFlight: 8, InitialLimit: 8, Tolerance: 1.3}}, time.Now, nil)
+	c.proc.down.timedOut("another user", time.Now()) // the downstream is slow for others too
 	p.tracker.Add(1)
-	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	c.proc.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	dlq.wg.Wait()
 	if r := dlq.byReason(); len(r) != 0 {
 		t.Fatalf("dead letters %v for a message of a slow downstream", r)
@@ -129,12 +129,12 @@ func TestOneUsersTimeoutsAreDeadLettered(t *testing.T) {
 	c, p := unitConsumer(t, h, dlq, newMemState())
 	c.cfg.Processor.AttemptTimeout = 10 * time.Millisecond
 	c.cfg.Outage.Window = time.Minute
-	c.down = newDownstream(config.Consumer{Overload: config.Overload{MaxInFlight: 8, InitialLimit: 8, Tolerance: 1.3}}, time.Now, nil)
+	c.proc.down = newDownstream(config.Consumer{Overload: config.Overload{MaxInFlight: 8, InitialLimit: 8, Tolerance: 1.3}}, time.Now, nil)
 	p.tracker.Add(1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+		c.proc.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	}()
 	select {
 	case <-done:

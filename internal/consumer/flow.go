@@ -8,6 +8,14 @@ import (
 	"go.uber.org/zap"
 )
 
+// flow pauses and resumes the assigned partitions and reports their lag
+// (poll goroutine only).
+type flow struct {
+	*core
+	kc  *kafka.Consumer
+	own *ownership
+}
+
 // flowControl pauses and resumes partitions (poll goroutine only). A
 // partition is paused for two reasons, each with its own high and low
 // mark, and stays paused until neither holds:
@@ -20,40 +28,40 @@ import (
 //     partition's refusals, and only this partition waits for it (I5).
 //
 // Pausing stops fetching the partition; messages already dispatched go on.
-func (c *Consumer) flowControl() {
-	pc := c.cfg.Processor
-	for _, p := range c.parts {
+func (f *flow) flowControl() {
+	pc := f.cfg.Processor
+	for _, p := range f.own.parts {
 		if p.dropped.Load() {
 			continue
 		}
 		n := p.tracker.InFlight()
 		switch {
-		case !p.pausedCap && n >= pc.MaxInFlight:
-			p.pausedCap = true
-			c.m.paused.Inc()
-			c.log.Info("partition paused: in-flight cap", zap.Int32("partition", p.id), zap.Int("in_flight", n))
-		case p.pausedCap && n < pc.ResumeBelow:
-			p.pausedCap = false
-			c.m.paused.Dec()
-			c.log.Info("partition in-flight cap cleared", zap.Int32("partition", p.id), zap.Int("in_flight", n))
+		case !p.pause.cap && n >= pc.MaxInFlight:
+			p.pause.cap = true
+			f.m.part.paused.Inc()
+			f.log.Info("partition paused: in-flight cap", zap.Int32("partition", p.id), zap.Int("in_flight", n))
+		case p.pause.cap && n < pc.ResumeBelow:
+			p.pause.cap = false
+			f.m.part.paused.Dec()
+			f.log.Info("partition in-flight cap cleared", zap.Int32("partition", p.id), zap.Int("in_flight", n))
 		}
 		if p.dead != nil {
 			w := p.dead.waiting.Load()
 			switch {
-			case !p.pausedDead && w >= int64(pc.DeadLetterQueue):
-				p.pausedDead = true
-				c.m.deadPaused.Inc()
-				c.m.deadPauses.Inc()
-				c.log.Warn("partition paused: dead-letter queue full (the DLQ is slower than this partition's refusals)",
+			case !p.pause.dead && w >= int64(pc.DeadLetterQueue):
+				p.pause.dead = true
+				f.m.part.deadPaused.Inc()
+				f.m.part.deadPauses.Inc()
+				f.log.Warn("partition paused: dead-letter queue full (the DLQ is slower than this partition's refusals)",
 					zap.Int32("partition", p.id), zap.Int64("dead_letters_waiting", w))
-			case p.pausedDead && w < int64(resumeDeadBelow(pc.DeadLetterQueue)):
-				p.pausedDead = false
-				c.m.deadPaused.Dec()
-				c.log.Info("partition dead-letter queue drained", zap.Int32("partition", p.id),
+			case p.pause.dead && w < int64(resumeDeadBelow(pc.DeadLetterQueue)):
+				p.pause.dead = false
+				f.m.part.deadPaused.Dec()
+				f.log.Info("partition dead-letter queue drained", zap.Int32("partition", p.id),
 					zap.Int64("dead_letters_waiting", w))
 			}
 		}
-		c.setPaused(p, p.pausedCap || p.pausedDead)
+		f.setPaused(p, p.pause.cap || p.pause.dead)
 	}
 }
 
@@ -64,45 +72,45 @@ func resumeDeadBelow(mark int) int { return max(mark/2, 1) }
 
 // setPaused pauses or resumes p in the Kafka client when it is not as
 // wanted; a failure is logged and tried again on the next call.
-func (c *Consumer) setPaused(p *partition, want bool) {
-	if p.paused == want {
+func (f *flow) setPaused(p *partition, want bool) {
+	if p.pause.on == want {
 		return
 	}
 	tp := []kafka.TopicPartition{{Topic: &p.topic, Partition: p.id}}
 	if want {
-		if err := c.kc.Pause(tp); err != nil {
-			c.log.Warn("pause partition", zap.Int32("partition", p.id), zap.Error(err))
+		if err := f.kc.Pause(tp); err != nil {
+			f.log.Warn("pause partition", zap.Int32("partition", p.id), zap.Error(err))
 			return
 		}
-	} else if err := c.kc.Resume(tp); err != nil {
-		c.log.Warn("resume partition", zap.Int32("partition", p.id), zap.Error(err))
+	} else if err := f.kc.Resume(tp); err != nil {
+		f.log.Warn("resume partition", zap.Int32("partition", p.id), zap.Error(err))
 		return
 	}
-	p.paused = want
+	p.pause.on = want
 	if !want {
-		c.log.Info("partition resumed", zap.Int32("partition", p.id), zap.Int("in_flight", p.tracker.InFlight()))
+		f.log.Info("partition resumed", zap.Int32("partition", p.id), zap.Int("in_flight", p.tracker.InFlight()))
 	}
 }
 
 // resumeForRevoke resumes the partitions of ps that are paused and clears
 // their pause reasons (poll goroutine, inside the rebalance callback).
-func (c *Consumer) resumeForRevoke(kc *kafka.Consumer, ps []*partition) {
+func (f *flow) resumeForRevoke(kc *kafka.Consumer, ps []*partition) {
 	for _, p := range ps {
-		if p.pausedCap {
-			p.pausedCap = false
-			c.m.paused.Dec()
+		if p.pause.cap {
+			p.pause.cap = false
+			f.m.part.paused.Dec()
 		}
-		if p.pausedDead {
-			p.pausedDead = false
-			c.m.deadPaused.Dec()
+		if p.pause.dead {
+			p.pause.dead = false
+			f.m.part.deadPaused.Dec()
 		}
-		if !p.paused {
+		if !p.pause.on {
 			continue
 		}
 		if err := kc.Resume([]kafka.TopicPartition{{Topic: &p.topic, Partition: p.id}}); err != nil {
-			c.log.Warn("resume revoked partition", zap.Int32("partition", p.id), zap.Error(err))
+			f.log.Warn("resume revoked partition", zap.Int32("partition", p.id), zap.Error(err))
 		}
-		p.paused = false
+		p.pause.on = false
 	}
 }
 
@@ -112,9 +120,9 @@ func (c *Consumer) resumeForRevoke(kc *kafka.Consumer, ps []*partition) {
 // flight or the offset committed when it was assigned — so a partition that
 // is assigned but never progresses shows its lag and alerts. The committed
 // offsets are read from the broker once per assignment.
-func (c *Consumer) updateLag() {
-	c.readBases()
-	for _, p := range c.parts {
+func (f *flow) updateLag() {
+	f.readBases()
+	for _, p := range f.own.parts {
 		next, ok := p.tracker.Committable()
 		if !ok {
 			next, ok = p.tracker.Oldest()
@@ -122,7 +130,7 @@ func (c *Consumer) updateLag() {
 		if !ok && p.base >= 0 {
 			next, ok = p.base, true
 		}
-		low, high, err := c.kc.GetWatermarkOffsets(p.topic, p.id)
+		low, high, err := f.kc.GetWatermarkOffsets(p.topic, p.id)
 		if err != nil || high < 0 {
 			continue
 		}
@@ -134,15 +142,15 @@ func (c *Consumer) updateLag() {
 			// whole partition is behind.
 			next = low
 		}
-		c.m.lag.WithLabelValues(p.label).Set(float64(max(high-next, 0)))
+		f.m.part.lag.WithLabelValues(p.label).Set(float64(max(high-next, 0)))
 	}
 }
 
 // readBases reads, in one request, the committed offsets of the assigned
 // partitions whose base is not known yet.
-func (c *Consumer) readBases() {
+func (f *flow) readBases() {
 	var tps []kafka.TopicPartition
-	for _, p := range c.parts {
+	for _, p := range f.own.parts {
 		if p.base == baseUnknown {
 			tps = append(tps, kafka.TopicPartition{Topic: &p.topic, Partition: p.id})
 		}
@@ -150,13 +158,13 @@ func (c *Consumer) readBases() {
 	if len(tps) == 0 {
 		return
 	}
-	got, err := c.kc.Committed(tps, 2000)
+	got, err := f.kc.Committed(tps, 2000)
 	if err != nil {
-		c.log.Warn("read committed offsets for lag", zap.Error(err))
+		f.log.Warn("read committed offsets for lag", zap.Error(err))
 		return
 	}
 	for _, tp := range got {
-		p := c.parts[tpKey{*tp.Topic, tp.Partition}]
+		p := f.own.parts[tpKey{*tp.Topic, tp.Partition}]
 		if p == nil || tp.Error != nil {
 			continue
 		}

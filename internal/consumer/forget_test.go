@@ -43,9 +43,9 @@ func TestIdleActorForgetsUserState(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, p := unitConsumer(t, NoopHandler, &memDLQ{}, nil)
-	c.limiter, c.breaker = rlLimiter{rl}, br
-	c.acts = newRegistry(4, 3*time.Second, nil, c.process, nil)
-	c.acts.onIdle = c.forget
+	c.acts = newRegistry(4, 3*time.Second, nil, c.proc.process, nil)
+	c.poll = newPoller(c.core, nil, c.own, c.acts, rlLimiter{rl}, br, c.dead, c.commits)
+	c.acts.onIdle = c.poll.forget
 	defer c.acts.close()
 
 	heap := func() uint64 {
@@ -60,7 +60,7 @@ func TestIdleActorForgetsUserState(t *testing.T) {
 			user := fmt.Sprintf("%s-%05d", name, i)
 			p.tracker.Add(int64(off))
 			m := &chatmsg.ChatMessage{UpstreamMsgID: user, OpenKfID: "wk", ExternalUserID: user, MsgType: "text"}
-			c.route(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: kafka.Offset(off)}, Timestamp: time.Now(),
+			c.poll.route(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: kafka.Offset(off)}, Timestamp: time.Now(),
 				TimestampType: kafka.TimestampCreateTime}, msg: m, part: p, user: user})
 			off++
 		}

@@ -111,7 +111,7 @@ func TestOutageHoldsMessagesInsteadOfDeadLettering(t *testing.T) {
 			if !withGate {
 				cfg.MinUsers = 0
 			}
-			c.gate = newGate(cfg, c.clock, zap.NewNop(), nil)
+			c.proc.gate = newGate(cfg, c.clock, zap.NewNop(), nil)
 			users := []string{"a", "b", "c", "d", "e", "broken"}
 			parts := make([]*partition, len(users))
 			var wg sync.WaitGroup
@@ -121,7 +121,7 @@ func TestOutageHoldsMessagesInsteadOfDeadLettering(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, msg: chat(u, 0), part: parts[i]})
+					c.proc.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, msg: chat(u, 0), part: parts[i]})
 				}()
 			}
 			time.Sleep(400 * time.Millisecond) // the outage: many retries' worth

@@ -47,7 +47,7 @@ func TestLimitAt(t *testing.T) {
 		{"no original_failure", rec(chatmsg.HeaderRetryFromDLQ, "true"), true, produced},
 	}
 	for _, tt := range tests {
-		at, judge := c.limitAt(tt.km)
+		at, judge := c.poll.limitAt(tt.km)
 		if judge != tt.judge || !at.Equal(tt.at) {
 			t.Errorf("%s: judge=%v at %s, want %v at %s", tt.name, judge, at, tt.judge, tt.at)
 		}
@@ -55,7 +55,7 @@ func TestLimitAt(t *testing.T) {
 	km := retry(ReasonRateLimited)
 	km.TimestampType, km.Timestamp = kafka.TimestampNotAvailable, time.Time{}
 	before := time.Now()
-	if at, judge := c.limitAt(km); !judge || at.Before(before) || at.After(time.Now()) {
+	if at, judge := c.poll.limitAt(km); !judge || at.Before(before) || at.After(time.Now()) {
 		t.Errorf("retry without a timestamp: judge=%v at %s, want the consumer's clock", judge, at)
 	}
 }

@@ -15,23 +15,8 @@ type metrics struct {
 	duplicates prometheus.Counter
 	active     prometheus.Gauge
 	latency    prometheus.Histogram
-	lag        *prometheus.GaugeVec // partition
-	paused     prometheus.Gauge
-	rebalances *prometheus.CounterVec // type: assign, revoke, lost
 	commits    *prometheus.CounterVec // result: ok, error
 	attemptsV  *prometheus.CounterVec // outcome of each handler attempt
-	// deadWaiting is the dead letters per partition not durable yet;
-	// deadPaused the partitions paused because of them; deadPauses counts
-	// those pauses.
-	deadWaiting *prometheus.GaugeVec // partition
-	deadPaused  prometheus.Gauge
-	deadPauses  prometheus.Counter
-	// standby is 1 while the consumer is out of its group on purpose
-	// (SetStandby), standbys counts the times it left.
-	standby prometheus.Gauge
-	// assigned is the number of partitions the consumer holds now.
-	assigned prometheus.Gauge
-	standbys prometheus.Counter
 	// priorFinished counts records skipped because the partition's previous
 	// owner listed them finished in its commit; metaTruncated counts commits
 	// whose list of finished offsets did not fit the metadata.
@@ -44,8 +29,30 @@ type metrics struct {
 	results map[string]prometheus.Counter
 	// attempts holds attemptsV's children by outcome, bound once.
 	attempts map[string]prometheus.Counter
-	// own counts what hand-overs did with running attempts (own.go).
-	own ownMetrics
+	// part are the partitions' series; own counts what hand-overs did with
+	// running attempts (own.go).
+	part partMetrics
+	own  ownMetrics
+}
+
+// partMetrics are the series of the partitions the consumer holds: the
+// assignment and its rebalances, pauses, lag, the dead letters waiting, the
+// standby.
+type partMetrics struct {
+	assigned   prometheus.Gauge
+	rebalances *prometheus.CounterVec // type: assign, revoke, lost
+	lag        *prometheus.GaugeVec   // partition
+	paused     prometheus.Gauge
+	// deadWaiting is the dead letters per partition not durable yet;
+	// deadPaused the partitions paused because of them; deadPauses counts
+	// those pauses.
+	deadWaiting *prometheus.GaugeVec // partition
+	deadPaused  prometheus.Gauge
+	deadPauses  prometheus.Counter
+	// standby is 1 while the consumer is out of its group on purpose
+	// (SetStandby), standbys counts the times it left.
+	standby  prometheus.Gauge
+	standbys prometheus.Counter
 }
 
 // Results of kfpipe_messages_processed_total besides the DLQ reasons.
@@ -76,11 +83,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "kfpipe_processing_latency_seconds", Help: "From produce (produced_at) to handled.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
+		priorFinished: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_consumer_finished_by_previous_owner_total",
+			Help: "Records not run again because the partition's previous owner had finished them behind an unfinished one (listed in its offset commit)."}),
+		metaTruncated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kfpipe_consumer_offset_metadata_truncated_total",
+			Help: "Offset commits whose list of finished offsets did not fit the commit metadata; the offsets left out are read again by the next owner."}),
+		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_commits_total", Help: "Offset commits by result: ok, error."}, []string{"result"}),
+		attemptsV: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_handler_attempts_total",
+			Help: "Handler attempts by outcome: ok, failed, timeout, permanent; abandoned counts retries not made because the partition was revoked or lost. A failed or timed-out attempt may still have had its effect."},
+			[]string{"outcome"}),
+	}
+	m.part = partMetrics{
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kfpipe_consumer_lag", Help: "High watermark minus the committable offset, per partition."},
 			[]string{"partition"}),
 		paused: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kfpipe_partitions_paused", Help: "Partitions paused by the in-flight cap."}),
+		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kfpipe_rebalances_total", Help: "Rebalance events by type: assign, revoke, lost."}, []string{"type"}),
 		deadWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kfpipe_dead_letters_waiting",
 			Help: "Dead letters per partition waiting for their durable DLQ write (their offsets are not committed yet)."},
@@ -99,20 +122,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Main-topic partitions the consumer holds now; summed over the group, 0 means nobody consumes the topic (alert KfpipeNoPartitionConsumed)."}),
 		standbys: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kfpipe_consumer_standbys_total", Help: "Times the consumer left its group on standby."}),
-		priorFinished: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kfpipe_consumer_finished_by_previous_owner_total",
-			Help: "Records not run again because the partition's previous owner had finished them behind an unfinished one (listed in its offset commit)."}),
-		metaTruncated: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kfpipe_consumer_offset_metadata_truncated_total",
-			Help: "Offset commits whose list of finished offsets did not fit the commit metadata; the offsets left out are read again by the next owner."}),
-		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kfpipe_rebalances_total", Help: "Rebalance events by type: assign, revoke, lost."}, []string{"type"}),
-		commits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kfpipe_commits_total", Help: "Offset commits by result: ok, error."}, []string{"result"}),
-		attemptsV: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kfpipe_handler_attempts_total",
-			Help: "Handler attempts by outcome: ok, failed, timeout, permanent; abandoned counts retries not made because the partition was revoked or lost. A failed or timed-out attempt may still have had its effect."},
-			[]string{"outcome"}),
 	}
 	m.attempts = map[string]prometheus.Counter{}
 	for _, o := range []string{attemptOK, attemptFailed, attemptTimeout, attemptPermanent, attemptAbandoned} {
@@ -124,8 +133,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.own = newOwnMetrics(reg)
 	if reg != nil {
-		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, m.lag, m.paused,
-			m.rebalances, m.commits, m.attemptsV, m.deadWaiting, m.deadPaused, m.deadPauses, m.standby, m.standbys, m.assigned,
+		p := m.part
+		reg.MustRegister(m.consumed, m.processed, m.duplicates, m.active, m.latency, p.lag, p.paused,
+			p.rebalances, m.commits, m.attemptsV, p.deadWaiting, p.deadPaused, p.deadPauses, p.standby, p.standbys, p.assigned,
 			m.priorFinished, m.metaTruncated)
 	}
 	return m
@@ -133,13 +143,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // ownMetrics are the hand-over's series.
 type ownMetrics struct {
-	handOver *prometheus.CounterVec // fate: awaited, cancelled, lapsed
-	notOwner prometheus.Counter
+	handedOver *prometheus.CounterVec // fate: awaited, cancelled, lapsed
+	notOwner   prometheus.Counter
 }
 
 func newOwnMetrics(reg prometheus.Registerer) ownMetrics {
 	m := ownMetrics{
-		handOver: prometheus.NewCounterVec(prometheus.CounterOpts{
+		handedOver: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kfpipe_handover_attempts_total",
 			Help: "Handler attempts running when their partition was handed over (revoke, loss, stop), by fate: awaited (ended within kafka.consumer.revoke_drain_limit), cancelled (their context cancelled at the limit), lapsed (still running after the cancel: the lease was left to lapse, not given back)."},
 			[]string{"fate"}),
@@ -148,10 +158,10 @@ func newOwnMetrics(reg prometheus.Registerer) ownMetrics {
 			Help: "Handler attempts not started because the partition's lease was past its local deadline (a paused or cut-off owner): the message is looked up again under the next lease."}),
 	}
 	for _, f := range []string{"awaited", "cancelled", "lapsed"} {
-		m.handOver.WithLabelValues(f)
+		m.handedOver.WithLabelValues(f)
 	}
 	if reg != nil {
-		reg.MustRegister(m.handOver, m.notOwner)
+		reg.MustRegister(m.handedOver, m.notOwner)
 	}
 	return m
 }

@@ -15,8 +15,228 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/handler"
+	"go.uber.org/zap"
 )
+
+// ownership is the consumer's assigned partitions and each one's lease:
+// a partition's lease keeper takes the lease on assignment (waiting for
+// the previous owner to give it back or let it expire), and a hand-over
+// ends the work under it (own.go) before it gives the lease back. The
+// poll goroutine adds and removes partitions (rebalance.go) and reads
+// parts without the lock; every other reader takes mu.
+type ownership struct {
+	*core
+	state State
+	mu    sync.Mutex
+	parts map[tpKey]*partition
+	// handingOver holds, per revoked partition whose hand-over still runs,
+	// a channel closed when it ended (guarded by mu); handOvers counts
+	// those hand-overs (Close waits for them).
+	handingOver map[tpKey]chan struct{}
+	handOvers   sync.WaitGroup
+}
+
+// snapshot returns the assigned partitions.
+func (o *ownership) snapshot() []*partition {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ps := make([]*partition, 0, len(o.parts))
+	for _, p := range o.parts {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// startLease gives p its lease keeper (no-op without a State).
+func (o *ownership) startLease(p *partition) {
+	if o.state == nil {
+		return
+	}
+	pl := &partLease{ready: make(chan struct{}), pending: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{})}
+	p.lease = pl
+	go o.keepLease(p, pl)
+}
+
+func (o *ownership) keepLease(p *partition, pl *partLease) {
+	defer close(pl.done)
+	if p.after != nil {
+		// This consumer handed the partition over a moment ago and its
+		// work there has not ended: the lease, which the store would give
+		// back to the same owner at once, waits for it.
+		select {
+		case <-p.after:
+		case <-pl.stop:
+			return
+		case <-o.runCtx.Done():
+			return
+		}
+	}
+	backoff := o.cfg.Processor.RetryBase
+	for {
+		ctx, cancel := context.WithCancel(o.runCtx)
+		go func() {
+			select {
+			case <-pl.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		t0 := time.Now()
+		l, err := o.state.Acquire(ctx, p.topic, p.id)
+		cancel()
+		if err != nil {
+			select {
+			case <-pl.stop:
+				return
+			case <-o.runCtx.Done():
+				return
+			default:
+			}
+			o.log.Warn("state: partition lease not taken; trying again", zap.Int32("partition", p.id), zap.Error(err))
+			select {
+			case <-pl.stop:
+				return
+			case <-o.runCtx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff+time.Millisecond, max(o.cfg.Processor.RetryMax, time.Millisecond))
+			continue
+		}
+		backoff = o.cfg.Processor.RetryBase
+		pl.mu.Lock()
+		pl.cur = l
+		close(pl.ready)
+		pl.mu.Unlock()
+		o.log.Info("partition lease taken", zap.Int32("partition", p.id), zap.Int64("token", l.Token()),
+			zap.Duration("waited", time.Since(t0)))
+		select {
+		case <-pl.stop:
+			return // the revoke gives it back
+		case <-o.runCtx.Done():
+			return
+		case <-l.Lost():
+		}
+		o.log.Warn("partition lease lost; taking it again (handlers under it are stopped, their messages looked up again)",
+			zap.Int32("partition", p.id), zap.Int64("token", l.Token()))
+		pl.mu.Lock()
+		pl.cur, pl.ready = nil, make(chan struct{})
+		pl.mu.Unlock()
+		go func() {
+			// Sends the marks still queued (they are recorded whoever owns
+			// the partition now).
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = l.Release(ctx)
+		}()
+	}
+}
+
+// leaseOf waits for env's partition's lease; ok is false when the partition
+// was revoked or the consumer stops meanwhile.
+func (o *ownership) leaseOf(pl *partLease) (Lease, bool) {
+	for {
+		pl.mu.Lock()
+		l, ready := pl.cur, pl.ready
+		pl.mu.Unlock()
+		if l != nil {
+			return l, true
+		}
+		select {
+		case <-ready:
+		case <-pl.stop:
+			return nil, false
+		case <-o.runCtx.Done():
+			return nil, false
+		}
+	}
+}
+
+// handOver ends ps's work (own.go: await up to limit, cancel, await) and
+// then gives their leases back, or lets lapse those whose work did not
+// end.
+func (o *ownership) handOver(ps []*partition, limit time.Duration) {
+	unended, st := o.endWork(ps, limit)
+	if st != (handOverStats{}) {
+		o.log.Info("hand-over: running handler attempts ended", zap.Int("awaited", st.awaited),
+			zap.Int("cancelled", st.cancelled), zap.Int("left_to_lapsing_lease", st.lapsed))
+	}
+	o.releaseLeases(ps, unended)
+}
+
+// handOverAsync runs handOver on a goroutine of its own; until it ended,
+// a new assignment of one of ps to this consumer waits for it.
+func (o *ownership) handOverAsync(ps []*partition, limit time.Duration) {
+	done := make(chan struct{})
+	o.mu.Lock()
+	if o.handingOver == nil {
+		o.handingOver = map[tpKey]chan struct{}{}
+	}
+	for _, p := range ps {
+		o.handingOver[tpKey{p.topic, p.id}] = done
+	}
+	o.mu.Unlock()
+	o.handOvers.Add(1)
+	go func() {
+		defer o.handOvers.Done()
+		defer close(done)
+		o.handOver(ps, limit)
+		o.mu.Lock()
+		for _, p := range ps {
+			if k := (tpKey{p.topic, p.id}); o.handingOver[k] == done {
+				delete(o.handingOver, k)
+			}
+		}
+		o.mu.Unlock()
+	}()
+}
+
+// releaseLeases stops the lease keepers of ps and gives their leases back
+// (after their last commit: the next owner starts where it ended) — except
+// the leases of the partitions in lapse, whose work may still run: those
+// stop renewing and run out at their deadline.
+func (o *ownership) releaseLeases(ps []*partition, lapse map[*partition]bool) {
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		pl := p.lease
+		if pl == nil {
+			continue
+		}
+		select {
+		case <-pl.stop:
+			continue
+		default:
+		}
+		close(pl.stop)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-pl.done
+			pl.mu.Lock()
+			l := pl.cur
+			pl.cur = nil
+			pl.mu.Unlock()
+			if l == nil {
+				return
+			}
+			if lapse[p] {
+				o.log.Warn("handler attempts still running after their cancel: the partition lease is left to lapse, not given back",
+					zap.Int32("partition", p.id), zap.Int("running", p.work.running()))
+				if lp, ok := l.(lapser); ok {
+					lp.Lapse()
+				}
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := l.Release(ctx); err != nil {
+				o.log.Warn("state: give the partition lease back (the next owner waits for its expiry)",
+					zap.Int32("partition", p.id), zap.Error(err))
+			}
+		}()
+	}
+	wg.Wait()
+}
 
 // deadliner is implemented by a Lease that knows its local deadline (the
 // state store's does): until then it is certainly held.
@@ -41,17 +261,6 @@ func ownerMargin(lease time.Duration) time.Duration {
 		return 0
 	}
 	return min(lease/10, time.Second)
-}
-
-// partWork is a partition's running handler attempts. The zero value is
-// open and idle.
-type partWork struct {
-	mu      sync.Mutex
-	closed  bool // no new attempt: the partition is being handed over
-	next    int
-	cancels map[int]context.CancelFunc
-	holds   map[int]bool  // entries of cancels that are messages, not attempts
-	idle    chan struct{} // closed when the last attempt ends (nil: none waits)
 }
 
 // begin registers an attempt whose context cancel ends; ok is false once
@@ -116,8 +325,8 @@ func (w *partWork) busy() int {
 	return len(w.cancels)
 }
 
-// cancel cancels the running attempts' contexts; it returns how many.
-func (w *partWork) cancel() int {
+// cancelAll cancels the running attempts' contexts; it returns how many.
+func (w *partWork) cancelAll() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, c := range w.cancels {
@@ -160,7 +369,7 @@ type handOverStats struct{ awaited, cancelled, lapsed int }
 // running ones, cancels what still runs and waits up to cancelWait more.
 // It returns the partitions whose work did not end (their leases must
 // lapse) and what it did.
-func (c *Consumer) endWork(ps []*partition, limit time.Duration) (unended map[*partition]bool, st handOverStats) {
+func (o *ownership) endWork(ps []*partition, limit time.Duration) (unended map[*partition]bool, st handOverStats) {
 	for _, p := range ps {
 		p.work.close()
 	}
@@ -173,7 +382,7 @@ func (c *Consumer) endWork(ps []*partition, limit time.Duration) (unended map[*p
 	}
 	var cut []*partition
 	for _, p := range ps {
-		n := p.work.cancel()
+		n := p.work.cancelAll()
 		st.cancelled += n
 		if n > 0 || p.work.busy() > 0 {
 			cut = append(cut, p)
@@ -190,36 +399,9 @@ func (c *Consumer) endWork(ps []*partition, limit time.Duration) (unended map[*p
 		}
 	}
 	if st.awaited+st.cancelled > 0 {
-		c.m.own.add(st)
+		o.m.own.add(st)
 	}
 	return unended, st
-}
-
-// startAttempt is the ownership check at the start of an attempt of env:
-// it returns the attempt's context (bounded by processor.attempt_timeout,
-// cancelled when the claim is lost or the partition handed over), or
-// errStopping when the partition is being handed over, errClaimLost when
-// the lease is past its local deadline or lost: the attempt does not
-// start and the message is looked up again under the next lease (nothing
-// is dead-lettered for it).
-func (c *Consumer) startAttempt(ctx context.Context, env *envelope, g *claimGuard) (context.Context, context.CancelFunc, error) {
-	if err := handler.CheckOwner(ctx); err != nil {
-		c.m.own.notOwner.Inc()
-		return nil, nil, errClaimLost
-	}
-	actx, cancel, ok := g.attempt(ctx, c.cfg.Processor.AttemptTimeout)
-	if !ok {
-		return nil, nil, errClaimLost
-	}
-	id, ok := env.part.work.begin(cancel)
-	if !ok {
-		cancel()
-		return nil, nil, errStopping
-	}
-	return actx, func() {
-		cancel()
-		env.part.work.end(id)
-	}, nil
 }
 
 // watchDeadline cancels g's attempt when l reaches its local deadline
@@ -255,9 +437,9 @@ func watchDeadline(l Lease, g *claimGuard, stop <-chan struct{}) {
 }
 
 func (m ownMetrics) add(st handOverStats) {
-	m.handOver.WithLabelValues("awaited").Add(float64(st.awaited))
-	m.handOver.WithLabelValues("cancelled").Add(float64(st.cancelled))
-	m.handOver.WithLabelValues("lapsed").Add(float64(st.lapsed))
+	m.handedOver.WithLabelValues("awaited").Add(float64(st.awaited))
+	m.handedOver.WithLabelValues("cancelled").Add(float64(st.cancelled))
+	m.handedOver.WithLabelValues("lapsed").Add(float64(st.lapsed))
 }
 
 // errStopping means the consumer is stopping: the message is left
@@ -269,15 +451,6 @@ var errStopping = errors.New("consumer stopping")
 // and the message is looked at again under the dedup protocol, which waits
 // for the other owner's outcome.
 var errClaimLost = errors.New("dedup claim lost while the handler ran")
-
-// claimGuard stops a message's handler when its dedup claim is lost
-// (AheadDeduper's lost callback), so the message needs no context of its
-// own besides each attempt's.
-type claimGuard struct {
-	mu     sync.Mutex
-	lost   bool
-	cancel context.CancelFunc // the running attempt's, if any
-}
 
 func (g *claimGuard) lose(error) {
 	g.mu.Lock()

@@ -396,7 +396,7 @@ func TestNoAttemptPastLeaseDeadline(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
+		c.proc.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
 	}()
 	testenv.Eventually(t, 10*time.Second, func() error {
 		st.mu.Lock()

@@ -39,7 +39,7 @@ func TestWeChatPermanentErrcodeDeadLettersAtOnce(t *testing.T) {
 			p.tracker.Add(7)
 			done, _ := (&fakeBreaker{}).Allow("u")
 			env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 7}}, msg: chat("u", 1), part: p, breakerDone: done}
-			c.process(env)
+			c.proc.process(env)
 			dlq.wg.Wait()
 			letters := dlq.all()
 			if calls.Load() != tt.wantAttempts || len(letters) != 1 || letters[0].Reason != tt.wantReason {

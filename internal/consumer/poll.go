@@ -14,34 +14,80 @@ import (
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
 
-// polled is a record read by the poll goroutine, with the partition it
-// belonged to when it was read (a revoke inside a later Poll of the same
-// batch marks that partition dropped, and the record is skipped).
-type polled struct {
-	km   *kafka.Message
-	part *partition
+// maxPollBatch bounds how many already-fetched records the poll goroutine
+// takes before dispatching them; it bounds the dispatch delay of the first
+// record of a batch and the size of one limiter prefetch.
+const maxPollBatch = 256
+
+// maxSendTimeSkew is how far WeChat's send_time may be ahead of the
+// record's produce time (the two clocks differ) and still be trusted.
+const maxSendTimeSkew = 30 * time.Second
+
+// poller is the goroutine that owns the Kafka client: it polls records,
+// judges each (size, decode, breaker → limiter → mailbox) and routes it to
+// its user's actor, pauses and resumes partitions (flow.go), reports lag,
+// serves the rebalances (rebalance.go) and the standby (standby.go).
+type poller struct {
+	*core
+	kc       *kafka.Consumer
+	own      *ownership
+	acts     *registry
+	limiter  Limiter
+	prefetch Prefetcher // limiter when it implements Prefetcher, else nil
+	breaker  Breaker
+	dead     *deadLetterer
+	commits  *committer
+	flow     *flow
+	rb       *rebalancer
+	sb       standby
+	// scratch is reused for every batch (poll goroutine).
+	scratch struct {
+		batch []polled
+		envs  []*envelope
+		users []string
+	}
+	stopPoll chan struct{}
+	pollDone chan struct{}
 }
 
-func (c *Consumer) pollLoop() {
-	defer close(c.pollDone)
-	lagEvery := c.cfg.Kafka.Consumer.CommitInterval
-	nextLag := c.clock.Now().Add(lagEvery)
-	c.batch = make([]polled, 0, maxPollBatch)
+func newPoller(k *core, kc *kafka.Consumer, own *ownership, acts *registry, l Limiter, b Breaker,
+	dead *deadLetterer, commits *committer) *poller {
+	po := &poller{core: k, kc: kc, own: own, acts: acts, limiter: l, breaker: b, dead: dead, commits: commits,
+		stopPoll: make(chan struct{}), pollDone: make(chan struct{})}
+	po.prefetch, _ = l.(Prefetcher)
+	po.flow = &flow{core: k, kc: kc, own: own}
+	po.rb = &rebalancer{core: k, own: own, dead: dead, commits: commits, flow: po.flow, sb: &po.sb}
+	return po
+}
+
+// stop ends the poll goroutine and waits for it.
+func (po *poller) stop() {
+	close(po.stopPoll)
+	<-po.pollDone
+}
+
+func (po *poller) run() {
+	defer close(po.pollDone)
+	lagEvery := po.cfg.Kafka.Consumer.CommitInterval
+	nextLag := po.clock.Now().Add(lagEvery)
+	po.scratch.batch = make([]polled, 0, maxPollBatch)
 	for {
 		select {
-		case <-c.stopPoll:
+		case <-po.stopPoll:
 			return
 		default:
 		}
-		c.batch = c.poll(c.batch[:0])
-		if len(c.batch) > 0 {
-			c.dispatch(c.batch)
-			clear(c.batch)
+		po.scratch.batch = po.poll(po.scratch.batch[:0])
+		if len(po.scratch.batch) > 0 {
+			po.dispatch(po.scratch.batch)
+			clear(po.scratch.batch)
 		}
-		c.flowControl()
-		c.applyStandby()
-		if now := c.clock.Now(); !now.Before(nextLag) {
-			c.updateLag()
+		po.flow.flowControl()
+		if !po.rb.closing.Load() {
+			po.sb.apply(po.core, po.kc, po.rb.rebalance)
+		}
+		if now := po.clock.Now(); !now.Before(nextLag) {
+			po.flow.updateLag()
 			nextLag = now.Add(lagEvery)
 		}
 	}
@@ -49,20 +95,20 @@ func (c *Consumer) pollLoop() {
 
 // poll waits up to 100 ms for the first event, then takes whatever else is
 // already queued locally without waiting, up to maxPollBatch records.
-func (c *Consumer) poll(batch []polled) []polled {
+func (po *poller) poll(batch []polled) []polled {
 	timeout := 100
 	for range maxPollBatch {
-		ev := c.kc.Poll(timeout)
+		ev := po.kc.Poll(timeout)
 		timeout = 0
 		switch e := ev.(type) {
 		case nil:
 			return batch
 		case *kafka.Message:
 			if e.TopicPartition.Error != nil {
-				c.log.Warn("record with partition error", zap.Error(e.TopicPartition.Error))
+				po.log.Warn("record with partition error", zap.Error(e.TopicPartition.Error))
 				continue
 			}
-			p := c.parts[tpKey{*e.TopicPartition.Topic, e.TopicPartition.Partition}]
+			p := po.own.parts[tpKey{*e.TopicPartition.Topic, e.TopicPartition.Partition}]
 			if p == nil || p.dropped.Load() {
 				continue // not ours (any more); the owner reads it
 			}
@@ -70,17 +116,17 @@ func (c *Consumer) poll(batch []polled) []polled {
 			// Stop at the in-flight cap so that flowControl pauses the
 			// partition before more of it is read, as without batching;
 			// likewise at a full dead-letter queue.
-			if p.batched++; p.tracker.InFlight()+p.batched >= c.cfg.Processor.MaxInFlight {
+			if p.batched++; p.tracker.InFlight()+p.batched >= po.cfg.Processor.MaxInFlight {
 				return batch
 			}
-			if p.dead != nil && p.dead.waiting.Load() >= int64(c.cfg.Processor.DeadLetterQueue) {
+			if p.dead != nil && p.dead.waiting.Load() >= int64(po.cfg.Processor.DeadLetterQueue) {
 				return batch
 			}
 		case kafka.Error:
 			if e.IsFatal() {
-				c.log.Error("kafka consumer fatal error", zap.Error(e))
+				po.log.Error("kafka consumer fatal error", zap.Error(e))
 			} else {
-				c.log.Warn("kafka consumer error", zap.Error(e))
+				po.log.Warn("kafka consumer error", zap.Error(e))
 			}
 		}
 	}
@@ -91,29 +137,29 @@ func (c *Consumer) poll(batch []polled) []polled {
 // goroutine only): first every record is tracked and given its user, then
 // the limiter may prefetch the users' state in one round trip, then each
 // record passes breaker → limiter → mailbox.
-func (c *Consumer) dispatch(batch []polled) {
-	envs, users := c.envs[:0], c.users[:0]
+func (po *poller) dispatch(batch []polled) {
+	envs, users := po.scratch.envs[:0], po.scratch.users[:0]
 	for _, r := range batch {
 		r.part.batched = 0
-		if env := c.admit(r.km, r.part); env != nil {
+		if env := po.admit(r.km, r.part); env != nil {
 			envs = append(envs, env)
 			users = append(users, env.user)
 		}
 	}
-	if c.prefetch != nil && len(users) > 0 {
-		c.prefetch.Prefetch(c.runCtx, users, c.clock.Now())
+	if po.prefetch != nil && len(users) > 0 {
+		po.prefetch.Prefetch(po.runCtx, users, po.clock.Now())
 	}
 	for _, env := range envs {
-		c.route(env)
+		po.route(env)
 	}
 	clear(envs)
-	c.envs, c.users = envs[:0], users[:0]
+	po.scratch.envs, po.scratch.users = envs[:0], users[:0]
 }
 
 // admit tracks one record and finds its user: the record key, or for a
 // record without key the decoded external_userid. It returns nil when the
 // record needs no routing (skipped, or dead-lettered as invalid).
-func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
+func (po *poller) admit(km *kafka.Message, p *partition) *envelope {
 	if p.dropped.Load() {
 		return nil
 	}
@@ -121,16 +167,16 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	if !p.tracker.Add(off) {
 		return nil // redelivered below what we already track (after a seek); ignore
 	}
-	c.m.consumed.Inc()
+	po.m.consumed.Inc()
 	env := &envelope{km: km, part: p}
-	if c.finishedBefore(p, off) {
-		c.m.priorFinished.Inc()
-		c.commits.finish(env)
+	if p.prior.has(off) {
+		po.m.priorFinished.Inc()
+		po.commits.finish(env)
 		return nil
 	}
-	if max := c.cfg.Processor.MaxMessageBytes; len(km.Value) > max {
+	if max := po.cfg.Processor.MaxMessageBytes; len(km.Value) > max {
 		env.user = string(km.Key)
-		c.dead.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), 0)
+		po.dead.deadLetter(env, ReasonInvalidMessage, fmt.Sprintf("value of %d bytes exceeds processor.max_message_bytes %d", len(km.Value), max), 0)
 		return nil
 	}
 	if len(km.Key) > 0 {
@@ -139,7 +185,7 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 	}
 	msg, err := chatmsg.Decode(km.Value)
 	if err != nil {
-		c.dead.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
+		po.dead.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
 		return nil
 	}
 	env.msg, env.user = msg, msg.ExternalUserID
@@ -150,11 +196,11 @@ func (c *Consumer) admit(km *kafka.Message, p *partition) *envelope {
 // whose actor ended idle. What they keep in Redis (blocks, groups) is read
 // again when the user comes back; they keep a user whose state still
 // matters (violations counted, a breaker not closed) themselves.
-func (c *Consumer) forget(user string) {
-	if f, ok := c.limiter.(Forgetter); ok {
+func (po *poller) forget(user string) {
+	if f, ok := po.limiter.(Forgetter); ok {
 		f.Forget(user)
 	}
-	if f, ok := c.breaker.(Forgetter); ok {
+	if f, ok := po.breaker.(Forgetter); ok {
 		f.Forget(user)
 	}
 }
@@ -167,8 +213,8 @@ func (c *Consumer) forget(user string) {
 // unreadable, or when it claims a time more than maxSendTimeSkew after the
 // record was produced (a message cannot be sent after it was produced: that
 // is a wrong clock); the consumer's clock when the record has neither.
-func (c *Consumer) sentAt(km *kafka.Message) time.Time {
-	produced := c.producedAt(km)
+func (po *poller) sentAt(km *kafka.Message) time.Time {
+	produced := po.producedAt(km)
 	for _, h := range km.Headers {
 		if h.Key != chatmsg.HeaderSendTime {
 			continue
@@ -187,9 +233,9 @@ func (c *Consumer) sentAt(km *kafka.Message) time.Time {
 
 // producedAt is the record's produce timestamp, or the consumer's clock
 // when the record has none.
-func (c *Consumer) producedAt(km *kafka.Message) time.Time {
+func (po *poller) producedAt(km *kafka.Message) time.Time {
 	if km.TimestampType == kafka.TimestampNotAvailable || km.Timestamp.IsZero() {
-		return c.clock.Now()
+		return po.clock.Now()
 	}
 	return km.Timestamp
 }
@@ -222,7 +268,7 @@ func admittedBefore(reason string) bool {
 //     flood an operator retries is still stopped.
 //
 // Any other record is judged at sentAt.
-func (c *Consumer) limitAt(km *kafka.Message) (at time.Time, judge bool) {
+func (po *poller) limitAt(km *kafka.Message) (at time.Time, judge bool) {
 	retried, failure := false, ""
 	for _, h := range km.Headers {
 		switch h.Key {
@@ -233,39 +279,39 @@ func (c *Consumer) limitAt(km *kafka.Message) (at time.Time, judge bool) {
 		}
 	}
 	if !retried {
-		return c.sentAt(km), true
+		return po.sentAt(km), true
 	}
 	if admittedBefore(failure) {
 		return time.Time{}, false
 	}
-	return c.producedAt(km), true
+	return po.producedAt(km), true
 }
 
 // route applies breaker → limiter → mailbox to one admitted record.
-func (c *Consumer) route(env *envelope) {
+func (po *poller) route(env *envelope) {
 	user := env.user
-	if c.breaker != nil {
-		done, err := c.breaker.Allow(user)
+	if po.breaker != nil {
+		done, err := po.breaker.Allow(user)
 		if err != nil {
-			c.dead.deadLetter(env, ReasonCircuitOpen, err.Error(), 0)
+			po.dead.deadLetter(env, ReasonCircuitOpen, err.Error(), 0)
 			return
 		}
 		env.breakerDone = done
 	}
-	if at, judge := c.limitAt(env.km); judge && c.limiter != nil {
-		if v := c.limiter.Allow(c.runCtx, user, at); !v.Allowed {
+	if at, judge := po.limitAt(env.km); judge && po.limiter != nil {
+		if v := po.limiter.Allow(po.runCtx, user, at); !v.Allowed {
 			reason := v.Reason
 			if reason == "" {
 				reason = ReasonRateLimited
 			}
-			c.dead.deadLetter(env, reason, v.Details, 0)
+			po.dead.deadLetter(env, reason, v.Details, 0)
 			return
 		}
 	}
-	if !c.acts.send(user, env) {
+	if !po.acts.send(user, env) {
 		if env.breakerDone != nil {
 			env.breakerDone(false)
 		}
-		c.dead.deadLetter(env, ReasonQueueFull, fmt.Sprintf("mailbox of %d messages is full", c.cfg.Processor.MailboxSize), 0)
+		po.dead.deadLetter(env, ReasonQueueFull, fmt.Sprintf("mailbox of %d messages is full", po.cfg.Processor.MailboxSize), 0)
 	}
 }

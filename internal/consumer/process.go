@@ -27,28 +27,44 @@ type handlerFailure struct {
 func (h *handlerFailure) Error() string { return h.err.Error() }
 func (h *handlerFailure) Unwrap() error { return h.err }
 
+// processor is what a user's actor does with the user's messages: decode
+// once, look up under the partition's lease, run the handler with retries
+// (the outage gate, the downstream limit and the ownership check before
+// each attempt), queue the done mark, and finish each message or
+// dead-letter it. A single message is a batch of one.
+type processor struct {
+	*core
+	handler Handler
+	own     *ownership
+	gate    *gate
+	down    *downstream
+	dead    *deadLetterer
+	commits *committer
+	batch   batchMode
+}
+
 // process runs in the user's actor goroutine for one message: a batch of
 // one (processBatch).
-func (c *Consumer) process(env *envelope) { c.processBatch([]*envelope{env}) }
+func (pr *processor) process(env *envelope) { pr.processBatch([]*envelope{env}) }
 
 // batching reports whether the consumer runs in batch mode (WithBatch):
 // the handler then sees the batch (handler.BatchFrom) and the dead
 // letters say how many messages it held.
-func (c *Consumer) batching() bool { return c.batchMode.max > 1 }
+func (pr *processor) batching() bool { return pr.batch.max > 1 }
 
 // processBatch runs in the user's actor goroutine: decode, dedup, handle
 // with retry, then finish every message or dead-letter each. Outside batch
 // mode envs is one message; in it, the user's consecutive messages of one
 // partition (batch.go).
-func (c *Consumer) processBatch(envs []*envelope) {
+func (pr *processor) processBatch(envs []*envelope) {
 	defer func() {
 		// A bug here must not kill the daemon; the message stays
 		// unfinished (never committed) and is read again after a restart.
 		if r := recover(); r != nil {
-			c.log.Error("actor panic", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			pr.log.Error("actor panic", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 		}
 	}()
-	if envs[0].part.dropped.Load() || c.runCtx.Err() != nil {
+	if envs[0].part.dropped.Load() || pr.runCtx.Err() != nil {
 		return // revoked past the drain limit, or stopping: the next reader handles it
 	}
 	live, bad := envs, 0
@@ -59,8 +75,8 @@ func (c *Consumer) processBatch(envs []*envelope) {
 				// Bad input says nothing about the user's downstream: it
 				// releases a half-open trial slot like a success instead of
 				// opening the breaker for the user's good messages.
-				c.breakerOutcome(env, true)
-				c.dead.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
+				pr.breakerOutcome(env, true)
+				pr.dead.deadLetter(env, ReasonInvalidMessage, err.Error(), 0)
 				bad++
 				continue
 			}
@@ -80,10 +96,10 @@ func (c *Consumer) processBatch(envs []*envelope) {
 	}
 	var dup []bool
 	var err error
-	for backoff := c.cfg.Processor.RetryBase; ; {
-		dup, err = c.handleOnce(live)
+	for backoff := pr.cfg.Processor.RetryBase; ; {
+		dup, err = pr.handleOnce(live)
 		var hf *handlerFailure
-		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || c.runCtx.Err() != nil {
+		if err == nil || errors.As(err, &hf) || errors.Is(err, errStopping) || pr.runCtx.Err() != nil {
 			break
 		}
 		// The state store failed or the partition's lease was lost (not
@@ -92,14 +108,14 @@ func (c *Consumer) processBatch(envs []*envelope) {
 		// user's later messages wait behind it (I4) and the partition's
 		// in-flight cap bounds how much piles up.
 		m := live[0].msg
-		c.log.Warn("state: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
+		pr.log.Warn("state: message not settled; retrying", zap.String("user_id", m.ExternalUserID),
 			zap.String("dedup_key", m.DedupKey()), zap.Int("messages", len(live)), zap.Error(err))
-		if !sleep(c.runCtx, c.clock, backoff) || live[0].part.dropped.Load() {
+		if !sleep(pr.runCtx, pr.clock, backoff) || live[0].part.dropped.Load() {
 			return // stopping, or the partition's new owner reads it again
 		}
-		backoff = min(2*backoff+time.Millisecond, c.cfg.Processor.RetryMax)
+		backoff = min(2*backoff+time.Millisecond, pr.cfg.Processor.RetryMax)
 	}
-	if c.runCtx.Err() != nil || errors.Is(err, errStopping) {
+	if pr.runCtx.Err() != nil || errors.Is(err, errStopping) {
 		return
 	}
 	var hf *handlerFailure
@@ -110,19 +126,19 @@ func (c *Consumer) processBatch(envs []*envelope) {
 	for i, env := range live {
 		switch {
 		case dup[i]:
-			c.m.duplicates.Inc()
-			c.m.result(resultDuplicate).Inc()
-			c.breakerOutcome(env, true)
-			c.commits.finish(env)
+			pr.m.duplicates.Inc()
+			pr.m.result(resultDuplicate).Inc()
+			pr.breakerOutcome(env, true)
+			pr.commits.finish(env)
 		case !failed:
-			c.m.result(resultOK).Inc()
+			pr.m.result(resultOK).Inc()
 			if m := env.msg; m.ProducedAt > 0 {
-				c.m.latency.Observe(c.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
+				pr.m.latency.Observe(pr.clock.Now().Sub(time.UnixMilli(m.ProducedAt)).Seconds())
 			}
-			c.breakerOutcome(env, true)
-			c.commits.finish(env)
+			pr.breakerOutcome(env, true)
+			pr.commits.finish(env)
 		default:
-			c.breakerOutcome(env, false)
+			pr.breakerOutcome(env, false)
 			reason := ReasonDownstreamError
 			switch {
 			case handler.IsPermanent(hf.err):
@@ -131,15 +147,15 @@ func (c *Consumer) processBatch(envs []*envelope) {
 				reason = ReasonProcessTimeout
 			}
 			details := hf.err.Error()
-			if c.batching() {
+			if pr.batching() {
 				details = fmt.Sprintf("batch of %d: %s", len(live), details)
 			}
-			c.dead.deadLetter(env, reason, details, hf.attempts)
+			pr.dead.deadLetter(env, reason, details, hf.attempts)
 		}
 	}
 }
 
-func (c *Consumer) breakerOutcome(env *envelope, ok bool) {
+func (pr *processor) breakerOutcome(env *envelope, ok bool) {
 	if env.breakerDone != nil {
 		env.breakerDone(ok)
 		env.breakerDone = nil
@@ -161,17 +177,17 @@ func (c *Consumer) breakerOutcome(env *envelope, ok bool) {
 // is recorded whoever owns the partition when it lands (Lease.Mark), and a
 // copy of the message this consumer meets before then is a duplicate
 // (pending).
-func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
+func (pr *processor) handleOnce(live []*envelope) (dup []bool, err error) {
 	dup = make([]bool, len(live))
 	run := func(ctx context.Context, g *claimGuard, todo []*envelope) error {
-		if c.batching() {
+		if pr.batching() {
 			items := make([]handler.BatchItem, len(todo))
 			for i, env := range todo {
 				items[i] = handler.BatchItem{Msg: env.msg, Delivery: handler.DeliveryFrom(withDelivery(context.Background(), env.km))}
 			}
 			ctx = handler.WithBatchItems(ctx, items)
 		}
-		attempts, timedOut, err := c.handleWithRetry(ctx, todo[0], g)
+		attempts, timedOut, err := pr.handleWithRetry(ctx, todo[0], g)
 		if err == nil {
 			return nil
 		}
@@ -182,9 +198,9 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 	}
 	pl := live[0].part.lease
 	if pl == nil {
-		return dup, run(c.runCtx, nil, live) // no State: every message runs
+		return dup, run(pr.runCtx, nil, live) // no State: every message runs
 	}
-	l, ok := c.leaseOf(pl)
+	l, ok := pr.own.leaseOf(pl)
 	if !ok {
 		return dup, errStopping
 	}
@@ -210,7 +226,7 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 		}
 	}
 	if len(look) > 0 {
-		seen, err := l.Seen(c.runCtx, look)
+		seen, err := l.Seen(pr.runCtx, look)
 		if err != nil {
 			return dup, fmt.Errorf("state: look up %s: %w", look[0].Key, err)
 		}
@@ -238,7 +254,7 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 	}
 	// own.go: the lease covers the messages until their marks are queued
 	// (a hand-over gives the lease back only after that, with the marks).
-	hctx, hcancel := context.WithCancel(c.runCtx)
+	hctx, hcancel := context.WithCancel(pr.runCtx)
 	defer hcancel()
 	hold, ok := todo[0].part.work.hold(hcancel)
 	if !ok {
@@ -246,11 +262,11 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 	}
 	defer todo[0].part.work.end(hold)
 	g := &todo[0].guard
-	if err := c.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
+	if err := pr.underLease(hctx, l, g, func(ctx context.Context) error { return run(ctx, g, todo) }); err != nil {
 		return dup, err
 	}
 	for k := len(todo) - 1; k >= 0; k-- {
-		c.markDone(pl, l, todo[k], todoItems[k])
+		pr.markDone(pl, l, todo[k], todoItems[k])
 	}
 	return dup, nil
 }
@@ -258,7 +274,7 @@ func (c *Consumer) handleOnce(live []*envelope) (dup []bool, err error) {
 // underLease runs f with l in its context (the fencing token, the reply
 // log, the owner margin), g reset and told when l is lost or reaches its
 // local deadline unrenewed.
-func (c *Consumer) underLease(parent context.Context, l Lease, g *claimGuard, f func(ctx context.Context) error) error {
+func (pr *processor) underLease(parent context.Context, l Lease, g *claimGuard, f func(ctx context.Context) error) error {
 	*g = claimGuard{}
 	watched, exited := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -269,18 +285,18 @@ func (c *Consumer) underLease(parent context.Context, l Lease, g *claimGuard, f 
 		close(watched)
 		<-exited // g is reset by the next call: no late lose on it
 	}()
-	return f(handler.WithLease(parent, l, ownerMargin(c.cfg.Dedup.Lease)))
+	return f(handler.WithLease(parent, l, ownerMargin(pr.cfg.Dedup.Lease)))
 }
 
 // markDone queues env's done mark on l; until it is recorded a copy of the
 // message this consumer meets is a duplicate (pending).
-func (c *Consumer) markDone(pl *partLease, l Lease, env *envelope, it StateItem) {
+func (pr *processor) markDone(pl *partLease, l Lease, env *envelope, it StateItem) {
 	pl.addPending(it.Key)
 	off := int64(env.km.TopicPartition.Offset)
 	l.Mark(it, off, func(recorded bool) {
 		pl.donePending(it.Key)
 		if !recorded {
-			c.log.Error("state: done mark given up; a copy of the message met later runs again",
+			pr.log.Error("state: done mark given up; a copy of the message met later runs again",
 				zap.Int32("partition", env.part.id), zap.Int64("offset", off), zap.String("idempotency_key", it.Key))
 		}
 	})
@@ -299,9 +315,9 @@ func (c *Consumer) markDone(pl *partLease, l Lease, env *envelope, it StateItem)
 // (the first of a message at info, the others at debug) and counted by
 // outcome: an attempt that failed or timed out may still have had its
 // effect, which is why handlers get an idempotency key.
-func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimGuard) (attempts int, timedOut bool, err error) {
+func (pr *processor) handleWithRetry(ctx context.Context, env *envelope, g *claimGuard) (attempts int, timedOut bool, err error) {
 	m := env.msg
-	pc := c.cfg.Processor
+	pc := pr.cfg.Processor
 	backoff := pc.RetryBase
 	var took time.Duration // how long the last attempt ran
 	for {
@@ -313,10 +329,10 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 			// (the gate is suspect: the message then waits, without calls,
 			// for the verdict, at most outage.window).
 			gated := false
-			if attempts >= pc.RetryAttempts && !c.gate.isOpen() && !(timedOut && c.down.slowFor(m.ExternalUserID, c.clock.Now(), c.cfg.Outage.Window)) {
-				open, ok := c.awaitVerdict(ctx)
+			if attempts >= pc.RetryAttempts && !pr.gate.isOpen() && !(timedOut && pr.down.slowFor(m.ExternalUserID, pr.clock.Now(), pr.cfg.Outage.Window)) {
+				open, ok := pr.awaitVerdict(ctx)
 				if !ok {
-					return attempts, false, c.stopCause(ctx)
+					return attempts, false, pr.stopCause(ctx)
 				}
 				if !open {
 					break
@@ -325,77 +341,77 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 			}
 			if !gated {
 				wait := retryWait(backoff, err, timedOut, took)
-				c.logRetry(m, attempts, err, timedOut, wait)
-				if !sleep(ctx, c.clock, wait) {
-					return attempts, false, c.stopCause(ctx)
+				pr.logRetry(m, attempts, err, timedOut, wait)
+				if !sleep(ctx, pr.clock, wait) {
+					return attempts, false, pr.stopCause(ctx)
 				}
 				backoff = min(2*backoff, pc.RetryMax)
 			}
 			if env.part.dropped.Load() {
-				c.m.attempts[attemptAbandoned].Inc()
+				pr.m.attempts[attemptAbandoned].Inc()
 				return attempts, false, errStopping
 			}
-			if !c.awaitBudget(ctx) {
-				return attempts, false, c.stopCause(ctx)
+			if !pr.awaitBudget(ctx) {
+				return attempts, false, pr.stopCause(ctx)
 			}
 		}
 		// No new effect while the partition's marks lag or cannot be
 		// written (issue 43): the effect→mark window stays bounded.
-		if err := c.admitAttempt(ctx); err != nil {
+		if err := pr.admitAttempt(ctx); err != nil {
 			return attempts, false, err
 		}
 		// While the gate is open only probes call the handler.
-		probe, ok := c.gate.hold(ctx)
+		probe, ok := pr.gate.hold(ctx)
 		if !ok {
-			return attempts, false, c.stopCause(ctx)
+			return attempts, false, pr.stopCause(ctx)
 		}
 		// A call beyond the handler limit waits here, in its actor, before
 		// its attempt's time starts.
-		start, ok := c.down.acquire(ctx, attempts > 0)
+		start, ok := pr.down.acquire(ctx, attempts > 0)
 		if !ok {
-			c.gate.release(probe)
-			return attempts, false, c.stopCause(ctx)
+			pr.gate.release(probe)
+			return attempts, false, pr.stopCause(ctx)
 		}
 		if env.part.dropped.Load() {
-			c.down.release(start, overload.Ignored)
-			c.gate.release(probe)
-			c.m.attempts[attemptAbandoned].Inc()
+			pr.down.release(start, overload.Ignored)
+			pr.gate.release(probe)
+			pr.m.attempts[attemptAbandoned].Inc()
 			return attempts, false, errStopping
 		}
-		actx, cancel, serr := c.startAttempt(ctx, env, g) // own.go: the ownership check
+		actx, cancel, serr := pr.startAttempt(ctx, env, g) // own.go: the ownership check
 		if serr != nil {
-			c.down.release(start, overload.Ignored)
-			c.gate.release(probe)
+			pr.down.release(start, overload.Ignored)
+			pr.gate.release(probe)
 			return attempts, false, serr
 		}
 		if attempts == 0 {
-			c.down.firstCall()
+			pr.down.firstCall()
 		}
 		attempts++
-		err = c.safeHandle(withDelivery(actx, env.km), m)
+		err = pr.safeHandle(withDelivery(actx, env.km), m)
 		timedOut = isTimeout(actx, err)
 		lost := g.ended() || errors.Is(err, handler.ErrNotOwner) // a reply found the lease past its deadline
 		cancel()
-		c.m.attempts[attemptOutcome(err, timedOut)].Inc()
+		pr.m.attempts[attemptOutcome(err, timedOut)].Inc()
 		switch {
 		case err != nil && (lost || ctx.Err() != nil):
-			c.down.release(start, overload.Ignored)
-			c.gate.release(probe) // cut short: says nothing of the downstream
+			pr.down.release(start, overload.Ignored)
+			pr.gate.release(probe) // cut short: says nothing of the downstream
 		case timedOut:
 			// A timeout is the limit's signal (the downstream is slow), not
 			// an outage's: it neither opens nor closes the gate.
-			now := c.clock.Now()
+			now := pr.clock.Now()
 			if !start.IsZero() {
 				took = now.Sub(start)
 			}
-			c.down.timedOut(m.ExternalUserID, now)
-			c.down.release(start, overload.Dropped)
-			c.gate.release(probe)
+			pr.down.timedOut(m.ExternalUserID, now)
+			pr.down.release(start, overload.Dropped)
+			pr.gate.release(probe)
 		default:
-			c.down.release(start, outcomeOf(err, false))
+			pr.down.release(start, outcomeOf(err, false))
 			// A permanent failure is the receiver refusing this message:
 			// the downstream answers.
-			c.gate.result(m.ExternalUserID, err == nil || handler.IsPermanent(err), probe)
+			pr.gate.result(m.ExternalUserID, err == nil || handler.IsPermanent(err), probe)
 		}
 		if err == nil {
 			return attempts, false, nil
@@ -404,7 +420,7 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 			return attempts, false, errClaimLost
 		}
 		if ctx.Err() != nil {
-			return attempts, false, c.stopCause(ctx)
+			return attempts, false, pr.stopCause(ctx)
 		}
 		if handler.IsPermanent(err) {
 			return attempts, false, err
@@ -419,19 +435,19 @@ func (c *Consumer) handleWithRetry(ctx context.Context, env *envelope, g *claimG
 // suspicion ends (the downstream answers others: the failures are the
 // message's own), or outage.window passes since it began waiting (the
 // suspicion is spent: heldInVain). ok is false when ctx ended first.
-func (c *Consumer) awaitVerdict(ctx context.Context) (open, ok bool) {
-	since := c.clock.Now()
-	for wait := c.cfg.Processor.RetryBase; ; wait = min(2*wait+time.Millisecond, time.Second) {
+func (pr *processor) awaitVerdict(ctx context.Context) (open, ok bool) {
+	since := pr.clock.Now()
+	for wait := pr.cfg.Processor.RetryBase; ; wait = min(2*wait+time.Millisecond, time.Second) {
 		switch {
-		case c.gate.isOpen():
+		case pr.gate.isOpen():
 			return true, true
-		case !c.gate.suspect():
+		case !pr.gate.suspect():
 			return false, true
-		case c.clock.Now().Sub(since) >= c.cfg.Outage.Window:
-			c.gate.heldInVain()
+		case pr.clock.Now().Sub(since) >= pr.cfg.Outage.Window:
+			pr.gate.heldInVain()
 			return false, true
 		}
-		if !sleep(ctx, c.clock, max(wait, time.Millisecond)) {
+		if !sleep(ctx, pr.clock, max(wait, time.Millisecond)) {
 			return false, false
 		}
 	}
@@ -440,12 +456,12 @@ func (c *Consumer) awaitVerdict(ctx context.Context) (open, ok bool) {
 // logRetry says that attempt number attempts of m failed (err, or a
 // timeout) and the next comes after backoff: at info for the first retry
 // of a message, at debug for the others.
-func (c *Consumer) logRetry(m *chatmsg.ChatMessage, attempts int, err error, timedOut bool, backoff time.Duration) {
+func (pr *processor) logRetry(m *chatmsg.ChatMessage, attempts int, err error, timedOut bool, backoff time.Duration) {
 	lvl := zapcore.DebugLevel
 	if attempts == 1 {
 		lvl = zapcore.InfoLevel
 	}
-	if ce := c.log.Check(lvl, "handler attempt failed; retrying"); ce != nil {
+	if ce := pr.log.Check(lvl, "handler attempt failed; retrying"); ce != nil {
 		ce.Write(zap.String("user_id", m.ExternalUserID), zap.String("upstream_msgid", m.UpstreamMsgID),
 			zap.String("idempotency_key", m.DedupKey()), zap.Int("attempt", attempts), zap.Bool("timed_out", timedOut),
 			zap.Duration("backoff", backoff), zap.Error(err))
@@ -454,8 +470,8 @@ func (c *Consumer) logRetry(m *chatmsg.ChatMessage, attempts int, err error, tim
 
 // stopCause tells why the handler's context ended: the consumer stops, or
 // only the dedup layer cancelled it because the claim was lost.
-func (c *Consumer) stopCause(ctx context.Context) error {
-	if c.runCtx.Err() == nil && ctx.Err() != nil {
+func (pr *processor) stopCause(ctx context.Context) error {
+	if pr.runCtx.Err() == nil && ctx.Err() != nil {
 		return errClaimLost
 	}
 	return errStopping
@@ -463,13 +479,91 @@ func (c *Consumer) stopCause(ctx context.Context) error {
 
 // safeHandle turns a handler panic into an error: counted as a failed
 // attempt, never a dead daemon.
-func (c *Consumer) safeHandle(ctx context.Context, m *chatmsg.ChatMessage) (err error) {
+func (pr *processor) safeHandle(ctx context.Context, m *chatmsg.ChatMessage) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error("handler panic", zap.String("user_id", m.ExternalUserID), zap.Any("panic", r),
+			pr.log.Error("handler panic", zap.String("user_id", m.ExternalUserID), zap.Any("panic", r),
 				zap.ByteString("stack", debug.Stack()))
 			err = fmt.Errorf("handler panic: %v", r)
 		}
 	}()
-	return c.handler.Handle(ctx, m)
+	return pr.handler.Handle(ctx, m)
+}
+
+// admitAttempt waits, before a handler attempt under ctx's lease, until
+// the lease admits it: nil when it may start, errClaimLost when the lease
+// was lost meanwhile, else ctx's stop cause. A lease that is no Admitter
+// (or none: a consumer without a State) admits every attempt.
+func (pr *processor) admitAttempt(ctx context.Context) error {
+	hl, _ := handler.LeaseOf(ctx)
+	l, ok := hl.(Lease)
+	if !ok {
+		return nil
+	}
+	a, ok := l.(Admitter)
+	if !ok {
+		return nil
+	}
+	// The usual case costs no goroutine: a lease that admits at once
+	// does so under an ended context too.
+	if a.Admit(endedCtx) == nil {
+		return nil
+	}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-l.Lost():
+			cancel()
+		case <-actx.Done():
+		}
+	}()
+	if err := a.Admit(actx); err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return pr.stopCause(ctx)
+	}
+	// The lease was lost while the attempt waited, or its marker stopped
+	// (the lease is gone): the message is looked up under the next lease.
+	return errClaimLost
+}
+
+// startAttempt is the ownership check at the start of an attempt of env:
+// it returns the attempt's context (bounded by processor.attempt_timeout,
+// cancelled when the claim is lost or the partition handed over), or
+// errStopping when the partition is being handed over, errClaimLost when
+// the lease is past its local deadline or lost: the attempt does not
+// start and the message is looked up again under the next lease (nothing
+// is dead-lettered for it).
+func (pr *processor) startAttempt(ctx context.Context, env *envelope, g *claimGuard) (context.Context, context.CancelFunc, error) {
+	if err := handler.CheckOwner(ctx); err != nil {
+		pr.m.own.notOwner.Inc()
+		return nil, nil, errClaimLost
+	}
+	actx, cancel, ok := g.attempt(ctx, pr.cfg.Processor.AttemptTimeout)
+	if !ok {
+		return nil, nil, errClaimLost
+	}
+	id, ok := env.part.work.begin(cancel)
+	if !ok {
+		cancel()
+		return nil, nil, errStopping
+	}
+	return actx, func() {
+		cancel()
+		env.part.work.end(id)
+	}, nil
+}
+
+// awaitBudget waits until the retry budget lets a retry go (false when
+// ctx ended first). A message waiting here keeps its place in its user's
+// order, spends no attempt and holds no slot under the limit.
+func (pr *processor) awaitBudget(ctx context.Context) bool {
+	for wait := pr.cfg.Processor.RetryBase; !pr.down.retry(); wait = min(2*wait+time.Millisecond, time.Second) {
+		if !sleep(ctx, pr.clock, max(wait, 10*time.Millisecond)) {
+			return false
+		}
+	}
+	return true
 }

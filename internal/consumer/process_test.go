@@ -112,14 +112,19 @@ func unitConsumer(t testing.TB, h Handler, dlq DeadLetters, st State) (*Consumer
 // unitConsumerLog is unitConsumer logging to log (set before the lease's
 // keeper starts, which reads it).
 func unitConsumerLog(t testing.TB, h Handler, dlq DeadLetters, st State, log *zap.Logger) (*Consumer, *partition) {
-	c := &Consumer{handler: h, state: st, log: log, clock: realClock{}, m: newMetrics(nil)}
-	c.cfg.Processor = config.Processor{RetryAttempts: 3, RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond,
+	k := &core{log: log, clock: realClock{}, m: newMetrics(nil)}
+	k.cfg.Processor = config.Processor{RetryAttempts: 3, RetryBase: time.Millisecond, RetryMax: 4 * time.Millisecond,
 		AttemptTimeout: 50 * time.Millisecond}
-	c.cfg.Kafka.Consumer.CommitEveryN = 1000
-	c.runCtx, c.cancelRun = context.WithCancel(context.Background())
-	c.dead = newDeadLetterer(dlq, c.runCtx, c.commits.finish, c.cfg.Processor, c.clock, c.log, c.m)
+	k.cfg.Kafka.Consumer.CommitEveryN = 1000
+	var cancel context.CancelFunc
+	k.runCtx, cancel = context.WithCancel(context.Background())
+	c := &Consumer{core: k, cancelRun: cancel, commits: &committer{}}
+	c.own = &ownership{core: k, state: st, parts: map[tpKey]*partition{}}
+	c.dead = newDeadLetterer(dlq, k.runCtx, c.commits.finish, k.cfg.Processor, k.clock, k.log, k.m)
+	c.proc = &processor{core: k, handler: h, own: c.own, dead: c.dead, commits: c.commits}
+	c.poll = newPoller(k, nil, c.own, nil, nil, nil, c.dead, c.commits)
 	p := &partition{topic: "t", id: 0, tracker: offsets.NewTracker(0)}
-	c.startLease(p)
+	c.own.startLease(p)
 	if p.lease != nil {
 		t.Cleanup(func() {
 			c.cancelRun()
@@ -127,6 +132,13 @@ func unitConsumerLog(t testing.TB, h Handler, dlq DeadLetters, st State, log *za
 		})
 	}
 	return c, p
+}
+
+// setBatch turns a unit consumer's batch mode on (WithBatch's).
+func setBatch(c *Consumer, size int, wait time.Duration) {
+	var o options
+	WithBatch(size, wait)(&o)
+	c.proc.batch = o.batch
 }
 
 func TestProcessOutcomes(t *testing.T) {
@@ -177,7 +189,7 @@ func TestProcessOutcomes(t *testing.T) {
 			done, _ := br.Allow("u")
 			msg := chat("u", 1)
 			env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 7}}, msg: msg, part: p, breakerDone: done}
-			c.process(env)
+			c.proc.process(env)
 			dlq.wg.Wait()
 			if calls.Load() != tt.wantAttempts {
 				t.Fatalf("handler called %d times, want %d", calls.Load(), tt.wantAttempts)
@@ -212,7 +224,7 @@ func TestProcessDuplicate(t *testing.T) {
 	msg := chat("u", 1)
 	c, p := unitConsumer(t, h, &memDLQ{}, newMemState(msg.DedupKey()))
 	p.tracker.Add(0)
-	c.process(&envelope{km: &kafka.Message{}, msg: msg, part: p})
+	c.proc.process(&envelope{km: &kafka.Message{}, msg: msg, part: p})
 	if calls.Load() != 0 {
 		t.Fatalf("duplicate handled")
 	}
@@ -281,7 +293,7 @@ func TestLeaseLostStopsHandlerAndSettlesMessage(t *testing.T) {
 	c.cfg.Processor.AttemptTimeout = 30 * time.Second
 	p.tracker.Add(0)
 	start := time.Now()
-	c.process(&envelope{km: &kafka.Message{}, msg: msg, part: p})
+	c.proc.process(&envelope{km: &kafka.Message{}, msg: msg, part: p})
 	if el := time.Since(start); el > 5*time.Second {
 		t.Fatalf("process took %v: the handler was not stopped", el)
 	}
@@ -310,7 +322,7 @@ func TestHandlerGetsFencingToken(t *testing.T) {
 	})
 	c, p := unitConsumer(t, h, &memDLQ{}, st)
 	p.tracker.Add(0)
-	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
+	c.proc.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
 	if !ok || got != 1 {
 		t.Fatalf("handler.FencingToken = %d, %v; want the lease's token 1", got, ok)
 	}
@@ -337,7 +349,7 @@ func TestRetryStopsWhenPartitionDropped(t *testing.T) {
 	p = part
 	p.tracker.Add(3)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 3}}, msg: chat("u", 1), part: p}
-	c.process(env)
+	c.proc.process(env)
 	dlq.wg.Wait()
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("handler called %d times after its partition was dropped, want 1", n)
@@ -367,7 +379,7 @@ func TestRetriesLoggedAndCounted(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	c, p := unitConsumerLog(t, h, &memDLQ{}, newMemState(), zap.New(core))
 	p.tracker.Add(1)
-	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	c.proc.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	if v := testenv.MetricValue(c.m.attempts[attemptFailed]); v != 2 {
 		t.Fatalf("failed attempts = %v, want 2", v)
 	}
@@ -484,14 +496,14 @@ func TestSuccessFinishesBeforeItsDoneMark(t *testing.T) {
 	c, p := unitConsumer(t, h, &memDLQ{}, st)
 	p.tracker.Add(0)
 	p.tracker.Add(1)
-	c.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
+	c.proc.process(&envelope{km: &kafka.Message{}, msg: chat("u", 1), part: p})
 	if calls.Load() != 1 {
 		t.Fatalf("handler ran %d times, want 1", calls.Load())
 	}
 	if next, ok := p.tracker.Committable(); !ok || next != 1 {
 		t.Fatalf("message not finished while its done mark is pending (committable %d, %v)", next, ok)
 	}
-	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	c.proc.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	if calls.Load() != 1 {
 		t.Fatalf("a copy met while the mark is pending ran the handler again (%d calls)", calls.Load())
 	}

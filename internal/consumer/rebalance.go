@@ -5,6 +5,7 @@ package consumer
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -28,14 +29,14 @@ type committedState struct {
 // listed behind its committed one, which this consumer then does not run
 // again. When the read fails the partitions start without the list (every
 // record from the committed offset on is read again, as dedup expects).
-func (c *Consumer) readPrior(kc *kafka.Consumer, tps []kafka.TopicPartition) map[tpKey]committedState {
+func (rb *rebalancer) readPrior(kc *kafka.Consumer, tps []kafka.TopicPartition) map[tpKey]committedState {
 	req := make([]kafka.TopicPartition, len(tps))
 	for i, tp := range tps {
 		req[i] = kafka.TopicPartition{Topic: tp.Topic, Partition: tp.Partition}
 	}
 	got, err := kc.Committed(req, int(committedReadTimeout.Milliseconds()))
 	if err != nil {
-		c.log.Warn("read committed offsets on assignment; the previous owner's finished offsets are read again", zap.Error(err))
+		rb.log.Warn("read committed offsets on assignment; the previous owner's finished offsets are read again", zap.Error(err))
 		return nil
 	}
 	out := make(map[tpKey]committedState, len(got))
@@ -48,10 +49,10 @@ func (c *Consumer) readPrior(kc *kafka.Consumer, tps []kafka.TopicPartition) map
 			st.base = -1
 		} else if tp.Metadata != nil {
 			if st.finished, err = offsets.DecodeFinished(st.base, *tp.Metadata); err != nil {
-				c.log.Warn("offset commit metadata not understood; its finished offsets are read again",
+				rb.log.Warn("offset commit metadata not understood; its finished offsets are read again",
 					zap.Int32("partition", tp.Partition), zap.Error(err))
 			} else if len(st.finished) > 0 {
-				c.log.Info("the previous owner finished records behind its committed offset; they are not run again",
+				rb.log.Info("the previous owner finished records behind its committed offset; they are not run again",
 					zap.Int32("partition", tp.Partition), zap.Int64("committed", st.base), zap.Int("finished", len(st.finished)))
 			}
 		}
@@ -60,52 +61,57 @@ func (c *Consumer) readPrior(kc *kafka.Consumer, tps []kafka.TopicPartition) map
 	return out
 }
 
-// finishedBefore reports whether the previous owner of p finished off
-// (poll goroutine; offsets come in ascending order).
-func (c *Consumer) finishedBefore(p *partition, off int64) bool {
-	for p.priorAt < len(p.prior) && p.prior[p.priorAt] < off {
-		p.priorAt++
-	}
-	return p.priorAt < len(p.prior) && p.prior[p.priorAt] == off
+// rebalancer serves the group's cooperative rebalances: an assignment
+// starts each partition's dead-letter queue and lease keeper; a revoke
+// commits what is finished and hands the partitions over (own.go).
+type rebalancer struct {
+	*core
+	own     *ownership
+	dead    *deadLetterer
+	commits *committer
+	flow    *flow
+	sb      *standby
+	// closing is set when Close begins: nothing more is consumed.
+	closing atomic.Bool
 }
 
 // rebalance handles cooperative assign and revoke (called inside Poll, on
 // the poll goroutine, or inside kafka.Consumer.Close).
-func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
+func (rb *rebalancer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
 		var prior map[tpKey]committedState
-		if !c.closing.Load() {
+		if !rb.closing.Load() {
 			// Not while closing: nothing will be consumed from them, and
 			// the group may not answer a member on its way out (the read
 			// then held the close up for its whole timeout).
-			prior = c.readPrior(kc, e.Partitions)
+			prior = rb.readPrior(kc, e.Partitions)
 		}
-		c.mu.Lock()
+		rb.own.mu.Lock()
 		for _, tp := range e.Partitions {
 			k := tpKey{*tp.Topic, tp.Partition}
 			p := &partition{topic: k.topic, id: k.id, tracker: offsets.NewTracker(k.id), committed: -1,
 				base: baseUnknown, label: strconv.Itoa(int(k.id))}
 			if pr, ok := prior[k]; ok {
-				p.base, p.prior = pr.base, pr.finished
+				p.base, p.prior.offs = pr.base, pr.finished
 			}
-			c.dead.startQueue(p)
-			p.after = c.handingOver[k] // this consumer's own hand-over of it, if one runs
-			c.startLease(p)
-			c.parts[k] = p
+			rb.dead.startQueue(p)
+			p.after = rb.own.handingOver[k] // this consumer's own hand-over of it, if one runs
+			rb.own.startLease(p)
+			rb.own.parts[k] = p
 		}
-		c.m.assigned.Set(float64(len(c.parts)))
-		c.mu.Unlock()
-		c.m.rebalances.WithLabelValues("assign").Inc()
-		c.log.Info("partitions assigned", zap.Any("partitions", e.Partitions))
+		rb.m.part.assigned.Set(float64(len(rb.own.parts)))
+		rb.own.mu.Unlock()
+		rb.m.part.rebalances.WithLabelValues("assign").Inc()
+		rb.log.Info("partitions assigned", zap.Any("partitions", e.Partitions))
 		if err := kc.IncrementalAssign(e.Partitions); err != nil {
-			c.log.Error("incremental assign", zap.Error(err))
+			rb.log.Error("incremental assign", zap.Error(err))
 			return err
 		}
 	case kafka.RevokedPartitions:
 		var ps []*partition
 		for _, tp := range e.Partitions {
-			if p := c.parts[tpKey{*tp.Topic, tp.Partition}]; p != nil {
+			if p := rb.own.parts[tpKey{*tp.Topic, tp.Partition}]; p != nil {
 				ps = append(ps, p)
 			}
 		}
@@ -116,7 +122,7 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			p.dropped.Store(true)
 			p.work.close()
 		}
-		limit := c.cfg.Kafka.Consumer.RevokeDrainLimit
+		limit := rb.cfg.Kafka.Consumer.RevokeDrainLimit
 		if kc.AssignmentLost() {
 			// Someone else may be assigned them already: committing now
 			// could move their offsets backwards, so nothing is committed.
@@ -128,29 +134,29 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			// called it again (the 30-minute nemesis: a reply being sent
 			// 20 ms after the receiver's answer, cancelled, the message
 			// run again by the next owner).
-			c.m.rebalances.WithLabelValues("lost").Inc()
-			c.log.Warn("partitions lost", zap.Any("partitions", e.Partitions))
-			if c.sb.on {
+			rb.m.part.rebalances.WithLabelValues("lost").Inc()
+			rb.log.Warn("partitions lost", zap.Any("partitions", e.Partitions))
+			if rb.sb.on {
 				limit = 0
 			}
 		} else {
-			c.m.rebalances.WithLabelValues("revoke").Inc()
-			c.log.Info("partitions revoked", zap.Any("partitions", e.Partitions))
+			rb.m.part.rebalances.WithLabelValues("revoke").Inc()
+			rb.log.Info("partitions revoked", zap.Any("partitions", e.Partitions))
 			// On standby (Redis lost) nothing in flight can finish: hand
 			// the partitions over at once.
-			if c.sb.on {
+			if rb.sb.on {
 				limit = 0
 			}
 			// What is finished now; what the running attempts finish
 			// during the hand-over the next owner reads again and finds
 			// done (their marks are sent before the lease is given back).
-			if err := c.commits.commit(ps); err != nil {
-				c.log.Warn("commit on revoke", zap.Error(err))
+			if err := rb.commits.commit(ps); err != nil {
+				rb.log.Warn("commit on revoke", zap.Error(err))
 			}
 		}
-		if c.closing.Load() {
+		if rb.closing.Load() {
 			// Close already ended the work (shutdown): only the leases.
-			c.handOver(ps, 0)
+			rb.own.handOver(ps, 0)
 		} else {
 			// The running attempts are awaited (then cancelled) off the
 			// poll goroutine: the partitions this consumer keeps go on
@@ -158,25 +164,25 @@ func (c *Consumer) rebalance(kc *kafka.Consumer, ev kafka.Event) error {
 			// which is given back only when the work under it ended (or
 			// lapses); this consumer, if the partition comes back to it,
 			// waits for the hand-over too (handingOver).
-			c.handOverAsync(ps, limit)
+			rb.own.handOverAsync(ps, limit)
 		}
 		// A paused partition must be resumed before it goes: librdkafka
 		// keeps the application's pause across an unassign and a later
 		// assign of the same partition, which would then never be fetched
 		// again on this member.
-		c.resumeForRevoke(kc, ps)
-		c.mu.Lock()
+		rb.flow.resumeForRevoke(kc, ps)
+		rb.own.mu.Lock()
 		for _, p := range ps {
 			// Its letters not durable yet stay uncommitted: the next owner
 			// reads their records again.
-			c.dead.stopQueue(p)
-			delete(c.parts, tpKey{p.topic, p.id})
-			c.m.lag.DeleteLabelValues(p.label)
+			rb.dead.stopQueue(p)
+			delete(rb.own.parts, tpKey{p.topic, p.id})
+			rb.m.part.lag.DeleteLabelValues(p.label)
 		}
-		c.m.assigned.Set(float64(len(c.parts)))
-		c.mu.Unlock()
+		rb.m.part.assigned.Set(float64(len(rb.own.parts)))
+		rb.own.mu.Unlock()
 		if err := kc.IncrementalUnassign(e.Partitions); err != nil {
-			c.log.Error("incremental unassign", zap.Error(err))
+			rb.log.Error("incremental unassign", zap.Error(err))
 			return err
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 )
 
@@ -18,68 +19,56 @@ type standby struct {
 	on     bool         // poll goroutine: out of the group now
 }
 
-// SetStandby takes the consumer out of its group (on) or back in (off).
-//
-// A consumer that cannot protect effects — its Redis is unreachable while
-// the other members still have theirs — should not keep partitions it
-// cannot process: its users would wait for its Redis to return although
-// another member could serve them. On standby it unsubscribes; the revoke
-// drains what can finish (processor drain limit), commits the finished
-// prefix, and the partitions go to the other members, whose dedup claims
-// wait for any claim this one still holds (I3). When every member loses
-// Redis they all stand by, which costs nothing more than the outage: no
-// member could process anyway. Off subscribes again (a rebalance gives it
-// partitions back). The change is applied by the poll goroutine within a
-// poll (≤ 100 ms).
-func (c *Consumer) SetStandby(on bool, reason string) {
+// set records the wish: on, out of the group for reason; off, back in.
+func (s *standby) set(on bool, reason string) {
 	if on {
-		c.sb.reason.Store(&reason)
+		s.reason.Store(&reason)
 	}
-	c.sb.want.Store(on)
+	s.want.Store(on)
 }
 
-// StandbyDetail is the /readyz line while on standby ("" otherwise).
-func (c *Consumer) StandbyDetail() string {
-	since := c.sb.since.Load()
+// detail is the /readyz line while on standby ("" otherwise).
+func (s *standby) detail(now time.Time) string {
+	since := s.since.Load()
 	if since == 0 {
 		return ""
 	}
 	reason := ""
-	if r := c.sb.reason.Load(); r != nil {
+	if r := s.reason.Load(); r != nil {
 		reason = *r
 	}
 	return fmt.Sprintf("left the consumer group %s ago: %s; it joins again when that clears",
-		c.clock.Now().Sub(time.Unix(0, since)).Round(time.Second), reason)
+		now.Sub(time.Unix(0, since)).Round(time.Second), reason)
 }
 
-// applyStandby makes the group membership follow SetStandby (poll
-// goroutine).
-func (c *Consumer) applyStandby() {
-	want := c.sb.want.Load()
-	if want == c.sb.on || c.closing.Load() {
+// apply makes the group membership follow SetStandby (poll goroutine,
+// not while closing).
+func (s *standby) apply(k *core, kc *kafka.Consumer, rebalance kafka.RebalanceCb) {
+	want := s.want.Load()
+	if want == s.on {
 		return
 	}
 	if want {
 		reason := ""
-		if r := c.sb.reason.Load(); r != nil {
+		if r := s.reason.Load(); r != nil {
 			reason = *r
 		}
-		c.log.Warn("leaving the consumer group (standby): its partitions go to the other members", zap.String("reason", reason))
-		if err := c.kc.Unsubscribe(); err != nil {
-			c.log.Error("standby: unsubscribe", zap.Error(err))
+		k.log.Warn("leaving the consumer group (standby): its partitions go to the other members", zap.String("reason", reason))
+		if err := kc.Unsubscribe(); err != nil {
+			k.log.Error("standby: unsubscribe", zap.Error(err))
 			return
 		}
-		c.sb.since.Store(c.clock.Now().UnixNano())
-		c.m.standby.Set(1)
-		c.m.standbys.Inc()
+		s.since.Store(k.clock.Now().UnixNano())
+		k.m.part.standby.Set(1)
+		k.m.part.standbys.Inc()
 	} else {
-		if err := c.kc.SubscribeTopics([]string{c.topic}, c.rebalance); err != nil {
-			c.log.Error("standby over: subscribe", zap.Error(err))
+		if err := kc.SubscribeTopics([]string{k.topic}, rebalance); err != nil {
+			k.log.Error("standby over: subscribe", zap.Error(err))
 			return
 		}
-		c.log.Info("joining the consumer group again (standby over)")
-		c.sb.since.Store(0)
-		c.m.standby.Set(0)
+		k.log.Info("joining the consumer group again (standby over)")
+		s.since.Store(0)
+		k.m.part.standby.Set(0)
 	}
-	c.sb.on = want
+	s.on = want
 }

@@ -122,7 +122,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 	dlq := &memDLQ{}
 	c, p := unitConsumer(t, SignedHTTPHandler(srv.URL, 5*time.Second, nil, "s"), dlq, newMemState())
 	p.tracker.Add(1)
-	c.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
+	c.proc.process(&envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 1}}, msg: chat("u", 1), part: p})
 	dlq.wg.Wait()
 	if letters := dlq.all(); len(letters) != 0 {
 		t.Fatalf("dead-lettered %+v; a 429 is retryable", letters)

@@ -1,14 +1,109 @@
 package consumer
 
+// The mailboxes: the registry of per-user actors, each actor's bounded
+// mailbox and its drain, and the workers that run the drains.
+
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-
-	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
+
+// registry maps external_userid to its actor. Actors register themselves
+// through LoadOrStore and remove themselves with CompareAndDelete when
+// idle; nothing else deletes them except shutdown.
+type registry struct {
+	actors  sync.Map // string -> *actor
+	mailbox int
+	idle    time.Duration
+	clock   Clock
+	handle  func(*envelope) // called from the actor's goroutine
+	onCount func(delta int) // active processor gauge; may be nil
+	// onIdle, when set, is called with the user of an actor that ended
+	// after its idle timeout (from the actor's timer goroutine).
+	onIdle func(user string)
+	// prepare, when set, is called from the actor's goroutine with up to
+	// ahead of the mailbox's next envelopes, each once, before handle is
+	// called for the first of them (claim ahead).
+	prepare func([]*envelope)
+	ahead   int
+	// batch, when batch.max > 1, makes the actors hand their users'
+	// consecutive messages to batch.handle together (batch.go).
+	batch batchMode
+
+	workers *workers       // goroutines that drain mailboxes
+	wg      sync.WaitGroup // running drains
+	count   atomic.Int64
+	closed  atomic.Bool
+}
+
+func newRegistry(mailbox int, idle time.Duration, clock Clock, handle func(*envelope), onCount func(int)) *registry {
+	if clock == nil {
+		clock = realClock{}
+	}
+	return &registry{mailbox: mailbox, idle: idle, clock: clock, handle: handle, onCount: onCount,
+		workers: newWorkers(1024, time.Second)}
+}
+
+// send puts env into user's mailbox, creating the actor when there is none
+// or the registered one is dying. It returns false when the mailbox is full
+// or the registry is closed.
+func (r *registry) send(user string, env *envelope) bool {
+	for !r.closed.Load() {
+		v, ok := r.actors.Load(user)
+		if !ok {
+			fresh := &actor{user: user, reg: r}
+			var loaded bool
+			if v, loaded = r.actors.LoadOrStore(user, fresh); !loaded {
+				r.count.Add(1)
+				if r.onCount != nil {
+					r.onCount(1)
+				}
+			}
+		}
+		a := v.(*actor)
+		switch a.enqueue(env) {
+		case enqueued:
+			return true
+		case mailboxFull:
+			return false
+		case actorGone:
+			// It decided to die with an empty mailbox; help it leave the
+			// registry (a no-op if it already did) and make a fresh one.
+			r.actors.CompareAndDelete(user, a)
+		}
+	}
+	return false
+}
+
+func (r *registry) died() {
+	r.count.Add(-1)
+	if r.onCount != nil {
+		r.onCount(-1)
+	}
+}
+
+// len returns the number of live actors.
+func (r *registry) len() int { return int(r.count.Load()) }
+
+// close refuses further sends, kills every actor and waits for their
+// goroutines. The caller makes the handler return promptly (by cancelling
+// its context) when it does not want to wait for the mailboxes to drain.
+func (r *registry) close() {
+	r.closed.Store(true)
+	var all []*actor
+	r.actors.Range(func(_, v any) bool {
+		all = append(all, v.(*actor))
+		return true
+	})
+	for _, a := range all {
+		a.kill()
+		r.actors.CompareAndDelete(a.user, a)
+	}
+	r.wg.Wait()
+	r.workers.close()
+}
 
 // Actor states: Active accepts messages; Dying is the short
 // moment, under the actor's lock, between deciding to die and leaving the
@@ -18,26 +113,6 @@ const (
 	stateDying
 	stateDead
 )
-
-// envelope is one message on its way through a user's actor.
-type envelope struct {
-	km *kafka.Message
-	// msg is the decoded record: set by the actor (or by the dispatcher for
-	// a record without key); nil when the record is not decoded yet or
-	// could not be decoded.
-	msg  *chatmsg.ChatMessage
-	user string // the routing user: the record key, else msg.ExternalUserID
-	part *partition
-	// breakerDone reports the outcome to the user's breaker; nil when no
-	// breaker is configured.
-	breakerDone func(success bool)
-	// prepared: the actor has handed the envelope to registry.prepare
-	// (written under the actor's lock).
-	prepared bool
-	// guard stops the handler when the partition's lease is lost (part of
-	// the envelope to save an allocation per message).
-	guard claimGuard
-}
 
 // actor is the self-managing processor of one external_userid (I4, I5).
 //
@@ -246,4 +321,98 @@ func (a *actor) runBatch() {
 	a.head = end
 	a.mu.Unlock()
 	b.handle(batch)
+}
+
+// workers runs actors' drains (actor.run) on reusable goroutines. An actor
+// owns no goroutine while idle, so under load actors start and finish
+// drains all the time; a fresh goroutine for each drain would start on a
+// small stack and grow it again by copying on every burst. A worker that
+// finishes a drain parks for a while instead and takes the next actor
+// that needs one. Parked workers are capped and leave after linger, so an
+// idle node holds none (TestActorMemory).
+type workers struct {
+	linger time.Duration
+	max    int
+
+	mu     sync.Mutex
+	idle   []*worker // parked, most recently parked last
+	closed bool
+	stop   chan struct{}
+	wg     sync.WaitGroup // every worker goroutine
+}
+
+type worker struct {
+	p     *workers
+	next  chan *actor // the actor to drain next; room for one
+	timer *time.Timer
+}
+
+func newWorkers(max int, linger time.Duration) *workers {
+	return &workers{max: max, linger: linger, stop: make(chan struct{})}
+}
+
+// run drains a on a parked worker, or on a new one when none is parked.
+func (p *workers) run(a *actor) {
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		w := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		w.next <- a
+		return
+	}
+	p.mu.Unlock()
+	w := &worker{p: p, next: make(chan *actor, 1)}
+	p.wg.Add(1)
+	go w.loop(a)
+}
+
+func (w *worker) loop(a *actor) {
+	p := w.p
+	defer p.wg.Done()
+	for {
+		a.run()
+		p.mu.Lock()
+		if p.closed || len(p.idle) >= p.max {
+			p.mu.Unlock()
+			return
+		}
+		p.idle = append(p.idle, w)
+		p.mu.Unlock()
+		if w.timer == nil {
+			w.timer = time.NewTimer(p.linger)
+		} else {
+			w.timer.Reset(p.linger)
+		}
+		select {
+		case a = <-w.next:
+			w.timer.Stop()
+			continue
+		case <-w.timer.C:
+		case <-p.stop:
+		}
+		// Leave the parked list, unless run took this worker meanwhile:
+		// then its actor is on the way and must be drained.
+		p.mu.Lock()
+		if i := slices.Index(p.idle, w); i >= 0 {
+			p.idle = slices.Delete(p.idle, i, i+1)
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		a = <-w.next
+	}
+}
+
+// close makes parked workers leave now and working ones when they finish,
+// and waits for them (the registry has stopped every actor by then).
+func (p *workers) close() {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.stop)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }
