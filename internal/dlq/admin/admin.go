@@ -12,6 +12,7 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -19,12 +20,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/clock"
-	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/clock"
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/fleet"
 )
 
 // Roles a token may have.
@@ -120,20 +122,77 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Server is the admin API and console; it is an http.Handler.
+// base is what every part of the console reads: its settings, the stores
+// it reads and writes through, its logger, clock and metrics. Its own
+// methods are what every part does alike: audit a write and read the
+// audit (audit.go, health.go), answer a store's error (respond.go), read
+// a letters filter (decode.go) and a path's user (ratelimitapi.go).
+type base struct {
+	cfg   Config
+	dlq   DLQStore
+	rl    RateLimitAdmin
+	rdb   redis.UniversalClient
+	log   *zap.Logger
+	clock Clock
+	m     metrics
+}
+
+// Server is the admin API and console; it is an http.Handler. It
+// authenticates, routes and audits (this file); the answers come from its
+// parts, each with the state it owns:
+//   - letters (dlqapi.go, export.go): the DLQ's letters, their retries,
+//     purges and batches;
+//   - limits (ratelimitapi.go, blockstory.go): the rate limiter's users,
+//     blocks, groups and rules;
+//   - watch (health.go, verdict.go, history.go, overview.go, fleet.go):
+//     the health verdict, its history, the overview and the fleet;
+//   - kafka (kafka.go): the topics and their records;
+//   - timelines (timeline.go, timeline_archive.go): a customer's story;
+//   - batches (batch.go): the operator batches this replica runs.
 type Server struct {
-	cfg     Config
-	dlq     DLQStore
-	rl      RateLimitAdmin
-	rdb     redis.UniversalClient
-	log     *zap.Logger
-	clock   Clock
-	auth    *authenticator
-	mux     *http.ServeMux
-	routes  []string
-	m       metrics
+	*base
+	auth      *authenticator
+	mux       *http.ServeMux
+	routes    []string
+	letters   *letters
+	limits    *limits
+	watch     *watch
+	kafka     *kafkaView
+	timelines *timelines
+	batches   *batches
+}
+
+// letters answers the DLQ's routes (dlqapi.go, export.go).
+type letters struct {
+	*base
 	batches *batches
+}
+
+// limits answers the rate limiter's routes (ratelimitapi.go,
+// blockstory.go).
+type limits struct {
+	*base
+}
+
+// watch answers the health, verdict, overview and fleet routes and keeps
+// their samples (health.go, verdict.go, history.go, overview.go,
+// fleet.go).
+type watch struct {
+	*base
 	commits commitAges
+	// life ends when the server closes: the samplers stop.
+	life context.Context
+}
+
+// kafkaView answers the Kafka routes (kafka.go).
+type kafkaView struct {
+	*base
+}
+
+// timelines answers a customer's timeline (timeline.go,
+// timeline_archive.go).
+type timelines struct {
+	*base
 }
 
 // New returns the admin server. rdb holds the audit stream; dlq and rl must
@@ -154,17 +213,21 @@ func New(cfg Config, dlq DLQStore, rl RateLimitAdmin, rdb redis.UniversalClient,
 	if cfg.BatchRate == 0 {
 		cfg.BatchRate = 200
 	}
-	s := &Server{cfg: cfg, dlq: dlq, rl: rl, rdb: rdb, log: logger.Named("admin"), clock: cfg.Clock,
-		auth: newAuthenticator(cfg.Tokens), mux: http.NewServeMux(), m: newMetrics(reg)}
-	if s.clock == nil {
-		s.clock = clock.System
+	b := &base{cfg: cfg, dlq: dlq, rl: rl, rdb: rdb, log: logger.Named("admin"), clock: cfg.Clock, m: newMetrics(reg)}
+	if b.clock == nil {
+		b.clock = clock.System
 	}
-	s.batches = newBatches(s)
+	s := &Server{base: b, auth: newAuthenticator(cfg.Tokens), mux: http.NewServeMux(),
+		limits: &limits{base: b}, watch: &watch{base: b}, kafka: &kafkaView{base: b}}
+	s.batches = newBatches(b)
+	s.watch.life = s.batches.ctx
+	s.letters = &letters{base: b, batches: s.batches}
+	s.timelines = &timelines{base: b}
 	s.register()
 	s.batches.wg.Go(s.batches.resumeLoop)
-	s.batches.wg.Go(s.sampleCommits)
+	s.batches.wg.Go(s.watch.sampleCommits)
 	if cfg.SampleHistory {
-		s.batches.wg.Go(s.sampleHistoryLoop)
+		s.batches.wg.Go(s.watch.sampleHistoryLoop)
 	}
 	return s, nil
 }
@@ -178,36 +241,36 @@ func (s *Server) Close() error {
 
 func (s *Server) register() {
 	// Reads.
-	s.read("GET /admin/dlq/stats", s.dlqStats)
-	s.read("GET /admin/dlq/messages", s.dlqList)
-	s.read("GET /admin/dlq/messages/{id}", s.dlqGet)
-	s.read("GET /admin/dlq/export", s.dlqExport)
-	s.read("GET /admin/ratelimit/status/{user}", s.rlStatus)
-	s.read("GET /admin/ratelimit/blocked", s.rlBlocked)
-	s.read("GET /admin/health", s.health)
-	s.read("GET /admin/overview", s.overview)
-	s.read("GET /admin/verdict", s.getVerdict)
-	s.read("GET /admin/kafka", s.kafkaGet)
-	s.read("GET /admin/kafka/records", s.kafkaRecords)
+	s.read("GET /admin/dlq/stats", s.letters.dlqStats)
+	s.read("GET /admin/dlq/messages", s.letters.dlqList)
+	s.read("GET /admin/dlq/messages/{id}", s.letters.dlqGet)
+	s.read("GET /admin/dlq/export", s.letters.dlqExport)
+	s.read("GET /admin/ratelimit/status/{user}", s.limits.rlStatus)
+	s.read("GET /admin/ratelimit/blocked", s.limits.rlBlocked)
+	s.read("GET /admin/health", s.watch.health)
+	s.read("GET /admin/overview", s.watch.overview)
+	s.read("GET /admin/verdict", s.watch.getVerdict)
+	s.read("GET /admin/kafka", s.kafka.kafkaGet)
+	s.read("GET /admin/kafka/records", s.kafka.kafkaRecords)
 	s.read("GET /admin/audit", s.auditList)
 	s.read("GET /admin/whoami", s.whoami)
-	s.read("GET /admin/dlq/batches", s.batchList)
-	s.read("GET /admin/dlq/batches/{id}", s.batchGet)
-	s.read("GET /admin/dlq/groups", s.dlqGroups)
-	s.read("GET /admin/fleet", s.fleetList)
-	s.read("GET /admin/ratelimit/rules", s.rlRules)
-	s.read("GET /admin/customers/{user}/timeline", s.customerTimeline)
+	s.read("GET /admin/dlq/batches", s.letters.batchList)
+	s.read("GET /admin/dlq/batches/{id}", s.letters.batchGet)
+	s.read("GET /admin/dlq/groups", s.letters.dlqGroups)
+	s.read("GET /admin/fleet", s.watch.fleetList)
+	s.read("GET /admin/ratelimit/rules", s.limits.rlRules)
+	s.read("GET /admin/customers/{user}/timeline", s.timelines.customerTimeline)
 	// Writes: each is audited under its action name.
-	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.dlqRetry)
-	s.write("POST /admin/dlq/batch-retry", "dlq.batch_retry", s.dlqBatchRetry)
-	s.write("POST /admin/dlq/purge", "dlq.purge", s.dlqPurge)
-	s.write("POST /admin/dlq/batches/{id}/cancel", "dlq.batch_cancel", s.batchCancel)
-	s.write("POST /admin/ratelimit/unblock/{user}", "ratelimit.unblock", s.rlUnblock)
-	s.write("POST /admin/ratelimit/block/{user}", "ratelimit.block", s.rlBlock)
-	s.write("POST /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_add", s.rlWhitelistAdd)
-	s.write("DELETE /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_remove", s.rlWhitelistRemove)
-	s.write("PUT /admin/ratelimit/group/{user}", "ratelimit.set_group", s.rlSetGroup)
-	s.write("PUT /admin/ratelimit/rules", "ratelimit.set_rules", s.rlSetRules)
+	s.write("POST /admin/dlq/retry/{id}", "dlq.retry", s.letters.dlqRetry)
+	s.write("POST /admin/dlq/batch-retry", "dlq.batch_retry", s.letters.dlqBatchRetry)
+	s.write("POST /admin/dlq/purge", "dlq.purge", s.letters.dlqPurge)
+	s.write("POST /admin/dlq/batches/{id}/cancel", "dlq.batch_cancel", s.letters.batchCancel)
+	s.write("POST /admin/ratelimit/unblock/{user}", "ratelimit.unblock", s.limits.rlUnblock)
+	s.write("POST /admin/ratelimit/block/{user}", "ratelimit.block", s.limits.rlBlock)
+	s.write("POST /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_add", s.limits.rlWhitelistAdd)
+	s.write("DELETE /admin/ratelimit/whitelist/{user}", "ratelimit.whitelist_remove", s.limits.rlWhitelistRemove)
+	s.write("PUT /admin/ratelimit/group/{user}", "ratelimit.set_group", s.limits.rlSetGroup)
+	s.write("PUT /admin/ratelimit/rules", "ratelimit.set_rules", s.limits.rlSetRules)
 	// The console: static, unauthenticated, no data.
 	s.mux.Handle("GET /admin/ui/", uiHandler())
 	s.mux.Handle("GET /admin/ui", http.RedirectHandler("/admin/ui/", http.StatusMovedPermanently))

@@ -22,7 +22,7 @@ type auditEntry struct {
 // so a failing XADD does not turn the answer into an error (the operator
 // would retry a done write); the log line carries the same fields and a
 // metric counts the miss.
-func (s *Server) audit(ctx context.Context, e auditEntry) {
+func (s *base) audit(ctx context.Context, e auditEntry) {
 	now := s.clock.Now().UTC().Format(time.RFC3339Nano)
 	fields := []zap.Field{zap.String("who", e.Who), zap.String("action", e.Action), zap.String("target", e.Target),
 		zap.String("reason", e.Reason), zap.String("time", now), zap.String("result", e.Result)}

@@ -119,7 +119,7 @@ type Batch struct {
 
 // batches runs the batches of one admin server.
 type batches struct {
-	s      *Server
+	s      *base
 	owner  string
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -129,7 +129,7 @@ type batches struct {
 	running map[string]bool
 }
 
-func newBatches(s *Server) *batches {
+func newBatches(s *base) *batches {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &batches{s: s, owner: "admin-" + randomHex(6), ctx: ctx, cancel: cancel, running: map[string]bool{}}
 }

@@ -76,7 +76,7 @@ func ruleText(r *RateRule) string {
 	return fmt.Sprintf("at most %d in any %g s; %d refusals block for %g h", r.MaxMessages, r.WindowSeconds, r.PenaltyThreshold, r.BlockHours)
 }
 
-func (s *Server) blockStory(ctx context.Context, st RateLimitStatus) (BlockStory, error) {
+func (s *limits) blockStory(ctx context.Context, st RateLimitStatus) (BlockStory, error) {
 	bs := BlockStory{Whitelisted: st.Group == "whitelist", Events: []BlockEvent{}}
 	var notes []string
 	// The limiter's refusals that began a block.
@@ -172,7 +172,7 @@ func groupOf(details, fallback string) string {
 
 // operatorBlocks adds the operator's rate-limit writes on user from the
 // audit stream (newest auditScan entries).
-func (s *Server) operatorBlocks(ctx context.Context, user string, bs *BlockStory, notes *[]string) error {
+func (s *limits) operatorBlocks(ctx context.Context, user string, bs *BlockStory, notes *[]string) error {
 	target := "user:" + user
 	top := "+"
 	for scanned := 0; scanned < auditScan; {

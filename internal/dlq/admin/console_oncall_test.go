@@ -39,7 +39,7 @@ func TestConsoleHealthKafkaAndBlocks(t *testing.T) {
 	f.rl.block["auto1"] = 55 * time.Minute
 	for i := range 5 {
 		src.setLag([]PartitionLag{{Partition: 0, End: 100 + lag + int64(600*i), Committed: 100 + int64(500*i), Lag: lag + int64(100*i)}}, nil)
-		if err := f.srv.sampleHistory(context.Background(), t0.Add(time.Duration(i-5)*time.Minute)); err != nil {
+		if err := f.srv.watch.sampleHistory(context.Background(), t0.Add(time.Duration(i-5)*time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}

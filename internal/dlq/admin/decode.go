@@ -117,7 +117,7 @@ func identifier(field, v string, maxLen int) *apiError {
 
 // checkFilter validates the user and failure-reason part of a DLQ filter,
 // shared by the query (reads, 400) and the body (batch writes, 422).
-func (s *Server) checkFilter(f DLQFilter, status int) *apiError {
+func (s *base) checkFilter(f DLQFilter, status int) *apiError {
 	if f.User != "" {
 		if e := identifier("user", f.User, maxUserLen); e != nil {
 			e.Status = status
@@ -143,7 +143,7 @@ func (s *Server) checkFilter(f DLQFilter, status int) *apiError {
 }
 
 // queryFilter parses user, reason, review, cursor and limit from the query.
-func (s *Server) queryFilter(q url.Values, paged bool) (DLQFilter, *apiError) {
+func (s *base) queryFilter(q url.Values, paged bool) (DLQFilter, *apiError) {
 	f := DLQFilter{User: q.Get("user"), Reason: q.Get("reason")}
 	if e := s.checkFilter(f, http.StatusBadRequest); e != nil {
 		return f, e

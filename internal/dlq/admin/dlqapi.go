@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-func (s *Server) dlqStats(w http.ResponseWriter, r *http.Request) {
+func (s *letters) dlqStats(w http.ResponseWriter, r *http.Request) {
 	st, err := s.dlq.Stats(r.Context())
 	if e := s.storeError(err, "dlq.stats"); e != nil {
 		writeError(w, e)
@@ -28,7 +28,7 @@ type messagePage struct {
 	NextCursor string       `json:"next_cursor"`
 }
 
-func (s *Server) dlqList(w http.ResponseWriter, r *http.Request) {
+func (s *letters) dlqList(w http.ResponseWriter, r *http.Request) {
 	f, e := s.queryFilter(r.URL.Query(), true)
 	if e != nil {
 		writeError(w, e)
@@ -45,7 +45,7 @@ func (s *Server) dlqList(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, messagePage{Messages: msgs, NextCursor: next})
 }
 
-func (s *Server) dlqGet(w http.ResponseWriter, r *http.Request) {
+func (s *letters) dlqGet(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if e := identifier("id", id, maxIDLen); e != nil {
 		writeError(w, e)
@@ -98,7 +98,7 @@ type retryAnswer struct {
 	DryRun bool `json:"dry_run,omitempty"`
 }
 
-func (s *Server) dlqRetry(r *http.Request) (writeOp, *apiError) {
+func (s *letters) dlqRetry(r *http.Request) (writeOp, *apiError) {
 	id := r.PathValue("id")
 	if e := identifier("id", id, maxIDLen); e != nil {
 		return writeOp{}, e
@@ -196,7 +196,7 @@ type BatchPlan struct {
 	Batch *Batch       `json:"batch,omitempty"`
 }
 
-func (s *Server) batchOp(r *http.Request, action string) (writeOp, *apiError) {
+func (s *letters) batchOp(r *http.Request, action string) (writeOp, *apiError) {
 	var b batchBody
 	reason, e := decodeWithReason(r, &b, &b.Reason)
 	if e != nil {
@@ -342,7 +342,7 @@ const (
 
 // blockedAmong returns the users of ls the rate limiter blocks now (the
 // limiter's list of blocked users, read page by page).
-func (s *Server) blockedAmong(ctx context.Context, ls []Letter) ([]BlockedUser, error) {
+func (s *letters) blockedAmong(ctx context.Context, ls []Letter) ([]BlockedUser, error) {
 	if len(ls) == 0 {
 		return nil, nil
 	}
@@ -396,18 +396,18 @@ func filterTarget(f DLQFilter) string {
 	return t
 }
 
-func (s *Server) dlqBatchRetry(r *http.Request) (writeOp, *apiError) {
+func (s *letters) dlqBatchRetry(r *http.Request) (writeOp, *apiError) {
 	return s.batchOp(r, ActionRetry)
 }
 
-func (s *Server) dlqPurge(r *http.Request) (writeOp, *apiError) { return s.batchOp(r, ActionPurge) }
+func (s *letters) dlqPurge(r *http.Request) (writeOp, *apiError) { return s.batchOp(r, ActionPurge) }
 
 // batchPage is the answer of GET /admin/dlq/batches.
 type batchPage struct {
 	Batches []Batch `json:"batches"`
 }
 
-func (s *Server) batchList(w http.ResponseWriter, r *http.Request) {
+func (s *letters) batchList(w http.ResponseWriter, r *http.Request) {
 	bs, err := s.batches.list(r.Context())
 	if e := s.storeError(err, "dlq.batches"); e != nil {
 		writeError(w, e)
@@ -416,7 +416,7 @@ func (s *Server) batchList(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, batchPage{Batches: bs})
 }
 
-func (s *Server) batchGet(w http.ResponseWriter, r *http.Request) {
+func (s *letters) batchGet(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if e := identifier("id", id, maxIDLen); e != nil {
 		writeError(w, e)
@@ -430,7 +430,7 @@ func (s *Server) batchGet(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, b)
 }
 
-func (s *Server) batchCancel(r *http.Request) (writeOp, *apiError) {
+func (s *letters) batchCancel(r *http.Request) (writeOp, *apiError) {
 	id, reason, e := pathAndReason(r, "id", maxIDLen)
 	if e != nil {
 		return writeOp{}, e
@@ -474,7 +474,7 @@ type userGroup struct {
 // groupedUsers is how many users GET /admin/dlq/groups lists.
 const groupedUsers = 100
 
-func (s *Server) dlqGroups(w http.ResponseWriter, r *http.Request) {
+func (s *letters) dlqGroups(w http.ResponseWriter, r *http.Request) {
 	f, e := s.queryFilter(r.URL.Query(), false)
 	if e != nil {
 		writeError(w, e)

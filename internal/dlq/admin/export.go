@@ -26,7 +26,7 @@ var csvHeader = []string{"id", "user", "open_kfid", "reason", "state", "failure_
 // Headers are sent with the first row, so a store failure before it is
 // still a JSON 503; a failure after it aborts the connection, which the
 // client sees as a truncated transfer, not as a complete file.
-func (s *Server) dlqExport(w http.ResponseWriter, r *http.Request) {
+func (s *letters) dlqExport(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	format := q.Get("format")
 	if format == "" {

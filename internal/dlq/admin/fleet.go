@@ -18,7 +18,7 @@ type FleetList struct {
 	Changed *time.Time `json:"changed,omitempty"`
 }
 
-func (s *Server) fleetList(w http.ResponseWriter, _ *http.Request) {
+func (s *watch) fleetList(w http.ResponseWriter, _ *http.Request) {
 	if s.cfg.Fleet == nil {
 		writeError(w, &apiError{Status: http.StatusServiceUnavailable,
 			Msg: "the fleet is kept in etcd: set coord.enabled: true (and coord.endpoints) on every daemon"})

@@ -32,7 +32,7 @@ type healthResponse struct {
 	BlockedUsersCapped bool `json:"blocked_users_capped"`
 }
 
-func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+func (s *watch) health(w http.ResponseWriter, r *http.Request) {
 	st, err := s.dlq.Stats(r.Context())
 	if e := s.storeError(err, "health.dlq"); e != nil {
 		writeError(w, e)
@@ -61,7 +61,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 
 // countBlocked counts the users blocked now, up to maxBlockedCount
 // (capped then says there are more).
-func (s *Server) countBlocked(r *http.Request) (n int, capped bool, err error) {
+func (s *watch) countBlocked(r *http.Request) (n int, capped bool, err error) {
 	for cursor := 0; ; {
 		users, next, err := s.rl.ListBlocked(r.Context(), cursor, maxPageLimit)
 		if err != nil {
@@ -101,7 +101,7 @@ var streamID = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
 // auditScan is how many audit entries one filtered page reads at most.
 const auditScan = 10000
 
-func (s *Server) auditList(w http.ResponseWriter, r *http.Request) {
+func (s *base) auditList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	limit, e := queryLimit(q)
 	if e != nil {

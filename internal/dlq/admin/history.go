@@ -66,7 +66,7 @@ func parseSample(m string) (historySample, bool) {
 
 // sampleHistory reads the pipeline's offsets and the DLQ inflow of the
 // minute before now and writes them as now's minute.
-func (s *Server) sampleHistory(ctx context.Context, now time.Time) error {
+func (s *watch) sampleHistory(ctx context.Context, now time.Time) error {
 	at := now.Truncate(historyStep)
 	h := historySample{at: at, lag: -1, end: -1, committed: -1, dlq: -1}
 	if p := s.cfg.Pipeline; p != nil {
@@ -90,17 +90,17 @@ func (s *Server) sampleHistory(ctx context.Context, now time.Time) error {
 }
 
 // sampleHistoryLoop samples every historyStep until the server closes.
-func (s *Server) sampleHistoryLoop() {
+func (s *watch) sampleHistoryLoop() {
 	tick := time.NewTicker(historyStep)
 	defer tick.Stop()
 	for {
-		ctx, cancel := context.WithTimeout(s.batches.ctx, 10*time.Second)
-		if err := s.sampleHistory(ctx, s.clock.Now().UTC()); err != nil && s.batches.ctx.Err() == nil {
+		ctx, cancel := context.WithTimeout(s.life, 10*time.Second)
+		if err := s.sampleHistory(ctx, s.clock.Now().UTC()); err != nil && s.life.Err() == nil {
 			s.log.Debug("history sample not written", zap.Error(err))
 		}
 		cancel()
 		select {
-		case <-s.batches.ctx.Done():
+		case <-s.life.Done():
 			return
 		case <-tick.C:
 		}
@@ -128,7 +128,7 @@ type HistoryView struct {
 	Points      []HistoryPoint `json:"points"`
 }
 
-func (s *Server) readHistory(ctx context.Context, now time.Time, span time.Duration) (HistoryView, error) {
+func (s *watch) readHistory(ctx context.Context, now time.Time, span time.Duration) (HistoryView, error) {
 	v := HistoryView{From: now.Add(-span), To: now, StepSeconds: int64(historyStep / time.Second), Points: []HistoryPoint{}}
 	// One sample before the span gives the first point its throughput.
 	ms, err := s.rdb.ZRangeByScore(ctx, historyKey(s.cfg.Prefix), &redis.ZRangeBy{

@@ -116,7 +116,7 @@ const (
 	browseDefaultSince = 72 * time.Hour
 )
 
-func (s *Server) kafkaSource(w http.ResponseWriter) (KafkaSource, bool) {
+func (s *kafkaView) kafkaSource(w http.ResponseWriter) (KafkaSource, bool) {
 	src, ok := s.cfg.Pipeline.(KafkaSource)
 	if !ok {
 		writeError(w, &apiError{Status: http.StatusServiceUnavailable, Msg: "not available: the admin API was started without the Kafka view"})
@@ -124,7 +124,7 @@ func (s *Server) kafkaSource(w http.ResponseWriter) (KafkaSource, bool) {
 	return src, ok
 }
 
-func (s *Server) kafkaGet(w http.ResponseWriter, r *http.Request) {
+func (s *kafkaView) kafkaGet(w http.ResponseWriter, r *http.Request) {
 	src, ok := s.kafkaSource(w)
 	if !ok {
 		return
@@ -142,7 +142,7 @@ func (s *Server) kafkaGet(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, kc)
 }
 
-func (s *Server) kafkaRecords(w http.ResponseWriter, r *http.Request) {
+func (s *kafkaView) kafkaRecords(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	rq := RecordQuery{User: q.Get("user"), MsgID: q.Get("msgid"), Before: -1, Limit: browseDefaultLimit}
 	if rq.User == "" && rq.MsgID == "" {

@@ -67,7 +67,7 @@ func (c *commitAges) observe(lag []PartitionLag, now time.Time) {
 
 // sampleCommits reads the group's offsets every commitSample until the
 // server closes, so commit ages are known before anyone opens the console.
-func (s *Server) sampleCommits() {
+func (s *watch) sampleCommits() {
 	p := s.cfg.Pipeline
 	if p == nil {
 		return
@@ -75,11 +75,11 @@ func (s *Server) sampleCommits() {
 	tick := time.NewTicker(commitSample)
 	defer tick.Stop()
 	for {
-		if lag, err := p.Lag(s.batches.ctx); err == nil {
+		if lag, err := p.Lag(s.life); err == nil {
 			s.commits.observe(lag, s.clock.Now().UTC())
 		}
 		select {
-		case <-s.batches.ctx.Done():
+		case <-s.life.Done():
 			return
 		case <-tick.C:
 		}
@@ -134,7 +134,7 @@ type overviewResponse struct {
 	OpenBreakers   int              `json:"open_breakers"`
 }
 
-func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
+func (s *watch) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	now := s.clock.Now().UTC()
 	o := overviewResponse{Time: now, Accounts: []accountView{}, Partitions: []PartitionLag{}, Consumers: []ConsumerStatus{},

@@ -11,12 +11,12 @@ import (
 	"go.uber.org/zap"
 )
 
-func (s *Server) pathUser(r *http.Request) (string, *apiError) {
+func (s *base) pathUser(r *http.Request) (string, *apiError) {
 	u := r.PathValue("user")
 	return u, identifier("user", u, maxUserLen)
 }
 
-func (s *Server) rlStatus(w http.ResponseWriter, r *http.Request) {
+func (s *limits) rlStatus(w http.ResponseWriter, r *http.Request) {
 	user, e := s.pathUser(r)
 	if e != nil {
 		writeError(w, e)
@@ -43,7 +43,7 @@ type blockedPage struct {
 	NextCursor string        `json:"next_cursor"`
 }
 
-func (s *Server) rlBlocked(w http.ResponseWriter, r *http.Request) {
+func (s *limits) rlBlocked(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	cursor := 0
 	if v := q.Get("cursor"); v != "" {
@@ -75,7 +75,7 @@ func (s *Server) rlBlocked(w http.ResponseWriter, r *http.Request) {
 }
 
 // userOp is the shape of the per-user writes that take only a reason.
-func (s *Server) userOp(r *http.Request, run func(r *http.Request, user string) error) (writeOp, *apiError) {
+func (s *limits) userOp(r *http.Request, run func(r *http.Request, user string) error) (writeOp, *apiError) {
 	user, reason, e := pathAndReason(r, "user", maxUserLen)
 	if e != nil {
 		return writeOp{}, e
@@ -98,7 +98,7 @@ type unblockAnswer struct {
 	Retry string `json:"retry,omitempty"`
 }
 
-func (s *Server) rlUnblock(r *http.Request) (writeOp, *apiError) {
+func (s *limits) rlUnblock(r *http.Request) (writeOp, *apiError) {
 	user, reason, e := pathAndReason(r, "user", maxUserLen)
 	if e != nil {
 		return writeOp{}, e
@@ -138,11 +138,11 @@ func (s *Server) rlUnblock(r *http.Request) (writeOp, *apiError) {
 	}}, nil
 }
 
-func (s *Server) rlWhitelistAdd(r *http.Request) (writeOp, *apiError) {
+func (s *limits) rlWhitelistAdd(r *http.Request) (writeOp, *apiError) {
 	return s.userOp(r, func(r *http.Request, u string) error { return s.rl.Whitelist(r.Context(), u) })
 }
 
-func (s *Server) rlWhitelistRemove(r *http.Request) (writeOp, *apiError) {
+func (s *limits) rlWhitelistRemove(r *http.Request) (writeOp, *apiError) {
 	return s.userOp(r, func(r *http.Request, u string) error { return s.rl.RemoveWhitelist(r.Context(), u) })
 }
 
@@ -151,7 +151,7 @@ type groupBody struct {
 	Reason string `json:"reason"`
 }
 
-func (s *Server) rlSetGroup(r *http.Request) (writeOp, *apiError) {
+func (s *limits) rlSetGroup(r *http.Request) (writeOp, *apiError) {
 	user, e := s.pathUser(r)
 	if e != nil {
 		return writeOp{}, e
@@ -188,7 +188,7 @@ type blockResponse struct {
 	Duration  string `json:"duration,omitempty"`
 }
 
-func (s *Server) rlBlock(r *http.Request) (writeOp, *apiError) {
+func (s *limits) rlBlock(r *http.Request) (writeOp, *apiError) {
 	user, e := s.pathUser(r)
 	if e != nil {
 		return writeOp{}, e
@@ -222,7 +222,7 @@ func (s *Server) rlBlock(r *http.Request) (writeOp, *apiError) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-func (s *Server) rlRules(w http.ResponseWriter, r *http.Request) {
+func (s *limits) rlRules(w http.ResponseWriter, r *http.Request) {
 	rules, err := s.rl.Rules(r.Context())
 	if e := s.storeError(err, "ratelimit.rules"); e != nil {
 		writeError(w, e)
@@ -244,7 +244,7 @@ type rulesAnswer struct {
 	Version int64 `json:"version"`
 }
 
-func (s *Server) rlSetRules(r *http.Request) (writeOp, *apiError) {
+func (s *limits) rlSetRules(r *http.Request) (writeOp, *apiError) {
 	var b rulesBody
 	reason, e := decodeWithReason(r, &b, &b.Reason)
 	if e != nil {

@@ -45,7 +45,7 @@ func writeError(w http.ResponseWriter, e *apiError) {
 // storeError maps a store error to the client's answer; nil stays nil.
 // Store failures are logged here and answered with a generic message: the
 // detail may name internal hosts or keys.
-func (s *Server) storeError(err error, op string) *apiError {
+func (s *base) storeError(err error, op string) *apiError {
 	var conflict *VersionConflictError
 	switch {
 	case err == nil:

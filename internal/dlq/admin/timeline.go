@@ -213,7 +213,7 @@ const (
 	timelineMaxLetterReads = 50
 )
 
-func (s *Server) customerTimeline(w http.ResponseWriter, r *http.Request) {
+func (s *timelines) customerTimeline(w http.ResponseWriter, r *http.Request) {
 	user, e := s.pathUser(r)
 	if e != nil {
 		writeError(w, e)
@@ -256,7 +256,7 @@ func (s *Server) customerTimeline(w http.ResponseWriter, r *http.Request) {
 // timeline assembles the story. Only the DLQ index failing is an error
 // (nothing could be said); every other source that fails is named in
 // Sources and the rest still answers.
-func (s *Server) timeline(ctx context.Context, user, msgid string, window time.Duration, max int) (*Timeline, error) {
+func (s *timelines) timeline(ctx context.Context, user, msgid string, window time.Duration, max int) (*Timeline, error) {
 	now := s.clock.Now().UTC()
 	tl := &Timeline{User: user, MsgID: msgid, Time: now, Since: now.Add(-window), Messages: []TimelineMessage{},
 		Events: []TimelineEvent{}, Sources: map[string]string{}, Notes: []string{}}
@@ -381,7 +381,7 @@ func (s *Server) timeline(ctx context.Context, user, msgid string, window time.D
 
 // userLetters reads the user's dead letters, newest first, up to
 // timelineMaxLetters.
-func (s *Server) userLetters(ctx context.Context, user string) ([]DLQMessage, bool, error) {
+func (s *timelines) userLetters(ctx context.Context, user string) ([]DLQMessage, bool, error) {
 	var out []DLQMessage
 	f := DLQFilter{User: user, Limit: 200}
 	for {
@@ -409,7 +409,7 @@ type sourceAt struct {
 // and puts each letter with the message of the record it failed on; a
 // letter whose record lies outside the window is read whole for its
 // message.
-func (s *Server) joinMessages(ctx context.Context, scan *TopicScan, letters []DLQMessage) []*TimelineMessage {
+func (s *timelines) joinMessages(ctx context.Context, scan *TopicScan, letters []DLQMessage) []*TimelineMessage {
 	byKey := map[string]*TimelineMessage{}
 	var msgs []*TimelineMessage
 	get := func(openKfID, upstream string) *TimelineMessage {
@@ -624,7 +624,7 @@ func letterFate(l DLQMessage) string {
 
 // userAudit adds the operator actions on the user or their letters,
 // scanning at most auditScan entries of the audit stream, newest first.
-func (s *Server) userAudit(ctx context.Context, tl *Timeline, letters []DLQMessage) error {
+func (s *timelines) userAudit(ctx context.Context, tl *Timeline, letters []DLQMessage) error {
 	ids := make(map[string]bool, len(letters))
 	for _, l := range letters {
 		ids["dlq:"+l.ID] = true

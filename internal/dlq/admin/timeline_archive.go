@@ -44,7 +44,7 @@ type ArchiveRead struct {
 // lag from the main topic's newest records. It returns the records as a
 // scan, and whether the whole window was read; ok false when the archive
 // is off or failed (the caller scans the main topic).
-func (s *Server) readArchive(ctx context.Context, tl *Timeline, src CustomerSource, max int) (scan *TopicScan, complete, ok bool) {
+func (s *timelines) readArchive(ctx context.Context, tl *Timeline, src CustomerSource, max int) (scan *TopicScan, complete, ok bool) {
 	as, _ := src.(ArchiveSource)
 	if as == nil || as.ArchiveRetention() <= 0 {
 		return nil, false, false
@@ -115,7 +115,7 @@ func mergeRecords(archived, tail []TopicRecord) []TopicRecord {
 
 // maxWindow is the longest window the timeline reads: the archive's
 // retention when there is one, else timelineMaxWindow.
-func (s *Server) maxWindow() time.Duration {
+func (s *timelines) maxWindow() time.Duration {
 	if as, ok := s.cfg.Pipeline.(ArchiveSource); ok {
 		if r := as.ArchiveRetention(); r > timelineMaxWindow {
 			return r

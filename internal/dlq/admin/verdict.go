@@ -123,7 +123,7 @@ func unknownArea(area, why string) AreaVerdict {
 
 // verdict reads each area and grades it; an area that cannot be read is
 // unknown with the error as its detail.
-func (s *Server) verdict(ctx context.Context, now time.Time) Verdict {
+func (s *watch) verdict(ctx context.Context, now time.Time) Verdict {
 	v := Verdict{Time: now}
 	v.Areas = append(v.Areas, s.ingestionArea(ctx, now), s.lagArea(ctx, now), s.dlqArea(ctx, now),
 		s.redisArea(ctx), s.downstreamArea(ctx, now))
@@ -143,7 +143,7 @@ func verdictSinceKey(prefix string) string { return prefix + "verdict:since" }
 // records a change: an on-call person reads "amber since 14:02", not only
 // "amber". The first console to see a change records it; every replica
 // answers the same time. A Redis error leaves Since absent.
-func (s *Server) recordSince(ctx context.Context, now time.Time, v *Verdict) {
+func (s *watch) recordSince(ctx context.Context, now time.Time, v *Verdict) {
 	key := verdictSinceKey(s.cfg.Prefix)
 	seen, err := s.rdb.HGetAll(ctx, key).Result()
 	if err != nil {
@@ -172,7 +172,7 @@ func (s *Server) recordSince(ctx context.Context, now time.Time, v *Verdict) {
 
 const noPipeline = "not available: the admin API was started without the pipeline's view"
 
-func (s *Server) ingestionArea(ctx context.Context, now time.Time) AreaVerdict {
+func (s *watch) ingestionArea(ctx context.Context, now time.Time) AreaVerdict {
 	p := s.cfg.Pipeline
 	if p == nil {
 		return unknownArea(obs.AreaIngestion, noPipeline)
@@ -230,7 +230,7 @@ func valuesFor(area string, v float64) map[string]float64 {
 	return out
 }
 
-func (s *Server) lagArea(ctx context.Context, now time.Time) AreaVerdict {
+func (s *watch) lagArea(ctx context.Context, now time.Time) AreaVerdict {
 	p := s.cfg.Pipeline
 	if p == nil {
 		return unknownArea(obs.AreaLag, noPipeline)
@@ -248,7 +248,7 @@ func (s *Server) lagArea(ctx context.Context, now time.Time) AreaVerdict {
 	return a
 }
 
-func (s *Server) dlqArea(ctx context.Context, now time.Time) AreaVerdict {
+func (s *watch) dlqArea(ctx context.Context, now time.Time) AreaVerdict {
 	st, err := s.dlq.Stats(ctx)
 	if err != nil {
 		return unknownArea(obs.AreaDLQ, err.Error())
@@ -328,7 +328,7 @@ func growthClears(in map[string][]int64, now time.Time) (last, clears *time.Time
 // redisArea pings Redis and reads its memory: its rule
 // (KfpipeRedisOutOfMemory) fires on refused writes, which happen at
 // maxmemory, so used memory at maxmemory is red.
-func (s *Server) redisArea(ctx context.Context) AreaVerdict {
+func (s *watch) redisArea(ctx context.Context) AreaVerdict {
 	a := AreaVerdict{Area: obs.AreaRedis, State: StateGreen, Values: map[string]float64{}, Firing: []string{},
 		Bounds: []BoundView{{Alert: "KfpipeRedisOutOfMemory", State: StateRed, What: "used memory at maxmemory (writes refused)"}}}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -387,7 +387,7 @@ func bytesText(n int64) string {
 	}
 }
 
-func (s *Server) downstreamArea(ctx context.Context, now time.Time) AreaVerdict {
+func (s *watch) downstreamArea(ctx context.Context, now time.Time) AreaVerdict {
 	p := s.cfg.Pipeline
 	if p == nil {
 		return unknownArea(obs.AreaDownstream, noPipeline)
@@ -439,7 +439,7 @@ func (s *Server) downstreamArea(ctx context.Context, now time.Time) AreaVerdict 
 
 // getVerdict answers GET /admin/verdict[?hours=1..24]: the areas' colours
 // and the history of the last hours.
-func (s *Server) getVerdict(w http.ResponseWriter, r *http.Request) {
+func (s *watch) getVerdict(w http.ResponseWriter, r *http.Request) {
 	hours := 1
 	if h := r.URL.Query().Get("hours"); h != "" {
 		n, err := strconv.Atoi(h)

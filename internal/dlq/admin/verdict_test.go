@@ -174,7 +174,7 @@ func TestVerdictHistory(t *testing.T) {
 	for i := range 10 {
 		n := int64(i)
 		p.setLag([]PartitionLag{{Partition: 0, End: 600 * n, Committed: 540 * n, Lag: 60 * n}}, nil)
-		if err := f.srv.sampleHistory(ctx, base.Add(time.Duration(i)*time.Minute+time.Second)); err != nil {
+		if err := f.srv.watch.sampleHistory(ctx, base.Add(time.Duration(i)*time.Minute+time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -210,12 +210,12 @@ func TestHistoryBounded(t *testing.T) {
 	ctx := context.Background()
 	start := t0.Add(time.Hour)
 	for i := range 26 * 60 {
-		if err := f.srv.sampleHistory(ctx, start.Add(time.Duration(i)*time.Minute)); err != nil {
+		if err := f.srv.watch.sampleHistory(ctx, start.Add(time.Duration(i)*time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	last := start.Add(26*60*time.Minute - time.Minute)
-	if err := f.srv.sampleHistory(ctx, last.Add(30*time.Second)); err != nil {
+	if err := f.srv.watch.sampleHistory(ctx, last.Add(30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	key := historyKey(f.prefix)
@@ -326,7 +326,7 @@ func TestVerdictRedisAreaOnEmbeddedRedis(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s := &Server{rdb: rdb}
+	s := &watch{base: &base{rdb: rdb}}
 	a := s.redisArea(context.Background())
 	if a.State != StateGreen || !strings.Contains(a.Detail, "memory not reported") {
 		t.Fatalf("redis area on miniredis: %s %q, want green, memory not reported", a.State, a.Detail)
