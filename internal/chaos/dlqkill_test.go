@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -225,20 +226,20 @@ func batchRetryReview(ctx context.Context, p *Pipeline) (int, error) {
 }
 
 // judgeReinjections counts the records the scheduler put back on the main
-// topic by (upstream msgid, retry_count): each attempt of a letter at most
-// once.
+// topic, per message in topic order: each attempt of a letter at most once
+// in a retry budget (repeats).
 func judgeReinjections(p *Pipeline, rep *Report) {
-	counts, total, err := p.reinjections()
+	seqs, total, err := p.reinjections()
 	if err != nil {
 		rep.Problem("dump re-injections: %v", err)
 		return
 	}
 	dups := 0
-	for k, n := range counts {
-		if n > 1 {
-			dups += n - 1
+	for msgid, seq := range seqs {
+		if n := repeats(seq); n > 0 {
+			dups += n
 			if dups <= 5 {
-				rep.note("re-injected %d times: %s", n, k)
+				rep.note("an attempt re-injected again: %s, retry_count in order %v", msgid, seq)
 			}
 		}
 	}
@@ -252,18 +253,41 @@ func judgeReinjections(p *Pipeline, rep *Report) {
 	}
 }
 
-// reinjections counts the main topic's records carrying
-// retry_from_dlq=true by upstream_msgid/retry_count.
-func (p *Pipeline) reinjections() (map[string]int, int, error) {
-	counts := map[string]int{}
+// repeats counts the re-injections of one message (their retry_count, in
+// topic order) that repeat an attempt of the same retry budget. The count
+// rises by one a re-injection; an operator's batch retry gives the letter a
+// fresh budget (dlq's retryBudget: retry_count back to 1), so a count below
+// the one before begins a new budget. The same count twice within a budget
+// is one attempt re-injected twice.
+func repeats(seq []int) int {
+	n, prev := 0, 0
+	seen := map[int]bool{}
+	for _, c := range seq {
+		if c < prev {
+			clear(seen)
+		}
+		if seen[c] {
+			n++
+		}
+		seen[c], prev = true, c
+	}
+	return n
+}
+
+// reinjections returns the retry_count of each re-injection on the main
+// topic (records carrying retry_from_dlq=true), by upstream msgid in topic
+// order (a message's records share its key's partition), and their number.
+func (p *Pipeline) reinjections() (map[string][]int, int, error) {
+	seqs := map[string][]int{}
 	total := 0
 	err := p.eachMainHeaders(context.Background(), func(hs map[string]string) {
 		if hs["retry_from_dlq"] == "true" {
-			counts[hs["upstream_msgid"]+"/"+hs["retry_count"]]++
+			c, _ := strconv.Atoi(hs["retry_count"])
+			seqs[hs["upstream_msgid"]] = append(seqs[hs["upstream_msgid"]], c)
 			total++
 		}
 	})
-	return counts, total, err
+	return seqs, total, err
 }
 
 // reviewLetterIDs returns the IDs of the letters in review.

@@ -284,3 +284,26 @@ func TestJudgeReplies(t *testing.T) {
 		})
 	}
 }
+
+// TestRepeatsCountsWithinABudget: an attempt re-injected twice is a
+// repeat; an operator's batch retry, which starts the letter's retry_count
+// again at 1 (a fresh budget), is not (the full dlq-kill9 run counted all
+// 104 letters of its batch as re-injected twice before this).
+func TestRepeatsCountsWithinABudget(t *testing.T) {
+	for _, tc := range []struct {
+		seq  []int
+		want int
+	}{
+		{[]int{1, 2, 3}, 0},
+		{[]int{1, 2, 3, 1}, 0},       // the operator's batch: a fresh budget
+		{[]int{1, 2, 3, 1, 2, 3}, 0}, // and its own retries
+		{[]int{1, 2, 2, 3}, 1},       // attempt 2 re-injected twice
+		{[]int{1, 1}, 1},
+		{[]int{1, 2, 3, 1, 1}, 1},
+		{nil, 0},
+	} {
+		if got := repeats(tc.seq); got != tc.want {
+			t.Errorf("repeats(%v) = %d, want %d", tc.seq, got, tc.want)
+		}
+	}
+}
