@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // TestAuditStream runs a session of reads and writes on the real Redis and

@@ -2,15 +2,12 @@ package admin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
@@ -174,32 +171,17 @@ func groupOf(details, fallback string) string {
 // audit stream (newest auditScan entries).
 func (s *limits) operatorBlocks(ctx context.Context, user string, bs *BlockStory, notes *[]string) error {
 	target := "user:" + user
-	top := "+"
-	for scanned := 0; scanned < auditScan; {
-		msgs, err := s.rdb.XRevRangeN(ctx, s.cfg.Prefix+"audit", top, "-", 500).Result()
-		if errors.Is(err, redis.Nil) {
-			return nil
+	next, err := s.scanAudit(ctx, "+", auditScan, 500, func(e AuditEntry) bool {
+		action, ok := strings.CutPrefix(e.Action, "ratelimit.")
+		if ok && e.Result == "ok" && (e.Target == target || strings.HasPrefix(e.Target, target+" ")) && action != "set_rules" {
+			at, _ := time.Parse(time.RFC3339Nano, e.Time)
+			bs.Events = append(bs.Events, BlockEvent{Time: at, Kind: "operator", Action: action, Who: e.Who,
+				Why: e.Reason, Detail: e.Target, AuditID: e.ID})
 		}
-		if err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			scanned++
-			top = "(" + m.ID
-			str := func(k string) string { v, _ := m.Values[k].(string); return v }
-			action, ok := strings.CutPrefix(str("action"), "ratelimit.")
-			t := str("target")
-			if !ok || str("result") != "ok" || !(t == target || strings.HasPrefix(t, target+" ")) || action == "set_rules" {
-				continue
-			}
-			at, _ := time.Parse(time.RFC3339Nano, str("time"))
-			bs.Events = append(bs.Events, BlockEvent{Time: at, Kind: "operator", Action: action, Who: str("who"),
-				Why: str("reason"), Detail: t, AuditID: m.ID})
-		}
-		if len(msgs) < 500 {
-			return nil
-		}
+		return true
+	})
+	if err == nil && next != "" {
+		*notes = append(*notes, fmt.Sprintf("only the newest %d audit entries were searched", auditScan))
 	}
-	*notes = append(*notes, fmt.Sprintf("only the newest %d audit entries were searched", auditScan))
-	return nil
+	return err
 }

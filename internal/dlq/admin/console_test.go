@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/testenv"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // FuzzAdminDecode feeds arbitrary bodies to every write endpoint (the body

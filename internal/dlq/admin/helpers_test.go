@@ -10,10 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 const (

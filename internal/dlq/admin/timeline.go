@@ -11,15 +11,12 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
@@ -630,37 +627,21 @@ func (s *timelines) userAudit(ctx context.Context, tl *Timeline, letters []DLQMe
 		ids["dlq:"+l.ID] = true
 	}
 	userTarget, filterUser := "user:"+tl.User, "user="+tl.User
-	top := "+"
-	for scanned := 0; scanned < auditScan; {
-		msgs, err := s.rdb.XRevRangeN(ctx, s.cfg.Prefix+"audit", top, "-", 500).Result()
-		if errors.Is(err, redis.Nil) {
-			return nil
+	next, err := s.scanAudit(ctx, "+", auditScan, 500, func(e AuditEntry) bool {
+		onUser := e.Target == userTarget || strings.HasPrefix(e.Target, userTarget+" ") || ids[e.Target] ||
+			hasField(e.Target, filterUser)
+		// A dry run is counted, not done: not an action on the customer.
+		if onUser && !isDryRun(e.Result) {
+			t, _ := time.Parse(time.RFC3339Nano, e.Time)
+			tl.Events = append(tl.Events, TimelineEvent{Time: t, Kind: "operator", What: e.Action + " " + e.Target,
+				Who: e.Who, Reason: e.Reason, Result: e.Result, AuditID: e.ID})
 		}
-		if err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			scanned++
-			top = "(" + m.ID
-			str := func(k string) string { v, _ := m.Values[k].(string); return v }
-			target := str("target")
-			if !(target == userTarget || strings.HasPrefix(target, userTarget+" ") || ids[target] ||
-				hasField(target, filterUser)) {
-				continue
-			}
-			if isDryRun(str("result")) {
-				continue // counted, not done: not an action on the customer
-			}
-			t, _ := time.Parse(time.RFC3339Nano, str("time"))
-			tl.Events = append(tl.Events, TimelineEvent{Time: t, Kind: "operator", What: str("action") + " " + target,
-				Who: str("who"), Reason: str("reason"), Result: str("result"), AuditID: m.ID})
-		}
-		if len(msgs) < 500 {
-			return nil
-		}
+		return true
+	})
+	if err == nil && next != "" {
+		tl.Notes = append(tl.Notes, fmt.Sprintf("only the newest %d audit entries were searched", auditScan))
 	}
-	tl.Notes = append(tl.Notes, fmt.Sprintf("only the newest %d audit entries were searched", auditScan))
-	return nil
+	return err
 }
 
 func hasField(target, field string) bool {

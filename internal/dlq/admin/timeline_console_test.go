@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
