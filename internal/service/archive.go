@@ -119,8 +119,8 @@ func (p pipelineView) ArchivedRecords(ctx context.Context, user string, since, u
 
 // archiveRecord is an archived message as the timeline's record of it.
 func archiveRecord(r archive.Row) admin.TopicRecord {
-	rec := admin.TopicRecord{Partition: r.Partition, Offset: r.Offset, Time: r.Recorded, UpstreamMsgID: r.MsgID,
-		OpenKfID: r.OpenKfID, MsgType: r.MsgType, SendTime: r.At.Unix(), Archived: true}
+	rec := admin.TopicRecord{MainRecord: admin.MainRecord{Partition: r.Partition, Offset: r.Offset, Time: r.Recorded,
+		UpstreamMsgID: r.MsgID, OpenKfID: r.OpenKfID, MsgType: r.MsgType, SendTime: r.At.Unix()}, Archived: true}
 	rec.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: &chatmsg.ChatMessage{MsgType: r.MsgType, Content: r.Content}})
 	return rec
 }

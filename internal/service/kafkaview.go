@@ -237,12 +237,24 @@ func readRange(ctx context.Context, c *kafka.Consumer, topic string, part int32,
 	}
 }
 
-// browsedRecord decodes one main-topic record.
+// browsedRecord decodes one main-topic record with its key, headers and
+// value.
 func browsedRecord(m *kafka.Message) admin.BrowsedRecord {
-	r := admin.BrowsedRecord{Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
-		Time: m.Timestamp.UTC(), Key: string(m.Key), Headers: map[string]string{}}
+	r := admin.BrowsedRecord{MainRecord: mainRecord(m), Key: string(m.Key), Headers: make(map[string]string, len(m.Headers))}
 	for _, h := range m.Headers {
 		r.Headers[h.Key] = string(h.Value)
+	}
+	if r.Invalid == "" {
+		r.Message = append([]byte(nil), m.Value...)
+	}
+	return r
+}
+
+// mainRecord decodes one main-topic record into the console's one view of
+// it (the topic browser's and a customer's timeline's).
+func mainRecord(m *kafka.Message) admin.MainRecord {
+	r := admin.MainRecord{Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset), Time: m.Timestamp.UTC()}
+	for _, h := range m.Headers {
 		switch h.Key {
 		case chatmsg.HeaderRetryFromDLQ:
 			r.RetryFromDLQ = string(h.Value) == "true"
@@ -255,9 +267,8 @@ func browsedRecord(m *kafka.Message) admin.BrowsedRecord {
 		r.Invalid = err.Error()
 		return r
 	}
-	r.UpstreamMsgID, r.OpenKfID, r.MsgType = cm.UpstreamMsgID, cm.OpenKfID, cm.MsgType
+	r.UpstreamMsgID, r.OpenKfID, r.MsgType, r.SendTime = cm.UpstreamMsgID, cm.OpenKfID, cm.MsgType, cm.SendTime
 	r.MessageID = strconv.FormatInt(cm.MessageID, 10)
 	r.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: cm})
-	r.Message = append([]byte(nil), m.Value...)
 	return r
 }

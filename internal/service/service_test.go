@@ -14,13 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
-	"github.com/redis/go-redis/v9"
 )
 
 // common points a loaded config at the test services with fresh names.

@@ -10,7 +10,6 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/reply"
@@ -170,24 +169,7 @@ func max64(a, b int64) int64 {
 
 // timelineRecord decodes one of the user's main-topic records.
 func timelineRecord(m *kafka.Message) admin.TopicRecord {
-	r := admin.TopicRecord{Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset), Time: m.Timestamp.UTC()}
-	for _, h := range m.Headers {
-		switch h.Key {
-		case chatmsg.HeaderRetryFromDLQ:
-			r.RetryFromDLQ = string(h.Value) == "true"
-		case chatmsg.HeaderRetryCount:
-			r.RetryCount, _ = strconv.Atoi(string(h.Value))
-		}
-	}
-	cm, err := chatmsg.Decode(m.Value)
-	if err != nil {
-		r.Invalid = err.Error()
-		return r
-	}
-	r.UpstreamMsgID, r.OpenKfID, r.MsgType, r.SendTime = cm.UpstreamMsgID, cm.OpenKfID, cm.MsgType, cm.SendTime
-	r.MessageID = strconv.FormatInt(cm.MessageID, 10)
-	r.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: cm})
-	return r
+	return admin.TopicRecord{MainRecord: mainRecord(m)}
 }
 
 // Effects reads, for each message, its done mark and its replies (in the

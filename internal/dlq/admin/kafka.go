@@ -75,21 +75,31 @@ type RecordQuery struct {
 	Limit  int
 }
 
-// BrowsedRecord is one main-topic record with its decoded message.
-type BrowsedRecord struct {
+// MainRecord is one main-topic record as the console shows it, wherever
+// it was read: the topic browser, a customer's timeline (from the topic or
+// the archive).
+type MainRecord struct {
 	Partition     int32     `json:"partition"`
 	Offset        int64     `json:"offset"`
 	Time          time.Time `json:"time"`
-	Key           string    `json:"key"`
 	UpstreamMsgID string    `json:"upstream_msgid,omitempty"`
 	OpenKfID      string    `json:"open_kfid,omitempty"`
 	MessageID     string    `json:"message_id,omitempty"`
 	MsgType       string    `json:"msg_type,omitempty"`
+	SendTime      int64     `json:"send_time,omitempty"`
 	Preview       string    `json:"preview,omitempty"`
-	RetryFromDLQ  bool      `json:"retry_from_dlq,omitempty"`
-	RetryCount    int       `json:"retry_count,omitempty"`
+	// RetryFromDLQ: the DLQ re-injected this record (RetryCount-th retry).
+	RetryFromDLQ bool `json:"retry_from_dlq,omitempty"`
+	RetryCount   int  `json:"retry_count,omitempty"`
 	// Invalid is why the value did not decode ("" when it did).
-	Invalid string            `json:"invalid,omitempty"`
+	Invalid string `json:"invalid,omitempty"`
+}
+
+// BrowsedRecord is one main-topic record with its key, headers and decoded
+// message.
+type BrowsedRecord struct {
+	MainRecord
+	Key     string            `json:"key"`
 	Headers map[string]string `json:"headers,omitempty"`
 	// Message is the decoded message (the record's value, checked).
 	Message json.RawMessage `json:"message,omitempty"`

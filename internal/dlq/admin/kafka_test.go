@@ -23,7 +23,7 @@ func (k *memKafka) KafkaContext(context.Context) (KafkaContext, error) {
 
 func (k *memKafka) TopicRecords(_ context.Context, q RecordQuery) (RecordPage, error) {
 	k.got = q
-	return RecordPage{Topic: "m", Partition: 3, Records: []BrowsedRecord{{Offset: 5, Key: q.User}}}, nil
+	return RecordPage{Topic: "m", Partition: 3, Records: []BrowsedRecord{{MainRecord: MainRecord{Offset: 5}, Key: q.User}}}, nil
 }
 
 // TestKafkaEndpoints: the Kafka card's answers come from the pipeline's

@@ -59,20 +59,7 @@ type TopicScan struct {
 
 // TopicRecord is one of the user's records on the main topic.
 type TopicRecord struct {
-	Partition     int32     `json:"partition"`
-	Offset        int64     `json:"offset"`
-	Time          time.Time `json:"time"`
-	UpstreamMsgID string    `json:"-"`
-	OpenKfID      string    `json:"-"`
-	MessageID     string    `json:"message_id,omitempty"`
-	MsgType       string    `json:"-"`
-	SendTime      int64     `json:"-"`
-	Preview       string    `json:"-"`
-	// RetryFromDLQ: the DLQ re-injected this record (RetryCount-th retry).
-	RetryFromDLQ bool `json:"retry_from_dlq,omitempty"`
-	RetryCount   int  `json:"retry_count,omitempty"`
-	// Invalid is why the record could not be decoded ("" when it could).
-	Invalid string `json:"invalid,omitempty"`
+	MainRecord
 	// Archived: read from the conversation archive, not the main topic.
 	Archived bool `json:"archived,omitempty"`
 }

@@ -48,8 +48,8 @@ func (c *memCustomers) Effects(_ context.Context, user string, msgs []MessageRef
 }
 
 func rec(off int64, at time.Time, upstream string, retry bool) TopicRecord {
-	r := TopicRecord{Partition: 2, Offset: off, Time: at, UpstreamMsgID: upstream, OpenKfID: "wk1",
-		MessageID: "9" + upstream, MsgType: "text", SendTime: at.Unix(), Preview: "hello " + upstream, RetryFromDLQ: retry}
+	r := TopicRecord{MainRecord: MainRecord{Partition: 2, Offset: off, Time: at, UpstreamMsgID: upstream, OpenKfID: "wk1",
+		MessageID: "9" + upstream, MsgType: "text", SendTime: at.Unix(), Preview: "hello " + upstream, RetryFromDLQ: retry}}
 	if retry {
 		r.RetryCount = 1
 	}
