@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
 // maxPollBatch bounds how many already-fetched records the poll goroutine
@@ -240,24 +241,11 @@ func (po *poller) producedAt(km *kafka.Message) time.Time {
 	return km.Timestamp
 }
 
-// admittedBefore reports whether a message that failed for reason had
-// passed the limiter: route runs breaker → limiter → mailbox → handler, so
-// a full mailbox and the handler's failures come after the limiter's yes.
-// Refusals of the breaker and the limiter, and anything else (an invalid
-// record, a reason this consumer does not give), did not — or may not have.
-func admittedBefore(reason string) bool {
-	switch reason {
-	case ReasonQueueFull, ReasonDownstreamError, ReasonProcessTimeout:
-		return true
-	}
-	return false
-}
-
 // limitAt says whether the limiter judges the record, and by which time.
 // A record re-injected from the DLQ (the retry_from_dlq header; the
 // scheduler and an operator's retry both set it) is not new traffic:
-//   - one whose failure came after the limiter admitted it
-//     (admittedBefore) was judged once already: the limiter does not see
+//   - one whose failure came after the limiter admitted it (the reason
+//     table's PastLimiter) was judged once already: the limiter does not see
 //     it again — no window slot, no violation, no block — so a user's
 //     recovered letters never block the user;
 //   - one the limiter (or the breaker, before it) refused is judged again
@@ -281,7 +269,7 @@ func (po *poller) limitAt(km *kafka.Message) (at time.Time, judge bool) {
 	if !retried {
 		return po.sentAt(km), true
 	}
-	if admittedBefore(failure) {
+	if deadletter.PastLimiter(deadletter.Reason(failure)) {
 		return time.Time{}, false
 	}
 	return po.producedAt(km), true

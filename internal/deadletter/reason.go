@@ -95,6 +95,14 @@ type Row struct {
 	Strategy Strategy
 	// MaxRetries is the default of recovery.max_retries.<reason>.
 	MaxRetries int
+	// PastLimiter: the consumer gives the reason only after the rate
+	// limiter admitted the message (it routes breaker → limiter → mailbox
+	// → handler), so a re-injection of the letter was judged once already
+	// and the limiter does not judge it again: no window slot, no
+	// violation, no block (a user's recovered letters never block the
+	// user). A reason the limiter or the breaker gives, or that may come
+	// before them (an invalid record), is judged again at re-injection.
+	PastLimiter bool
 	// Doc says in a few words when the reason is given.
 	Doc string
 }
@@ -102,15 +110,15 @@ type Row struct {
 // table is the one list of reasons; keep it in the order of the reasons
 // table in docs/operations.md.
 var table = []Row{
-	{RateLimited, true, -1, ActionDelayedRetry, StrategyAfterBlock, 5, "the user is over the rate limit of its group"},
-	{UserBlocked, true, -3, ActionDelayedRetry, StrategyAfterBlock, 3, "the user is blocked by the rate limiter"},
-	{CircuitOpen, true, 0, ActionDelayedRetry, StrategyBackoff, 5, "the user's circuit breaker is open after handler failures"},
-	{QueueFull, true, 0, ActionDelayedRetry, StrategyBackoff, 5, "the user's mailbox is full"},
-	{ProcessTimeout, true, 0, ActionAutoRetry, StrategyBackoff, 5, "the handler did not finish within processor.attempt_timeout"},
-	{KafkaFailure, true, 0, ActionAutoRetry, StrategyBackoff, 3, "a Kafka write failed (not emitted today; accepted on the wire)"},
-	{InvalidMessage, false, 0, ActionManualReview, StrategyNever, 0, "the payload is malformed or too large, or the handler rejected it as invalid"},
-	{DownstreamError, true, 0, ActionAutoRetry, StrategyBackoff, 5, "the handler failed"},
-	{SystemOverload, true, 0, ActionDelayedRetry, StrategyBackoff, 3, "the node is overloaded (not emitted today; accepted on the wire)"},
+	{RateLimited, true, -1, ActionDelayedRetry, StrategyAfterBlock, 5, false, "the user is over the rate limit of its group"},
+	{UserBlocked, true, -3, ActionDelayedRetry, StrategyAfterBlock, 3, false, "the user is blocked by the rate limiter"},
+	{CircuitOpen, true, 0, ActionDelayedRetry, StrategyBackoff, 5, false, "the user's circuit breaker is open after handler failures"},
+	{QueueFull, true, 0, ActionDelayedRetry, StrategyBackoff, 5, true, "the user's mailbox is full"},
+	{ProcessTimeout, true, 0, ActionAutoRetry, StrategyBackoff, 5, true, "the handler did not finish within processor.attempt_timeout"},
+	{KafkaFailure, true, 0, ActionAutoRetry, StrategyBackoff, 3, false, "a Kafka write failed (not emitted today; accepted on the wire)"},
+	{InvalidMessage, false, 0, ActionManualReview, StrategyNever, 0, false, "the payload is malformed or too large, or the handler rejected it as invalid"},
+	{DownstreamError, true, 0, ActionAutoRetry, StrategyBackoff, 5, true, "the handler failed"},
+	{SystemOverload, true, 0, ActionDelayedRetry, StrategyBackoff, 3, false, "the node is overloaded (not emitted today; accepted on the wire)"},
 }
 
 var byReason = func() map[Reason]Row {
@@ -184,6 +192,11 @@ func IsRecoverable(r Reason) bool {
 	}
 	return true
 }
+
+// PastLimiter reports whether r is given only after the rate limiter
+// admitted the message (Row.PastLimiter); false for a reason the table
+// lacks: a letter of it is judged again.
+func PastLimiter(r Reason) bool { return byReason[r].PastLimiter }
 
 // CalculatePriority applies the priority rule: BasePriority, plus
 // VIPPriority for the "vip" group, plus the reason's adjustment, clamped

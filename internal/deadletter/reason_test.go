@@ -260,7 +260,7 @@ func TestOperationsDocListsTheTable(t *testing.T) {
 	for i := 0; i < len(rows) && i < len(table); i++ {
 		r, doc := table[i], rows[i]
 		want := []string{string(r.Reason), yesNo[r.Recoverable], strconv.Itoa(r.Priority), string(r.Action),
-			strategy[r.Strategy], strconv.Itoa(r.MaxRetries)}
+			strategy[r.Strategy], strconv.Itoa(r.MaxRetries), yesNo[r.PastLimiter]}
 		if len(doc) < len(want) {
 			t.Errorf("%s row %d has %d columns: %q", path, i+1, len(doc), doc)
 			continue

@@ -528,10 +528,9 @@ func (s *Scheduler) heldByBlock(ctx context.Context, st RecoveryStrategy, dl *De
 // recovery thus comes back at a person's pace — 20 letters under normal
 // (30 a minute): 15 now, 5 a minute later — and leaves half of the window
 // to what the user sends meanwhile. The consumer does not count a retry
-// whose failure came after the limiter's yes (downstream_error,
-// process_timeout, queue_full); one the limiter or the breaker refused it
-// judges at its re-injection time, which this pacing keeps inside the
-// limit. When refused it returns the time the user's next window starts.
+// whose reason is past the limiter (the reason table's PastLimiter); one
+// the limiter or the breaker refused it judges at its re-injection time,
+// which this pacing keeps inside the limit. When refused it returns the time the user's next window starts.
 func (s *Scheduler) admit(dl *DeadLetterMessage, now time.Time) (time.Time, bool) {
 	if dl.UserID == "" {
 		return time.Time{}, true
