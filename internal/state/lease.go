@@ -372,7 +372,7 @@ func (l *Lease) Look(ctx context.Context, items []Item) ([]Status, error) {
 // Legacy is set, every offset below it may have been handled by a
 // consumer of an old store, so MayRepeat says so. No-op otherwise.
 func (l *Lease) SetLogEnd(end int64) {
-	if l.prevHW < 0 && l.s.cfg.Legacy.on() {
+	if l.prevHW < 0 && l.s.legacyOn() {
 		l.prevHW = end - 1
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -27,6 +29,106 @@ type Legacy struct {
 }
 
 func (l *Legacy) on() bool { return l != nil && (l.Claims || l.Leases) }
+
+// The old stores' marks are read only while they can exist. The first
+// store that starts on a deployment with Legacy set looks for any key of
+// the old stores (a SCAN under Prefix, stopped at the first key) and
+// records what it found in <KeyPrefix>st:legacy: "none" when there was
+// none (a new deployment, or one switched over longer than a TTL ago),
+// else the Unix milliseconds one TTL later, when the last of them has
+// expired. Every later start reads the record. Until the decision is made
+// (or when it cannot be: Redis unreachable), the old marks are read, as
+// before. So dedup.legacy: read costs nothing where there is nothing to
+// read, and stops by itself one TTL after the switch.
+
+// legacyOn reports whether look-ups read the old stores' marks now.
+func (s *Store) legacyOn() bool {
+	if !s.cfg.Legacy.on() {
+		return false
+	}
+	u := s.legacyUntil.Load()
+	return u == 0 || time.Now().UnixMilli() < u
+}
+
+// legacyKey is the deployment's record of the old stores' marks.
+func (s *Store) legacyKey() string { return s.cfg.KeyPrefix + "st:legacy" }
+
+// decideLegacy reads the record (writing it first when there is none),
+// trying again every minute while Redis does not answer.
+func (s *Store) decideLegacy() {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		err := s.readLegacy(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(time.Minute)
+	}
+}
+
+// readLegacy sets legacyUntil from the record, writing it when absent.
+func (s *Store) readLegacy(ctx context.Context) error {
+	c, key := s.cfg.Client, s.legacyKey()
+	v, err := c.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		rec, ttl := "none", time.Duration(0)
+		found, ferr := anyKey(ctx, c, s.cfg.Legacy.Prefix+"*")
+		if ferr != nil {
+			return ferr
+		}
+		if found {
+			rec, ttl = strconv.FormatInt(time.Now().Add(s.cfg.TTL).UnixMilli(), 10), s.cfg.TTL+24*time.Hour
+		}
+		// The first decision wins; every store adopts it.
+		if serr := c.SetNX(ctx, key, rec, ttl).Err(); serr != nil {
+			return serr
+		}
+		v, err = c.Get(ctx, key).Result()
+	}
+	if err != nil {
+		return err
+	}
+	if v == "none" {
+		s.legacyUntil.Store(-1)
+		return nil
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms <= 0 {
+		return fmt.Errorf("state: %s holds %q, not \"none\" or a time", key, v)
+	}
+	s.legacyUntil.Store(ms)
+	return nil
+}
+
+// anyKey reports whether a key matches match (on a Redis Cluster, on any
+// master), stopping at the first.
+func anyKey(ctx context.Context, client redis.UniversalClient, match string) (bool, error) {
+	scan := func(ctx context.Context, c redis.Cmdable) (bool, error) {
+		for cursor := uint64(0); ; {
+			keys, next, err := c.Scan(ctx, cursor, match, 1000).Result()
+			if err != nil || len(keys) > 0 {
+				return len(keys) > 0, err
+			}
+			if cursor = next; cursor == 0 {
+				return false, nil
+			}
+		}
+	}
+	cc, ok := client.(*redis.ClusterClient)
+	if !ok {
+		return scan(ctx, client)
+	}
+	var found atomic.Bool
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		f, err := scan(ctx, m)
+		if f {
+			found.Store(true)
+		}
+		return err
+	})
+	return found.Load(), err
+}
 
 // Status is what a look-up found for a message.
 type Status uint8

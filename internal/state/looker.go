@@ -161,7 +161,7 @@ func (lk *Looker) send(batch []*lookReq) {
 			r.err = err
 		}
 	}
-	if lk.s.cfg.Legacy.on() {
+	if lk.s.legacyOn() {
 		// One pipeline for the whole batch too.
 		var items []Item
 		var st []Status

@@ -62,8 +62,10 @@ type Settings struct {
 	// only to refuse a configuration that still sets it.
 	Store string `mapstructure:"store"`
 	// Legacy: read (the default) also looks a message up among the marks
-	// of the old dedup stores (claims and leases), off does not. Keep it
-	// read for one dedup.ttl after switching from either
+	// of the old dedup stores (claims and leases) while they can exist: the
+	// first start on a deployment records whether it found any key of
+	// theirs (<prefix>st:legacy), and they are read for one dedup.ttl from
+	// then, or never where there was none. off never reads them
 	// (docs/operations.md, "Switching to the per-partition store").
 	Legacy string `mapstructure:"legacy" default:"read" enum:"off|read"`
 	// Buckets is how many digest sets a partition's done marks of one

@@ -32,6 +32,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -147,6 +148,10 @@ type Store struct {
 	owner   string
 	slotSec int64
 	pl      placements
+	// legacyUntil is until when (Unix ms) look-ups read the old stores'
+	// marks: 0 while not decided yet (they are read), -1 when there is
+	// nothing to read (legacy.go).
+	legacyUntil atomic.Int64
 }
 
 // New returns a Store; it loads the scripts, so it fails when Redis is
@@ -167,7 +172,11 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if owner == "" {
 		owner = "kfpipe"
 	}
-	return &Store{cfg: cfg, owner: owner + ":" + hex.EncodeToString(b), slotSec: int64(cfg.Slot / time.Second)}, nil
+	st := &Store{cfg: cfg, owner: owner + ":" + hex.EncodeToString(b), slotSec: int64(cfg.Slot / time.Second)}
+	if cfg.Legacy.on() {
+		go st.decideLegacy()
+	}
+	return st, nil
 }
 
 // Owner returns this store's owner id as written in ownership records.
@@ -364,7 +373,7 @@ func (s *Store) look(ctx context.Context, topic string, partition int32, ly layo
 	if err := s.lookMoved(ctx, topic, partition, items, out); err != nil {
 		return nil, err
 	}
-	if s.cfg.Legacy.on() {
+	if s.legacyOn() {
 		if err := s.legacyLook(ctx, items, out); err != nil {
 			return nil, err
 		}

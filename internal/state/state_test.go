@@ -1154,3 +1154,63 @@ func markWhereTheyWere(t *testing.T, ctx context.Context, a *Store, moved []Item
 		_ = l.Release(ctx)
 	}
 }
+
+// The old stores' marks are read only while they can exist
+// (dedup.legacy: read): where no key of theirs exists at the first start
+// nothing is read, ever; where one does, they are read for one TTL from
+// that start, by every store of the deployment; a record past its time
+// reads nothing. Look-ups read the old marks until the decision is made.
+func TestLegacyReadOnlyWhileOldMarksCanExist(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	ctx := ctxT(t, 10*time.Second)
+	legacy := func(c *Config) { c.Legacy = &Legacy{Prefix: prefix + "dedup:", Claims: true, Leases: true} }
+	decided := func(s *Store) int64 {
+		t.Helper()
+		var u int64
+		testenv.Eventually(t, 5*time.Second, func() error {
+			u = s.legacyUntil.Load()
+			return testenv.Check(u != 0, "the old stores' marks not decided yet")
+		})
+		return u
+	}
+
+	// A new deployment: nothing of the old stores.
+	fresh := newStore(t, rdb, prefix, "a", legacy)
+	if decided(fresh) != -1 || fresh.legacyOn() {
+		t.Fatalf("no old key: legacyUntil %d, on %v; want -1 (nothing to read)", fresh.legacyUntil.Load(), fresh.legacyOn())
+	}
+	if v := rdb.Get(ctx, prefix+"st:legacy").Val(); v != "none" {
+		t.Fatalf("record %q, want none", v)
+	}
+
+	// A deployment switched from the claims store: read for one TTL.
+	rdb2, prefix2 := testenv.Redis(t)
+	rdb2.Set(ctx, prefix2+"dedup:kf:done", "d:", time.Hour)
+	legacy2 := func(c *Config) { c.Legacy = &Legacy{Prefix: prefix2 + "dedup:", Claims: true, Leases: true} }
+	before := time.Now()
+	first := newStore(t, rdb2, prefix2, "a", legacy2)
+	until := decided(first)
+	if want := before.Add(169 * time.Hour).UnixMilli(); until < want || until > want+60_000 || !first.legacyOn() {
+		t.Fatalf("old key found: until %d (want about %d), on %v", until, want, first.legacyOn())
+	}
+	if st, err := first.Look(ctx, "t", 0, msgs(1000, "kf:done")); err != nil || st[0] != Done {
+		t.Fatalf("Look of an old store's done mark = %v %v, want done", st, err)
+	}
+	// A later start adopts the record, though the old key is gone.
+	rdb2.Del(ctx, prefix2+"dedup:kf:done")
+	if later := newStore(t, rdb2, prefix2, "b", legacy2); decided(later) != until || !later.legacyOn() {
+		t.Fatalf("a later start: until %d, on %v; want the first start's %d", later.legacyUntil.Load(), later.legacyOn(), until)
+	}
+
+	// One TTL after the switch: nothing read.
+	rdb2.Set(ctx, prefix2+"st:legacy", strconv.FormatInt(time.Now().Add(-time.Minute).UnixMilli(), 10), 0)
+	rdb2.Set(ctx, prefix2+"dedup:kf:done", "d:", time.Hour)
+	past := newStore(t, rdb2, prefix2, "c", legacy2)
+	decided(past)
+	if past.legacyOn() {
+		t.Fatal("a record past its time: the old marks still read")
+	}
+	if st, err := past.Look(ctx, "t", 0, msgs(1000, "kf:done")); err != nil || st[0] != Fresh {
+		t.Fatalf("Look past the window = %v %v, want fresh (the old mark not read)", st, err)
+	}
+}
