@@ -7,8 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/spf13/cobra"
+
+	"github.com/kfpipe/kfpipe/internal/console"
 )
 
 func (a *app) customerCmd() *cobra.Command {
@@ -47,7 +48,7 @@ server answered.`,
 			if err != nil {
 				return err
 			}
-			var tl admin.Timeline
+			var tl console.Timeline
 			if err := decode(data, &tl); err != nil {
 				return err
 			}
@@ -73,7 +74,7 @@ server answered.`,
 	return cmd
 }
 
-func (a *app) printTimeline(tl *admin.Timeline) {
+func (a *app) printTimeline(tl *console.Timeline) {
 	w := a.out
 	fmt.Fprintf(w, "customer %s\n%s\n", tl.User, tl.Summary)
 	if tl.Read != "" {

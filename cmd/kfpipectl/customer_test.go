@@ -10,8 +10,8 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 )
 
@@ -58,7 +58,7 @@ func TestCustomerCommand(t *testing.T) {
 	if err := <-sent; err != nil {
 		t.Fatal(err)
 	}
-	var tl admin.Timeline
+	var tl console.Timeline
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		jsonOf(t, viewer.must(0, "customer", "c-dl", "-o", "json"), &tl)

@@ -10,9 +10,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/deadletter"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/spf13/cobra"
+
+	"github.com/kfpipe/kfpipe/internal/console"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
 // filterFlags are the DLQ selection flags shared by ls, export, retry and
@@ -117,8 +118,8 @@ func (a *app) dlqLs() *cobra.Command {
 				return err
 			}
 			var page struct {
-				Messages   []admin.DLQMessage `json:"messages"`
-				NextCursor string             `json:"next_cursor"`
+				Messages   []console.DLQMessage `json:"messages"`
+				NextCursor string               `json:"next_cursor"`
 			}
 			if printed, err := a.read(cmd, "/admin/dlq/messages", onePage(q, limit, cursor), &page); printed || err != nil {
 				return err
@@ -152,7 +153,7 @@ func (a *app) dlqShow() *cobra.Command {
 		Short: "Show one dead letter with its original message",
 		Args:  args(1, "one dead-letter ID"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			var m admin.DLQMessage
+			var m console.DLQMessage
 			if printed, err := a.read(cmd, "/admin/dlq/messages/"+url.PathEscape(argv[0]), nil, &m); printed || err != nil {
 				return err
 			}
@@ -161,7 +162,7 @@ func (a *app) dlqShow() *cobra.Command {
 	}
 }
 
-func (a *app) showMessage(m admin.DLQMessage) error {
+func (a *app) showMessage(m console.DLQMessage) error {
 	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 	rows := [][2]string{
 		{"id", m.ID}, {"user", m.User}, {"open_kfid", orDash(m.OpenKfID)}, {"reason", m.Reason},
@@ -185,7 +186,7 @@ func (a *app) showMessage(m admin.DLQMessage) error {
 
 // failures says how often the letter's message failed and since when (a
 // message has one letter: its retries that failed again are its history).
-func failures(m admin.DLQMessage) string {
+func failures(m console.DLQMessage) string {
 	n := max(m.Failures, 1)
 	if n == 1 || m.FirstFailure == nil {
 		return strconv.Itoa(n)
@@ -288,11 +289,11 @@ func (a *app) batch(cmd *cobra.Command, c *client, path string, body batchBody, 
 	if err != nil {
 		return err
 	}
-	var p admin.BatchPlan
+	var p console.BatchPlan
 	if err := decode(data, &p); err != nil {
 		return err
 	}
-	verb := map[string]string{admin.ActionRetry: "retry", admin.ActionPurge: "purge"}[p.Action]
+	verb := map[string]string{console.ActionRetry: "retry", console.ActionPurge: "purge"}[p.Action]
 	if p.Unblocked != "" && !a.json() {
 		fmt.Fprintf(a.out, "unblocked %s\n", p.Unblocked)
 	}
@@ -329,7 +330,7 @@ func (a *app) batch(cmd *cobra.Command, c *client, path string, body batchBody, 
 }
 
 // skipped says what a retry's plan skips, "" for nothing.
-func skipped(p admin.BatchPlan) string {
+func skipped(p console.BatchPlan) string {
 	var parts []string
 	add := func(n int, what string) {
 		if n > 0 {
@@ -343,7 +344,7 @@ func skipped(p admin.BatchPlan) string {
 	return strings.Join(parts, ", ")
 }
 
-func orSkipped(p admin.BatchPlan) string {
+func orSkipped(p console.BatchPlan) string {
 	if s := skipped(p); s != "" {
 		return ", none a retry may act on: " + s
 	}
@@ -351,7 +352,7 @@ func orSkipped(p admin.BatchPlan) string {
 }
 
 // warnBlocked warns of blocked users whose letters a retry would send.
-func warnBlocked(w io.Writer, bs []admin.BlockedUser, unblocking bool) {
+func warnBlocked(w io.Writer, bs []console.BlockedUser, unblocking bool) {
 	if len(bs) == 0 {
 		return
 	}
@@ -379,7 +380,7 @@ func (a *app) follow(cmd *cobra.Command, c *client, id string) error {
 		if err != nil {
 			return err
 		}
-		if b.State != admin.BatchRunning {
+		if b.State != console.BatchRunning {
 			if a.json() {
 				if err := a.printJSON(data); err != nil {
 					return err
@@ -387,7 +388,7 @@ func (a *app) follow(cmd *cobra.Command, c *client, id string) error {
 			} else {
 				printBatchResult(a.out, b)
 			}
-			if b.State == admin.BatchCancelled {
+			if b.State == console.BatchCancelled {
 				return failf("batch %s was cancelled by %s after %d of %d letters", b.ID, b.CancelledBy, b.Position, b.Total)
 			}
 			return nil
@@ -406,20 +407,20 @@ func (a *app) follow(cmd *cobra.Command, c *client, id string) error {
 	}
 }
 
-func getBatch(cmd *cobra.Command, c *client, id string) (admin.Batch, []byte, error) {
+func getBatch(cmd *cobra.Command, c *client, id string) (console.Batch, []byte, error) {
 	data, err := c.do(cmd.Context(), "GET", "/admin/dlq/batches/"+url.PathEscape(id), nil, nil)
 	if err != nil {
-		return admin.Batch{}, nil, err
+		return console.Batch{}, nil, err
 	}
-	var b admin.Batch
+	var b console.Batch
 	return b, data, decode(data, &b)
 }
 
 // deliveryText is a retry batch's letters back in the main topic and
 // those still waiting, once it requeued them all ("" before, and for a
 // purge).
-func deliveryText(b admin.Batch) string {
-	if b.Action != admin.ActionRetry || b.Position < b.Total || b.Acted == 0 {
+func deliveryText(b console.Batch) string {
+	if b.Action != console.ActionRetry || b.Position < b.Total || b.Acted == 0 {
 		return ""
 	}
 	t := fmt.Sprintf(" requeued; %d/%d back in the main topic", b.Delivered, b.Acted)
@@ -435,18 +436,18 @@ func deliveryText(b admin.Batch) string {
 	return t
 }
 
-func printBatchResult(w io.Writer, b admin.Batch) {
-	done := map[string]string{admin.ActionRetry: "retried", admin.ActionPurge: "purged"}[b.Action]
+func printBatchResult(w io.Writer, b console.Batch) {
+	done := map[string]string{console.ActionRetry: "retried", console.ActionPurge: "purged"}[b.Action]
 	fmt.Fprintf(w, "%s %d dead letter(s)", done, b.Acted)
 	// A retry always says how many it skipped as done, 0 included: the
 	// runbook (docs/operations.md) tells the operator to read that figure.
-	if b.Action == admin.ActionRetry || b.SkippedDone > 0 {
+	if b.Action == console.ActionRetry || b.SkippedDone > 0 {
 		fmt.Fprintf(w, ", skipped %d already done", b.SkippedDone)
 	}
 	if b.Gone > 0 {
 		fmt.Fprintf(w, ", %d gone meanwhile", b.Gone)
 	}
-	if b.Action == admin.ActionRetry && b.Acted > 0 {
+	if b.Action == console.ActionRetry && b.Acted > 0 {
 		fmt.Fprintf(w, ", %d back in the main topic", b.Delivered)
 		if b.Waiting > 0 {
 			fmt.Fprintf(w, ", %d still waiting", b.Waiting)
@@ -462,7 +463,7 @@ func (a *app) dlqBatches() *cobra.Command {
 		Args:  args(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var page struct {
-				Batches []admin.Batch `json:"batches"`
+				Batches []console.Batch `json:"batches"`
 			}
 			if printed, err := a.read(cmd, "/admin/dlq/batches", nil, &page); printed || err != nil {
 				return err
@@ -471,7 +472,7 @@ func (a *app) dlqBatches() *cobra.Command {
 			fmt.Fprintln(tw, "ID\tACTION\tSTATE\tSELECTED\tACTED\tBACK\tWAITING\tNEXT RETRY\tSKIPPED\tGONE\tWHO\tFILTER")
 			for _, b := range page.Batches {
 				back, waiting, next := "-", "-", "-"
-				if b.Action == admin.ActionRetry {
+				if b.Action == console.ActionRetry {
 					back, waiting = fmt.Sprintf("%d/%d", b.Delivered, b.Acted), strconv.Itoa(b.Waiting)
 					if b.NextRetry != nil {
 						next = b.NextRetry.Local().Format(time.TimeOnly)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/console"
 )
 
 func (a *app) fleetCmd() *cobra.Command {
@@ -26,7 +26,7 @@ it was last heard from, and is dropped 5 minutes after that; kfpipectl health an
 the console's consumers table follow the same rule for the consumers' reports.`,
 		Args: args(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var f admin.FleetList
+			var f console.FleetList
 			if printed, err := a.read(cmd, "/admin/fleet", nil, &f); printed || err != nil {
 				return err
 			}
@@ -74,7 +74,7 @@ func (a *app) rlRules() *cobra.Command {
 		Short: "The group rules in force and their version (for set-rules)",
 		Args:  args(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var r admin.RateRules
+			var r console.RateRules
 			if printed, err := a.read(cmd, "/admin/ratelimit/rules", nil, &r); printed || err != nil {
 				return err
 			}
@@ -113,7 +113,7 @@ since, it is refused (exit 4) with the current version; read them again and re-a
 			if err != nil {
 				return usagef("--file: %v", err)
 			}
-			var groups map[string]admin.RateRule
+			var groups map[string]console.RateRule
 			if err := json.Unmarshal(raw, &groups); err != nil {
 				return usagef("--file %s: not a JSON group map: %v", file, err)
 			}

@@ -11,9 +11,9 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/coord"
 	"github.com/kfpipe/kfpipe/internal/coord/coordtest"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -63,13 +63,13 @@ func TestFleetViewsAgree(t *testing.T) {
 	now := time.Now().UTC()
 	for node, at := range map[string]time.Time{"sc-live": now, "sc-killed": now.Add(-time.Minute),
 		"sc-gone": now.Add(-10 * time.Minute)} {
-		b, _ := json.Marshal(admin.ConsumerStatus{Node: node, Reported: at, Actors: 5, Partitions: 1})
+		b, _ := json.Marshal(console.ConsumerStatus{Node: node, Reported: at, Actors: 5, Partitions: 1})
 		if err := rdb.HSet(ctx, cfg.Redis.KeyPrefix+"consumer:status", node, b).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	var f admin.FleetList
+	var f console.FleetList
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		jsonOf(t, viewer.must(0, "fleet", "-o", "json"), &f)

@@ -9,19 +9,20 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/spf13/cobra"
+
+	"github.com/kfpipe/kfpipe/internal/console"
 )
 
 // health is GET /admin/health's answer.
 type health struct {
-	Status             string         `json:"status"`
-	Attention          []string       `json:"attention"`
-	Time               time.Time      `json:"time"`
-	DLQ                admin.DLQStats `json:"dlq"`
-	ReviewBacklog      int64          `json:"review_backlog"`
-	BlockedUsers       int            `json:"blocked_users"`
-	BlockedUsersCapped bool           `json:"blocked_users_capped"`
+	Status             string           `json:"status"`
+	Attention          []string         `json:"attention"`
+	Time               time.Time        `json:"time"`
+	DLQ                console.DLQStats `json:"dlq"`
+	ReviewBacklog      int64            `json:"review_backlog"`
+	BlockedUsers       int              `json:"blocked_users"`
+	BlockedUsersCapped bool             `json:"blocked_users_capped"`
 }
 
 func (a *app) healthCmd() *cobra.Command {
@@ -60,7 +61,7 @@ status from --output json (the health answer only).`,
 			if err != nil {
 				return err
 			}
-			var v admin.Verdict
+			var v console.Verdict
 			if err := decode(vdata, &v); err != nil {
 				return err
 			}
@@ -118,13 +119,13 @@ type overview struct {
 		WaitingSeconds     int64      `json:"waiting_seconds"`
 		HorizonLeftSeconds *int64     `json:"horizon_left_seconds"`
 	} `json:"accounts"`
-	AccountsError  string                 `json:"accounts_error"`
-	Partitions     []admin.PartitionLag   `json:"partitions"`
-	LagError       string                 `json:"lag_error"`
-	Consumers      []admin.ConsumerStatus `json:"consumers"`
-	ConsumersError string                 `json:"consumers_error"`
-	Actors         int                    `json:"actors"`
-	OpenBreakers   int                    `json:"open_breakers"`
+	AccountsError  string                   `json:"accounts_error"`
+	Partitions     []console.PartitionLag   `json:"partitions"`
+	LagError       string                   `json:"lag_error"`
+	Consumers      []console.ConsumerStatus `json:"consumers"`
+	ConsumersError string                   `json:"consumers_error"`
+	Actors         int                      `json:"actors"`
+	OpenBreakers   int                      `json:"open_breakers"`
 }
 
 func (a *app) printOverview(o overview) error {
@@ -185,8 +186,8 @@ func (a *app) auditCmd() *cobra.Command {
 				}
 			}
 			var page struct {
-				Entries    []admin.AuditEntry `json:"entries"`
-				NextCursor string             `json:"next_cursor"`
+				Entries    []console.AuditEntry `json:"entries"`
+				NextCursor string               `json:"next_cursor"`
 			}
 			if printed, err := a.read(cmd, "/admin/audit", onePage(q, limit, cursor), &page); printed || err != nil {
 				return err
@@ -226,7 +227,7 @@ func auditFlags(who, action, target string) string {
 
 // printVerdict prints the verdict's areas: colour, what was read, the
 // alert rules whose bounds the values pass.
-func (a *app) printVerdict(v admin.Verdict) error {
+func (a *app) printVerdict(v console.Verdict) error {
 	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "VERDICT\t%s%s\n", v.State, sinceText(v.Since))
 	fmt.Fprintln(tw, "AREA\tSTATE\tDETAIL\tPAST")

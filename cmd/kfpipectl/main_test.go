@@ -13,9 +13,9 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/service"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -292,7 +292,7 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	// letter that was not retried (the one retried above is never
 	// selected again, neither while due now nor once re-injected).
 	for deadline := time.Now().Add(20 * time.Second); ; {
-		var m admin.DLQMessage
+		var m console.DLQMessage
 		jsonOf(t, viewer.must(0, "dlq", "show", a, "-o", "json"), &m)
 		if m.State == "retried" {
 			break
@@ -357,7 +357,7 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	// audit: the writes, newest first, with who and result; refused and
 	// rejected requests left nothing.
 	var audit struct {
-		Entries []admin.AuditEntry `json:"entries"`
+		Entries []console.AuditEntry `json:"entries"`
 	}
 	jsonOf(t, viewer.must(0, "audit", "--limit", "500", "-o", "json"), &audit)
 	var got []string
@@ -459,7 +459,7 @@ func TestRetryInvalidMessageLetters(t *testing.T) {
 		ids = append(ids, sendLetter(t, p, cfg.Kafka.Topics.Main.Name, "U", dlq.ReasonInvalidMessage, int64(i)))
 	}
 	var page struct {
-		Messages []admin.DLQMessage `json:"messages"`
+		Messages []console.DLQMessage `json:"messages"`
 	}
 	for deadline := time.Now().Add(60 * time.Second); ; {
 		jsonOf(t, op.must(0, "dlq", "ls", "--user", "U", "-o", "json"), &page)
@@ -494,7 +494,7 @@ func TestRetryInvalidMessageLetters(t *testing.T) {
 	// Asked for: the dry run's count is what the batch retries; it warns
 	// that U is blocked, and unblock-and-retry is one step.
 	op.must(0, "ratelimit", "block", "U", "--for", "1h", "--why", "looked like a bot")
-	var plan admin.BatchPlan
+	var plan console.BatchPlan
 	jsonOf(t, op.must(0, "dlq", "retry", "--user", "U", "--include-invalid", "--why", "handler fixed", "--dry-run", "-o", "json"), &plan)
 	if plan.Count != 15 || plan.Messages != 15 || plan.Users != 1 || plan.NotRetryable != 0 || len(plan.Blocked) != 1 {
 		t.Fatalf("dry run with --include-invalid: %+v, want 15 messages of 1 user, blocked", plan)
@@ -515,7 +515,7 @@ func TestRetryInvalidMessageLetters(t *testing.T) {
 	op.must(4, "dlq", "retry", ids[0], "--include-invalid", "--why", "again")
 
 	var audit struct {
-		Entries []admin.AuditEntry `json:"entries"`
+		Entries []console.AuditEntry `json:"entries"`
 	}
 	jsonOf(t, op.must(0, "audit", "--target", "include_invalid", "-o", "json"), &audit)
 	if len(audit.Entries) != 5 {

@@ -7,8 +7,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/spf13/cobra"
+
+	"github.com/kfpipe/kfpipe/internal/console"
 )
 
 func (a *app) rateLimitCmd() *cobra.Command {
@@ -40,8 +41,8 @@ func (a *app) rlStatus() *cobra.Command {
 	}
 }
 
-func (a *app) status(cmd *cobra.Command, c *client, user string) (admin.RateLimitStatus, []byte, error) {
-	var st admin.RateLimitStatus
+func (a *app) status(cmd *cobra.Command, c *client, user string) (console.RateLimitStatus, []byte, error) {
+	var st console.RateLimitStatus
 	data, err := c.do(cmd.Context(), "GET", "/admin/ratelimit/status/"+url.PathEscape(user), nil, nil)
 	if err != nil {
 		return st, nil, err
@@ -59,7 +60,7 @@ func blockText(blocked, permanent bool, until *time.Time) string {
 	return "until " + fmtTime(until)
 }
 
-func (a *app) printStatus(st admin.RateLimitStatus) {
+func (a *app) printStatus(st console.RateLimitStatus) {
 	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "USER\tGROUP\tBLOCKED")
 	fmt.Fprintf(tw, "%s\t%s\t%s\n", st.User, st.Group, blockText(st.Blocked, st.Permanent, st.BlockedUntil))
@@ -86,8 +87,8 @@ func (a *app) rlBlocked() *cobra.Command {
 				return a.printJSON(data)
 			}
 			var page struct {
-				Users      []admin.BlockedUser `json:"users"`
-				NextCursor string              `json:"next_cursor"`
+				Users      []console.BlockedUser `json:"users"`
+				NextCursor string                `json:"next_cursor"`
 			}
 			if err := decode(data, &page); err != nil {
 				return err

@@ -14,7 +14,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -135,9 +135,9 @@ func TestConsoleFleetSeesAKilledDaemonLeave(t *testing.T) {
 	// The fleet's rule (fleet.Judge, as for the consumers table): a daemon
 	// whose lease expired is listed stale, then dropped GoneAfter after it
 	// was last heard from — not at once, and not as a running one.
-	var stale admin.FleetList
+	var stale console.FleetList
 	for {
-		stale = admin.FleetList{} // a decode into the last answer would keep its by_role keys
+		stale = console.FleetList{} // a decode into the last answer would keep its by_role keys
 		if err := getJSON(p.AdminURL+"/admin/fleet", &stale); err != nil {
 			t.Fatal(err)
 		}

@@ -16,8 +16,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/demo"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -120,7 +120,7 @@ func TestDemoConsoleFirstLook(t *testing.T) {
 func timeBotRetry(t *testing.T, bctx context.Context, adminURL, token string) {
 	t.Helper()
 	// A first look gives the DLQ's per-user pace.
-	var look admin.BatchPlan
+	var look console.BatchPlan
 	if err := apiJSON(adminURL, token, "POST", "/admin/dlq/batch-retry", map[string]any{"filter": map[string]any{"user": "demo-bot"},
 		"unblock": true, "dry_run": true, "reason": "test: dry run"}, &look); err != nil {
 		t.Fatal(err)
@@ -162,7 +162,7 @@ func timeBotRetry(t *testing.T, bctx context.Context, adminURL, token string) {
 		t.Logf("waiting %s for the bot's last answered message (%s) to leave the limiter's window", wait.Round(time.Second), lastAnswered.Format(time.TimeOnly))
 		time.Sleep(wait)
 	}
-	var dry admin.BatchPlan
+	var dry console.BatchPlan
 	if err := apiJSON(adminURL, token, "POST", "/admin/dlq/batch-retry",
 		map[string]any{"filter": filter, "unblock": true, "dry_run": true, "reason": "test: dry run"}, &dry); err != nil {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func timeBotRetry(t *testing.T, bctx context.Context, adminURL, token string) {
 	}
 	t.Logf("dry run: %d letters, about %.0f s (%d a user every %.0f s)", dry.Count, dry.Seconds, dry.Pace.Allow, dry.Pace.WindowSeconds)
 
-	var started admin.BatchPlan
+	var started console.BatchPlan
 	start := time.Now()
 	if err := apiJSON(adminURL, token, "POST", "/admin/dlq/batch-retry",
 		map[string]any{"filter": filter, "unblock": true, "reason": "test: bot fixed"}, &started); err != nil {
@@ -192,14 +192,14 @@ func timeBotRetry(t *testing.T, bctx context.Context, adminURL, token string) {
 	testenv.PollJS(t, bctx, "the batch waiting for its paced letter", fmt.Sprintf(`(() => { const r = %s;
 		return r !== null && r.dataset.state === "running" && r.querySelector('.delivered').textContent.startsWith("%d/%d")
 			&& r.querySelector('.next-retry').textContent !== ""; })()`, row, n-1, n), 30*time.Second)
-	var b admin.Batch
+	var b console.Batch
 	seen := ""
 	deadline := start.Add(time.Duration(2*dry.Seconds)*time.Second + 30*time.Second)
 	for {
 		if err := apiJSON(adminURL, token, "GET", "/admin/dlq/batches/"+id, nil, &b); err != nil {
 			t.Fatal(err)
 		}
-		if b.State != admin.BatchRunning {
+		if b.State != console.BatchRunning {
 			break
 		}
 		if now := fmt.Sprintf("%d/%d requeued, %d back, %d waiting, next %v", b.Position, b.Total, b.Delivered, b.Waiting, b.NextRetry); now != seen {
@@ -212,7 +212,7 @@ func timeBotRetry(t *testing.T, bctx context.Context, adminURL, token string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	took := time.Since(start).Seconds()
-	if b.State != admin.BatchDone || b.Delivered != n || b.Waiting != 0 {
+	if b.State != console.BatchDone || b.Delivered != n || b.Waiting != 0 {
 		t.Fatalf("batch ended %+v, want done with all %d delivered", b, n)
 	}
 	t.Logf("batch %s: %d letters delivered in %.1f s; the dry run said %.0f s", id, b.Delivered, took, dry.Seconds)

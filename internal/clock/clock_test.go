@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/clock"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/idgen"
 	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
@@ -21,7 +21,7 @@ import (
 var (
 	_ *ratelimit.Clock = (*clock.Clock)(nil)
 	_ *dlq.Clock       = (*clock.Clock)(nil)
-	_ *admin.Clock     = (*clock.Clock)(nil)
+	_ *console.Clock   = (*clock.Clock)(nil)
 	_ *idgen.Clock     = (*clock.SleepClock)(nil)
 	_ *producer.Clock  = (*clock.AfterClock)(nil)
 	_ *consumer.Clock  = (*clock.TimerClock)(nil)

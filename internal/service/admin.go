@@ -14,9 +14,9 @@ import (
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/producer"
@@ -27,8 +27,8 @@ import (
 // adminHandler builds the admin server; lag reads the schedule-consumers'
 // group, dlqLag the dlq-consumers' own (nil: the DLQ topic's lag is not
 // shown).
-func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLag *kafka.Consumer) (*admin.Server, error) {
-	ac := admin.FromConfig(cfg.Admin, cfg.Redis.KeyPrefix)
+func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLag *kafka.Consumer) (*console.Server, error) {
+	ac := console.FromConfig(cfg.Admin, cfg.Redis.KeyPrefix)
 	for g := range cfg.RateLimit.Groups {
 		ac.Groups = append(ac.Groups, g)
 	}
@@ -49,7 +49,7 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLa
 	}
 	rl := cfg.RateLimit
 	ac.RetryPace = func() (int, time.Duration, bool) { return dlq.RetryPace(rl, rl.DefaultGroup) }
-	srv, err := admin.New(ac, dlqStore{x: d.Index, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}, rateLimitAdmin{a: d.Admin, x: d.Index}, base.Redis, base.Log, base.Registry)
+	srv, err := console.New(ac, dlqStore{x: d.Index, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}, rateLimitAdmin{a: d.Admin, x: d.Index}, base.Redis, base.Log, base.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
@@ -64,8 +64,8 @@ type dlqStore struct {
 	prefix string
 }
 
-func toAdminMessage(e *dlq.Entry) admin.DLQMessage {
-	m := admin.DLQMessage{ID: e.ID, User: e.UserID, OpenKfID: e.OpenKfID, Reason: string(e.Reason), Details: e.Details,
+func toAdminMessage(e *dlq.Entry) console.DLQMessage {
+	m := console.DLQMessage{ID: e.ID, User: e.UserID, OpenKfID: e.OpenKfID, Reason: string(e.Reason), Details: e.Details,
 		State: e.State, FailureTime: e.FailureTime, RetryCount: max(e.RetryCount, e.Attempts), NextRetryTime: e.NextRetryTime,
 		Failures: e.Failures, FirstFailure: e.FirstFailure,
 		SourceTopic: e.SourceTopic, SourcePartition: e.SourcePartition, SourceOffset: e.SourceOffset,
@@ -82,77 +82,77 @@ func toAdminMessage(e *dlq.Entry) admin.DLQMessage {
 	return m
 }
 
-func toFilter(f admin.DLQFilter) dlq.Filter {
+func toFilter(f console.DLQFilter) dlq.Filter {
 	return dlq.Filter{User: f.User, Reason: f.Reason, Review: f.Review, Cursor: f.Cursor, Limit: f.Limit}
 }
 
-func (s dlqStore) Stats(ctx context.Context) (admin.DLQStats, error) {
+func (s dlqStore) Stats(ctx context.Context) (console.DLQStats, error) {
 	st, err := s.x.Stats(ctx)
-	return admin.DLQStats{Total: st.Total, ByReason: st.ByReason, Due: st.Due, DueNow: st.DueNow, Review: st.Review, Retried: st.Retried,
+	return console.DLQStats{Total: st.Total, ByReason: st.ByReason, Due: st.Due, DueNow: st.DueNow, Review: st.Review, Retried: st.Retried,
 		Done: st.Done}, err
 }
 
-func (s dlqStore) List(ctx context.Context, f admin.DLQFilter) ([]admin.DLQMessage, string, error) {
+func (s dlqStore) List(ctx context.Context, f console.DLQFilter) ([]console.DLQMessage, string, error) {
 	entries, next, err := s.x.List(ctx, toFilter(f))
 	if errors.Is(err, dlq.ErrBadCursor) {
-		return nil, "", fmt.Errorf("%w: %w", admin.ErrBadCursor, err)
+		return nil, "", fmt.Errorf("%w: %w", console.ErrBadCursor, err)
 	}
 	if err != nil {
 		return nil, "", err
 	}
-	out := make([]admin.DLQMessage, len(entries))
+	out := make([]console.DLQMessage, len(entries))
 	for i, e := range entries {
 		out[i] = toAdminMessage(e)
 	}
 	return out, next, nil
 }
 
-func (s dlqStore) Get(ctx context.Context, id string) (admin.DLQMessage, error) {
+func (s dlqStore) Get(ctx context.Context, id string) (console.DLQMessage, error) {
 	e, err := s.x.Get(ctx, id)
 	if errors.Is(err, dlq.ErrNotFound) {
-		return admin.DLQMessage{}, admin.ErrNotFound
+		return console.DLQMessage{}, console.ErrNotFound
 	}
 	if err != nil {
-		return admin.DLQMessage{}, err
+		return console.DLQMessage{}, err
 	}
 	return toAdminMessage(e), nil
 }
 
-func (s dlqStore) Retry(ctx context.Context, id string, o admin.RetryOptions) error {
+func (s dlqStore) Retry(ctx context.Context, id string, o console.RetryOptions) error {
 	e, err := s.x.Get(ctx, id)
 	if errors.Is(err, dlq.ErrNotFound) {
-		return admin.ErrNotFound
+		return console.ErrNotFound
 	}
 	if err != nil {
 		return err
 	}
 	q := userDone(e.DeadLetterMessage)
-	l := admin.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason), Key: q.Key, SendTime: q.SendTime}
+	l := console.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason), Key: q.Key, SendTime: q.SendTime}
 	o.Batch = ""
-	skips, err := s.decide(ctx, []admin.Letter{l}, time.Now(), o)
+	skips, err := s.decide(ctx, []console.Letter{l}, time.Now(), o)
 	if err != nil {
 		return err
 	}
 	switch skips[0] {
 	case "":
 		return nil
-	case admin.SkipGone:
-		return admin.ErrNotFound
+	case console.SkipGone:
+		return console.ErrNotFound
 	default:
-		return fmt.Errorf("%w: letter %s (%s, %s) is not retried: %s", admin.ErrConflict, id, e.Reason, e.State, explainSkip(skips[0]))
+		return fmt.Errorf("%w: letter %s (%s, %s) is not retried: %s", console.ErrConflict, id, e.Reason, e.State, explainSkip(skips[0]))
 	}
 }
 
 // explainSkip says in words why a retry skips a letter.
 func explainSkip(skip string) string {
 	switch skip {
-	case admin.SkipDone:
+	case console.SkipDone:
 		return "its message is done already (the dedup store holds it as processed)"
-	case admin.SkipNotRetryable:
+	case console.SkipNotRetryable:
 		return "its reason is never retried, no retry can fix it: retry it anyway with include_invalid (kfpipectl dlq retry --include-invalid)"
-	case admin.SkipSettled:
+	case console.SkipSettled:
 		return "it was retried already (or its message is done); a letter comes back only when its message fails again"
-	case admin.SkipBusy:
+	case console.SkipBusy:
 		return "it is due now or being re-injected by the scheduler: it goes anyway"
 	}
 	return skip
@@ -160,11 +160,11 @@ func explainSkip(skip string) string {
 
 // decide is the one selection of an operator's retry, for one letter and
 // for a batch, dry run or not: per letter "" (the retry acts on it) or
-// why it does not (admin.Skip…). A letter whose message is done in the
+// why it does not (console.Skip…). A letter whose message is done in the
 // dedup store is skipped (and, unless o.DryRun, a retried one is marked
 // done in the index); the rest are decided, and unless o.DryRun requeued
 // due from `from` on, by the index's RetrySelected in one script.
-func (s dlqStore) decide(ctx context.Context, ls []admin.Letter, from time.Time, o admin.RetryOptions) ([]string, error) {
+func (s dlqStore) decide(ctx context.Context, ls []console.Letter, from time.Time, o console.RetryOptions) ([]string, error) {
 	out := make([]string, len(ls))
 	qs := make([]state.Item, len(ls))
 	for i, l := range ls {
@@ -178,7 +178,7 @@ func (s dlqStore) decide(ctx context.Context, ls []admin.Letter, from time.Time,
 	var at []int
 	for i, l := range ls {
 		if done[i] {
-			out[i] = admin.SkipDone
+			out[i] = console.SkipDone
 			doneIDs = append(doneIDs, l.ID)
 			continue
 		}
@@ -203,13 +203,13 @@ func (s dlqStore) decide(ctx context.Context, ls []admin.Letter, from time.Time,
 		case dlq.VerdictRetry, dlq.VerdictActed:
 			out[at[j]] = ""
 		case dlq.VerdictGone:
-			out[at[j]] = admin.SkipGone
+			out[at[j]] = console.SkipGone
 		case dlq.VerdictNotRetryable:
-			out[at[j]] = admin.SkipNotRetryable
+			out[at[j]] = console.SkipNotRetryable
 		case dlq.VerdictSettled:
-			out[at[j]] = admin.SkipSettled
+			out[at[j]] = console.SkipSettled
 		default:
-			out[at[j]] = admin.SkipBusy
+			out[at[j]] = console.SkipBusy
 		}
 	}
 	return out, nil
@@ -220,7 +220,7 @@ func (s dlqStore) decide(ctx context.Context, ls []admin.Letter, from time.Time,
 // reads the whole letters back from the DLQ topic (a thousand at a time)
 // for their messages' dedup keys, and decides each as the retry would
 // (decide, dry run).
-func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, retry *admin.RetryOptions) ([]admin.Letter, error) {
+func (s dlqStore) Select(ctx context.Context, f console.DLQFilter, retry *console.RetryOptions) ([]console.Letter, error) {
 	var es []*dlq.Entry
 	df := toFilter(f)
 	df.Limit, df.Cursor = 500, ""
@@ -245,9 +245,9 @@ func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, retry *admin.Re
 		es = es[:f.Limit]
 	}
 	dlq.SortBySource(es, func(e *dlq.Entry) *dlq.DeadLetterMessage { return e.DeadLetterMessage })
-	ls := make([]admin.Letter, len(es))
+	ls := make([]console.Letter, len(es))
 	for i, e := range es {
-		ls[i] = admin.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason)}
+		ls[i] = console.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason)}
 	}
 	if retry == nil {
 		return ls, nil
@@ -271,7 +271,7 @@ func (s dlqStore) Select(ctx context.Context, f admin.DLQFilter, retry *admin.Re
 		return nil, err
 	}
 	for i, sk := range skips {
-		ls[i].Skip, ls[i].Done = sk, sk == admin.SkipDone
+		ls[i].Skip, ls[i].Done = sk, sk == console.SkipDone
 	}
 	return ls, nil
 }
@@ -336,21 +336,21 @@ func (s dlqStore) doneKeys(ctx context.Context, qs []state.Item) ([]bool, error)
 // as its dry run did (decide): a letter this batch requeued already (a
 // resumed batch) counts as acted, one whose message is done is skipped,
 // one no longer retryable (gone, retried or due meanwhile) is gone.
-func (s dlqStore) RetryLetters(ctx context.Context, ls []admin.Letter, from time.Time, o admin.RetryOptions) ([]admin.Outcome, error) {
+func (s dlqStore) RetryLetters(ctx context.Context, ls []console.Letter, from time.Time, o console.RetryOptions) ([]console.Outcome, error) {
 	o.DryRun = false
 	skips, err := s.decide(ctx, ls, from, o)
 	if err != nil {
 		return nil, err
 	}
-	outs := make([]admin.Outcome, len(ls))
+	outs := make([]console.Outcome, len(ls))
 	for i, sk := range skips {
 		switch sk {
 		case "":
-			outs[i] = admin.OutcomeActed
-		case admin.SkipDone:
-			outs[i] = admin.OutcomeDone
+			outs[i] = console.OutcomeActed
+		case console.SkipDone:
+			outs[i] = console.OutcomeDone
 		default:
-			outs[i] = admin.OutcomeGone
+			outs[i] = console.OutcomeGone
 		}
 	}
 	return outs, nil
@@ -361,33 +361,33 @@ func (s dlqStore) RetryLetters(ctx context.Context, ls []admin.Letter, from time
 // one still due, the batch's or released by the scheduler while its user
 // is blocked, waits; one no longer in the index, or requeued by another
 // batch, is gone.
-func (s dlqStore) Delivery(ctx context.Context, ids []string, batch string, since time.Time) ([]admin.Delivery, error) {
+func (s dlqStore) Delivery(ctx context.Context, ids []string, batch string, since time.Time) ([]console.Delivery, error) {
 	es, err := s.x.Summaries(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
 	since = since.Truncate(time.Millisecond) // the index keeps milliseconds
-	out := make([]admin.Delivery, len(ids))
+	out := make([]console.Delivery, len(ids))
 	for i, e := range es {
 		switch {
 		case e == nil:
-			out[i].State = admin.DeliveryGone
+			out[i].State = console.DeliveryGone
 		case e.RetriedAt != nil && !e.RetriedAt.Before(since):
-			out[i].State = admin.DeliveryDelivered
+			out[i].State = console.DeliveryDelivered
 		case e.State == dlq.StateDue && (e.Batch == batch || e.Batch == ""):
-			out[i].State = admin.DeliveryWaiting
+			out[i].State = console.DeliveryWaiting
 			if e.NextRetryTime != nil {
 				out[i].Due = *e.NextRetryTime
 			}
 		default:
-			out[i].State = admin.DeliveryGone
+			out[i].State = console.DeliveryGone
 		}
 	}
 	return out, nil
 }
 
 // PurgeLetters deletes ls, recording each purge in the DLQ topic.
-func (s dlqStore) PurgeLetters(ctx context.Context, ls []admin.Letter) ([]admin.Outcome, error) {
+func (s dlqStore) PurgeLetters(ctx context.Context, ls []console.Letter) ([]console.Outcome, error) {
 	ids := make([]string, len(ls))
 	for i, l := range ls {
 		ids[i] = l.ID
@@ -400,16 +400,16 @@ func (s dlqStore) PurgeLetters(ctx context.Context, ls []admin.Letter) ([]admin.
 	if err != nil {
 		return nil, err
 	}
-	outs := make([]admin.Outcome, len(ls))
+	outs := make([]console.Outcome, len(ls))
 	for i, g := range gone {
 		if !g {
-			outs[i] = admin.OutcomeGone
+			outs[i] = console.OutcomeGone
 		}
 	}
 	return outs, nil
 }
 
-func (s dlqStore) Export(ctx context.Context, f admin.DLQFilter, fn func(admin.DLQMessage) error) error {
+func (s dlqStore) Export(ctx context.Context, f console.DLQFilter, fn func(console.DLQMessage) error) error {
 	return s.x.Export(ctx, toFilter(f), func(e *dlq.Entry) error { return fn(toAdminMessage(e)) })
 }
 
@@ -431,19 +431,19 @@ func optTime(t time.Time) *time.Time {
 func mapRLErr(err error) error {
 	switch {
 	case errors.Is(err, ratelimit.ErrUnknownGroup):
-		return fmt.Errorf("%w: %w", admin.ErrUnknownGroup, err)
+		return fmt.Errorf("%w: %w", console.ErrUnknownGroup, err)
 	case errors.Is(err, ratelimit.ErrNotWhitelisted):
-		return fmt.Errorf("%w: %w", admin.ErrConflict, err)
+		return fmt.Errorf("%w: %w", console.ErrConflict, err)
 	}
 	return err
 }
 
-func (r rateLimitAdmin) Status(ctx context.Context, user string) (admin.RateLimitStatus, error) {
+func (r rateLimitAdmin) Status(ctx context.Context, user string) (console.RateLimitStatus, error) {
 	s, err := r.a.Status(ctx, user)
-	st := admin.RateLimitStatus{User: s.User, Group: s.Group, Blocked: s.Blocked, BlockedUntil: optTime(s.BlockedUntil),
+	st := console.RateLimitStatus{User: s.User, Group: s.Group, Blocked: s.Blocked, BlockedUntil: optTime(s.BlockedUntil),
 		Permanent: s.Permanent, BlockHistory: s.History}
 	if g := s.Rule; g != nil {
-		st.Rule = &admin.RateRule{WindowSeconds: g.WindowSeconds, MaxMessages: g.MaxMessages, PenaltyThreshold: g.PenaltyThreshold, BlockHours: g.BlockHours}
+		st.Rule = &console.RateRule{WindowSeconds: g.WindowSeconds, MaxMessages: g.MaxMessages, PenaltyThreshold: g.PenaltyThreshold, BlockHours: g.BlockHours}
 	}
 	if err == nil && r.x != nil {
 		st.RecentLetters, err = r.recentLetters(ctx, user)
@@ -474,17 +474,17 @@ func (r rateLimitAdmin) recentLetters(ctx context.Context, user string) (map[str
 	}
 }
 
-func (r rateLimitAdmin) Rules(ctx context.Context) (admin.RateRules, error) {
+func (r rateLimitAdmin) Rules(ctx context.Context) (console.RateRules, error) {
 	groups, v, err := r.a.RulesVersion(ctx)
-	out := admin.RateRules{Backend: r.a.RulesBackend(), Version: v, Groups: make(map[string]admin.RateRule, len(groups))}
+	out := console.RateRules{Backend: r.a.RulesBackend(), Version: v, Groups: make(map[string]console.RateRule, len(groups))}
 	for n, g := range groups {
-		out.Groups[n] = admin.RateRule{WindowSeconds: g.WindowSeconds, MaxMessages: g.MaxMessages,
+		out.Groups[n] = console.RateRule{WindowSeconds: g.WindowSeconds, MaxMessages: g.MaxMessages,
 			PenaltyThreshold: g.PenaltyThreshold, BlockHours: g.BlockHours}
 	}
 	return out, err
 }
 
-func (r rateLimitAdmin) SetRules(ctx context.Context, groups map[string]admin.RateRule, version int64) (int64, error) {
+func (r rateLimitAdmin) SetRules(ctx context.Context, groups map[string]console.RateRule, version int64) (int64, error) {
 	in := make(map[string]config.RateGroup, len(groups))
 	for n, g := range groups {
 		in[n] = config.RateGroup{WindowSeconds: g.WindowSeconds, MaxMessages: g.MaxMessages,
@@ -494,9 +494,9 @@ func (r rateLimitAdmin) SetRules(ctx context.Context, groups map[string]admin.Ra
 	var conflict *ratelimit.RulesConflictError
 	switch {
 	case errors.As(err, &conflict):
-		return 0, &admin.VersionConflictError{Current: conflict.Current}
+		return 0, &console.VersionConflictError{Current: conflict.Current}
 	case errors.Is(err, ratelimit.ErrInvalidRules):
-		return 0, fmt.Errorf("%w: %w", admin.ErrInvalidRules, err)
+		return 0, fmt.Errorf("%w: %w", console.ErrInvalidRules, err)
 	}
 	return v, err
 }
@@ -521,11 +521,11 @@ func (r rateLimitAdmin) RemoveWhitelist(ctx context.Context, user string) error 
 	return mapRLErr(r.a.RemoveWhitelist(ctx, user))
 }
 
-func (r rateLimitAdmin) ListBlocked(ctx context.Context, cursor, limit int) ([]admin.BlockedUser, int, error) {
+func (r rateLimitAdmin) ListBlocked(ctx context.Context, cursor, limit int) ([]console.BlockedUser, int, error) {
 	users, next, err := r.a.ListBlocked(ctx, cursor, limit)
-	out := make([]admin.BlockedUser, len(users))
+	out := make([]console.BlockedUser, len(users))
 	for i, u := range users {
-		out[i] = admin.BlockedUser{User: u.User, BlockedUntil: optTime(u.BlockedUntil), Permanent: u.Permanent}
+		out[i] = console.BlockedUser{User: u.User, BlockedUntil: optTime(u.BlockedUntil), Permanent: u.Permanent}
 	}
 	return out, next, mapRLErr(err)
 }
@@ -552,11 +552,11 @@ type pipelineView struct {
 	archive                           *archive.Store // nil: the timeline scans the main topic
 }
 
-func (p pipelineView) Consumers(ctx context.Context) ([]admin.ConsumerStatus, error) {
+func (p pipelineView) Consumers(ctx context.Context) ([]console.ConsumerStatus, error) {
 	return consumerStatuses(ctx, p.rdb, p.prefix, time.Now())
 }
 
-func (p pipelineView) Accounts(ctx context.Context) ([]admin.AccountSync, error) {
+func (p pipelineView) Accounts(ctx context.Context) ([]console.AccountSync, error) {
 	st, err := p.state.SyncStatuses(ctx)
 	if err != nil {
 		return nil, err
@@ -565,9 +565,9 @@ func (p pipelineView) Accounts(ctx context.Context) ([]admin.AccountSync, error)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]admin.AccountSync, len(st))
+	out := make([]console.AccountSync, len(st))
 	for i, s := range st {
-		a := admin.AccountSync{OpenKfID: s.OpenKfID, Reported: s.Reported, Days: days[s.OpenKfID]}
+		a := console.AccountSync{OpenKfID: s.OpenKfID, Reported: s.Reported, Days: days[s.OpenKfID]}
 		if !s.LastSuccess.IsZero() {
 			a.LastSuccess = &s.LastSuccess
 		}
@@ -579,16 +579,16 @@ func (p pipelineView) Accounts(ctx context.Context) ([]admin.AccountSync, error)
 	return out, nil
 }
 
-func (p pipelineView) Lag(ctx context.Context) ([]admin.PartitionLag, error) {
+func (p pipelineView) Lag(ctx context.Context) ([]console.PartitionLag, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	lag, err := kafkaclient.GroupLag(ctx, p.kafka, p.group, p.topic)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]admin.PartitionLag, len(lag))
+	out := make([]console.PartitionLag, len(lag))
 	for i, l := range lag {
-		out[i] = admin.PartitionLag{Partition: l.Partition, End: l.End, Committed: l.Committed, Lag: l.Lag}
+		out[i] = console.PartitionLag{Partition: l.Partition, End: l.End, Committed: l.Committed, Lag: l.Lag}
 	}
 	return out, nil
 }

@@ -13,15 +13,15 @@ import (
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
 // The conversation archive in the dlq-consumer: the archiver beside the
 // DLQ consumer (its own group, off the schedule-consumers' path), and the
-// timeline's reads of it (admin.ArchiveSource).
+// timeline's reads of it (console.ArchiveSource).
 
 // openArchive opens the archive when archive.dsn is set (nil when not).
 // A database that does not answer at start-up stops the daemon with the
@@ -71,8 +71,8 @@ func (p pipelineView) ArchiveRetention() time.Duration {
 // ArchivedRecords reads the user's messages sent in [since, until) from
 // the archive, and how far the archiver has come on the user's partition
 // of the main topic.
-func (p pipelineView) ArchivedRecords(ctx context.Context, user string, since, until time.Time, limit int) (admin.ArchiveRead, error) {
-	read := admin.ArchiveRead{Retention: p.archive.Retention(), From: since, To: until}
+func (p pipelineView) ArchivedRecords(ctx context.Context, user string, since, until time.Time, limit int) (console.ArchiveRead, error) {
+	read := console.ArchiveRead{Retention: p.archive.Retention(), From: since, To: until}
 	rows, more, err := p.archive.Conversation(ctx, user, since, until, limit)
 	if err != nil {
 		return read, err
@@ -118,8 +118,8 @@ func (p pipelineView) ArchivedRecords(ctx context.Context, user string, since, u
 }
 
 // archiveRecord is an archived message as the timeline's record of it.
-func archiveRecord(r archive.Row) admin.TopicRecord {
-	rec := admin.TopicRecord{MainRecord: admin.MainRecord{Partition: r.Partition, Offset: r.Offset, Time: r.Recorded,
+func archiveRecord(r archive.Row) console.TopicRecord {
+	rec := console.TopicRecord{MainRecord: console.MainRecord{Partition: r.Partition, Offset: r.Offset, Time: r.Recorded,
 		UpstreamMsgID: r.MsgID, OpenKfID: r.OpenKfID, MsgType: r.MsgType, SendTime: r.At.Unix()}, Archived: true}
 	rec.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: &chatmsg.ChatMessage{MsgType: r.MsgType, Content: r.Content}})
 	return rec
@@ -131,7 +131,7 @@ func archiveRecord(r archive.Row) admin.TopicRecord {
 // human servicer held the session says so. The marks last dedup.ttl and
 // the reply log reply.TTL; the archive keeps them archive.retention. A
 // failed read leaves fx as the marks say.
-func (p pipelineView) archivedEffects(ctx context.Context, msgs []admin.MessageRef, fx []admin.MessageEffects) {
+func (p pipelineView) archivedEffects(ctx context.Context, msgs []console.MessageRef, fx []console.MessageEffects) {
 	if p.archive == nil || len(msgs) == 0 {
 		return
 	}
@@ -160,13 +160,13 @@ func (p pipelineView) archivedEffects(ctx context.Context, msgs []admin.MessageR
 			}
 			switch r.Kind {
 			case archive.KindHandled, archive.KindRecovered:
-				e.Done = admin.DoneYes
+				e.Done = console.DoneYes
 			case archive.KindReply:
 				switch r.Reason {
 				case archive.ReplySent:
 					key := m.OpenKfID + ":" + m.UpstreamMsgID + ":" + strconv.Itoa(r.Seq)
-					if !slices.ContainsFunc(e.Replies, func(x admin.ReplyMark) bool { return x.Key == key }) {
-						e.Replies = append(e.Replies, admin.ReplyMark{Key: key, MsgID: kf.MsgID(m.OpenKfID, m.UpstreamMsgID, r.Seq)})
+					if !slices.ContainsFunc(e.Replies, func(x console.ReplyMark) bool { return x.Key == key }) {
+						e.Replies = append(e.Replies, console.ReplyMark{Key: key, MsgID: kf.MsgID(m.OpenKfID, m.UpstreamMsgID, r.Seq)})
 					}
 					e.RepliesUnknown = false
 				case archive.ReplyServicerSession:

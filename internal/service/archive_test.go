@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -94,23 +94,23 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 	resp.Body.Close()
 
 	viewer := dcfg.Admin.Tokens[1].Token
-	timeline := func(user, query string) admin.Timeline {
+	timeline := func(user, query string) console.Timeline {
 		t.Helper()
 		code, b := adminGet(t, d.AdminURL+"/admin/customers/"+user+"/timeline?max_records="+fmt.Sprint(maxRecords)+query, viewer)
-		var tl admin.Timeline
+		var tl console.Timeline
 		if code != 200 || json.Unmarshal(b, &tl) != nil {
 			t.Fatalf("timeline of %s: %d %s", user, code, b)
 		}
 		return tl
 	}
-	var last admin.Timeline
+	var last console.Timeline
 	defer func() {
 		if t.Failed() {
 			b, _ := json.MarshalIndent(last, "", "  ")
 			t.Logf("last timeline read: %s", b)
 		}
 	}()
-	wait := func(user, query, what string, ok func(tl admin.Timeline) bool) admin.Timeline {
+	wait := func(user, query, what string, ok func(tl console.Timeline) bool) console.Timeline {
 		t.Helper()
 		testenv.Eventually(t, 90*time.Second, func() error {
 			last = timeline(user, query)
@@ -118,7 +118,7 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 		})
 		return last
 	}
-	archived := func(tl admin.Timeline) bool {
+	archived := func(tl console.Timeline) bool {
 		for _, m := range tl.Messages {
 			if len(m.Received) == 0 || !m.Received[0].Archived {
 				return false
@@ -127,7 +127,7 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 		return tl.Archive != nil && tl.Sources["archive"] == "ok" && tl.Archive.BehindBy == 0 && tl.Complete
 	}
 
-	tl := wait(oldUser, "&window=168h", "the 5-day-old message from the archive", func(tl admin.Timeline) bool {
+	tl := wait(oldUser, "&window=168h", "the 5-day-old message from the archive", func(tl console.Timeline) bool {
 		return len(tl.Messages) == 1 && archived(tl)
 	})
 	if m := tl.Messages[0]; m.UpstreamMsgID != old.UpstreamMsgID || m.Preview != "my parcel from last week" ||
@@ -144,19 +144,19 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 		t.Fatalf("the topic scan reached the old message (%d records, truncated %v): the test proves nothing", len(scan.Records), scan.Truncated)
 	}
 
-	tl = wait("tl-answered", "", "answered, from the archive", func(tl admin.Timeline) bool {
-		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == admin.OutcomeAnswered && archived(tl)
+	tl = wait("tl-answered", "", "answered, from the archive", func(tl console.Timeline) bool {
+		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == console.OutcomeAnswered && archived(tl)
 	})
 	if tl.Messages[0].UpstreamMsgID != answered || len(tl.Messages[0].Replies) != 1 {
 		t.Errorf("answered customer's timeline: %+v", tl)
 	}
-	tl = wait("tl-flaky", "", "dead-lettered then answered, from the archive", func(tl admin.Timeline) bool {
-		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == admin.OutcomeAnswered && len(tl.Messages[0].Letters) == 1 && archived(tl)
+	tl = wait("tl-flaky", "", "dead-lettered then answered, from the archive", func(tl console.Timeline) bool {
+		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == console.OutcomeAnswered && len(tl.Messages[0].Letters) == 1 && archived(tl)
 	})
 	if m := tl.Messages[0]; m.UpstreamMsgID != flaky || m.Letters[0].Reason != "downstream_error" {
 		t.Errorf("recovered customer's timeline: %+v", m)
 	}
-	wait("tl-flooder", "", "blocked, 7 refused, from the archive", func(tl admin.Timeline) bool {
+	wait("tl-flooder", "", "blocked, 7 refused, from the archive", func(tl console.Timeline) bool {
 		refused := 0
 		for _, m := range tl.Messages {
 			if m.Limiter == "refused" {

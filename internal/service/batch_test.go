@@ -13,8 +13,8 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -85,7 +85,7 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 	}
 	markDone(t, rdb, prefix, marks...)
 
-	post := func(body string) admin.BatchPlan {
+	post := func(body string) console.BatchPlan {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.AdminURL+"/admin/dlq/batch-retry", bytes.NewBufferString(body))
 		req.Header.Set("Authorization", "Bearer test-operator-token-01")
@@ -99,7 +99,7 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("batch-retry: %s %s", resp.Status, data)
 		}
-		var plan admin.BatchPlan
+		var plan console.BatchPlan
 		if err := json.Unmarshal(data, &plan); err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +123,7 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 	if plan.Batch == nil || plan.Count != dry.Count {
 		t.Fatalf("batch answer %+v, want the dry run's count %d", plan, dry.Count)
 	}
-	var b admin.Batch
+	var b console.Batch
 	testenv.Eventually(t, 2*time.Minute, func() error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.AdminURL+"/admin/dlq/batches/"+plan.Batch.ID, nil)
 		req.Header.Set("Authorization", "Bearer test-viewer-token-0001")
@@ -132,12 +132,12 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 			return testenv.Check(false, "the batch to end")
 		}
 		defer resp.Body.Close()
-		return testenv.Check(json.NewDecoder(resp.Body).Decode(&b) == nil && b.State != admin.BatchRunning, "the batch to end")
+		return testenv.Check(json.NewDecoder(resp.Body).Decode(&b) == nil && b.State != console.BatchRunning, "the batch to end")
 	})
 	took := b.Finished.Sub(b.Created)
 	t.Logf("batch: %d retried, %d skipped (done), %d gone in %s at %d/s", b.Acted, b.SkippedDone, b.Gone, took, rate)
 	// The batch holds the letters its dry run counted, the done ones not.
-	if b.State != admin.BatchDone || b.Acted != dry.Count || b.Total != dry.Count || b.SkippedDone != 0 || b.Gone != 0 {
+	if b.State != console.BatchDone || b.Acted != dry.Count || b.Total != dry.Count || b.SkippedDone != 0 || b.Gone != 0 {
 		t.Fatalf("batch ended %+v; the dry run said %d to retry, %d done", b, dry.Count, dry.AlreadyDone)
 	}
 	// Paced: it may not run faster than the rate (a second's burst aside).

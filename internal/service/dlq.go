@@ -17,9 +17,9 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
@@ -53,7 +53,7 @@ type DLQ struct {
 	letters   *dlq.TopicLetters
 	scheduler *dlq.Scheduler
 	http      *http.Server
-	admin     *admin.Server
+	admin     *console.Server
 	lag       *kafka.Consumer // reads the schedule-consumers' committed offsets
 	dlqLag    *kafka.Consumer // reads the dlq-consumers' own (the Kafka card)
 	archive   *archive.Store  // nil: archive.dsn empty

@@ -11,12 +11,12 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 )
 
-// The console's Kafka card (admin.KafkaSource): metadata and group offsets
+// The console's Kafka card (console.KafkaSource): metadata and group offsets
 // of the two topics, and a read-only page of the main topic. The reader
 // joins no group and commits nothing.
 
@@ -27,10 +27,10 @@ const browseScan = 5000
 
 // KafkaContext reads the brokers, each topic's partitions with their
 // replicas and in-sync replicas, and the reading group's lag.
-func (p pipelineView) KafkaContext(ctx context.Context) (admin.KafkaContext, error) {
+func (p pipelineView) KafkaContext(ctx context.Context) (console.KafkaContext, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var kc admin.KafkaContext
+	var kc console.KafkaContext
 	var errs []error
 	for _, t := range []struct {
 		role, name, group string
@@ -39,7 +39,7 @@ func (p pipelineView) KafkaContext(ctx context.Context) (admin.KafkaContext, err
 		if t.name == "" {
 			continue
 		}
-		kt := admin.KafkaTopic{Role: t.role, Name: t.name, Group: t.group, Partitions: []admin.KafkaPartition{}}
+		kt := console.KafkaTopic{Role: t.role, Name: t.name, Group: t.group, Partitions: []console.KafkaPartition{}}
 		name := t.name
 		md, err := p.kafka.GetMetadata(&name, false, 5000)
 		if err != nil {
@@ -50,18 +50,18 @@ func (p pipelineView) KafkaContext(ctx context.Context) (admin.KafkaContext, err
 		}
 		if kc.Brokers == nil {
 			for _, b := range md.Brokers {
-				kc.Brokers = append(kc.Brokers, admin.KafkaBroker{ID: b.ID, Host: b.Host, Port: b.Port})
+				kc.Brokers = append(kc.Brokers, console.KafkaBroker{ID: b.ID, Host: b.Host, Port: b.Port})
 			}
-			slices.SortFunc(kc.Brokers, func(a, b admin.KafkaBroker) int { return int(a.ID - b.ID) })
+			slices.SortFunc(kc.Brokers, func(a, b console.KafkaBroker) int { return int(a.ID - b.ID) })
 		}
 		tm := md.Topics[name]
 		byPart := map[int32]int{}
 		for _, pm := range tm.Partitions {
 			byPart[pm.ID] = len(kt.Partitions)
-			kt.Partitions = append(kt.Partitions, admin.KafkaPartition{Partition: pm.ID, Leader: pm.Leader,
+			kt.Partitions = append(kt.Partitions, console.KafkaPartition{Partition: pm.ID, Leader: pm.Leader,
 				Replicas: orEmpty(pm.Replicas), ISR: orEmpty(pm.Isrs), Committed: -1})
 		}
-		slices.SortFunc(kt.Partitions, func(a, b admin.KafkaPartition) int { return int(a.Partition - b.Partition) })
+		slices.SortFunc(kt.Partitions, func(a, b console.KafkaPartition) int { return int(a.Partition - b.Partition) })
 		for i, kp := range kt.Partitions {
 			byPart[kp.Partition] = i
 		}
@@ -82,7 +82,7 @@ func (p pipelineView) KafkaContext(ctx context.Context) (admin.KafkaContext, err
 		kc.Topics = append(kc.Topics, kt)
 	}
 	if kc.Brokers == nil {
-		kc.Brokers = []admin.KafkaBroker{}
+		kc.Brokers = []console.KafkaBroker{}
 	}
 	return kc, errors.Join(errs...)
 }
@@ -97,11 +97,11 @@ func orEmpty(v []int32) []int32 {
 // TopicRecords reads one page of the main topic: the user's partition (or
 // every partition for a msgid alone) between q.Since and q.Before, at most
 // browseScan records a partition, keeping the records of q.User and q.MsgID.
-func (p pipelineView) TopicRecords(ctx context.Context, q admin.RecordQuery) (admin.RecordPage, error) {
+func (p pipelineView) TopicRecords(ctx context.Context, q console.RecordQuery) (console.RecordPage, error) {
 	ctx, cancel := context.WithTimeout(ctx, timelineReadTimeout)
 	defer cancel()
 	topic := p.topic
-	page := admin.RecordPage{Topic: topic, Partition: -1}
+	page := console.RecordPage{Topic: topic, Partition: -1}
 	md, err := p.kafka.GetMetadata(&topic, false, 5000)
 	if err != nil {
 		return page, fmt.Errorf("metadata of %s: %w", topic, err)
@@ -127,7 +127,7 @@ func (p pipelineView) TopicRecords(ctx context.Context, q admin.RecordQuery) (ad
 		return page, err
 	}
 	defer func() { _ = c.Close() }()
-	match := func(m *kafka.Message, r *admin.BrowsedRecord) bool {
+	match := func(m *kafka.Message, r *console.BrowsedRecord) bool {
 		return (q.User == "" || string(m.Key) == q.User) && (q.MsgID == "" || r.UpstreamMsgID == q.MsgID)
 	}
 	for _, part := range parts {
@@ -179,7 +179,7 @@ func (p pipelineView) TopicRecords(ctx context.Context, q admin.RecordQuery) (ad
 		}
 	}
 	if page.Partition < 0 {
-		slices.SortFunc(page.Records, func(a, b admin.BrowsedRecord) int { return b.Time.Compare(a.Time) })
+		slices.SortFunc(page.Records, func(a, b console.BrowsedRecord) int { return b.Time.Compare(a.Time) })
 		if len(page.Records) > q.Limit {
 			page.Records = page.Records[:q.Limit]
 		}
@@ -191,7 +191,7 @@ func (p pipelineView) TopicRecords(ctx context.Context, q admin.RecordQuery) (ad
 // the records match keeps, oldest first. It stops after timelineReadStop
 // and says so: an open transaction holds the reader back.
 func readRange(ctx context.Context, c *kafka.Consumer, topic string, part int32, from, to int64,
-	match func(*kafka.Message, *admin.BrowsedRecord) bool) ([]admin.BrowsedRecord, string, error) {
+	match func(*kafka.Message, *console.BrowsedRecord) bool) ([]console.BrowsedRecord, string, error) {
 	if from >= to {
 		return nil, "", nil
 	}
@@ -199,7 +199,7 @@ func readRange(ctx context.Context, c *kafka.Consumer, topic string, part int32,
 		return nil, "", err
 	}
 	defer func() { _ = c.Unassign() }()
-	var out []admin.BrowsedRecord
+	var out []console.BrowsedRecord
 	stop := time.Now().Add(timelineReadStop)
 	next := from
 	for {
@@ -239,8 +239,8 @@ func readRange(ctx context.Context, c *kafka.Consumer, topic string, part int32,
 
 // browsedRecord decodes one main-topic record with its key, headers and
 // value.
-func browsedRecord(m *kafka.Message) admin.BrowsedRecord {
-	r := admin.BrowsedRecord{MainRecord: mainRecord(m), Key: string(m.Key), Headers: make(map[string]string, len(m.Headers))}
+func browsedRecord(m *kafka.Message) console.BrowsedRecord {
+	r := console.BrowsedRecord{MainRecord: mainRecord(m), Key: string(m.Key), Headers: make(map[string]string, len(m.Headers))}
 	for _, h := range m.Headers {
 		r.Headers[h.Key] = string(h.Value)
 	}
@@ -252,8 +252,8 @@ func browsedRecord(m *kafka.Message) admin.BrowsedRecord {
 
 // mainRecord decodes one main-topic record into the console's one view of
 // it (the topic browser's and a customer's timeline's).
-func mainRecord(m *kafka.Message) admin.MainRecord {
-	r := admin.MainRecord{Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset), Time: m.Timestamp.UTC()}
+func mainRecord(m *kafka.Message) console.MainRecord {
+	r := console.MainRecord{Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset), Time: m.Timestamp.UTC()}
 	for _, h := range m.Headers {
 		switch h.Key {
 		case chatmsg.HeaderRetryFromDLQ:

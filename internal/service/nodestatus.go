@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/fleet"
 )
 
@@ -34,7 +34,7 @@ func publishNodeStatus(ctx context.Context, rdb redis.UniversalClient, prefix st
 	node, key := nodeName(), nodeStatusKey(prefix)
 	write := func() {
 		sums := gaugeSums(g)
-		st := admin.ConsumerStatus{Node: node, Reported: time.Now().UTC(),
+		st := console.ConsumerStatus{Node: node, Reported: time.Now().UTC(),
 			Actors:         int(sums["kfpipe_active_processors"]),
 			OpenBreakers:   int(sums["kfpipe_circuit_breakers_open"]),
 			Partitions:     int(sums["kfpipe_consumer_partitions_assigned"]),
@@ -88,16 +88,16 @@ func gaugeSums(g prometheus.Gatherer) map[string]float64 {
 // the hash does not keep every killed process while others refresh it).
 // The overview flags the same fields stale (its own 30 s, fleet.StaleAfter)
 // and leaves them out of its totals.
-func consumerStatuses(ctx context.Context, rdb redis.UniversalClient, prefix string, now time.Time) ([]admin.ConsumerStatus, error) {
+func consumerStatuses(ctx context.Context, rdb redis.UniversalClient, prefix string, now time.Time) ([]console.ConsumerStatus, error) {
 	key := nodeStatusKey(prefix)
 	h, err := rdb.HGetAll(ctx, key).Result()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]admin.ConsumerStatus, 0, len(h))
+	out := make([]console.ConsumerStatus, 0, len(h))
 	var gone []string
 	for field, v := range h {
-		var st admin.ConsumerStatus
+		var st console.ConsumerStatus
 		if json.Unmarshal([]byte(v), &st) != nil {
 			continue
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/config"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/history"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -103,14 +103,14 @@ func checkArchivedOutcomes(t *testing.T, ctx context.Context, dsn, wk, answered,
 		t.Errorf("History of tl-answered from the archive: %+v, want the customer's message then the bot's reply", turns)
 	}
 	// The timeline's effects, the marks knowing nothing: the archive's.
-	msgs := []admin.MessageRef{{OpenKfID: wk, UpstreamMsgID: answered}, {OpenKfID: wk, UpstreamMsgID: flaky}, {OpenKfID: wk, UpstreamMsgID: "never-sent"}}
-	fx := make([]admin.MessageEffects, len(msgs))
+	msgs := []console.MessageRef{{OpenKfID: wk, UpstreamMsgID: answered}, {OpenKfID: wk, UpstreamMsgID: flaky}, {OpenKfID: wk, UpstreamMsgID: "never-sent"}}
+	fx := make([]console.MessageEffects, len(msgs))
 	for i := range fx {
-		fx[i] = admin.MessageEffects{Done: admin.DoneUnknown, Replies: []admin.ReplyMark{}, RepliesUnknown: true}
+		fx[i] = console.MessageEffects{Done: console.DoneUnknown, Replies: []console.ReplyMark{}, RepliesUnknown: true}
 	}
 	pipelineView{archive: st}.archivedEffects(ctx, msgs, fx)
 	for i, want := range []bool{true, true, false} {
-		if got := fx[i].Done == admin.DoneYes && len(fx[i].Replies) == 1 && !fx[i].RepliesUnknown; got != want {
+		if got := fx[i].Done == console.DoneYes && len(fx[i].Replies) == 1 && !fx[i].RepliesUnknown; got != want {
 			t.Errorf("effects of %s from the archive: %+v, want known %v", msgs[i].UpstreamMsgID, fx[i], want)
 		}
 	}

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/dlq"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -33,7 +33,7 @@ func TestSelectWithLimitTakesTheOldest(t *testing.T) {
 		}
 		ids = append(ids, dl.ID)
 	}
-	ls, err := dlqStore{x: idx, rdb: rdb, prefix: prefix}.Select(ctx, admin.DLQFilter{User: "sel-user", Limit: 3}, nil)
+	ls, err := dlqStore{x: idx, rdb: rdb, prefix: prefix}.Select(ctx, console.DLQFilter{User: "sel-user", Limit: 3}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/daemon"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/kf"
 )
@@ -66,9 +66,9 @@ func collectStats(ctx context.Context, kc *kf.Client, rdb redis.UniversalClient,
 			}
 			continue
 		}
-		out := make([]admin.AccountDay, len(days))
+		out := make([]console.AccountDay, len(days))
 		for i, d := range days {
-			out[i] = admin.AccountDay{Day: d.Day.In(chinaTime), Sessions: d.SessionCount, Customers: d.CustomerCount,
+			out[i] = console.AccountDay{Day: d.Day.In(chinaTime), Sessions: d.SessionCount, Customers: d.CustomerCount,
 				CustomerMessages: d.CustomerMsgCount, HandedOn: d.UpgradeServiceCount}
 		}
 		b, err := json.Marshal(out)
@@ -89,14 +89,14 @@ func collectStats(ctx context.Context, kc *kf.Client, rdb redis.UniversalClient,
 }
 
 // readStats returns the days kf-producer wrote, per open_kfid.
-func readStats(ctx context.Context, rdb redis.UniversalClient, prefix string) (map[string][]admin.AccountDay, error) {
+func readStats(ctx context.Context, rdb redis.UniversalClient, prefix string) (map[string][]console.AccountDay, error) {
 	all, err := rdb.HGetAll(ctx, statsKey(prefix)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read statistics: %w", err)
 	}
-	out := make(map[string][]admin.AccountDay, len(all))
+	out := make(map[string][]console.AccountDay, len(all))
 	for id, v := range all {
-		var days []admin.AccountDay
+		var days []console.AccountDay
 		if err := json.Unmarshal([]byte(v), &days); err != nil {
 			return nil, fmt.Errorf("statistics of %s: %w", id, err)
 		}

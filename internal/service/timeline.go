@@ -10,14 +10,14 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/kf"
 )
 
-// The customer timeline's reads (admin.CustomerSource): the user's records
+// The customer timeline's reads (console.CustomerSource): the user's records
 // on the main topic, and the marks the schedule-consumers left of each
 // message. Nothing here writes.
 
@@ -39,10 +39,10 @@ const timelineReplies = 4
 // UserRecords reads the user's partition of the main topic from since on
 // (the newest max records at most) with a consumer that joins no group
 // and commits nothing, and keeps the records keyed by user.
-func (p pipelineView) UserRecords(ctx context.Context, user string, since time.Time, max int) (admin.TopicScan, error) {
+func (p pipelineView) UserRecords(ctx context.Context, user string, since time.Time, max int) (console.TopicScan, error) {
 	ctx, cancel := context.WithTimeout(ctx, timelineReadTimeout)
 	defer cancel()
-	scan := admin.TopicScan{Topic: p.topic}
+	scan := console.TopicScan{Topic: p.topic}
 	topic := p.topic
 	md, err := p.kafka.GetMetadata(&topic, false, 5000)
 	if err != nil {
@@ -168,13 +168,13 @@ func max64(a, b int64) int64 {
 }
 
 // timelineRecord decodes one of the user's main-topic records.
-func timelineRecord(m *kafka.Message) admin.TopicRecord {
-	return admin.TopicRecord{MainRecord: mainRecord(m)}
+func timelineRecord(m *kafka.Message) console.TopicRecord {
+	return console.TopicRecord{MainRecord: mainRecord(m)}
 }
 
 // Effects reads, for each message, its done mark and its replies (in the
 // state store, and the old stores' keys while they live): nothing claimed.
-func (p pipelineView) Effects(ctx context.Context, user string, msgs []admin.MessageRef) ([]admin.MessageEffects, error) {
+func (p pipelineView) Effects(ctx context.Context, user string, msgs []console.MessageRef) ([]console.MessageEffects, error) {
 	keys := make([]string, len(msgs))
 	qs := make([]state.Item, len(msgs))
 	var replyKeys []string
@@ -216,21 +216,21 @@ func (p pipelineView) Effects(ctx context.Context, user string, msgs []admin.Mes
 		return nil, err
 	}
 	now := time.Now()
-	out := make([]admin.MessageEffects, len(msgs))
+	out := make([]console.MessageEffects, len(msgs))
 	for i, m := range msgs {
-		fx := admin.MessageEffects{Done: admin.DoneNo, Replies: []admin.ReplyMark{}, ReplySkipped: skipped[i]}
+		fx := console.MessageEffects{Done: console.DoneNo, Replies: []console.ReplyMark{}, ReplySkipped: skipped[i]}
 		old := m.SendTime == 0 || now.Sub(time.Unix(m.SendTime, 0)) > dedupKept
 		switch {
 		case keys[i] == "":
-			fx.Done = admin.DoneUnknown
+			fx.Done = console.DoneUnknown
 		case done[i]:
-			fx.Done = admin.DoneYes
+			fx.Done = console.DoneYes
 		case old:
-			fx.Done = admin.DoneUnknown
+			fx.Done = console.DoneUnknown
 		}
 		for n := range timelineReplies {
 			if sent[i*timelineReplies+n] {
-				fx.Replies = append(fx.Replies, admin.ReplyMark{Key: replyKeys[i*timelineReplies+n],
+				fx.Replies = append(fx.Replies, console.ReplyMark{Key: replyKeys[i*timelineReplies+n],
 					MsgID: kf.MsgID(m.OpenKfID, m.UpstreamMsgID, n)})
 			}
 		}

@@ -17,8 +17,8 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/daemon"
-	"github.com/kfpipe/kfpipe/internal/dlq/admin"
 	"github.com/kfpipe/kfpipe/internal/handler"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -108,16 +108,16 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	resp.Body.Close()
 
 	viewer := dcfg.Admin.Tokens[1].Token
-	timeline := func(user string) admin.Timeline {
+	timeline := func(user string) console.Timeline {
 		t.Helper()
 		code, b := adminGet(t, d.AdminURL+"/admin/customers/"+user+"/timeline", viewer)
-		var tl admin.Timeline
+		var tl console.Timeline
 		if code != 200 || json.Unmarshal(b, &tl) != nil {
 			t.Fatalf("timeline of %s: %d %s", user, code, b)
 		}
 		return tl
 	}
-	var last admin.Timeline
+	var last console.Timeline
 	defer func() {
 		if t.Failed() {
 			b, _ := json.MarshalIndent(last, "", "  ")
@@ -125,7 +125,7 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 		}
 	}()
 	// wait reads user's timeline until ok holds of it.
-	wait := func(user, what string, ok func(tl admin.Timeline) bool) admin.Timeline {
+	wait := func(user, what string, ok func(tl console.Timeline) bool) console.Timeline {
 		t.Helper()
 		testenv.Eventually(t, 90*time.Second, func() error {
 			last = timeline(user)
@@ -134,12 +134,12 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 		return last
 	}
 
-	tl := wait("tl-answered", "answered", func(tl admin.Timeline) bool {
-		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == admin.OutcomeAnswered
+	tl := wait("tl-answered", "answered", func(tl console.Timeline) bool {
+		return len(tl.Messages) == 1 && tl.Messages[0].Outcome == console.OutcomeAnswered
 	})
 	m := tl.Messages[0]
 	if m.UpstreamMsgID != answered || len(m.Received) != 1 || m.Received[0].Partition != tl.Topic.Partition ||
-		len(m.Replies) != 1 || m.Replies[0].MsgID == "" || m.Processed != admin.DoneYes || m.Limiter != "admitted" ||
+		len(m.Replies) != 1 || m.Replies[0].MsgID == "" || m.Processed != console.DoneYes || m.Limiter != "admitted" ||
 		len(m.Letters) != 0 || !tl.Known || !strings.Contains(tl.Summary, "1 answered") {
 		t.Errorf("answered customer's timeline: %+v", tl)
 	}
@@ -149,8 +149,8 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	// index learns of the retry after the re-injection, so the retried
 	// message can be answered before its letter leaves due (a loaded run
 	// read "due" here): the wait includes the letter's state.
-	tl = wait("tl-flaky", "dead-lettered, then answered and its letter retried or done", func(tl admin.Timeline) bool {
-		if len(tl.Messages) != 1 || tl.Messages[0].Outcome != admin.OutcomeAnswered || len(tl.Messages[0].Letters) == 0 {
+	tl = wait("tl-flaky", "dead-lettered, then answered and its letter retried or done", func(tl console.Timeline) bool {
+		if len(tl.Messages) != 1 || tl.Messages[0].Outcome != console.OutcomeAnswered || len(tl.Messages[0].Letters) == 0 {
 			return false
 		}
 		s := tl.Messages[0].Letters[0].State
@@ -163,7 +163,7 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 		t.Errorf("recovered customer's timeline: %+v", m)
 	}
 
-	tl = wait("tl-flooder", "blocked, refusals in the DLQ", func(tl admin.Timeline) bool {
+	tl = wait("tl-flooder", "blocked, refusals in the DLQ", func(tl console.Timeline) bool {
 		refused := 0
 		for _, m := range tl.Messages {
 			if m.Limiter == "refused" {
@@ -174,10 +174,10 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	})
 	answeredN := 0
 	for _, m := range tl.Messages {
-		if m.Outcome == admin.OutcomeAnswered {
+		if m.Outcome == console.OutcomeAnswered {
 			answeredN++
 		}
-		if m.Limiter == "refused" && (m.Outcome == admin.OutcomeAnswered || len(m.Letters) == 0) {
+		if m.Limiter == "refused" && (m.Outcome == console.OutcomeAnswered || len(m.Letters) == 0) {
 			t.Errorf("a refused message: %+v", m)
 		}
 	}
@@ -189,7 +189,7 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	// The rate-limit card tells how the block began: automatic, its
 	// violations, the refusal's letter.
 	code, b := adminGet(t, d.AdminURL+"/admin/ratelimit/status/tl-flooder", viewer)
-	var card admin.RateLimitCard
+	var card console.RateLimitCard
 	if code != 200 || json.Unmarshal(b, &card) != nil {
 		t.Fatalf("rate-limit status: %d %s", code, b)
 	}
@@ -201,7 +201,7 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	// The Kafka around the pipeline: both topics with their in-sync
 	// replicas and groups, and the recovered customer's two records.
 	code, b = adminGet(t, d.AdminURL+"/admin/kafka", viewer)
-	var kc admin.KafkaContext
+	var kc console.KafkaContext
 	if code != 200 || json.Unmarshal(b, &kc) != nil || len(kc.Brokers) == 0 || len(kc.Topics) != 2 {
 		t.Fatalf("kafka: %d %s", code, b)
 	}
@@ -211,7 +211,7 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 		}
 	}
 	code, b = adminGet(t, d.AdminURL+"/admin/kafka/records?user=tl-flaky", viewer)
-	var page admin.RecordPage
+	var page console.RecordPage
 	if code != 200 || json.Unmarshal(b, &page) != nil || len(page.Records) != 2 || !page.Records[0].RetryFromDLQ ||
 		page.Records[1].UpstreamMsgID != flaky || len(page.Records[1].Message) == 0 || page.Records[0].Partition != page.Partition {
 		t.Errorf("records of tl-flaky: %d %s", code, b)
@@ -222,12 +222,12 @@ func TestCustomerTimelineOnRunningPipeline(t *testing.T) {
 	}
 	// The verdict answers every area; the DLQ holds the flooder's refusals.
 	code, b = adminGet(t, d.AdminURL+"/admin/verdict", viewer)
-	var v admin.Verdict
+	var v console.Verdict
 	if code != 200 || json.Unmarshal(b, &v) != nil || len(v.Areas) != 5 {
 		t.Fatalf("verdict: %d %s", code, b)
 	}
 	for _, a := range v.Areas {
-		if a.State == admin.StateUnknown && a.Area != "ingestion" {
+		if a.State == console.StateUnknown && a.Area != "ingestion" {
 			t.Errorf("verdict area %s unknown: %s", a.Area, a.Detail)
 		}
 	}
