@@ -10,11 +10,12 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // How big a type with behaviour may grow: issue 44's "~15 fields or ~25
@@ -116,11 +117,7 @@ func receiverName(e ast.Expr) string {
 // parseDir parses dir's non-test Go files, by file name.
 func parseDir(t *testing.T, dir string) map[string]*ast.File {
 	t.Helper()
-	root := os.Getenv("KFPIPE_REPO_ROOT")
-	if root == "" {
-		root = "../.."
-	}
-	names, err := filepath.Glob(filepath.Join(root, dir, "*.go"))
+	names, err := filepath.Glob(filepath.Join(testenv.RepoRoot(t), dir, "*.go"))
 	if err != nil || len(names) == 0 {
 		t.Fatalf("no Go files in %s (%v)", dir, err)
 	}
