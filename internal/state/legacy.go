@@ -54,13 +54,14 @@ func (s *Store) legacyOn() bool {
 func (s *Store) legacyKey() string { return s.cfg.KeyPrefix + "st:legacy" }
 
 // decideLegacy reads the record (writing it first when there is none),
-// trying again every minute while Redis does not answer.
+// trying again every minute while Redis does not answer, until its client
+// is closed (the daemon stops).
 func (s *Store) decideLegacy() {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		err := s.readLegacy(ctx)
 		cancel()
-		if err == nil {
+		if err == nil || errors.Is(err, redis.ErrClosed) {
 			return
 		}
 		time.Sleep(time.Minute)
