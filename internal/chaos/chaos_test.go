@@ -111,35 +111,49 @@ func awaitPage(ctx context.Context, pages <-chan struct{}) error {
 // with a message sent and not yet handled whose last effect it made (the
 // evidence's "users waiting on the victim", so the kill tests a stall),
 // the one with most of them. A consumer just restarted may own nothing
-// yet, and one whose partitions are drained leaves nobody waiting. After
-// wait without one it picks any consumer; the report then shows the kill
-// found no user.
+// yet, and one whose partitions are drained leaves nobody waiting. A
+// fast handler clears a user in milliseconds, so one or two users seen
+// waiting may be served before the kill lands: for the first half of wait
+// it takes only a consumer with at least busyUsers waiting. After wait
+// without one it picks any consumer; the report then shows the kill found
+// no user.
 func busyConsumer(ctx context.Context, p *Pipeline, wait time.Duration) *Daemon {
-	deadline := time.Now().Add(wait)
+	start := time.Now()
 	for {
+		need := busyUsers
+		if time.Since(start) > wait/2 {
+			need = 1
+		}
 		waiting := usersWaitingOn(p)
 		var best *Daemon
 		for _, c := range p.Consumers {
-			if c.Running() && waiting[c.Tag()] > 0 && (best == nil || waiting[c.Tag()] > waiting[best.Tag()]) {
+			if c.Running() && waiting[c.Tag()] >= need && (best == nil || waiting[c.Tag()] > waiting[best.Tag()]) {
 				best = c
 			}
 		}
 		if best != nil {
 			return best
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if time.Since(start) > wait || ctx.Err() != nil {
 			return p.Consumers[rand.IntN(len(p.Consumers))]
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
+// busyUsers is how many users waiting on a consumer make it a victim
+// whose kill certainly finds one of them still waiting.
+const busyUsers = 4
+
 // usersWaitingOn counts, by consumer incarnation tag, the users with a
 // message sent and not yet handled whose last effect that incarnation made.
+// What was sent is read before what was handled: a message handled between
+// the two reads counts as handled, never as waiting.
 func usersWaitingOn(p *Pipeline) map[string]int {
 	if p.feeder == nil {
 		return nil
 	}
+	sent := p.feeder.Sent()
 	last := map[string]string{} // user → tag of its last effect
 	handled := map[string]bool{}
 	for _, d := range p.Sink.Deliveries() {
@@ -147,7 +161,7 @@ func usersWaitingOn(p *Pipeline) map[string]int {
 		handled[d.MsgID] = true
 	}
 	waiting := map[string]bool{}
-	for _, s := range p.feeder.Sent() {
+	for _, s := range sent {
 		if !handled[s.MsgID] {
 			waiting[s.User] = true
 		}
