@@ -23,10 +23,16 @@ import (
 //     owner meeting a newer one's claim is told (the reply is not its to
 //     send).
 //
-// The send's context ends at the lease's deadline (minus the margin), and
-// the record is written with a context of its own — the handler's is
-// cancelled exactly when ownership is lost, which is when a reply just
-// sent must still be recorded — and retried like a done mark.
+// A send that started is not cut: a request cancelled while WeChat has it
+// may have been delivered, and nothing tells the next run it was. So the
+// send's context is not the handler's (cancelled exactly when ownership
+// is lost) but its own, lasting what is left of the lease and at least
+// one request's timeout, and the claim lasts that long plus claimSlack: a
+// newer owner waits for it to end. Whether the lease still holds is
+// checked just before the request leaves (after any wait for a slot under
+// the replies' limit); a request sent then ends, by WeChat's answer or by
+// the client's own timeout, before the claim does. Its record is written
+// with a context of its own too, and retried like a done mark.
 
 // claimSlack is what a claim lasts beyond the send's own deadline: a
 // request the client gave up on may still be read by WeChat a moment
@@ -63,7 +69,7 @@ func (fx *Effects) claim(ctx context.Context, log handler.ReplyLog, it handler.S
 	} else {
 		for {
 			var wait time.Duration
-			record, done, wait, err = claimer.ClaimReply(ctx, it, time.Until(until)+claimSlack)
+			record, done, wait, err = claimer.ClaimReply(ctx, it, fx.sendBudget(until)+claimSlack)
 			if errors.Is(err, statestore.ErrReplyFenced) {
 				err = fmt.Errorf("%w: %w", handler.ErrNotOwner, err)
 			}
@@ -92,8 +98,14 @@ func (fx *Effects) claim(ctx context.Context, log handler.ReplyLog, it handler.S
 	if err != nil || done || !owned {
 		return record, done, ctx, nop, err
 	}
-	sctx, cancel = context.WithDeadline(ctx, until)
+	sctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), fx.sendBudget(until))
 	return "", false, sctx, cancel, nil
+}
+
+// sendBudget is how long a send claimed now may take: what is left of the
+// lease (until), and at least one request's timeout.
+func (fx *Effects) sendBudget(until time.Time) time.Duration {
+	return max(time.Until(until), fx.sendTimeout)
 }
 
 // record writes the record of the reply it, sent: with a context of its

@@ -3,6 +3,12 @@ package reply_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -231,5 +237,83 @@ func TestNoReplyPastLeaseDeadline(t *testing.T) {
 	}
 	if n := rig.sends(); n != 0 {
 		t.Fatalf("WeChat received %d sends, want 0", n)
+	}
+}
+
+// slowAnswers puts a proxy in front of the fake WeChat that holds each
+// send_msg answer, after WeChat delivered the message, until release is
+// closed; arrived is closed when the first one reached WeChat.
+func slowAnswers(t *testing.T, fake *wecomtest.Server) (url string, arrived, release chan struct{}) {
+	t.Helper()
+	target, err := neturl.Parse(fake.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrived, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.ModifyResponse = func(resp *http.Response) error {
+		if strings.HasSuffix(resp.Request.URL.Path, "/kf/send_msg") {
+			once.Do(func() { close(arrived) })
+			<-release
+		}
+		return nil
+	}
+	srv := httptest.NewServer(rp)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	return srv.URL, arrived, release
+}
+
+// TestReplyInFlightNotCutByLeaseLoss: the handler's lease is lost (its
+// context cancelled) while its reply's send_msg is at WeChat, which
+// delivered it and is still answering. The send is not cut: it ends with
+// WeChat's answer and is recorded, so the next run of the handler finds
+// it. Before, the lost lease cancelled the request in flight, the reply
+// was counted failed with WeChat having delivered it, and the next run
+// sent it again — the nemesis's "reply sent twice" (WeChat msgid … first
+// 17:35:09.987, again 17:35:10.394).
+func TestReplyInFlightNotCutByLeaseLoss(t *testing.T) {
+	rig := newClaimRig(t)
+	url, arrived, release := slowAnswers(t, rig.fake)
+	kc, err := kf.New(kf.Config{BaseURL: url, CorpID: rig.fake.CorpID(), Secret: rig.fake.Secret()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx := reply.New(kc, nil)
+	la := rig.acquire(t, 0)
+	ctx, lose := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- reply.Do(reply.With(handler.WithReplyLog(ctx, &ownerLog{l: la}), fx, rig.to), "reply", sendText(nil, nil))
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reply never reached WeChat")
+	}
+	lose() // the lease is lost while WeChat answers
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("a reply WeChat delivered: %v", err)
+	}
+	// The next owner's run of the handler.
+	_ = la.Release(context.Background())
+	lb := rig.acquire(t, 1)
+	if err := reply.Do(reply.With(handler.WithReplyLog(context.Background(), &ownerLog{l: lb}), fx, rig.to), "reply", sendText(nil, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if n := rig.sends(); n != 1 {
+		t.Fatalf("WeChat received %d sends of the reply, want 1", n)
+	}
+	if sent, skipped, _, failed := fx.Counts(); sent != 1 || skipped != 1 || failed != 0 {
+		t.Fatalf("sent %d skipped %d failed %d, want 1, 1, 0", sent, skipped, failed)
 	}
 }

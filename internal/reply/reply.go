@@ -110,6 +110,9 @@ type Effects struct {
 	// limit bounds the replies in flight to WeChat and is cut by its
 	// throttles (nil: none; WithLimiter).
 	limit *overload.Limiter
+	// sendTimeout is the WeChat client's request timeout: the least a
+	// send is given once it started (claim.go).
+	sendTimeout time.Duration
 }
 
 // MaxRepliesInFlight bounds the replies a consumer has in flight to
@@ -123,6 +126,14 @@ const MaxRepliesInFlight = 64
 // throttled WeChat gets fewer calls, not a retry from every handler at
 // once. A reply beyond it waits for a slot.
 func WithLimiter(l *overload.Limiter) Option { return func(fx *Effects) { fx.limit = l } }
+
+// defaultSendTimeout is kf.Config.Timeout's default.
+const defaultSendTimeout = 5 * time.Second
+
+// WithSendTimeout tells Effects the WeChat client's request timeout
+// (kf.Config.Timeout; default 5s): a reply's send that started is given at
+// least this long, whatever is left of the partition's lease.
+func WithSendTimeout(d time.Duration) Option { return func(fx *Effects) { fx.sendTimeout = d } }
 
 // Option configures Effects.
 type Option func(*Effects)
@@ -175,7 +186,7 @@ func New(kc *kf.Client, reg prometheus.Registerer, opts ...Option) *Effects {
 	}), settled: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kfpipe_reply_refusals_total",
 		Help: "Messages finished although WeChat refused a reply for a routine reason (reply_window: 95001/95002, session_ended: 95013, welcome_code_expired: 95017, servicer_session: 95018) and the handler returned that refusal: recorded, not dead-lettered.",
-	}, []string{"reason"}), log: zap.NewNop()}
+	}, []string{"reason"}), log: zap.NewNop(), sendTimeout: defaultSendTimeout}
 	for _, o := range outcomes {
 		fx.outcome.WithLabelValues(o)
 	}
@@ -213,7 +224,7 @@ func FromConfig(ctx context.Context, cfg *config.Consumer, base *daemon.Base) (*
 		return nil, nil, fmt.Errorf("wecom: %w", err)
 	}
 	opts := []Option{WithLogger(base.Log), WithSessions(NewSessions(base.Redis, cfg.Redis.KeyPrefix, 0)),
-		WithLimiter(overload.New(overload.DefaultConfig(MaxRepliesInFlight), nil))}
+		WithLimiter(overload.New(overload.DefaultConfig(MaxRepliesInFlight), nil)), WithSendTimeout(cfg.WeCom.RequestTimeout)}
 	if cfg.Dedup.Legacy == "read" {
 		// For one dedup.ttl after the switch to the per-partition store:
 		// the replies the old claims recorded (docs/operations.md).
@@ -384,6 +395,11 @@ func DoResult(ctx context.Context, what string, content any, send SendResult) (s
 	if !done {
 		// In a slot under the replies' limit: a throttled WeChat cuts it.
 		err = fx.limit.Call(sctx, func() error {
+			// The lease, once more as the request leaves: a wait for a
+			// slot may have outlasted it.
+			if err := handler.CheckOwner(ctx); err != nil {
+				return err
+			}
 			var serr error
 			result, serr = send(sctx, fx.kf, to, kf.MsgID(to.OpenKfID, to.UpstreamMsgID, n))
 			return serr
