@@ -3,17 +3,12 @@ package reply_test
 import (
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	neturl "net/url"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/handler"
+	"github.com/kfpipe/kfpipe/internal/overload"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -240,37 +235,6 @@ func TestNoReplyPastLeaseDeadline(t *testing.T) {
 	}
 }
 
-// slowAnswers puts a proxy in front of the fake WeChat that holds each
-// send_msg answer, after WeChat delivered the message, until release is
-// closed; arrived is closed when the first one reached WeChat.
-func slowAnswers(t *testing.T, fake *wecomtest.Server) (url string, arrived, release chan struct{}) {
-	t.Helper()
-	target, err := neturl.Parse(fake.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	arrived, release = make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.ModifyResponse = func(resp *http.Response) error {
-		if strings.HasSuffix(resp.Request.URL.Path, "/kf/send_msg") {
-			once.Do(func() { close(arrived) })
-			<-release
-		}
-		return nil
-	}
-	srv := httptest.NewServer(rp)
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	})
-	return srv.URL, arrived, release
-}
-
 // TestReplyInFlightNotCutByLeaseLoss: the handler's lease is lost (its
 // context cancelled) while its reply's send_msg is at WeChat, which
 // delivered it and is still answering. The send is not cut: it ends with
@@ -281,39 +245,68 @@ func slowAnswers(t *testing.T, fake *wecomtest.Server) (url string, arrived, rel
 // 17:35:09.987, again 17:35:10.394).
 func TestReplyInFlightNotCutByLeaseLoss(t *testing.T) {
 	rig := newClaimRig(t)
-	url, arrived, release := slowAnswers(t, rig.fake)
-	kc, err := kf.New(kf.Config{BaseURL: url, CorpID: rig.fake.CorpID(), Secret: rig.fake.Secret()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fx := reply.New(kc, nil)
+	rig.fake.DelayAnswers(wecomtest.APISendMsg, 300*time.Millisecond)
 	la := rig.acquire(t, 0)
 	ctx, lose := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- reply.Do(reply.With(handler.WithReplyLog(ctx, &ownerLog{l: la}), fx, rig.to), "reply", sendText(nil, nil))
+		done <- reply.Do(reply.With(handler.WithReplyLog(ctx, &ownerLog{l: la}), rig.fx, rig.to), "reply", sendText(nil, nil))
 	}()
-	select {
-	case <-arrived:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the reply never reached WeChat")
+	for deadline := time.Now().Add(10 * time.Second); len(rig.fake.Replies("wk", "u1")) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the reply never reached WeChat")
+		}
 	}
-	lose() // the lease is lost while WeChat answers
-	time.Sleep(100 * time.Millisecond)
-	close(release)
+	lose() // the lease is lost while WeChat's answer is on its way
 	if err := <-done; err != nil {
 		t.Fatalf("a reply WeChat delivered: %v", err)
 	}
+	rig.fake.DelayAnswers(wecomtest.APISendMsg, 0)
 	// The next owner's run of the handler.
 	_ = la.Release(context.Background())
 	lb := rig.acquire(t, 1)
-	if err := reply.Do(reply.With(handler.WithReplyLog(context.Background(), &ownerLog{l: lb}), fx, rig.to), "reply", sendText(nil, nil)); err != nil {
+	if err := reply.Do(reply.With(handler.WithReplyLog(context.Background(), &ownerLog{l: lb}), rig.fx, rig.to), "reply", sendText(nil, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if n := rig.sends(); n != 1 {
 		t.Fatalf("WeChat received %d sends of the reply, want 1", n)
 	}
-	if sent, skipped, _, failed := fx.Counts(); sent != 1 || skipped != 1 || failed != 0 {
+	if sent, skipped, _, failed := rig.fx.Counts(); sent != 1 || skipped != 1 || failed != 0 {
 		t.Fatalf("sent %d skipped %d failed %d, want 1, 1, 0", sent, skipped, failed)
+	}
+}
+
+// TestReplyWaitingForASlotPastTheLease: a reply that waited for a slot
+// under the replies' limit until its lease's deadline had passed is not
+// sent: the lease is checked again as the request leaves (its send no
+// longer ends with the lease, so the check before the wait is not
+// enough).
+func TestReplyWaitingForASlotPastTheLease(t *testing.T) {
+	rig := newClaimRig(t)
+	lim := overload.New(overload.Config{Initial: 1, Min: 1, Max: 1, Tolerance: 1.3, Backoff: 0.75}, nil)
+	kc, err := kf.New(kf.Config{BaseURL: rig.fake.URL(), CorpID: rig.fake.CorpID(), Secret: rig.fake.Secret()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx := reply.New(kc, nil, reply.WithLimiter(lim))
+	// The one slot is taken until release.
+	release, held := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = lim.Call(context.Background(), func() error { close(held); <-release; return nil }, nil)
+	}()
+	<-held
+	la := rig.acquire(t, 0)
+	owner := &ownerLog{l: la, deadline: time.Now().Add(300 * time.Millisecond)}
+	done := make(chan error, 1)
+	go func() {
+		done <- reply.Do(reply.With(handler.WithReplyLog(context.Background(), owner), fx, rig.to), "reply", sendText(nil, nil))
+	}()
+	time.Sleep(600 * time.Millisecond) // past the deadline, still waiting for the slot
+	close(release)
+	if err := <-done; !errors.Is(err, handler.ErrNotOwner) {
+		t.Fatalf("a reply whose slot came after its lease's deadline: %v, want ErrNotOwner", err)
+	}
+	if n := rig.sends(); n != 0 {
+		t.Fatalf("WeChat received %d sends, want 0", n)
 	}
 }

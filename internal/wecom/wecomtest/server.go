@@ -102,9 +102,10 @@ type Server struct {
 	kfs          *kfState       // the reply side (kf.go)
 	accs         *accountsState // the account side (accounts.go)
 	failSend     []int
-	media        *mediaState          // inbound media (media.go)
-	faults       map[string][]int     // FailCalls: API → errcodes to answer
-	arrived      map[string]time.Time // msgid → when Append took it (ReceivedAt)
+	media        *mediaState              // inbound media (media.go)
+	faults       map[string][]int         // FailCalls: API → errcodes to answer
+	answerDelay  map[string]time.Duration // DelayAnswers: API → delay after acting
+	arrived      map[string]time.Time     // msgid → when Append took it (ReceivedAt)
 }
 
 // New starts a fake server on a loopback port; Close stops it.
@@ -183,6 +184,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		}
 	}
+	if d := s.answerDelayOf(r); d > 0 {
+		// Runs after the call was carried out and its answer written
+		// (buffered until the handler returns).
+		defer time.Sleep(d)
+	}
 	if s.injectFault(w, r) {
 		return
 	}
@@ -225,6 +231,27 @@ func (s *Server) SetLatency(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.latency = d
+}
+
+// DelayAnswers makes every call of api (an API… constant, or any path
+// after /cgi-bin/) answer d after it was carried out: WeChat acted — a
+// send_msg delivered its message — and its answer is slow to come back,
+// so a client that gives up meanwhile does not know that it acted (0
+// ends the delay). SetLatency, by contrast, delays a call before it is
+// looked at, and a call its client gave up on is not carried out.
+func (s *Server) DelayAnswers(api string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.answerDelay == nil {
+		s.answerDelay = map[string]time.Duration{}
+	}
+	s.answerDelay[api] = d
+}
+
+func (s *Server) answerDelayOf(r *http.Request) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.answerDelay[strings.TrimPrefix(r.URL.Path, "/cgi-bin/")]
 }
 
 // FailNext makes the next n sync_msg requests fail with errcode (40014,

@@ -214,3 +214,26 @@ func TestReplyQuota(t *testing.T) {
 		t.Fatalf("after the customer's message: %d left, window end %v; want 5 and 48 h", left, end)
 	}
 }
+
+// TestDelayAnswersActsFirst: with DelayAnswers a send_msg is delivered
+// before its slow answer leaves, so a client that gives up meanwhile
+// fails while the customer has the message (as with WeChat).
+func TestDelayAnswersActsFirst(t *testing.T) {
+	s := wecomtest.New(wecomtest.Options{Accounts: []string{"wk"}})
+	defer s.Close()
+	s.AddText("wk", "u1", "hi")
+	tr := getJSON(t, "GET", s.URL()+"/cgi-bin/gettoken?"+url.Values{"corpid": {s.CorpID()}, "corpsecret": {s.Secret()}}.Encode(), "")
+	tok, _ := tr["access_token"].(string)
+	s.DelayAnswers(wecomtest.APISendMsg, 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", s.URL()+"/cgi-bin/kf/send_msg?access_token="+url.QueryEscape(tok),
+		strings.NewReader(`{"touser":"u1","open_kfid":"wk","msgid":"m1","msgtype":"text","text":{"content":"hello"}}`))
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatal("the answer came back before the client gave up")
+	}
+	if n := len(s.Replies("wk", "u1")); n != 1 {
+		t.Fatalf("delivered %d messages, want 1 (delivered before the slow answer)", n)
+	}
+}
