@@ -155,8 +155,8 @@ func TestHostileHTTP(t *testing.T) {
 		strconv.FormatInt(now.Unix()+30, 10))
 	sendLegit(l2)
 	legitTriggers := float64(len(legit))
-	if got := triggers(); got != legitTriggers {
-		t.Fatalf("kfpipe_sync_triggers_total = %v after %v legitimate callbacks", got, legitTriggers)
+	if got, ok := triggers(), callbackOK(); got < legitTriggers || ok != legitTriggers {
+		t.Fatalf("kfpipe_sync_triggers_total = %v, callbacks ok %v after %v legitimate callbacks", got, ok, legitTriggers)
 	}
 
 	// ---- Admin state worth protecting.
@@ -287,10 +287,15 @@ func TestHostileHTTP(t *testing.T) {
 		{"many headers", manyHeaders, []int{431}, ""},
 	}
 	for _, c := range cbCases {
-		before := triggers()
+		// An event the callback accepts triggers a sync and counts as
+		// ok; kfpipe_sync_triggers_total also moves by itself (the
+		// producer's own triggers: an account discovered, a busy lock's
+		// retry — a CI run saw one land during a case). The URL check
+		// (GET) counts ok without a trigger.
+		before := callbackOK()
 		code, body := e.do(t, c.req)
-		if got := triggers(); got != before {
-			t.Errorf("callback %s: triggered a sync (%v → %v)", c.name, before, got)
+		if got := callbackOK(); c.req.method != http.MethodGet && got != before {
+			t.Errorf("callback %s: accepted, a sync triggered (%v → %v)", c.name, before, got)
 		}
 		if !slices.Contains(c.want, code) {
 			t.Errorf("callback %s: status %d (%q), want %v", c.name, code, trunc(body), c.want)
