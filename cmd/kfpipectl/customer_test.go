@@ -51,7 +51,7 @@ func TestCustomerCommand(t *testing.T) {
 	viewer := op.with("KFPIPE_TOKEN", cfg.Admin.Tokens[1].Token)
 
 	m, b := produceMain(t, cfg.Kafka, "c-dl", "up-c-dl")
-	dl := dlq.New(dlq.Source{Topic: *m.TopicPartition.Topic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
+	dl := chatmsg.NewDeadLetter(chatmsg.Source{Topic: *m.TopicPartition.Topic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
 		Timestamp: m.Timestamp, Key: m.Key, Value: b}, dlq.ReasonDownstreamError, "crm timed out", time.Now())
 	sent := make(chan error, 1)
 	p.Send(dl, func(err error) { sent <- err })

@@ -142,7 +142,7 @@ func sendLetter(t *testing.T, p *dlq.Producer, topic, user string, reason dlq.Re
 	if err != nil {
 		t.Fatal(err)
 	}
-	dl := dlq.New(dlq.Source{Topic: topic, Offset: off, Timestamp: time.Now(), Key: []byte(user), Value: b},
+	dl := chatmsg.NewDeadLetter(chatmsg.Source{Topic: topic, Offset: off, Timestamp: time.Now(), Key: []byte(user), Value: b},
 		reason, "test failure", time.Now())
 	ch := make(chan error, 1)
 	p.Send(dl, func(err error) { ch <- err })

@@ -113,7 +113,7 @@ func TestArchiverExactlyOnce(t *testing.T) {
 	var letters []testenv.Record
 	for i, m := range first[:5] {
 		for retry := range 1 + i%2 {
-			dl := dlq.New(dlq.Source{Topic: main, Partition: 0, Offset: int64(i)}, deadletter.DownstreamError, "boom", now)
+			dl := chatmsg.NewDeadLetter(chatmsg.Source{Topic: main, Partition: 0, Offset: int64(i)}, deadletter.DownstreamError, "boom", now)
 			dl.Original, dl.RetryCount = m, retry
 			dl.EnsureID()
 			b, err := dlq.Encode(dl)

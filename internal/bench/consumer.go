@@ -107,7 +107,7 @@ type ConsumerOptions struct {
 // noDeadLetters fails every dead letter: the bare variant expects none.
 type noDeadLetters struct{ n atomic.Int64 }
 
-func (d *noDeadLetters) Send(_ *consumer.DeadLetter, done func(error)) {
+func (d *noDeadLetters) Send(_ *chatmsg.DeadLetter, done func(error)) {
 	d.n.Add(1)
 	done(fmt.Errorf("bench: unexpected dead letter"))
 }

@@ -212,8 +212,8 @@ func TestProcessBatchFailureDeadLettersEachMessage(t *testing.T) {
 				t.Fatalf("%d dead letters, want one per message", len(letters))
 			}
 			for i, l := range letters {
-				if l.Offset != int64(i) || l.Reason != tt.reason || deadletter.IsRecoverable(deadletter.Reason(l.Reason)) != tt.recoverable ||
-					l.Attempts != tt.wantAttempts || l.Msg.UpstreamMsgID != envs[i].msg.UpstreamMsgID {
+				if l.SourceOffset != int64(i) || string(l.Reason) != tt.reason || deadletter.IsRecoverable(deadletter.Reason(l.Reason)) != tt.recoverable ||
+					l.HandlerAttempts != tt.wantAttempts || l.Original.UpstreamMsgID != envs[i].msg.UpstreamMsgID {
 					t.Fatalf("letter %d: %+v", i, l)
 				}
 				if st.isDone(envs[i].msg.DedupKey()) {
@@ -241,7 +241,7 @@ func TestProcessBatchUndecodable(t *testing.T) {
 	if len(h.batches) != 1 || len(h.batches[0]) != 2 {
 		t.Fatalf("batches %v, want one of the 2 good messages", h.batches)
 	}
-	if l := dlq.all(); len(l) != 1 || l[0].Offset != 1 || l[0].Reason != ReasonInvalidMessage {
+	if l := dlq.all(); len(l) != 1 || l[0].SourceOffset != 1 || string(l[0].Reason) != ReasonInvalidMessage {
 		t.Fatalf("dead letters %+v", l)
 	}
 	if next, ok := p.tracker.Committable(); !ok || next != 3 {

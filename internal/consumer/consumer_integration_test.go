@@ -195,7 +195,7 @@ func TestInvalidMessageDeadLettered(t *testing.T) {
 	if len(letters) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(letters))
 	}
-	if l := letters[0]; l.Reason != ReasonInvalidMessage || l.Offset != 5 || l.Msg != nil || l.UserID != "u1" || l.Topic != topic {
+	if l := letters[0]; string(l.Reason) != ReasonInvalidMessage || l.SourceOffset != 5 || l.Original != nil || l.UserID != "u1" || l.SourceTopic != topic {
 		t.Fatalf("dead letter %+v", l)
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
 func newDeadQueue(gauge prometheus.Gauge) *deadQueue {
@@ -167,25 +169,25 @@ func (d *deadLetterer) stopQueue(p *partition) {
 // again).
 func (d *deadLetterer) deadLetter(env *envelope, reason, details string, attempts int) {
 	km := env.km
-	dl := &DeadLetter{
-		Reason: reason, Details: details, Msg: env.msg,
-		Raw: km.Value, Key: km.Key, Headers: km.Headers,
-		Topic: env.part.topic, Partition: env.part.id, Offset: int64(km.TopicPartition.Offset),
-		Timestamp: km.Timestamp, Attempts: attempts, FailedAt: d.clock.Now(),
+	hs := make([]chatmsg.Header, len(km.Headers))
+	for i, h := range km.Headers {
+		hs[i] = chatmsg.Header{Key: h.Key, Value: h.Value}
 	}
-	dl.UserID = env.user
-	if env.msg != nil {
-		if dl.UserID == "" {
-			dl.UserID = env.msg.ExternalUserID
-		} else if env.msg.ExternalUserID != dl.UserID {
-			dl.Details += fmt.Sprintf(" (routed by record key %q; payload external_userid %q)", dl.UserID, env.msg.ExternalUserID)
+	dl := chatmsg.NewDeadLetter(chatmsg.Source{Topic: env.part.topic, Partition: env.part.id,
+		Offset: int64(km.TopicPartition.Offset), Timestamp: km.Timestamp, Key: km.Key, Value: km.Value, Headers: hs, Decoded: env.msg},
+		deadletter.Reason(reason), details, d.clock.Now())
+	dl.HandlerAttempts = attempts
+	// The user the record was routed by: its Kafka key, or the decoded
+	// external_userid when it has none; Details says when both exist and
+	// differ.
+	if env.user != "" {
+		dl.UserID = env.user
+		if env.msg != nil && env.msg.ExternalUserID != env.user {
+			dl.Details += fmt.Sprintf(" (routed by record key %q; payload external_userid %q)", env.user, env.msg.ExternalUserID)
 		}
 	}
-	if dl.UserID == "" {
-		dl.UserID = string(km.Key)
-	}
 	d.log.Info("dead letter", zap.String("reason", reason), zap.String("user_id", dl.UserID),
-		zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.String("details", dl.Details))
+		zap.Int32("partition", dl.SourcePartition), zap.Int64("offset", dl.SourceOffset), zap.String("details", dl.Details))
 	l := &letter{dl: dl, env: env, backoff: d.retryBase}
 	if q := env.part.dead; q != nil {
 		q.push(l, false) // never blocks: the poll goroutine and the actors only queue
@@ -194,10 +196,10 @@ func (d *deadLetterer) deadLetter(env *envelope, reason, details string, attempt
 	d.send(l.dl, l.env, l.backoff) // a partition built without a queue (unit tests of process)
 }
 
-func (d *deadLetterer) send(dl *DeadLetter, env *envelope, backoff time.Duration) {
+func (d *deadLetterer) send(dl *chatmsg.DeadLetter, env *envelope, backoff time.Duration) {
 	d.dlq.Send(dl, func(err error) {
 		if err == nil {
-			d.m.result(dl.Reason).Inc()
+			d.m.result(string(dl.Reason)).Inc()
 			d.finish(env)
 			if q := env.part.dead; q != nil {
 				q.durable()
@@ -208,8 +210,8 @@ func (d *deadLetterer) send(dl *DeadLetter, env *envelope, backoff time.Duration
 			return
 		}
 		d.notDurable.Store(&notDurable{at: d.clock.Now(), err: err})
-		d.log.Error("dead letter not durable; retrying", zap.String("reason", dl.Reason),
-			zap.Int32("partition", dl.Partition), zap.Int64("offset", dl.Offset), zap.Error(err))
+		d.log.Error("dead letter not durable; retrying", zap.String("reason", string(dl.Reason)),
+			zap.Int32("partition", dl.SourcePartition), zap.Int64("offset", dl.SourceOffset), zap.Error(err))
 		next := min(2*backoff+time.Millisecond, max(d.retryMax, time.Millisecond))
 		d.mu.Lock()
 		defer d.mu.Unlock()

@@ -47,12 +47,12 @@ func newStallingDLQ(stalled ...int32) *stallingDLQ {
 	return d
 }
 
-func (d *stallingDLQ) Send(dl *DeadLetter, done func(error)) {
+func (d *stallingDLQ) Send(dl *chatmsg.DeadLetter, done func(error)) {
 	d.calls.Add(1)
-	if d.stalled[dl.Partition] {
+	if d.stalled[dl.SourcePartition] {
 		<-d.release
 	}
-	k := [2]int64{int64(dl.Partition), dl.Offset}
+	k := [2]int64{int64(dl.SourcePartition), dl.SourceOffset}
 	d.mu.Lock()
 	d.sends[k]++
 	first := d.sends[k] == 1
@@ -430,7 +430,7 @@ func TestFullDeadLetterQueuePausesOnlyItsPartition(t *testing.T) {
 // instantDLQ confirms every letter at once, from the caller.
 type instantDLQ struct{}
 
-func (instantDLQ) Send(_ *DeadLetter, done func(error)) { done(nil) }
+func (instantDLQ) Send(_ *chatmsg.DeadLetter, done func(error)) { done(nil) }
 
 // BenchmarkDeadLetter compares a dead letter sent by the dead-lettering
 // goroutine (a partition without queue: what the poll goroutine did before)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/clock"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
@@ -13,7 +11,8 @@ import (
 
 // Reasons a message goes to the DLQ (I6): the wire values of the DLQ's
 // reason field, taken from the reason table of package deadletter. They
-// stay plain strings because DeadLetter.Reason and the metrics' labels are.
+// stay plain strings, as the metrics' labels are (a dead letter's
+// Reason is the deadletter.Reason of the same name).
 const (
 	ReasonInvalidMessage  = string(deadletter.InvalidMessage)
 	ReasonCircuitOpen     = string(deadletter.CircuitOpen)
@@ -121,32 +120,8 @@ type Forgetter interface {
 	Forget(user string)
 }
 
-// DeadLetter is what the consumer hands to the DLQ.
-type DeadLetter struct {
-	Reason  string
-	Details string
-	// Msg is the decoded record, nil when it could not be decoded.
-	Msg *chatmsg.ChatMessage
-	// Raw, Key and Headers are the Kafka record as read.
-	Raw       []byte
-	Key       []byte
-	Headers   []kafka.Header
-	Topic     string
-	Partition int32
-	Offset    int64
-	// Timestamp is the Kafka record's timestamp.
-	Timestamp time.Time
-	// UserID is the user the record was routed by: its Kafka key, or the
-	// decoded external_userid when the record has no key. When both exist
-	// and differ, Details says so.
-	UserID string
-	// Attempts is how many times the handler ran (0 when it never ran).
-	Attempts int
-	// FailedAt is when the consumer gave up on the message.
-	FailedAt time.Time
-}
-
-// DeadLetters sends dead letters asynchronously. done(nil) means the dead
+// DeadLetters sends dead letters (the DLQ topic's record, built here from
+// the main-topic record given up on) asynchronously. done(nil) means the dead
 // letter is durable (acknowledged by Kafka or fsync'd to the emergency
 // file); only then does the consumer count the message finished and let
 // its offset be committed. done(err) means it is not durable; the consumer
@@ -154,7 +129,7 @@ type DeadLetter struct {
 // queue is full, but must return: the consumer calls it only from the
 // letter's partition's dead-letter goroutine, which Close waits for.
 type DeadLetters interface {
-	Send(dl *DeadLetter, done func(error))
+	Send(dl *chatmsg.DeadLetter, done func(error))
 }
 
 // Clock is the time source (Now, and AfterFunc: f in its own goroutine

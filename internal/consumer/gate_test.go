@@ -130,7 +130,7 @@ func TestOutageHoldsMessagesInsteadOfDeadLettering(t *testing.T) {
 			dlq.wg.Wait()
 			got := map[string]bool{}
 			for _, l := range dlq.all() {
-				got[l.Msg.ExternalUserID] = true
+				got[l.Original.ExternalUserID] = true
 			}
 			if withGate {
 				if len(got) != 1 || !got["broken"] {

@@ -142,12 +142,12 @@ func waitCommittable(t testing.TB, d time.Duration, p *partition, next int64) {
 // wait for it to be closed.
 type memDLQ struct {
 	mu      sync.Mutex
-	letters []*DeadLetter
+	letters []*chatmsg.DeadLetter
 	gate    chan struct{}
 	wg      sync.WaitGroup
 }
 
-func (d *memDLQ) Send(dl *DeadLetter, done func(error)) {
+func (d *memDLQ) Send(dl *chatmsg.DeadLetter, done func(error)) {
 	d.mu.Lock()
 	d.letters = append(d.letters, dl)
 	gate := d.gate
@@ -167,15 +167,15 @@ func (d *memDLQ) byReason() map[string]int {
 	defer d.mu.Unlock()
 	m := map[string]int{}
 	for _, l := range d.letters {
-		m[l.Reason]++
+		m[string(l.Reason)]++
 	}
 	return m
 }
 
-func (d *memDLQ) all() []*DeadLetter {
+func (d *memDLQ) all() []*chatmsg.DeadLetter {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]*DeadLetter(nil), d.letters...)
+	return append([]*chatmsg.DeadLetter(nil), d.letters...)
 }
 
 // redisState is a State on real Redis, simpler than package state's: a

@@ -234,7 +234,7 @@ type deadQueue struct {
 
 // letter is a dead letter and the message it finishes once durable.
 type letter struct {
-	dl  *DeadLetter
+	dl  *chatmsg.DeadLetter
 	env *envelope
 	// backoff is the wait before the next send if this one fails.
 	backoff time.Duration

@@ -42,7 +42,7 @@ func TestWeChatPermanentErrcodeDeadLettersAtOnce(t *testing.T) {
 			c.proc.process(env)
 			dlq.wg.Wait()
 			letters := dlq.all()
-			if calls.Load() != tt.wantAttempts || len(letters) != 1 || letters[0].Reason != tt.wantReason {
+			if calls.Load() != tt.wantAttempts || len(letters) != 1 || string(letters[0].Reason) != tt.wantReason {
 				t.Fatalf("handler called %d times, dead letters %+v; want %d call(s) and one %s letter",
 					calls.Load(), letters, tt.wantAttempts, tt.wantReason)
 			}

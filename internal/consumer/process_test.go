@@ -204,8 +204,8 @@ func TestProcessOutcomes(t *testing.T) {
 				}
 				return
 			}
-			if len(letters) != 1 || letters[0].Reason != tt.wantReason || deadletter.IsRecoverable(deadletter.Reason(letters[0].Reason)) != tt.recoverable ||
-				letters[0].Attempts != int(tt.wantAttempts) || letters[0].Offset != 7 || letters[0].Details == "" {
+			if len(letters) != 1 || string(letters[0].Reason) != tt.wantReason || deadletter.IsRecoverable(deadletter.Reason(letters[0].Reason)) != tt.recoverable ||
+				letters[0].HandlerAttempts != int(tt.wantAttempts) || letters[0].SourceOffset != 7 || letters[0].Details == "" {
 				t.Fatalf("dead letters %+v", letters)
 			}
 			if dd.done[msg.DedupKey()] {
@@ -445,7 +445,7 @@ func TestHTTPHandlerReusesConnections(t *testing.T) {
 // failingDLQ refuses every dead letter, counting the attempts.
 type failingDLQ struct{ sends atomic.Int64 }
 
-func (d *failingDLQ) Send(_ *DeadLetter, done func(error)) {
+func (d *failingDLQ) Send(_ *chatmsg.DeadLetter, done func(error)) {
 	d.sends.Add(1)
 	done(errors.New("dlq down"))
 }
@@ -459,7 +459,7 @@ func TestDeadLetterRetriesStopAtShutdown(t *testing.T) {
 	c.cfg.Processor.RetryBase, c.cfg.Processor.RetryMax = 5*time.Millisecond, 20*time.Millisecond
 	p.tracker.Add(0)
 	env := &envelope{km: &kafka.Message{TopicPartition: kafka.TopicPartition{Offset: 0}}, part: p}
-	c.dead.send(&DeadLetter{Reason: "downstream_error"}, env, c.cfg.Processor.RetryBase)
+	c.dead.send(&chatmsg.DeadLetter{Reason: deadletter.DownstreamError}, env, c.cfg.Processor.RetryBase)
 	testenv.Eventually(t, 5*time.Second, func() error {
 		n := dlq.sends.Load()
 		return testenv.Check(n >= 3, "%d sends, want at least 3", n)

@@ -92,13 +92,13 @@ func (r *recoveryRig) send(t *testing.T, user string, sent []time.Time) []string
 // quick succession, as the DLQ scheduler does (dlq's PrepareRetry): the
 // original record with its own headers, send_time included, plus
 // retry_from_dlq, retry_count and original_failure.
-func (r *recoveryRig) reinject(t *testing.T, letters []*DeadLetter) {
+func (r *recoveryRig) reinject(t *testing.T, letters []*chatmsg.DeadLetter) {
 	t.Helper()
-	sort.Slice(letters, func(i, j int) bool { return letters[i].Offset < letters[j].Offset })
+	sort.Slice(letters, func(i, j int) bool { return letters[i].SourceOffset < letters[j].SourceOffset })
 	recs := make([]testenv.Record, len(letters))
 	for i, dl := range letters {
 		var hs [][2]string
-		for _, h := range dl.Headers {
+		for _, h := range dl.OriginalHeaders {
 			switch h.Key {
 			case chatmsg.HeaderRetryFromDLQ, chatmsg.HeaderRetryCount, chatmsg.HeaderOriginalFailure:
 				continue
@@ -106,17 +106,17 @@ func (r *recoveryRig) reinject(t *testing.T, letters []*DeadLetter) {
 			hs = append(hs, [2]string{h.Key, string(h.Value)})
 		}
 		hs = append(hs, [2]string{chatmsg.HeaderRetryFromDLQ, "true"}, [2]string{chatmsg.HeaderRetryCount, strconv.Itoa(1)},
-			[2]string{chatmsg.HeaderOriginalFailure, dl.Reason})
-		recs[i] = testenv.Record{Key: dl.Key, Value: dl.Raw, Headers: hs}
+			[2]string{chatmsg.HeaderOriginalFailure, string(dl.Reason)})
+		recs[i] = testenv.Record{Key: dl.OriginalKey, Value: dl.OriginalValue, Headers: hs}
 	}
 	testenv.Produce(t, testenv.KafkaBrokers(t), r.topic, recs)
 }
 
 // lettersOf returns the dead letters of user (reason "" = any).
-func (r *recoveryRig) lettersOf(user, reason string) []*DeadLetter {
-	var out []*DeadLetter
+func (r *recoveryRig) lettersOf(user, reason string) []*chatmsg.DeadLetter {
+	var out []*chatmsg.DeadLetter
 	for _, dl := range r.dlq.all() {
-		if dl.UserID == user && (reason == "" || dl.Reason == reason) {
+		if dl.UserID == user && (reason == "" || string(dl.Reason) == reason) {
 			out = append(out, dl)
 		}
 	}
@@ -235,7 +235,7 @@ func TestRetriedFloodOfABlockedBotIsRefusedAgain(t *testing.T) {
 	}
 	again := r.dlq.all()[70:]
 	for _, dl := range again {
-		if dl.Reason != ReasonUserBlocked {
+		if string(dl.Reason) != ReasonUserBlocked {
 			t.Fatalf("a retried letter of the blocked bot was refused as %s (%s), want user_blocked", dl.Reason, dl.Details)
 		}
 	}

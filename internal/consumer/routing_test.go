@@ -128,20 +128,20 @@ func TestRoutingByKey(t *testing.T) {
 	if len(letters) != 3 {
 		t.Fatalf("%d dead letters, want 3: %+v", len(letters), letters)
 	}
-	byOffset := map[int64]*DeadLetter{}
+	byOffset := map[int64]*chatmsg.DeadLetter{}
 	for _, l := range letters {
-		byOffset[l.Offset] = l
-		if l.Reason != ReasonInvalidMessage {
+		byOffset[l.SourceOffset] = l
+		if string(l.Reason) != ReasonInvalidMessage {
 			t.Fatalf("dead letter %+v, want unrecoverable invalid_message", l)
 		}
 	}
-	if l := byOffset[4]; l == nil || l.UserID != "" || l.Msg != nil {
+	if l := byOffset[4]; l == nil || l.UserID != "" || l.Original != nil {
 		t.Fatalf("no-key undecodable record: %+v", l)
 	}
-	if l := byOffset[5]; l == nil || l.UserID != "k3" || l.Msg != nil || !strings.Contains(l.Details, "malformed") {
+	if l := byOffset[5]; l == nil || l.UserID != "k3" || l.Original != nil || !strings.Contains(l.Details, "malformed") {
 		t.Fatalf("keyed undecodable record: %+v", l)
 	}
-	if l := byOffset[7]; l == nil || l.UserID != "k2" || l.Msg == nil || l.Msg.ExternalUserID != "other" ||
+	if l := byOffset[7]; l == nil || l.UserID != "k2" || l.Original == nil || l.Original.ExternalUserID != "other" ||
 		!strings.Contains(l.Details, `routed by record key "k2"; payload external_userid "other"`) {
 		t.Fatalf("key/payload mismatch dead letter: %+v", l)
 	}

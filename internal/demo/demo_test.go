@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kfpipe/kfpipe/internal/archive"
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -248,7 +249,7 @@ func TestReportAccounting(t *testing.T) {
 }
 
 func testEntry(id, state string, next time.Time) *dlq.Entry {
-	return &dlq.Entry{DeadLetterMessage: &dlq.DeadLetterMessage{UpstreamMsgID: id, Reason: dlq.ReasonDownstreamError,
+	return &dlq.Entry{DeadLetter: &chatmsg.DeadLetter{UpstreamMsgID: id, Reason: dlq.ReasonDownstreamError,
 		NextRetryTime: &next}, State: state}
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -16,7 +17,7 @@ func BenchmarkIndex(b *testing.B) {
 	pol := NewPolicy(testRecovery())
 	ctx := context.Background()
 	now := time.Now()
-	dls := make([]*DeadLetterMessage, b.N)
+	dls := make([]*chatmsg.DeadLetter, b.N)
 	for i := range dls {
 		dls[i] = deadLetter("bench", ReasonDownstreamError, int64(i), now)
 		pol.Place(ctx, dls[i])

@@ -61,8 +61,8 @@ func TestIndexBytesPerLetter(t *testing.T) {
 		at := clk.Now().Add(time.Duration(i) * time.Millisecond)
 		v := realisticChat(user, i)
 		size = len(v)
-		dl := New(Source{Topic: "qywx-chat-messages", Partition: int32(i % 12), Offset: int64(1_000_000 + i), Timestamp: at,
-			Key: []byte(user), Value: v, Headers: []Header{{Key: chatmsg.HeaderMsgType, Value: []byte("text")}}},
+		dl := chatmsg.NewDeadLetter(chatmsg.Source{Topic: "qywx-chat-messages", Partition: int32(i % 12), Offset: int64(1_000_000 + i), Timestamp: at,
+			Key: []byte(user), Value: v, Headers: []chatmsg.Header{{Key: chatmsg.HeaderMsgType, Value: []byte("text")}}},
 			ReasonDownstreamError, "handler: POST http://faq-bot:8080/kf: 503 Service Unavailable", at)
 		pol.Place(ctx, dl)
 		if _, err := indexDL(t, ctx, idx, dl); err != nil {

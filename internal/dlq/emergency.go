@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
 
 // emergencyFile is the last resort of I6: a JSONL file of dead letters
@@ -38,7 +40,7 @@ type emergencyFile struct {
 // emergencyRecord is one line read back for replay.
 type emergencyRecord struct {
 	value []byte // nil for an undecodable (torn) line
-	dl    *DeadLetterMessage
+	dl    *chatmsg.DeadLetter
 	end   int64 // byte offset just after this line
 }
 

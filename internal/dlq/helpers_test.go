@@ -53,9 +53,9 @@ func chat(user string, n int) []byte {
 }
 
 // deadLetter builds a dead letter of user for source offset off.
-func deadLetter(user string, reason Reason, off int64, at time.Time) *DeadLetterMessage {
-	return New(Source{Topic: "src-main", Partition: 1, Offset: off, Timestamp: at, Key: []byte(user), Value: chat(user, int(off)),
-		Headers: []Header{{Key: chatmsg.HeaderMsgType, Value: []byte("text")}}}, reason, "test failure", at)
+func deadLetter(user string, reason Reason, off int64, at time.Time) *chatmsg.DeadLetter {
+	return chatmsg.NewDeadLetter(chatmsg.Source{Topic: "src-main", Partition: 1, Offset: off, Timestamp: at, Key: []byte(user), Value: chat(user, int(off)),
+		Headers: []chatmsg.Header{{Key: chatmsg.HeaderMsgType, Value: []byte("text")}}}, reason, "test failure", at)
 }
 
 // readTopic reads every partition of topic from the beginning until n
@@ -66,7 +66,7 @@ var readTopic = testenv.ReadTopicAtLeast
 var header = testenv.Header
 
 // sendSync sends dl and waits for done.
-func sendSync(t *testing.T, p *Producer, dl *DeadLetterMessage) {
+func sendSync(t *testing.T, p *Producer, dl *chatmsg.DeadLetter) {
 	t.Helper()
 	ch := make(chan error, 1)
 	p.Send(dl, func(err error) { ch <- err })
@@ -96,7 +96,7 @@ type sinkWaiter struct {
 	wg sync.WaitGroup
 }
 
-func (s *sinkWaiter) Send(dl *DeadLetterMessage, done func(error)) {
+func (s *sinkWaiter) Send(dl *chatmsg.DeadLetter, done func(error)) {
 	s.wg.Add(1)
 	s.p.Send(dl, func(err error) { done(err); s.wg.Done() })
 }
@@ -113,10 +113,10 @@ type memLetters struct {
 
 var mem = &memLetters{m: map[Coord][]byte{}}
 
-func (l *memLetters) Read(_ context.Context, at []Coord) ([]*DeadLetterMessage, error) {
+func (l *memLetters) Read(_ context.Context, at []Coord) ([]*chatmsg.DeadLetter, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]*DeadLetterMessage, len(at))
+	out := make([]*chatmsg.DeadLetter, len(at))
 	for i, c := range at {
 		if b, ok := l.m[c]; ok {
 			dl, err := Decode(b)
@@ -130,7 +130,7 @@ func (l *memLetters) Read(_ context.Context, at []Coord) ([]*DeadLetterMessage, 
 }
 
 // put stores dl and returns its coordinate.
-func (l *memLetters) put(t testing.TB, dl *DeadLetterMessage) Coord {
+func (l *memLetters) put(t testing.TB, dl *chatmsg.DeadLetter) Coord {
 	b, err := Encode(dl)
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +152,7 @@ func (l *memLetters) forget(c Coord) {
 
 // indexDL indexes dl as the DLQ consumer would after reading it from the
 // topic at a coordinate of mem.
-func indexDL(t testing.TB, ctx context.Context, idx *Index, dl *DeadLetterMessage) (IndexResult, error) {
+func indexDL(t testing.TB, ctx context.Context, idx *Index, dl *chatmsg.DeadLetter) (IndexResult, error) {
 	dl.EnsureID()
 	return idx.Index(ctx, dl, mem.put(t, dl))
 }

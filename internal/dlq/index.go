@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
 )
 
@@ -96,16 +97,16 @@ type Stats struct {
 // carries the index's summary only (Whole false): ID, reason, user,
 // failure, due and expiry times, attempts, retry count, source partition
 // and offset, Preview and At. From Get and Export, and with WithLetters,
-// DeadLetterMessage is the whole letter read from the DLQ topic (Whole).
+// chatmsg.DeadLetter is the whole letter read from the DLQ topic (Whole).
 type Entry struct {
-	*DeadLetterMessage
+	*chatmsg.DeadLetter
 	State     string     `json:"state"`
 	RetriedAt *time.Time `json:"retried_at,omitempty"`
 	// Preview is the start of the message text (see Preview).
 	Preview string `json:"preview,omitempty"`
 	// At is where the letter sits in the DLQ topic.
 	At Coord `json:"dlq_at"`
-	// Whole says DeadLetterMessage was read whole from the DLQ topic.
+	// Whole says the DeadLetter was read whole from the DLQ topic.
 	Whole bool `json:"-"`
 	// Failures is how many times the letter's message failed (its first
 	// dead-lettering and each failed retry); FirstFailure is when it

@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
 
 // parkedScore is the due score (year 9999) Rebuild gives the dead letters
@@ -22,7 +24,7 @@ func (x *Index) parkedKey() string { return x.key("rebuild", "parked") }
 
 // indexParked is Index for Rebuild: a new entry that would be due is
 // parked (not due) and its due time remembered for unpark.
-func (x *Index) indexParked(ctx context.Context, dl *DeadLetterMessage, at Coord) (IndexResult, error) {
+func (x *Index) indexParked(ctx context.Context, dl *chatmsg.DeadLetter, at Coord) (IndexResult, error) {
 	dl.EnsureID()
 	if dl.Event != "" || dl.ManualReview || dl.NextRetryTime == nil {
 		return x.Index(ctx, dl, at)
@@ -121,7 +123,7 @@ func (x *Index) PurgeExpired(ctx context.Context, now time.Time) (int, error) {
 // claimed is a due entry handed to the scheduler.
 type claimed struct {
 	id       string
-	dl       *DeadLetterMessage
+	dl       *chatmsg.DeadLetter
 	attempts int
 	// batch is the operator batch that requeued the letter ("" for the
 	// scheduler's own retries).

@@ -12,6 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 )
 
 // Filter selects entries. Empty fields match everything.
@@ -71,7 +73,7 @@ func (x *Index) Whole(ctx context.Context, es []*Entry) error {
 			continue
 		}
 		dl.Attempts, dl.NextRetryTime = e.Attempts, e.NextRetryTime
-		e.DeadLetterMessage, e.Whole = dl, true
+		e.DeadLetter, e.Whole = dl, true
 	}
 	return nil
 }
@@ -104,8 +106,8 @@ func (x *Index) load(ctx context.Context, ids []string) ([]*Entry, error) {
 		}
 		f := func(j int) string { s, _ := h[j].(string); return s }
 		num := func(j int) int64 { n, _ := strconv.ParseInt(f(j), 10, 64); return n }
-		dl := &DeadLetterMessage{ID: ids[i], Reason: Reason(f(0)), UserID: f(1)}
-		e := &Entry{DeadLetterMessage: dl, State: f(2), Preview: f(7)}
+		dl := &chatmsg.DeadLetter{ID: ids[i], Reason: Reason(f(0)), UserID: f(1)}
+		e := &Entry{DeadLetter: dl, State: f(2), Preview: f(7)}
 		if n := num(3); n > 0 {
 			dl.ExpiresAt = time.UnixMilli(n).UTC()
 		}

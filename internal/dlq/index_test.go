@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -34,7 +35,7 @@ func indexRig(rdb redis.UniversalClient, prefix string) (*manualClock, *Index, *
 
 // placeIndexed places each letter with pol and indexes it; an indexing
 // error fails the test.
-func placeIndexed(t testing.TB, ctx context.Context, idx *Index, pol *Policy, dls ...*DeadLetterMessage) {
+func placeIndexed(t testing.TB, ctx context.Context, idx *Index, pol *Policy, dls ...*chatmsg.DeadLetter) {
 	t.Helper()
 	for _, dl := range dls {
 		pol.Place(ctx, dl)
@@ -59,7 +60,7 @@ func eachIndexIdempotent(t *testing.T, rdb redis.UniversalClient, prefix string)
 	// commit) and the same record re-read from the topic.
 	again := deadLetter("u1", ReasonRateLimited, 7, clk.Now().Add(time.Second))
 	pol.Place(ctx, again)
-	for _, d := range []*DeadLetterMessage{dl, again} {
+	for _, d := range []*chatmsg.DeadLetter{dl, again} {
 		if res, err := indexDL(t, ctx, idx, d); err != nil || res != IndexDuplicate {
 			t.Fatalf("re-index: %v %v", res, err)
 		}
@@ -99,7 +100,7 @@ func eachIndexListPaginationAndFilters(t *testing.T, rdb redis.UniversalClient, 
 	ctx := context.Background()
 	users := []string{"ann", "ben", "cat"}
 	reasons := []Reason{ReasonRateLimited, ReasonInvalidMessage}
-	want := map[string]*DeadLetterMessage{}
+	want := map[string]*chatmsg.DeadLetter{}
 	for i := range 25 {
 		// Several share a failure millisecond, to exercise the cursor's tie break.
 		dl := deadLetter(users[i%3], reasons[i%2], int64(i), clk.Now().Add(time.Duration(i/3)*time.Millisecond))
@@ -139,14 +140,14 @@ func eachIndexListPaginationAndFilters(t *testing.T, rdb redis.UniversalClient, 
 	tests := []struct {
 		name string
 		f    Filter
-		pred func(*DeadLetterMessage) bool
+		pred func(*chatmsg.DeadLetter) bool
 	}{
-		{"all", Filter{}, func(*DeadLetterMessage) bool { return true }},
-		{"user", Filter{User: "ben"}, func(d *DeadLetterMessage) bool { return d.UserID == "ben" }},
-		{"reason", Filter{Reason: "invalid_message"}, func(d *DeadLetterMessage) bool { return d.Reason == ReasonInvalidMessage }},
-		{"review", Filter{Review: &yes}, func(d *DeadLetterMessage) bool { return d.ManualReview }},
-		{"not review", Filter{Review: &no}, func(d *DeadLetterMessage) bool { return !d.ManualReview }},
-		{"user+reason", Filter{User: "ann", Reason: "rate_limited"}, func(d *DeadLetterMessage) bool {
+		{"all", Filter{}, func(*chatmsg.DeadLetter) bool { return true }},
+		{"user", Filter{User: "ben"}, func(d *chatmsg.DeadLetter) bool { return d.UserID == "ben" }},
+		{"reason", Filter{Reason: "invalid_message"}, func(d *chatmsg.DeadLetter) bool { return d.Reason == ReasonInvalidMessage }},
+		{"review", Filter{Review: &yes}, func(d *chatmsg.DeadLetter) bool { return d.ManualReview }},
+		{"not review", Filter{Review: &no}, func(d *chatmsg.DeadLetter) bool { return !d.ManualReview }},
+		{"user+reason", Filter{User: "ann", Reason: "rate_limited"}, func(d *chatmsg.DeadLetter) bool {
 			return d.UserID == "ann" && d.Reason == ReasonRateLimited
 		}},
 	}
@@ -204,7 +205,7 @@ func TestPurgeExpiredByReasonTTL(t *testing.T) { testenv.EachRedis(t, eachPurgeE
 func eachPurgeExpiredByReasonTTL(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	clk, idx, pol := indexRig(rdb, prefix) // rate_limited 1h, others 24h
 	ctx := context.Background()
-	var short, long []*DeadLetterMessage
+	var short, long []*chatmsg.DeadLetter
 	for i := range 6 {
 		r := ReasonRateLimited
 		if i%2 == 1 {
@@ -285,7 +286,7 @@ func TestPlacement(t *testing.T) {
 	}
 	// The cap: base 1m × 2^10 is capped at max 1h.
 	b := pol.Strategy(ReasonDownstreamError).(*backoff)
-	if d := b.CalculateRetryDelay(ctx, &DeadLetterMessage{RetryCount: 10}); d != time.Hour {
+	if d := b.CalculateRetryDelay(ctx, &chatmsg.DeadLetter{RetryCount: 10}); d != time.Hour {
 		t.Fatalf("capped delay %s", d)
 	}
 	if CalculatePriority("vip", ReasonUserBlocked) != 5 || CalculatePriority("normal", ReasonRateLimited) != 4 ||
@@ -305,12 +306,12 @@ func TestIDStable(t *testing.T) {
 	a := deadLetter("h", ReasonQueueFull, 5, time.Now())
 	b := deadLetter("h", ReasonDownstreamError, 5, time.Now().Add(time.Hour))
 	c := deadLetter("h", ReasonQueueFull, 6, time.Now())
-	if a.ID != b.ID || a.ID == c.ID || a.ID != ID("src-main", 1, 5) {
+	if a.ID != b.ID || a.ID == c.ID || a.ID != chatmsg.DeadLetterID("src-main", 1, 5) {
 		t.Fatalf("ids %s %s %s", a.ID, b.ID, c.ID)
 	}
 	// retry_count travels in the header of a retried record.
-	d := New(Source{Topic: "m", Value: []byte("not json"), Key: []byte("k"),
-		Headers: []Header{{Key: "retry_count", Value: []byte("3")}}}, ReasonInvalidMessage, "", time.Now())
+	d := chatmsg.NewDeadLetter(chatmsg.Source{Topic: "m", Value: []byte("not json"), Key: []byte("k"),
+		Headers: []chatmsg.Header{{Key: "retry_count", Value: []byte("3")}}}, ReasonInvalidMessage, "", time.Now())
 	if d.RetryCount != 3 || d.Original != nil || d.UserID != "k" || d.Recoverable || !d.ManualReview {
 		t.Fatalf("%+v", d)
 	}
@@ -328,7 +329,7 @@ func eachIndexFullRefusesNewEntriesOnly(t *testing.T, rdb redis.UniversalClient,
 	clk := newClock()
 	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem), WithMaxEntries(2))
 	pol := NewPolicy(testRecovery())
-	var dls []*DeadLetterMessage
+	var dls []*chatmsg.DeadLetter
 	for i := range 3 {
 		dl := deadLetter(fmt.Sprintf("u%d", i), ReasonDownstreamError, int64(i), clk.Now())
 		pol.Place(ctx, dl)
@@ -423,7 +424,7 @@ func eachMovedEventAfterRetryIsStale(t *testing.T, rdb redis.UniversalClient, pr
 	}
 	// … and then the record arrives.
 	zero := 0
-	moved := &DeadLetterMessage{ID: dl.ID, Event: EventMoved, Reason: dl.Reason, UserID: dl.UserID, NextRetryTime: &at, AttemptsSeen: &zero}
+	moved := &chatmsg.DeadLetter{ID: dl.ID, Event: EventMoved, Reason: dl.Reason, UserID: dl.UserID, NextRetryTime: &at, AttemptsSeen: &zero}
 	if res, err := idx.Index(ctx, moved, Coord{}); err != nil || res != IndexDuplicate {
 		t.Fatalf("stale moved record: %v %v, want duplicate", res, err)
 	}

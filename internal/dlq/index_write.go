@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
 )
 
@@ -34,7 +35,7 @@ const (
 // re-injected instead, an EventMoved record moves it to review or due, and
 // an EventPurged record deletes it. A new entry past WithMaxEntries is
 // refused with IndexFull.
-func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage, at Coord) (IndexResult, error) {
+func (x *Index) Index(ctx context.Context, dl *chatmsg.DeadLetter, at Coord) (IndexResult, error) {
 	dl.EnsureID()
 	res, err := x.applyAt(ctx, dl, at, 0)
 	if err == nil {
@@ -45,7 +46,7 @@ func (x *Index) Index(ctx context.Context, dl *DeadLetterMessage, at Coord) (Ind
 
 // applyAt indexes dl with the due score of a new due entry set to dueAt
 // (0: its NextRetryTime).
-func (x *Index) applyAt(ctx context.Context, dl *DeadLetterMessage, at Coord, dueAt int64) (IndexResult, error) {
+func (x *Index) applyAt(ctx context.Context, dl *chatmsg.DeadLetter, at Coord, dueAt int64) (IndexResult, error) {
 	switch dl.Event {
 	case EventMoved:
 		state, at := StateReview, time.Time{}
@@ -106,7 +107,7 @@ func (r IndexResult) String() string {
 // MarkRetried records that the entry was re-injected for the attempts-th
 // time. Applying the same attempt twice is a no-op.
 func (x *Index) MarkRetried(ctx context.Context, id string, attempts int) (bool, error) {
-	res, err := x.Index(ctx, &DeadLetterMessage{ID: id, Event: EventRetried, Attempts: attempts}, Coord{})
+	res, err := x.Index(ctx, &chatmsg.DeadLetter{ID: id, Event: EventRetried, Attempts: attempts}, Coord{})
 	return res == IndexEvent, err
 }
 
@@ -129,7 +130,7 @@ func (x *Index) Requeue(ctx context.Context, id string, at time.Time) error {
 // what equal due times gave. It returns how many were requeued.
 func (x *Index) RequeueInOrder(ctx context.Context, es []*Entry, at time.Time) (int, error) {
 	es = slices.Clone(es)
-	SortBySource(es, func(e *Entry) *DeadLetterMessage { return e.DeadLetterMessage })
+	SortBySource(es, func(e *Entry) *chatmsg.DeadLetter { return e.DeadLetter })
 	n := 0
 	for i, e := range es {
 		err := x.Requeue(ctx, e.ID, at.Add(time.Duration(i)*time.Millisecond))
@@ -147,7 +148,7 @@ func (x *Index) RequeueInOrder(ctx context.Context, es []*Entry, at time.Time) (
 // SortBySource sorts letters into the order their messages had: source
 // topic, partition and offset, then failure time. A user's messages are all
 // in one partition, so this is each user's order.
-func SortBySource[T any](ts []T, dl func(T) *DeadLetterMessage) {
+func SortBySource[T any](ts []T, dl func(T) *chatmsg.DeadLetter) {
 	slices.SortStableFunc(ts, func(a, b T) int {
 		x, y := dl(a), dl(b)
 		return cmp.Or(cmp.Compare(x.SourceTopic, y.SourceTopic), cmp.Compare(x.SourcePartition, y.SourcePartition),
@@ -182,7 +183,7 @@ func (x *Index) recordMove(ctx context.Context, id string, review bool, at time.
 		return
 	}
 	seen := attempts // as the move found them, not as they are now
-	ev := &DeadLetterMessage{ID: id, Event: EventMoved, Reason: e.Reason, UserID: e.UserID,
+	ev := &chatmsg.DeadLetter{ID: id, Event: EventMoved, Reason: e.Reason, UserID: e.UserID,
 		OriginalKey: e.OriginalKey, FailureTime: x.clock.Now(), ManualReview: review, AttemptsSeen: &seen}
 	if !review {
 		ev.NextRetryTime = &at
@@ -288,24 +289,24 @@ func (x *Index) PurgeEntries(ctx context.Context, es []*Entry) ([]bool, error) {
 		}
 		if ok {
 			out[i] = true
-			x.recordPurge(e.DeadLetterMessage)
+			x.recordPurge(e.DeadLetter)
 		}
 	}
 	return out, nil
 }
 
 // recordPurge writes the EventPurged record of a purged entry.
-func (x *Index) recordPurge(dl *DeadLetterMessage) {
+func (x *Index) recordPurge(dl *chatmsg.DeadLetter) {
 	if x.events == nil {
 		return
 	}
-	x.sendEvent(&DeadLetterMessage{ID: dl.ID, Event: EventPurged, Reason: dl.Reason, UserID: dl.UserID,
+	x.sendEvent(&chatmsg.DeadLetter{ID: dl.ID, Event: EventPurged, Reason: dl.Reason, UserID: dl.UserID,
 		OriginalKey: dl.OriginalKey, FailureTime: x.clock.Now()})
 }
 
 // sendEvent writes an event record through the event sink; a failure is
 // logged (the index already changed; only a later rebuild would differ).
-func (x *Index) sendEvent(ev *DeadLetterMessage) {
+func (x *Index) sendEvent(ev *chatmsg.DeadLetter) {
 	x.events.Send(ev, func(err error) {
 		if err != nil {
 			x.log.Warn("DLQ event not recorded; a rebuild would not reproduce it",

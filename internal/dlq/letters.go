@@ -16,6 +16,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/google/uuid"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 )
@@ -47,7 +48,7 @@ func parseCoord(s string) (Coord, bool) {
 type Letters interface {
 	// Read returns the letters at the coordinates, in their order; a
 	// letter the topic no longer holds (retention) is nil.
-	Read(ctx context.Context, at []Coord) ([]*DeadLetterMessage, error)
+	Read(ctx context.Context, at []Coord) ([]*chatmsg.DeadLetter, error)
 }
 
 // WithLetters lets the index read whole letters back (Get, Export, the
@@ -86,8 +87,8 @@ func (r *TopicLetters) Close() error { return r.kc.Close() }
 const seekGap = 200
 
 // Read implements Letters.
-func (r *TopicLetters) Read(ctx context.Context, at []Coord) ([]*DeadLetterMessage, error) {
-	out := make([]*DeadLetterMessage, len(at))
+func (r *TopicLetters) Read(ctx context.Context, at []Coord) ([]*chatmsg.DeadLetter, error) {
+	out := make([]*chatmsg.DeadLetter, len(at))
 	order := make([]int, len(at))
 	for i := range order {
 		order[i] = i
@@ -112,7 +113,7 @@ func (r *TopicLetters) Read(ctx context.Context, at []Coord) ([]*DeadLetterMessa
 }
 
 // readPartition reads the wanted offsets of one partition (ascending).
-func (r *TopicLetters) readPartition(ctx context.Context, at []Coord, want []int, out []*DeadLetterMessage) error {
+func (r *TopicLetters) readPartition(ctx context.Context, at []Coord, want []int, out []*chatmsg.DeadLetter) error {
 	part := at[want[0]].Partition
 	assign := func(off int64) error {
 		return r.kc.Assign([]kafka.TopicPartition{{Topic: &r.topic, Partition: part, Offset: kafka.Offset(off)}})
@@ -161,7 +162,7 @@ func (r *TopicLetters) readPartition(ctx context.Context, at []Coord, want []int
 // a review entry keeping the raw bytes (its ID from its own DLQ
 // coordinates), so it is never lost and an operator can see it, and the
 // decoding error is returned with it.
-func letterFromRecord(m *kafka.Message) (*DeadLetterMessage, error) {
+func letterFromRecord(m *kafka.Message) (*chatmsg.DeadLetter, error) {
 	dl, err := Decode(m.Value)
 	if err == nil && dl.Event == "" && dl.Reason == "" {
 		err = errors.New("no failure_reason")
@@ -169,9 +170,9 @@ func letterFromRecord(m *kafka.Message) (*DeadLetterMessage, error) {
 	if err == nil {
 		return dl, nil
 	}
-	hs := make([]Header, len(m.Headers))
+	hs := make([]chatmsg.Header, len(m.Headers))
 	for i, h := range m.Headers {
-		hs[i] = Header{Key: h.Key, Value: h.Value}
+		hs[i] = chatmsg.Header{Key: h.Key, Value: h.Value}
 	}
 	topic := ""
 	if m.TopicPartition.Topic != nil {
@@ -181,7 +182,7 @@ func letterFromRecord(m *kafka.Message) (*DeadLetterMessage, error) {
 	if ts.IsZero() {
 		ts = time.Now()
 	}
-	dl = New(Source{Topic: topic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
+	dl = chatmsg.NewDeadLetter(chatmsg.Source{Topic: topic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
 		Timestamp: m.Timestamp, Key: m.Key, Value: m.Value, Headers: hs}, ReasonInvalidMessage,
 		"undecodable DLQ record: "+err.Error(), ts)
 	dl.Original = nil
@@ -196,7 +197,7 @@ const previewBytes = 30
 // Preview is the start of the letter's text for the index and the
 // console's lists: a text message's content, else its WeChat msgtype, or
 // the start of a payload that did not parse.
-func Preview(dl *DeadLetterMessage) string {
+func Preview(dl *chatmsg.DeadLetter) string {
 	var s string
 	switch {
 	case dl.Original != nil:

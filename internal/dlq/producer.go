@@ -14,6 +14,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 )
@@ -87,7 +88,7 @@ type Producer struct {
 }
 
 type sendJob struct {
-	dl      *DeadLetterMessage
+	dl      *chatmsg.DeadLetter
 	value   []byte
 	done    func(error)
 	brDone  func(error)
@@ -179,7 +180,7 @@ func NewProducer(cfg ProducerConfig, opts ...Option) (*Producer, error) {
 // means neither happened: the caller must not commit the source offset and
 // should retry. done runs on a producer goroutine and must not block long;
 // it is called exactly once, possibly before Send returns.
-func (p *Producer) Send(dl *DeadLetterMessage, done func(error)) {
+func (p *Producer) Send(dl *chatmsg.DeadLetter, done func(error)) {
 	dl.EnsureID()
 	value, err := Encode(dl)
 	if err != nil {
@@ -210,13 +211,13 @@ func (p *Producer) Send(dl *DeadLetterMessage, done func(error)) {
 }
 
 // record builds the DLQ Kafka record of dl.
-func (p *Producer) record(dl *DeadLetterMessage, value []byte, opaque any) *kafka.Message {
+func (p *Producer) record(dl *chatmsg.DeadLetter, value []byte, opaque any) *kafka.Message {
 	return dlqRecord(&p.topic, dl, value, opaque)
 }
 
 // dlqRecord builds the Kafka record of dl (encoded as value) for the DLQ
 // topic.
-func dlqRecord(topic *string, dl *DeadLetterMessage, value []byte, opaque any) *kafka.Message {
+func dlqRecord(topic *string, dl *chatmsg.DeadLetter, value []byte, opaque any) *kafka.Message {
 	src := dl.SourceTopic + "/" + strconv.FormatInt(int64(dl.SourcePartition), 10) + "/" + strconv.FormatInt(dl.SourceOffset, 10)
 	hs := []kafka.Header{
 		{Key: HeaderReason, Value: []byte(dl.Reason)},

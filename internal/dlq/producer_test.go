@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ func TestSendDurableInTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	dls := []*DeadLetterMessage{
+	dls := []*chatmsg.DeadLetter{
 		deadLetter("alice", ReasonRateLimited, 10, now),
 		deadLetter("alice", ReasonDownstreamError, 11, now),
 		deadLetter("bob", ReasonInvalidMessage, 12, now),
@@ -48,7 +49,7 @@ func TestSendDurableInTopic(t *testing.T) {
 	if len(msgs) != 3 {
 		t.Fatalf("got %d records, want 3", len(msgs))
 	}
-	byID := map[string]*DeadLetterMessage{}
+	byID := map[string]*chatmsg.DeadLetter{}
 	for _, dl := range dls {
 		byID[dl.ID] = dl
 	}
@@ -95,7 +96,7 @@ func TestEmergencyFileAndReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	var dls []*DeadLetterMessage
+	var dls []*chatmsg.DeadLetter
 	for i := range 5 {
 		dl := deadLetter("carol", ReasonQueueFull, int64(100+i), now)
 		dls = append(dls, dl)

@@ -50,7 +50,7 @@ func TestRebuildBesideSchedulerResendsNothing(t *testing.T) {
 	}
 	defer closeProducer(t, p)
 	long := e.clk.Now().Add(-2 * time.Hour) // due long ago
-	settled := map[string]*DeadLetterMessage{}
+	settled := map[string]*chatmsg.DeadLetter{}
 	for i, name := range []string{"retried", "reviewed", "purged"} {
 		dl := deadLetter("u-"+name, ReasonDownstreamError, int64(i), long)
 		dl.EnsureID()
@@ -60,8 +60,8 @@ func TestRebuildBesideSchedulerResendsNothing(t *testing.T) {
 	for i := range 300 {
 		sendSync(t, p, deadLetter(fmt.Sprintf("filler-%d", i%7), ReasonInvalidMessage, int64(100+i), long))
 	}
-	ev := func(dl *DeadLetterMessage, event string) *DeadLetterMessage {
-		return &DeadLetterMessage{ID: dl.ID, Event: event, Reason: dl.Reason, UserID: dl.UserID,
+	ev := func(dl *chatmsg.DeadLetter, event string) *chatmsg.DeadLetter {
+		return &chatmsg.DeadLetter{ID: dl.ID, Event: event, Reason: dl.Reason, UserID: dl.UserID,
 			OriginalKey: dl.OriginalKey, FailureTime: e.clk.Now()}
 	}
 	retried := ev(settled["retried"], EventRetried)
@@ -264,17 +264,17 @@ func TestRebuildCollapsesAMessagesLetters(t *testing.T) {
 	defer closeProducer(t, p)
 	pol := NewPolicy(testRecovery())
 	first := e.clk.Now().Add(-10 * time.Minute)
-	ev := func(dl *DeadLetterMessage, event string, attempts int) *DeadLetterMessage {
-		return &DeadLetterMessage{ID: dl.ID, Event: event, Reason: dl.Reason, UserID: dl.UserID, Attempts: attempts,
+	ev := func(dl *chatmsg.DeadLetter, event string, attempts int) *chatmsg.DeadLetter {
+		return &chatmsg.DeadLetter{ID: dl.ID, Event: event, Reason: dl.Reason, UserID: dl.UserID, Attempts: attempts,
 			OriginalKey: dl.OriginalKey, FailureTime: e.clk.Now()}
 	}
 	// failAgain is the retried message refused again at the main topic's offset off.
-	failAgain := func(dl *DeadLetterMessage, reason Reason, off int64, at time.Time) *DeadLetterMessage {
+	failAgain := func(dl *chatmsg.DeadLetter, reason Reason, off int64, at time.Time) *chatmsg.DeadLetter {
 		rec, err := pol.Strategy(dl.Reason).PrepareRetry(dl)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return New(Source{Topic: "src-main", Partition: 1, Offset: off, Timestamp: at, Key: rec.Key, Value: rec.Value,
+		return chatmsg.NewDeadLetter(chatmsg.Source{Topic: "src-main", Partition: 1, Offset: off, Timestamp: at, Key: rec.Key, Value: rec.Value,
 			Headers: rec.Headers}, reason, "refused again", at)
 	}
 	msg := deadLetter("u-many", ReasonDownstreamError, 1, first)
@@ -282,7 +282,7 @@ func TestRebuildCollapsesAMessagesLetters(t *testing.T) {
 	third := failAgain(second, ReasonDownstreamError, 800, first.Add(2*time.Minute))
 	done := deadLetter("u-done", ReasonDownstreamError, 2, first)
 	done.EnsureID()
-	for _, r := range []*DeadLetterMessage{msg, ev(msg, EventRetried, 1), second, ev(msg, EventRetried, 2), third,
+	for _, r := range []*chatmsg.DeadLetter{msg, ev(msg, EventRetried, 1), second, ev(msg, EventRetried, 2), third,
 		done, ev(done, EventRetried, 1), ev(done, EventDone, 0)} {
 		sendSync(t, p, r)
 	}

@@ -28,20 +28,20 @@ type BlockLookup interface {
 type RetryRecord struct {
 	Key     []byte
 	Value   []byte
-	Headers []Header
+	Headers []chatmsg.Header
 }
 
 // RecoveryStrategy decides how a dead letter of one reason is recovered
 // (the strategy column of the reason table, package deadletter). CanRecover
 // false sends it to manual review.
 type RecoveryStrategy interface {
-	CanRecover(ctx context.Context, dl *DeadLetterMessage) bool
+	CanRecover(ctx context.Context, dl *chatmsg.DeadLetter) bool
 	// CalculateRetryDelay is counted from dl.FailureTime, so placing the
 	// same dead letter twice (a rebuild) gives the same due time.
-	CalculateRetryDelay(ctx context.Context, dl *DeadLetterMessage) time.Duration
-	PrepareRetry(dl *DeadLetterMessage) (*RetryRecord, error)
-	OnSuccess(dl *DeadLetterMessage)
-	OnFailure(dl *DeadLetterMessage, err error)
+	CalculateRetryDelay(ctx context.Context, dl *chatmsg.DeadLetter) time.Duration
+	PrepareRetry(dl *chatmsg.DeadLetter) (*RetryRecord, error)
+	OnSuccess(dl *chatmsg.DeadLetter)
+	OnFailure(dl *chatmsg.DeadLetter, err error)
 }
 
 // ErrNothingToRetry is returned by PrepareRetry for a dead letter without
@@ -56,11 +56,11 @@ type backoff struct {
 	log        *zap.Logger
 }
 
-func (b *backoff) CanRecover(_ context.Context, dl *DeadLetterMessage) bool {
+func (b *backoff) CanRecover(_ context.Context, dl *chatmsg.DeadLetter) bool {
 	return dl.Recoverable && dl.RetryCount < b.maxRetries
 }
 
-func (b *backoff) CalculateRetryDelay(_ context.Context, dl *DeadLetterMessage) time.Duration {
+func (b *backoff) CalculateRetryDelay(_ context.Context, dl *chatmsg.DeadLetter) time.Duration {
 	d := b.base
 	for i := 0; i < dl.RetryCount && d < b.cap; i++ {
 		d *= 2
@@ -68,7 +68,7 @@ func (b *backoff) CalculateRetryDelay(_ context.Context, dl *DeadLetterMessage) 
 	return min(d, b.cap)
 }
 
-func (b *backoff) PrepareRetry(dl *DeadLetterMessage) (*RetryRecord, error) {
+func (b *backoff) PrepareRetry(dl *chatmsg.DeadLetter) (*RetryRecord, error) {
 	value := dl.OriginalValue
 	if len(value) == 0 && dl.Original != nil {
 		v, err := chatmsg.Encode(dl.Original)
@@ -84,7 +84,7 @@ func (b *backoff) PrepareRetry(dl *DeadLetterMessage) (*RetryRecord, error) {
 	if len(key) == 0 {
 		key = dl.OriginalKey
 	}
-	hs := make([]Header, 0, len(dl.OriginalHeaders)+3)
+	hs := make([]chatmsg.Header, 0, len(dl.OriginalHeaders)+3)
 	for _, h := range dl.OriginalHeaders {
 		switch h.Key {
 		case chatmsg.HeaderRetryFromDLQ, chatmsg.HeaderRetryCount, chatmsg.HeaderOriginalFailure, chatmsg.HeaderDLQID:
@@ -93,20 +93,20 @@ func (b *backoff) PrepareRetry(dl *DeadLetterMessage) (*RetryRecord, error) {
 		hs = append(hs, h)
 	}
 	hs = append(hs,
-		Header{Key: chatmsg.HeaderRetryFromDLQ, Value: []byte("true")},
-		Header{Key: chatmsg.HeaderRetryCount, Value: []byte(strconv.Itoa(dl.RetryCount + 1))},
-		Header{Key: chatmsg.HeaderOriginalFailure, Value: []byte(dl.Reason)},
-		Header{Key: chatmsg.HeaderDLQID, Value: []byte(dl.ID)},
+		chatmsg.Header{Key: chatmsg.HeaderRetryFromDLQ, Value: []byte("true")},
+		chatmsg.Header{Key: chatmsg.HeaderRetryCount, Value: []byte(strconv.Itoa(dl.RetryCount + 1))},
+		chatmsg.Header{Key: chatmsg.HeaderOriginalFailure, Value: []byte(dl.Reason)},
+		chatmsg.Header{Key: chatmsg.HeaderDLQID, Value: []byte(dl.ID)},
 	)
 	return &RetryRecord{Key: key, Value: value, Headers: hs}, nil
 }
 
-func (b *backoff) OnSuccess(dl *DeadLetterMessage) {
+func (b *backoff) OnSuccess(dl *chatmsg.DeadLetter) {
 	b.log.Info("dead letter re-injected", zap.String("dlq_id", dl.ID), zap.String("user_id", dl.UserID),
 		zap.String("reason", string(dl.Reason)), zap.Int("retry", dl.RetryCount+1))
 }
 
-func (b *backoff) OnFailure(dl *DeadLetterMessage, err error) {
+func (b *backoff) OnFailure(dl *chatmsg.DeadLetter, err error) {
 	b.log.Warn("dead letter re-injection failed", zap.String("dlq_id", dl.ID), zap.String("user_id", dl.UserID),
 		zap.String("reason", string(dl.Reason)), zap.Error(err))
 }
@@ -117,7 +117,7 @@ type blocked struct {
 	lookup BlockLookup
 }
 
-func (b *blocked) CalculateRetryDelay(ctx context.Context, dl *DeadLetterMessage) time.Duration {
+func (b *blocked) CalculateRetryDelay(ctx context.Context, dl *chatmsg.DeadLetter) time.Duration {
 	d := b.backoff.CalculateRetryDelay(ctx, dl)
 	if b.lookup == nil {
 		return d
@@ -139,7 +139,7 @@ func (b *blocked) CalculateRetryDelay(ctx context.Context, dl *DeadLetterMessage
 // never is for reasons that no retry can fix (invalid_message).
 type never struct{ backoff }
 
-func (never) CanRecover(context.Context, *DeadLetterMessage) bool { return false }
+func (never) CanRecover(context.Context, *chatmsg.DeadLetter) bool { return false }
 
 // Policy holds the strategy of every reason and places dead letters: it
 // fills max retries, TTL and expiry from config.Recovery and decides due
@@ -213,7 +213,7 @@ func (p *Policy) TTL(r Reason) time.Duration {
 // dl.NextRetryTime, or manual review (dl.ManualReview) when its strategy
 // cannot recover it (not recoverable, or retries exhausted). A dead letter
 // the sender already flagged for review stays there.
-func (p *Policy) Place(ctx context.Context, dl *DeadLetterMessage) {
+func (p *Policy) Place(ctx context.Context, dl *chatmsg.DeadLetter) {
 	dl.MaxRetries = p.MaxRetries(dl.Reason)
 	dl.TTL = p.TTL(dl.Reason)
 	if !dl.FailureTime.IsZero() && dl.TTL > 0 {

@@ -17,13 +17,14 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 )
 
 // EventSink records index events in the DLQ topic; *Producer is one.
 type EventSink interface {
-	Send(dl *DeadLetterMessage, done func(error))
+	Send(dl *chatmsg.DeadLetter, done func(error))
 }
 
 // SchedulerConfig configures the delayed-retry scheduler.
@@ -345,7 +346,7 @@ func (s *Scheduler) ScanOnce(ctx context.Context) (int, error) {
 	// Claimed in due-time order; letters due together (a batch retry,
 	// equal backoffs) go back in their messages' order, each user's in
 	// the order the user sent them.
-	SortBySource(items, func(c claimed) *DeadLetterMessage { return c.dl })
+	SortBySource(items, func(c claimed) *chatmsg.DeadLetter { return c.dl })
 	items, errs := s.inUserOrder(ctx, items)
 	type inflight struct {
 		c        claimed
@@ -485,8 +486,8 @@ func (s *Scheduler) abort(ctx context.Context, kp *kafka.Producer) {
 // retriedEvent is the "retried" event of c's attempts-th re-injection,
 // keyed like the dead letter so it follows it in the same partition; a
 // Rebuild replays it.
-func (s *Scheduler) retriedEvent(c claimed, attempts int) *DeadLetterMessage {
-	return &DeadLetterMessage{ID: c.id, Event: EventRetried, Attempts: attempts, Reason: c.dl.Reason,
+func (s *Scheduler) retriedEvent(c claimed, attempts int) *chatmsg.DeadLetter {
+	return &chatmsg.DeadLetter{ID: c.id, Event: EventRetried, Attempts: attempts, Reason: c.dl.Reason,
 		UserID: c.dl.UserID, OriginalKey: c.dl.OriginalKey, FailureTime: s.clock.Now()}
 }
 
@@ -499,7 +500,7 @@ func (s *Scheduler) retriedEvent(c claimed, attempts int) *DeadLetterMessage {
 // block), and when an operator retries a blocked user's letters without
 // unblocking the user. blocks caches one scan's lookups per user; a failed
 // lookup lets the letter go (the consumer still judges it).
-func (s *Scheduler) heldByBlock(ctx context.Context, st RecoveryStrategy, dl *DeadLetterMessage, now time.Time,
+func (s *Scheduler) heldByBlock(ctx context.Context, st RecoveryStrategy, dl *chatmsg.DeadLetter, now time.Time,
 	blocks map[string]time.Time) (time.Time, bool) {
 	b, ok := st.(*blocked)
 	if !ok || b.lookup == nil || dl.UserID == "" {
@@ -531,7 +532,7 @@ func (s *Scheduler) heldByBlock(ctx context.Context, st RecoveryStrategy, dl *De
 // whose reason is past the limiter (the reason table's PastLimiter); one
 // the limiter or the breaker refused it judges at its re-injection time,
 // which this pacing keeps inside the limit. When refused it returns the time the user's next window starts.
-func (s *Scheduler) admit(dl *DeadLetterMessage, now time.Time) (time.Time, bool) {
+func (s *Scheduler) admit(dl *chatmsg.DeadLetter, now time.Time) (time.Time, bool) {
 	if dl.UserID == "" {
 		return time.Time{}, true
 	}
@@ -615,7 +616,7 @@ func (s *Scheduler) Close(ctx context.Context) error {
 // open, the limiter) dead-letters it as recoverable and the scheduler
 // tries again after its backoff, instead of sending it straight back to
 // review because the retries it spent before the operator acted are gone.
-func retryBudget(c claimed) *DeadLetterMessage {
+func retryBudget(c claimed) *chatmsg.DeadLetter {
 	if c.batch == "" || c.dl.RetryCount == 0 {
 		return c.dl
 	}

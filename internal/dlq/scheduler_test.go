@@ -100,7 +100,7 @@ func eachSchedulerRetriesWhenDue(t *testing.T, rdb redis.UniversalClient, prefix
 	// The retried message fails again in the consumer: dead-lettered with
 	// the header's retry_count, it is scheduled with a doubled delay, and
 	// after max retries it goes to review.
-	again := New(Source{Topic: mainTopic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
+	again := chatmsg.NewDeadLetter(chatmsg.Source{Topic: mainTopic, Partition: m.TopicPartition.Partition, Offset: int64(m.TopicPartition.Offset),
 		Key: m.Key, Value: m.Value, Headers: toHeaders(m)}, ReasonDownstreamError, "again", clk.Now())
 	pol.Place(ctx, again)
 	if again.RetryCount != 1 || again.NextRetryTime.Sub(clk.Now()) != 2*time.Minute {
@@ -114,10 +114,10 @@ func eachSchedulerRetriesWhenDue(t *testing.T, rdb redis.UniversalClient, prefix
 	}
 }
 
-func toHeaders(m *kafka.Message) []Header {
-	hs := make([]Header, len(m.Headers))
+func toHeaders(m *kafka.Message) []chatmsg.Header {
+	hs := make([]chatmsg.Header, len(m.Headers))
 	for i, h := range m.Headers {
-		hs[i] = Header{Key: h.Key, Value: h.Value}
+		hs[i] = chatmsg.Header{Key: h.Key, Value: h.Value}
 	}
 	return hs
 }
@@ -375,7 +375,7 @@ func TestSchedulerHoldsLettersOfABlockedUser(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	clk, idx, unaware := indexRig(rdb, prefix) // placement did not know of the block
 	ctx := context.Background()
-	var held []*DeadLetterMessage
+	var held []*chatmsg.DeadLetter
 	for i := range 3 {
 		dl := deadLetter("bot", ReasonRateLimited, int64(i), clk.Now())
 		placeIndexed(t, ctx, idx, unaware, dl)
@@ -434,8 +434,8 @@ func TestSchedulerKeepsAUsersOrderAcrossBackoffs(t *testing.T) {
 	// The first message's retry (offset 50) failed again: same letter,
 	// retry count 1, due after a longer backoff.
 	clk.Add(time.Second)
-	again := New(Source{Topic: "src-main", Partition: 1, Offset: 50, Timestamp: clk.Now(), Key: []byte("u"), Value: chat("u", 0),
-		Headers: []Header{{Key: chatmsg.HeaderMsgType, Value: []byte("text")}, {Key: chatmsg.HeaderDLQID, Value: []byte(first.ID)},
+	again := chatmsg.NewDeadLetter(chatmsg.Source{Topic: "src-main", Partition: 1, Offset: 50, Timestamp: clk.Now(), Key: []byte("u"), Value: chat("u", 0),
+		Headers: []chatmsg.Header{{Key: chatmsg.HeaderMsgType, Value: []byte("text")}, {Key: chatmsg.HeaderDLQID, Value: []byte(first.ID)},
 			{Key: chatmsg.HeaderRetryCount, Value: []byte("1")}}}, ReasonDownstreamError, "test failure", clk.Now())
 	put(again)
 	if again.NextRetryTime == nil || !again.NextRetryTime.After(clk.Now().Add(time.Minute)) {
@@ -481,7 +481,7 @@ type schedFixture struct {
 	brokers, mainTopic string
 	clk                *manualClock
 	idx                *Index
-	put                func(*DeadLetterMessage)
+	put                func(*chatmsg.DeadLetter)
 }
 
 func newSchedFixture(t *testing.T) schedFixture {
@@ -489,7 +489,7 @@ func newSchedFixture(t *testing.T) schedFixture {
 	rdb, prefix := testenv.Redis(t)
 	f.idx = NewIndex(rdb, prefix, WithClock(f.clk), WithLetters(mem))
 	pol := NewPolicy(testRecovery())
-	f.put = func(dl *DeadLetterMessage) {
+	f.put = func(dl *chatmsg.DeadLetter) {
 		t.Helper()
 		pol.Place(context.Background(), dl)
 		if _, err := indexDL(t, context.Background(), f.idx, dl); err != nil {

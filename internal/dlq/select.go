@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
@@ -213,7 +214,7 @@ func (x *Index) MarkDone(ctx context.Context, es []*Entry) (int, error) {
 		if e == nil || e.State != StateRetried {
 			continue
 		}
-		ev := &DeadLetterMessage{ID: e.ID, Event: EventDone, Reason: e.Reason, UserID: e.UserID,
+		ev := &chatmsg.DeadLetter{ID: e.ID, Event: EventDone, Reason: e.Reason, UserID: e.UserID,
 			OriginalKey: e.OriginalKey, FailureTime: x.clock.Now()}
 		res, err := x.applyAt(ctx, ev, Coord{}, 0)
 		if err != nil {

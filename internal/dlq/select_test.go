@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
 // selectSeed replays a failed run of the selection property.
@@ -284,7 +286,7 @@ func TestOneLetterPerMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Add(time.Minute)
-	again := New(Source{Topic: "src-main", Partition: 1, Offset: 900, Timestamp: clk.Now(), Key: rec.Key, Value: rec.Value,
+	again := chatmsg.NewDeadLetter(chatmsg.Source{Topic: "src-main", Partition: 1, Offset: 900, Timestamp: clk.Now(), Key: rec.Key, Value: rec.Value,
 		Headers: rec.Headers}, ReasonRateLimited, "over the limit", clk.Now())
 	if again.ID != dl.ID || again.RetryCount != 1 {
 		t.Fatalf("the retried message's letter is %s (retry %d), want %s (retry 1)", again.ID, again.RetryCount, dl.ID)
@@ -311,7 +313,7 @@ func TestOneLetterPerMessage(t *testing.T) {
 	e := es[0]
 	if e.ID != dl.ID || e.Reason != ReasonRateLimited || e.State != StateDue || e.Failures != 2 || e.RetryCount != 1 ||
 		e.FirstFailure == nil || !e.FirstFailure.Equal(first) || !e.FailureTime.Equal(clk.Now()) {
-		t.Fatalf("letter %+v (failures %d, first %v), want the second failure's, 2 failures since %v", e.DeadLetterMessage, e.Failures, e.FirstFailure, first)
+		t.Fatalf("letter %+v (failures %d, first %v), want the second failure's, 2 failures since %v", e.DeadLetter, e.Failures, e.FirstFailure, first)
 	}
 	if got, err := idx.Get(ctx, dl.ID); err != nil || !got.Whole || got.SourceOffset != 900 {
 		t.Fatalf("whole letter %+v %v, want the newest record (source offset 900)", got, err)

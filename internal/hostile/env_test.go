@@ -292,7 +292,7 @@ func (e *env) auditLen(t *testing.T) int64 {
 
 // seedDLQ sends dead letters through the DLQ topic and waits until the
 // dlq-consumer indexed them, so the admin API has something to change.
-func (e *env) seedDLQ(t *testing.T, letters []*dlq.DeadLetterMessage) {
+func (e *env) seedDLQ(t *testing.T, letters []*chatmsg.DeadLetter) {
 	t.Helper()
 	// The seeder is a producer of its own: its own emergency file (the
 	// dlq-consumer's is locked by the dlq-consumer).

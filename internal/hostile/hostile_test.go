@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 )
@@ -160,12 +161,12 @@ func TestHostileHTTP(t *testing.T) {
 	}
 
 	// ---- Admin state worth protecting.
-	letters := []*dlq.DeadLetterMessage{
-		dlq.New(dlq.Source{Topic: pc.Kafka.Topics.Main.Name, Partition: 0, Offset: 1, Key: []byte("victim-1"), Value: []byte(`{}`)},
+	letters := []*chatmsg.DeadLetter{
+		chatmsg.NewDeadLetter(chatmsg.Source{Topic: pc.Kafka.Topics.Main.Name, Partition: 0, Offset: 1, Key: []byte("victim-1"), Value: []byte(`{}`)},
 			dlq.ReasonRateLimited, "hostile seed", time.Now()),
-		dlq.New(dlq.Source{Topic: pc.Kafka.Topics.Main.Name, Partition: 0, Offset: 2, Key: []byte("victim-2"), Value: []byte(`not json`)},
+		chatmsg.NewDeadLetter(chatmsg.Source{Topic: pc.Kafka.Topics.Main.Name, Partition: 0, Offset: 2, Key: []byte("victim-2"), Value: []byte(`not json`)},
 			dlq.ReasonInvalidMessage, "hostile seed", time.Now()),
-		dlq.New(dlq.Source{Topic: pc.Kafka.Topics.Main.Name, Partition: 1, Offset: 3, Key: []byte("victim-3"), Value: []byte(`{}`)},
+		chatmsg.NewDeadLetter(chatmsg.Source{Topic: pc.Kafka.Topics.Main.Name, Partition: 1, Offset: 3, Key: []byte("victim-3"), Value: []byte(`{}`)},
 			dlq.ReasonDownstreamError, "hostile seed", time.Now()),
 	}
 	e.seedDLQ(t, letters)

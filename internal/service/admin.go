@@ -126,7 +126,7 @@ func (s dlqStore) Retry(ctx context.Context, id string, o console.RetryOptions) 
 	if err != nil {
 		return err
 	}
-	q := userDone(e.DeadLetterMessage)
+	q := userDone(e.DeadLetter)
 	l := console.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason), Key: q.Key, SendTime: q.SendTime}
 	o.Batch = ""
 	skips, err := s.decide(ctx, []console.Letter{l}, time.Now(), o)
@@ -244,7 +244,7 @@ func (s dlqStore) Select(ctx context.Context, f console.DLQFilter, retry *consol
 		slices.SortStableFunc(es, func(a, b *dlq.Entry) int { return firstFailed(a).Compare(firstFailed(b)) })
 		es = es[:f.Limit]
 	}
-	dlq.SortBySource(es, func(e *dlq.Entry) *dlq.DeadLetterMessage { return e.DeadLetterMessage })
+	dlq.SortBySource(es, func(e *dlq.Entry) *chatmsg.DeadLetter { return e.DeadLetter })
 	ls := make([]console.Letter, len(es))
 	for i, e := range es {
 		ls[i] = console.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason)}
@@ -259,7 +259,7 @@ func (s dlqStore) Select(ctx context.Context, f console.DLQFilter, retry *consol
 			return nil, fmt.Errorf("reading letters for their dedup keys: %w", err)
 		}
 		for i, e := range part {
-			q := userDone(e.DeadLetterMessage)
+			q := userDone(e.DeadLetter)
 			ls[lo+i].Key, ls[lo+i].SendTime = q.Key, q.SendTime
 			part[i] = nil // the whole letter is not kept
 		}
@@ -287,7 +287,7 @@ func firstFailed(e *dlq.Entry) time.Time {
 
 // dedupKey is the key the schedule-consumer's dedup store keeps the
 // letter's message under ("" when the letter does not say).
-func dedupKey(dl *dlq.DeadLetterMessage) string {
+func dedupKey(dl *chatmsg.DeadLetter) string {
 	if dl.OpenKfID == "" || dl.UpstreamMsgID == "" {
 		return ""
 	}
@@ -298,7 +298,7 @@ func dedupKey(dl *dlq.DeadLetterMessage) string {
 // userDone is the dedup question for a letter: its message's key ("" when
 // the letter does not say), its routing user and its send time, which a
 // per-user store (dedup.store leases) needs as well.
-func userDone(dl *dlq.DeadLetterMessage) state.Item {
+func userDone(dl *chatmsg.DeadLetter) state.Item {
 	q := state.Item{Key: dedupKey(dl), User: dl.UserID}
 	if dl.Original != nil {
 		q.SendTime = dl.Original.SendTime

@@ -121,7 +121,7 @@ func (p pipelineView) ArchivedRecords(ctx context.Context, user string, since, u
 func archiveRecord(r archive.Row) console.TopicRecord {
 	rec := console.TopicRecord{MainRecord: console.MainRecord{Partition: r.Partition, Offset: r.Offset, Time: r.Recorded,
 		UpstreamMsgID: r.MsgID, OpenKfID: r.OpenKfID, MsgType: r.MsgType, SendTime: r.At.Unix()}, Archived: true}
-	rec.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: &chatmsg.ChatMessage{MsgType: r.MsgType, Content: r.Content}})
+	rec.Preview = dlq.Preview(&chatmsg.DeadLetter{Original: &chatmsg.ChatMessage{MsgType: r.MsgType, Content: r.Content}})
 	return rec
 }
 

@@ -58,7 +58,7 @@ func TestBatchRetryOf3000Letters(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dl := dlq.New(dlq.Source{Topic: mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte(user), Value: b},
+		dl := chatmsg.NewDeadLetter(chatmsg.Source{Topic: mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte(user), Value: b},
 			dlq.ReasonDownstreamError, "test failure", time.Now())
 		p.Send(dl, func(err error) { sent <- err })
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
@@ -217,16 +218,7 @@ type deadLetters struct {
 	node string
 }
 
-func (d deadLetters) Send(cdl *consumer.DeadLetter, done func(error)) {
-	headers := make([]dlq.Header, len(cdl.Headers))
-	for i, h := range cdl.Headers {
-		headers[i] = dlq.Header{Key: h.Key, Value: h.Value}
-	}
-	dl := dlq.New(dlq.Source{Topic: cdl.Topic, Partition: cdl.Partition, Offset: cdl.Offset, Timestamp: cdl.Timestamp,
-		Key: cdl.Key, Value: cdl.Raw, Headers: headers}, dlq.Reason(cdl.Reason), cdl.Details, cdl.FailedAt)
-	if cdl.UserID != "" {
-		dl.UserID = cdl.UserID
-	}
+func (d deadLetters) Send(dl *chatmsg.DeadLetter, done func(error)) {
 	dl.NodeID = d.node
 	d.p.Send(dl, done)
 }

@@ -182,7 +182,7 @@ func settle(ctx context.Context, s dlqStore, now time.Time) (int, error) {
 	}
 	qs := make([]state.Item, len(es))
 	for i, e := range es {
-		qs[i] = userDone(e.DeadLetterMessage)
+		qs[i] = userDone(e.DeadLetter)
 	}
 	done, err := s.doneKeys(ctx, qs)
 	if err != nil {

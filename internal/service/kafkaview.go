@@ -269,6 +269,6 @@ func mainRecord(m *kafka.Message) console.MainRecord {
 	}
 	r.UpstreamMsgID, r.OpenKfID, r.MsgType, r.SendTime = cm.UpstreamMsgID, cm.OpenKfID, cm.MsgType, cm.SendTime
 	r.MessageID = strconv.FormatInt(cm.MessageID, 10)
-	r.Preview = dlq.Preview(&dlq.DeadLetterMessage{Original: cm})
+	r.Preview = dlq.Preview(&chatmsg.DeadLetter{Original: cm})
 	return r
 }

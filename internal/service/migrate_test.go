@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/redisconn"
 	"github.com/kfpipe/kfpipe/internal/state"
@@ -109,7 +110,7 @@ func TestMigrateSingleToCluster(t *testing.T) {
 	oldIdx := dlq.NewIndex(single, oldPrefix)
 	for i := range 6 {
 		user := fmt.Sprintf("wm-user-%d", i%3)
-		dl := dlq.New(dlq.Source{Topic: topic, Partition: 1, Offset: int64(100 + i), Timestamp: now, Key: []byte(user),
+		dl := chatmsg.NewDeadLetter(chatmsg.Source{Topic: topic, Partition: 1, Offset: int64(100 + i), Timestamp: now, Key: []byte(user),
 			Value: []byte(fmt.Sprintf(`{"msgid":"m-%d","external_userid":%q,"open_kfid":"wk","msgtype":"text","send_time":%d,"text":{"content":"hi"}}`,
 				i, user, now.Unix()))}, dlq.ReasonDownstreamError, "migration test", now)
 		if _, err := oldIdx.Index(ctx, dl, dlq.Coord{Partition: 0, Offset: int64(i)}); err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/console"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -26,7 +27,7 @@ func TestSelectWithLimitTakesTheOldest(t *testing.T) {
 	var ids []string
 	for i := range 10 {
 		due := base.Add(time.Hour)
-		dl := &dlq.DeadLetterMessage{ID: fmt.Sprintf("sel-%02d", i), Reason: "rate_limited", UserID: "sel-user",
+		dl := &chatmsg.DeadLetter{ID: fmt.Sprintf("sel-%02d", i), Reason: "rate_limited", UserID: "sel-user",
 			FailureTime: base.Add(time.Duration(i) * time.Second), SourcePartition: 0, SourceOffset: int64(100 + i), NextRetryTime: &due}
 		if _, err := idx.Index(ctx, dl, dlq.Coord{Partition: 0, Offset: int64(i)}); err != nil {
 			t.Fatal(err)

@@ -38,7 +38,7 @@ func TestSettleMarksRetriedLettersDone(t *testing.T) {
 		m := &chatmsg.ChatMessage{MessageID: int64(i), UpstreamMsgID: fmt.Sprintf("up-settle-%d", i), OpenKfID: "wk-s",
 			ExternalUserID: "su", MsgType: "text", SendTime: sendTime, Content: []byte(`{}`)}
 		b, _ := chatmsg.Encode(m)
-		dl := dlq.New(dlq.Source{Topic: pc.mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte("su"), Value: b},
+		dl := chatmsg.NewDeadLetter(chatmsg.Source{Topic: pc.mainTopic, Offset: int64(i), Timestamp: time.Now(), Key: []byte("su"), Value: b},
 			dlq.ReasonDownstreamError, "test failure", time.Now())
 		ch := make(chan error, 1)
 		p.Send(dl, func(err error) { ch <- err })
