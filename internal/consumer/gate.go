@@ -251,16 +251,24 @@ func (g *gate) suspect() bool {
 	return users >= 2 && 2*failed >= calls && fresh > 0
 }
 
-// heldInVain records that a message waited outage.window while the gate
-// was suspect and it did not open: the users failing now are judged, and
-// only a user failing besides them makes the gate suspect again.
-func (g *gate) heldInVain() {
+// heldInVain records that a message of user waited outage.window while
+// the gate was suspect and it did not open: user and the users failing now
+// are judged, and only a user failing besides them makes the gate suspect
+// again. user's own failures are a window old by now (it called nothing
+// while it waited), so it is judged as of now: its next failure, right
+// after, finds it judged. Before, it was judged only if it had failed
+// within the window — never, after a whole window's wait — and every
+// message of a user failing among many waited a window (chaos
+// recovery-after-fix, phase 2: one letter every 30 s a user).
+func (g *gate) heldInVain(user string) {
 	if g == nil {
 		return
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.judgeFailing(g.clock.Now())
+	now := g.clock.Now()
+	g.judgeFailing(now)
+	g.judged[user] = now
 }
 
 // recent counts, among the last calls (at most outage.window old), the

@@ -171,7 +171,7 @@ func TestSuspicionSpentAfterAWindow(t *testing.T) {
 	if !g.suspect() {
 		t.Fatal("two users failing and nothing else: not suspect")
 	}
-	g.heldInVain()
+	g.heldInVain("u1")
 	clock.Advance(100 * time.Millisecond)
 	g.result("u1", false, false)
 	if g.suspect() {
@@ -181,7 +181,7 @@ func TestSuspicionSpentAfterAWindow(t *testing.T) {
 	if !g.suspect() {
 		t.Fatal("a third user failing did not make the gate suspect again")
 	}
-	g.heldInVain()
+	g.heldInVain("u3")
 	g.result("u1", true, false) // u1's downstream answers: u1 is no longer judged
 	g.result("u1", false, false)
 	g.result("u1", false, false)
@@ -197,6 +197,41 @@ func TestSuspicionSpentAfterAWindow(t *testing.T) {
 	}
 	if g.isOpen() {
 		t.Fatal("the gate opened with fewer users than min_users")
+	}
+}
+
+// TestSuspicionSpentForTheHeldUser: the messages that wait out a
+// suspicion are held a whole window, calling nothing, so their users'
+// failures are a window old when the wait ends. Those users are judged
+// all the same: their next messages, failing at once, go on to the DLQ
+// after their attempts instead of each waiting a window again. Before,
+// heldInVain judged only users with a failure inside the window — not the
+// ones just held — and in chaos recovery-after-fix (phase 2: 200 users
+// failing among 1,300 served, the full suite) each failing user had one
+// letter every 30 s, and 7 of 20 after 3 minutes.
+func TestSuspicionSpentForTheHeldUser(t *testing.T) {
+	clock := stepClock{testenv.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
+	cfg := testOutage()
+	cfg.MinUsers = 5
+	g := newGate(cfg, clock, zap.NewNop(), nil)
+	for _, u := range []string{"u1", "u2"} {
+		for range 3 { // a message's attempts
+			g.result(u, false, false)
+		}
+	}
+	if !g.suspect() {
+		t.Fatal("two users failing and nothing else: not suspect")
+	}
+	// Each one's message waits the whole window in vain.
+	clock.Advance(cfg.Window + time.Millisecond)
+	g.heldInVain("u1")
+	g.heldInVain("u2")
+	// Their next messages fail at once.
+	for _, u := range []string{"u1", "u2"} {
+		g.result(u, false, false)
+		if g.suspect() {
+			t.Fatalf("%s's next message found the gate suspect again: its users, held a window, were not judged", u)
+		}
 	}
 }
 

@@ -330,7 +330,7 @@ func (pr *processor) handleWithRetry(ctx context.Context, env *envelope, g *clai
 			// for the verdict, at most outage.window).
 			gated := false
 			if attempts >= pc.RetryAttempts && !pr.gate.isOpen() && !(timedOut && pr.down.slowFor(m.ExternalUserID, pr.clock.Now(), pr.cfg.Outage.Window)) {
-				open, ok := pr.awaitVerdict(ctx)
+				open, ok := pr.awaitVerdict(ctx, m.ExternalUserID)
 				if !ok {
 					return attempts, false, pr.stopCause(ctx)
 				}
@@ -435,7 +435,7 @@ func (pr *processor) handleWithRetry(ctx context.Context, env *envelope, g *clai
 // suspicion ends (the downstream answers others: the failures are the
 // message's own), or outage.window passes since it began waiting (the
 // suspicion is spent: heldInVain). ok is false when ctx ended first.
-func (pr *processor) awaitVerdict(ctx context.Context) (open, ok bool) {
+func (pr *processor) awaitVerdict(ctx context.Context, user string) (open, ok bool) {
 	since := pr.clock.Now()
 	for wait := pr.cfg.Processor.RetryBase; ; wait = min(2*wait+time.Millisecond, time.Second) {
 		switch {
@@ -444,7 +444,7 @@ func (pr *processor) awaitVerdict(ctx context.Context) (open, ok bool) {
 		case !pr.gate.suspect():
 			return false, true
 		case pr.clock.Now().Sub(since) >= pr.cfg.Outage.Window:
-			pr.gate.heldInVain()
+			pr.gate.heldInVain(user)
 			return false, true
 		}
 		if !sleep(ctx, pr.clock, max(wait, time.Millisecond)) {
