@@ -68,11 +68,15 @@ cmd_start() {
 {"identities": [{"name": "kfpipe", "credentials": [{"accessKey": "$ACCESS_KEY", "secretKey": "$SECRET_KEY"}],
   "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
 JSON
+  # Each test bucket is a collection with volumes of its own, never given
+  # back while the server runs: 32 ran out ("failed to find writable
+  # volumes") after three make test runs on one kept server
+  # (KFPIPE_KEEP_SERVICES); 256 empty volumes cost next to nothing.
   echo "===== $(date '+%F %T') starting weed server (s3 $port) =====" >>"$DIR/weed.log"
   setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$DIR/weed.pid" \
     "$WEED" server -dir="$DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
     -master.port=$((port + 1)) -volume.port=$((port + 2)) -filer.port=$((port + 3)) \
-    -master.volumeSizeLimitMB=64 -volume.max=32 \
+    -master.volumeSizeLimitMB=64 -volume.max=256 \
     -s3 -s3.port="$port" -s3.config="$DIR/s3.json" \
     >>"$DIR/weed.log" 2>&1 </dev/null &
   disown 2>/dev/null || true
