@@ -51,6 +51,7 @@ type gate struct {
 	nextProbe time.Time
 	closedCh  chan struct{} // closed when the gate closes; a new one when it opens
 	held      int
+	lastFail  time.Time // the last retryable failure's time
 	// judged are failing users whose failures are their own, not an
 	// outage's: a suspicion already waited a whole outage.window for them
 	// without the gate opening (heldInVain), or the downstream served
@@ -165,8 +166,9 @@ func (g *gate) hold(ctx context.Context) (probe, ok bool) {
 }
 
 // result records a handler call's outcome: ok, or a retryable failure of
-// user's message. probe says whether hold let it through as a probe.
-func (g *gate) result(user string, ok, probe bool) {
+// user's message. probe says whether hold let it through as a probe;
+// called is when the call started.
+func (g *gate) result(user string, ok, probe bool, called time.Time) {
 	if g == nil {
 		return
 	}
@@ -196,12 +198,26 @@ func (g *gate) result(user string, ok, probe bool) {
 			// recovery-after-fix: 200 failing users among 1,300 served
 			// kept the gate opening and closing, a hundred times a
 			// minute). After an outage they succeed now and leave judged.
-			n := g.judgeFailing(now)
+			n := g.judgeFailing(now, now)
 			why := fmt.Sprintf("a handler call succeeded (probe=%t); the recent failures of %d users are taken as theirs", probe, n)
 			g.setOpen(false, now, why)
+		} else if g.lastFail.After(now.Add(-g.cfg.Window)) {
+			// The same while the gate is closed (and may be suspect):
+			// the downstream served a call that started after these
+			// users' failures, so they are not an outage's. Only such a
+			// call: one that started before an outage may still succeed
+			// after its first failures. Without this a failing user back
+			// after a quiet window was fresh again, and one fresh user
+			// kept the gate suspect for everyone: each message out of
+			// attempts waited a whole outage.window for a verdict
+			// (chaos recovery-after-fix, phase 2: 200 failing users
+			// among 1,300 served got one letter every 30 s each).
+			g.judgeFailing(called.Add(-time.Nanosecond), now) // strictly before it
+			delete(g.judged, user)
 		}
 		return
 	}
+	g.lastFail = now
 	if last, ok := g.judged[user]; ok {
 		if now.Sub(last) > g.cfg.Window {
 			delete(g.judged, user) // quiet for a window: judged anew
@@ -218,12 +234,13 @@ func (g *gate) result(user string, ok, probe bool) {
 	}
 }
 
-// judgeFailing marks the users with a failure among the recent calls as
-// judged and returns how many there are. Called with g.mu held.
-func (g *gate) judgeFailing(now time.Time) int {
+// judgeFailing marks the users with a failure among the recent calls
+// (within outage.window of now), at or before until, as judged and
+// returns how many there are. Called with g.mu held.
+func (g *gate) judgeFailing(until, now time.Time) int {
 	from, n := now.Add(-g.cfg.Window), 0
 	for _, c := range g.calls {
-		if !c.at.IsZero() && !c.ok && !c.at.Before(from) {
+		if !c.at.IsZero() && !c.ok && !c.at.Before(from) && !c.at.After(until) {
 			if _, ok := g.judged[c.user]; !ok {
 				n++
 			}
@@ -267,7 +284,7 @@ func (g *gate) heldInVain(user string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.clock.Now()
-	g.judgeFailing(now)
+	g.judgeFailing(now, now)
 	g.judged[user] = now
 }
 

@@ -29,26 +29,26 @@ func testOutage() config.Outage {
 func TestGateOpensOnWidespreadFailures(t *testing.T) {
 	g := newGate(testOutage(), realClock{}, zap.NewNop(), nil)
 	for range 10 {
-		g.result("u1", false, false)
+		g.result("u1", false, false, time.Now())
 	}
 	if g.isOpen() {
 		t.Fatal("one failing user opened the gate")
 	}
 	for i := range 20 {
-		g.result(fmt.Sprintf("ok%d", i), true, false)
+		g.result(fmt.Sprintf("ok%d", i), true, false, time.Now())
 	}
-	g.result("u2", false, false)
-	g.result("u3", false, false)
+	g.result("u2", false, false, time.Now())
+	g.result("u3", false, false, time.Now())
 	if g.isOpen() {
 		t.Fatal("three failing users among many successes opened the gate")
 	}
 	g2 := newGate(testOutage(), realClock{}, zap.NewNop(), nil)
-	g2.result("u1", false, false)
-	g2.result("u2", false, false)
+	g2.result("u1", false, false, time.Now())
+	g2.result("u2", false, false, time.Now())
 	if g2.isOpen() {
 		t.Fatal("two users opened the gate (min_users 3)")
 	}
-	g2.result("u3", false, false)
+	g2.result("u3", false, false, time.Now())
 	if !g2.isOpen() || g2.detail() == "" {
 		t.Fatal("three failing users did not open the gate")
 	}
@@ -70,7 +70,7 @@ func TestGateOpensOnWidespreadFailures(t *testing.T) {
 					return
 				}
 				probes.Add(1)
-				g2.result("u9", false, true) // the downstream is still down
+				g2.result("u9", false, true, time.Now()) // the downstream is still down
 			}
 		}()
 	}
@@ -82,7 +82,7 @@ func TestGateOpensOnWidespreadFailures(t *testing.T) {
 	for !probe {
 		probe, _ = g2.hold(context.Background())
 	}
-	g2.result("u9", true, true) // the downstream answers again
+	g2.result("u9", true, true, time.Now()) // the downstream answers again
 	wg.Wait()
 	if g2.isOpen() || passed.Load() != 20 {
 		t.Fatalf("a successful probe did not close the gate and release the held callers (passed %d)", passed.Load())
@@ -166,32 +166,32 @@ func TestSuspicionSpentAfterAWindow(t *testing.T) {
 	cfg := testOutage()
 	cfg.MinUsers = 5
 	g := newGate(cfg, clock, zap.NewNop(), nil)
-	g.result("u1", false, false)
-	g.result("u2", false, false)
+	g.result("u1", false, false, clock.Now())
+	g.result("u2", false, false, clock.Now())
 	if !g.suspect() {
 		t.Fatal("two users failing and nothing else: not suspect")
 	}
 	g.heldInVain("u1")
 	clock.Advance(100 * time.Millisecond)
-	g.result("u1", false, false)
+	g.result("u1", false, false, clock.Now())
 	if g.suspect() {
 		t.Fatal("still suspect after a message waited a whole window for the same two users")
 	}
-	g.result("u3", false, false)
+	g.result("u3", false, false, clock.Now())
 	if !g.suspect() {
 		t.Fatal("a third user failing did not make the gate suspect again")
 	}
 	g.heldInVain("u3")
-	g.result("u1", true, false) // u1's downstream answers: u1 is no longer judged
-	g.result("u1", false, false)
-	g.result("u1", false, false)
+	g.result("u1", true, false, clock.Now()) // u1's downstream answers: u1 is no longer judged
+	g.result("u1", false, false, clock.Now())
+	g.result("u1", false, false, clock.Now())
 	if !g.suspect() {
 		t.Fatal("u1 failing again after a success is not taken as new")
 	}
 	// The failures leave the window: everything judged is forgotten.
 	clock.Advance(cfg.Window + time.Second)
-	g.result("u2", false, false)
-	g.result("u3", false, false)
+	g.result("u2", false, false, clock.Now())
+	g.result("u3", false, false, clock.Now())
 	if !g.suspect() {
 		t.Fatal("users judged a window ago still do not make the gate suspect")
 	}
@@ -216,7 +216,7 @@ func TestSuspicionSpentForTheHeldUser(t *testing.T) {
 	g := newGate(cfg, clock, zap.NewNop(), nil)
 	for _, u := range []string{"u1", "u2"} {
 		for range 3 { // a message's attempts
-			g.result(u, false, false)
+			g.result(u, false, false, clock.Now())
 		}
 	}
 	if !g.suspect() {
@@ -228,7 +228,7 @@ func TestSuspicionSpentForTheHeldUser(t *testing.T) {
 	g.heldInVain("u2")
 	// Their next messages fail at once.
 	for _, u := range []string{"u1", "u2"} {
-		g.result(u, false, false)
+		g.result(u, false, false, clock.Now())
 		if g.suspect() {
 			t.Fatalf("%s's next message found the gate suspect again: its users, held a window, were not judged", u)
 		}
@@ -250,7 +250,7 @@ func TestGateJudgesUsersFailingWhileOthersAreServed(t *testing.T) {
 	fail := func(users ...string) {
 		for _, u := range users {
 			for range 3 { // a message's attempts
-				g.result(u, false, false)
+				g.result(u, false, false, clock.Now())
 			}
 		}
 	}
@@ -260,13 +260,13 @@ func TestGateJudgesUsersFailingWhileOthersAreServed(t *testing.T) {
 		if probe, ok := g.hold(context.Background()); !probe || !ok {
 			t.Fatalf("no probe from the open gate after its interval (probe %t, ok %t)", probe, ok)
 		}
-		g.result(user, true, true)
+		g.result(user, true, true, clock.Now())
 	}
 	fail("u1", "u2", "u3")
 	if !g.isOpen() {
 		t.Fatal("three users failing and nothing else did not open the gate")
 	}
-	g.result("served", true, false) // answered while the others failed
+	g.result("served", true, false, clock.Now()) // answered while the others failed
 	if g.isOpen() {
 		t.Fatal("a success while open did not close the gate")
 	}
@@ -287,7 +287,7 @@ func TestGateJudgesUsersFailingWhileOthersAreServed(t *testing.T) {
 	if g.isOpen() {
 		t.Fatal("users failing while a probe succeeded opened the gate again: it opens and closes at every probe")
 	}
-	g.result("u4", true, false) // u4's downstream is back: u4 leaves the judged
+	g.result("u4", true, false, clock.Now()) // u4's downstream is back: u4 leaves the judged
 	fail("u4", "u7", "u8")
 	if !g.isOpen() {
 		t.Fatal("u4 failing after its success, with two new users, did not open the gate")
@@ -298,5 +298,59 @@ func TestGateJudgesUsersFailingWhileOthersAreServed(t *testing.T) {
 	fail("u1", "u2", "u3")
 	if !g.isOpen() {
 		t.Fatal("users judged more than a window ago, failing again, did not open the gate")
+	}
+}
+
+// TestGateJudgesUsersFailingBeforeAServedCall: while the gate is closed,
+// a call that started after some users' failures and was served shows
+// the downstream up: those failures are the users' own, and the gate is
+// no longer suspect for them. A call that started before them proves
+// nothing (an outage's first failures arrive while older calls still
+// succeed). Without it a failing user back after a quiet window was fresh
+// again and, with one more, kept the gate suspect for everyone: each of
+// their messages out of attempts waited a whole outage.window for a
+// verdict (chaos recovery-after-fix, phase 2: 200 failing users among
+// 1,300 served had 9 of their 20 letters after 3 minutes).
+func TestGateJudgesUsersFailingBeforeAServedCall(t *testing.T) {
+	clock := stepClock{testenv.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
+	cfg := testOutage()
+	cfg.MinUsers = 5
+	g := newGate(cfg, clock, zap.NewNop(), nil)
+	fail := func(users ...string) {
+		for _, u := range users {
+			for range 3 { // a message's attempts
+				g.result(u, false, false, clock.Now())
+			}
+		}
+	}
+	before := clock.Now() // a call under way when the failures come
+	clock.Advance(10 * time.Millisecond)
+	fail("u1", "u2")
+	if !g.suspect() {
+		t.Fatal("two users failing and nothing else: not suspect")
+	}
+	clock.Advance(10 * time.Millisecond)
+	g.result("served", true, false, before)
+	if !g.suspect() {
+		t.Fatal("a call that started before the failures and ended after them spent the suspicion: an outage's first messages would go to the DLQ")
+	}
+	started := clock.Now()
+	clock.Advance(10 * time.Millisecond)
+	g.result("served", true, false, started)
+	if g.suspect() {
+		t.Fatal("the downstream served a call that started after two users failed, and the gate is still suspect for them")
+	}
+	fail("u1", "u2")
+	if g.suspect() {
+		t.Fatal("users failing while others are served made the gate suspect again")
+	}
+	fail("u3")
+	if !g.suspect() {
+		t.Fatal("a new user failing did not make the gate suspect")
+	}
+	// An outage: nobody is served any more.
+	fail("u4", "u5", "u6", "u7")
+	if !g.isOpen() {
+		t.Fatal("five users failing with nothing served did not open the gate")
 	}
 }

@@ -388,6 +388,10 @@ func (pr *processor) handleWithRetry(ctx context.Context, env *envelope, g *clai
 			pr.down.firstCall()
 		}
 		attempts++
+		called := start // the slot's start; without the limit, now
+		if called.IsZero() && pr.gate != nil {
+			called = pr.clock.Now()
+		}
 		err = pr.safeHandle(withDelivery(actx, env.km), m)
 		timedOut = isTimeout(actx, err)
 		lost := g.ended() || errors.Is(err, handler.ErrNotOwner) // a reply found the lease past its deadline
@@ -411,7 +415,7 @@ func (pr *processor) handleWithRetry(ctx context.Context, env *envelope, g *clai
 			pr.down.release(start, outcomeOf(err, false))
 			// A permanent failure is the receiver refusing this message:
 			// the downstream answers.
-			pr.gate.result(m.ExternalUserID, err == nil || handler.IsPermanent(err), probe)
+			pr.gate.result(m.ExternalUserID, err == nil || handler.IsPermanent(err), probe, called)
 		}
 		if err == nil {
 			return attempts, false, nil
