@@ -65,6 +65,13 @@ func TestReplyWindow(t *testing.T) {
 	if n := len(fake.Replies("wk1", "u1")); n != 6 {
 		t.Fatalf("%d replies delivered, want 6", n)
 	}
+	// The fake keeps WeChat's refusals, for a test's checker to tell a
+	// routine refusal from a reply lost.
+	rf := fake.Refusals()
+	if len(rf) != 2 || rf[0].Errcode != kf.CodeReplyLimit || rf[0].User != "u1" || !strings.Contains(string(rf[0].Body), "6th") ||
+		rf[1].Errcode != kf.CodeReplyWindowClosed {
+		t.Fatalf("refusals %+v, want the 6th reply's 95001 and the late one's 95002", rf)
+	}
 }
 
 // TestSessionStatesAndWelcome: the bot hands the customer to a servicer,

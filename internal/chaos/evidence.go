@@ -63,6 +63,9 @@ type Evidence struct {
 	// Replies (with Options.Replies) are the messages the fake WeChat
 	// delivered, and ReplyDups the repeats of a delivered msgid it refused.
 	Replies, ReplyDups []wecomtest.Reply
+	// ReplyRefusals are the sends the fake WeChat refused for the
+	// customer's session (95001: five messages since the customer's last).
+	ReplyRefusals []wecomtest.Refusal
 	RepliesOn          bool
 }
 
@@ -197,7 +200,7 @@ func (p *Pipeline) Collect(ctx context.Context, f *Feeder) (*Evidence, error) {
 		Crashes: p.Crashes(), Failovers: p.Failovers(), Cuts: p.Cuts(), FailoverWindow: p.Opts.FailoverWindow, StallLimit: p.Opts.StallLimit, KillsNotForStalls: p.Opts.KillsNotForStalls, InFlightSlack: p.Opts.InFlightSlack,
 		RepliesOn: p.Opts.Replies}
 	if ev.RepliesOn {
-		ev.Replies, ev.ReplyDups = p.Fake.Replies("", ""), p.Fake.Duplicates()
+		ev.Replies, ev.ReplyDups, ev.ReplyRefusals = p.Fake.Replies("", ""), p.Fake.Duplicates(), p.Fake.Refusals()
 	}
 	var err error
 	if ev.DLQ, err = p.DeadLetters(ctx); err != nil {

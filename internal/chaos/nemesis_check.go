@@ -87,10 +87,6 @@ func (v *Verdict) violate(format string, args ...any) {
 	v.Violations = append(v.Violations, fmt.Sprintf(format, args...))
 }
 
-// replyQuotaPerMessage is WeChat's limit of messages to a customer after
-// each message of theirs (the fake models it, 95001 beyond).
-const replyQuotaPerMessage = 5
-
 // letterCauses are, for each dead-letter reason, the kinds of step that
 // can explain it; userBound kinds explain it only for their own customer.
 var letterCauses = map[string][]FaultKind{
@@ -306,41 +302,26 @@ func Check(ev *Evidence, rep *Report, replies, replyDups []wecomtest.Reply, run 
 	}
 	// WeChat takes 5 messages after each message of the customer (95001
 	// after that, a routine refusal that finishes the message): a reply
-	// missing while 5 had gone out since the customer's last message is
-	// explained. sentBy and repliedTo are by customer, in time order.
-	sentBy, repliedTo := map[string][]time.Time{}, map[string][]time.Time{}
-	for _, s := range ev.Sent {
-		sentBy[s.User] = append(sentBy[s.User], s.At)
-	}
-	for _, rp := range replies {
-		repliedTo[rp.User] = append(repliedTo[rp.User], rp.At)
-	}
-	for _, ts := range [](map[string][]time.Time){sentBy, repliedTo} {
-		for _, l := range ts {
-			sort.Slice(l, func(i, j int) bool { return l[i].Before(l[j]) })
+	// the fake WeChat refused so is explained. Its own record, not a guess
+	// from the times: a reply waits for its slot under the replies' limit
+	// and for its turn after the user's earlier ones, so it may leave long
+	// after its effect.
+	refusedQuota := map[string]bool{}
+	for _, rf := range ev.ReplyRefusals {
+		var body struct {
+			Content string `json:"content"`
+		}
+		_ = json.Unmarshal(rf.Body, &body)
+		if id, ok := strings.CutPrefix(body.Content, ReplyText("")); ok && rf.Errcode == 95001 {
+			refusedQuota[id] = true
 		}
 	}
-	quotaUsed := func(user string, at time.Time) bool {
-		ss := sentBy[user]
-		i := sort.Search(len(ss), func(i int) bool { return ss[i].After(at) })
-		if i == 0 {
-			return false
-		}
-		from := ss[i-1]
-		n := 0
-		for _, r := range repliedTo[user] {
-			if !r.Before(from) && !r.After(at) {
-				n++
-			}
-		}
-		return n >= replyQuotaPerMessage
-	}
-	for id, at := range first {
+	for id := range first {
 		s, ok := sent[id]
 		if !ok || got[id] || held[s.User] || len(ev.DLQ[id]) > 0 {
 			continue
 		}
-		if quotaUsed(s.User, at) || quotaUsed(s.User, at.Add(2*time.Second)) {
+		if refusedQuota[id] {
 			v.RepliesRefusedQuota++
 			continue
 		}

@@ -150,6 +150,12 @@ func TestNemesisCheckerJudges(t *testing.T) {
 		rp.User = "u7"
 		replies = append(replies, rp)
 	}
+	// WeChat's record of the two it refused (95001).
+	for i := 5; i < 7; i++ {
+		rp := reply(fmt.Sprintf("q%d", i), fmt.Sprintf("rq%d", i), t2.Add(time.Second))
+		rp.User = "u7"
+		ev.ReplyRefusals = append(ev.ReplyRefusals, wecomtest.Refusal{Reply: rp, Errcode: 95001})
+	}
 	dups := []wecomtest.Reply{{MsgID: "r1", User: "u1", At: t0.Add(time.Minute)}}
 	run := NemesisRun{BaseStall: 30 * time.Second, Flooders: map[string]bool{"bot": true}, Applied: []Applied{
 		{Step: Step{Kind: FailUser}, User: "u2", Start: t0, End: t0.Add(5 * time.Second)},
@@ -168,6 +174,13 @@ func TestNemesisCheckerJudges(t *testing.T) {
 	if !strings.HasPrefix(v.Line(), "lost=0 dup=0 reordered=0 replies_dup=1 ") {
 		t.Fatalf("verdict line %q", v.Line())
 	}
+	// Without WeChat's refusals, the two replies missing are violations.
+	refusals := ev.ReplyRefusals
+	ev.ReplyRefusals = nil
+	if v := Check(ev, rep, replies, dups, run); v.RepliesMissing != 2 || v.RepliesRefusedQuota != 0 {
+		t.Fatalf("missing replies %d, refused %d, want 2 and 0: %q", v.RepliesMissing, v.RepliesRefusedQuota, v.Violations)
+	}
+	ev.ReplyRefusals = refusals
 	// Without the servicer's hold, m6's missing reply is a violation.
 	run.Applied = run.Applied[:1]
 	if v := Check(ev, rep, replies, dups, run); v.RepliesMissing != 1 {

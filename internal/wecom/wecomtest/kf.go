@@ -91,6 +91,22 @@ type kfState struct {
 	replies   []Reply
 	transfers []Transfer
 	dups      []Reply // repeats of a delivered msgid, not delivered again
+	refused   []Refusal
+}
+
+// Refusal is a send_msg WeChat refused for the customer's session: its
+// state (95013, 95018), the 48-hour window (95002) or the 5 messages
+// after each of the customer's (95001).
+type Refusal struct {
+	Reply
+	Errcode int
+}
+
+// Refusals returns the session refusals of send_msg, in order.
+func (s *Server) Refusals() []Refusal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Refusal(nil), s.kf().refused...)
 }
 
 func (s *Server) kf() *kfState {
@@ -284,6 +300,11 @@ func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 		b.OpenKfID, b.ToUser = wc.openKfID, wc.user
 	} else {
 		se := s.kf().sessions[b.OpenKfID+"/"+b.ToUser]
+		refuse := func(code int, msg string) {
+			s.kf().refused = append(s.kf().refused, Refusal{Reply: Reply{OpenKfID: b.OpenKfID, User: b.ToUser, MsgID: b.MsgID,
+				MsgType: b.MsgType, Body: raw[b.MsgType], At: now}, Errcode: code})
+			writeErr(w, code, msg)
+		}
 		switch {
 		case !s.accounts[b.OpenKfID]:
 			writeErr(w, 95000, "invalid open_kfid")
@@ -292,16 +313,16 @@ func (s *Server) sendMsg(w http.ResponseWriter, r *http.Request, onEvent bool) {
 			writeErr(w, 40096, "invalid external_userid")
 			return
 		case se.state == 4:
-			writeErr(w, 95013, "session ended")
+			refuse(95013, "session ended")
 			return
 		case se.state == 3:
-			writeErr(w, 95018, "session status invalid: a servicer holds the session")
+			refuse(95018, "session status invalid: a servicer holds the session")
 			return
 		case !now.Before(se.windowEnd):
-			writeErr(w, 95002, "more than 48 hours since the customer's last message")
+			refuse(95002, "more than 48 hours since the customer's last message")
 			return
 		case se.quota <= 0:
-			writeErr(w, 95001, "message limit reached; wait for the customer to reply")
+			refuse(95001, "message limit reached; wait for the customer to reply")
 			return
 		}
 	}
