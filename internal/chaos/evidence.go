@@ -66,7 +66,7 @@ type Evidence struct {
 	// ReplyRefusals are the sends the fake WeChat refused for the
 	// customer's session (95001: five messages since the customer's last).
 	ReplyRefusals []wecomtest.Refusal
-	RepliesOn          bool
+	RepliesOn     bool
 }
 
 // DeadLetters reads the whole DLQ index through the admin API's export,
