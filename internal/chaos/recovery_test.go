@@ -54,7 +54,16 @@ func TestChaosRecoveryAfterFix(t *testing.T) {
 	load := Load{Total: 9000, Users: 1500, Rate: 15, MaxPerUser: 12, BotPerMin: 120}
 	const phase2Users = 200
 	const phase3Users = 20
+	// Messages per failing user: 20 each in phases 1 and 3; 5 each for
+	// phase 2's 200 users. Their letters are paced by the retry budget
+	// (overload.retry_budget): each letter takes processor.retry_attempts-1
+	// retries, and a retry beyond the budget (half a retry a first call,
+	// and at least budgetFloor a second a consumer) waits in its user's
+	// order. 4,000 letters took ~8 minutes (5–8 a second) against the 3
+	// minutes the phase allows; 1,000 take about two.
 	const perUser = 20
+	const phase2PerUser = 5
+	perUserOf := map[string]int{"phase1": perUser, "phase2": phase2PerUser, "phase3": perUser}
 	const gap = 2500 * time.Millisecond
 
 	var (
@@ -75,7 +84,7 @@ func TestChaosRecoveryAfterFix(t *testing.T) {
 		if err != nil {
 			rep.Problem("read the blocked users: %v", err)
 		}
-		judgeRecovery(ev, rep, failing, fixedAt, phaseOf, perUser, blocked)
+		judgeRecovery(ev, rep, failing, fixedAt, phaseOf, perUserOf, blocked)
 		judgeBot(rep, botUser, botAfter, blocked)
 	}
 	shippedEnv := map[string]string{
@@ -104,15 +113,16 @@ func TestChaosRecoveryAfterFix(t *testing.T) {
 			}
 			phaseOf = append(phaseOf, name)
 			mu.Unlock()
-			// Each user writes perUser messages, one every gap: a person
-			// in a conversation, not a burst.
-			for range perUser {
+			// Each user writes its phase's messages, one every gap: a
+			// person in a conversation, not a burst.
+			n := perUserOf[name]
+			for range n {
 				f.appendUsers(ctx, users, func(int, string) string { return p.OpenKfIDs[0] })
 				if !Pause(ctx, gap, gap) {
 					return ctx.Err()
 				}
 			}
-			if err := waitLetters(ctx, p, users, perUser, 3*time.Minute); err != nil {
+			if err := waitLetters(ctx, p, users, n, letterWait(len(users)*n, 2)); err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
 			at := time.Now()
@@ -126,14 +136,14 @@ func TestChaosRecoveryAfterFix(t *testing.T) {
 				// The operator retries each user's letters.
 				total := 0
 				for _, u := range users {
-					n, err := batchRetry(ctx, p, map[string]any{"user": u})
-					if n != perUser {
-						t.Logf("%s: the operator's batch for %s acts on %d letters, not %d", name, u, n, perUser)
+					got, err := batchRetry(ctx, p, map[string]any{"user": u})
+					if got != n {
+						t.Logf("%s: the operator's batch for %s acts on %d letters, not %d", name, u, got, n)
 					}
 					if err != nil {
 						return fmt.Errorf("%s: operator's batch for %s: %w", name, u, err)
 					}
-					total += n
+					total += got
 				}
 				mu.Lock()
 				rec.Extra(name+"_batch_count", total)
@@ -184,7 +194,7 @@ func TestChaosRecoveryAfterFix(t *testing.T) {
 // judgeRecovery checks the failing users: each message delivered, the
 // first deliveries in the user's order, no limiter letter, and reports
 // the time from each phase's fix to its last recovered delivery.
-func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt map[string]time.Time, phases []string, perUser int, blockedAtEnd []string) {
+func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt map[string]time.Time, phases []string, perUser map[string]int, blockedAtEnd []string) {
 	first := map[string]time.Time{}
 	for _, d := range ev.Deliveries {
 		if at, ok := first[d.MsgID]; !ok || d.At.Before(at) {
@@ -202,8 +212,8 @@ func judgeRecovery(ev *Evidence, rep *Report, failing map[string]string, fixedAt
 	strictReordered := 0 // in phases 1 and 2, whose letters only the scheduler brings back
 	for u, ss := range byUser {
 		sort.Slice(ss, func(i, j int) bool { return ss[i].Index < ss[j].Index })
-		if len(ss) != perUser {
-			rep.Problem("failing user %s sent %d messages, want %d", u, len(ss), perUser)
+		if want := perUser[failing[u]]; len(ss) != want {
+			rep.Problem("failing user %s sent %d messages, want %d", u, len(ss), want)
 		}
 		var prev time.Time
 		for _, s := range ss {
@@ -310,6 +320,18 @@ func judgeBot(rep *Report, bot string, after int, blockedAtEnd []string) {
 	if after > 0 {
 		rep.Problem("the operator's retry let %d of the blocked bot's messages through", after)
 	}
+}
+
+// budgetFloor is the retries a second the retry budget lets go with no
+// first calls (consumer's minRetriesPerSecond), per consumer.
+const budgetFloor = 5
+
+// letterWait is how long a phase waits for letters letters of failing
+// users with consumers consumers: 3 minutes, or what the retry budget's
+// floor needs for their retries (processor.retry_attempts 3: two a
+// letter) and one more minute.
+func letterWait(letters, consumers int) time.Duration {
+	return max(3*time.Minute, time.Duration(2*letters/(budgetFloor*consumers))*time.Second+time.Minute)
 }
 
 // waitLetters waits until each user has at least n letters in the DLQ
