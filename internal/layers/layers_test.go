@@ -23,7 +23,7 @@ const module = "github.com/kfpipe/kfpipe"
 // not checked.
 var drawing = [][]string{
 	{""}, // the public package, kfpipe (the module root)
-	{"internal/daemon", "internal/producer", "internal/consumer", "internal/dlq", "internal/console"},
+	{"internal/daemon", "internal/producer", "internal/consumer", "internal/dlq", "internal/console", "internal/console/sources"},
 	{"internal/ratelimit", "internal/idgen", "internal/lock", "internal/wecom"},
 	{"internal/chatmsg", "internal/handler", "internal/offsets", "internal/kafkaclient", "internal/redisconn"},
 	{"internal/config", "internal/obs"},

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/console"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
@@ -135,7 +136,7 @@ func TestCustomerTimelineFromArchive(t *testing.T) {
 		t.Errorf("old customer's timeline: %+v", tl)
 	}
 	// The main topic alone cannot reach it with the same max_records.
-	topicOnly := pipelineView{kafka: testenv.Admin(t), topic: pc.mainTopic, kcfg: dcfg.Kafka}
+	topicOnly := sources.NewPipeline(dcfg, sources.Deps{Kafka: testenv.Admin(t)})
 	scan, err := topicOnly.UserRecords(ctx, oldUser, time.Now().Add(-168*time.Hour), maxRecords)
 	if err != nil {
 		t.Fatal(err)

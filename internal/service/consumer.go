@@ -12,6 +12,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/consumer"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
@@ -273,7 +274,7 @@ func StartConsumer(ctx context.Context, cfg *config.Consumer, base *daemon.Base,
 	if cfg.Dedup.Legacy == "read" {
 		// For one dedup.ttl after the switch: the old stores' marks
 		// (docs/operations.md, "Switching to the per-partition store").
-		legacy = &state.Legacy{Prefix: dedupPrefix(prefix), Claims: true, Leases: true}
+		legacy = &state.Legacy{Prefix: sources.DedupPrefix(prefix), Claims: true, Leases: true}
 	}
 	st, err := state.New(ctx, state.Config{Client: base.Redis, KeyPrefix: prefix, Owner: nodeName(),
 		Lease: cfg.Dedup.Lease, TTL: cfg.Dedup.TTL, Buckets: cfg.Dedup.Buckets, Legacy: legacy,
@@ -483,7 +484,3 @@ func (s *Consumer) close(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
-
-// dedupPrefix is where, under the deployment's Redis key prefix, the
-// schedule-consumers keep their dedup marks (the dlq-consumer reads them).
-func dedupPrefix(prefix string) string { return prefix + "dedup:" }

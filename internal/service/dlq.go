@@ -18,6 +18,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/console"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/fleet"
@@ -118,7 +119,7 @@ func StartDLQ(ctx context.Context, cfg *config.DLQConsumer, base *daemon.Base) (
 	d.wg.Add(3)
 	go func() {
 		defer d.wg.Done()
-		d.settleLoop(rctx, dlqStore{x: idx, rdb: base.Redis, prefix: prefix})
+		d.settleLoop(rctx, idx, sources.NewDLQStore(idx, base.Redis, prefix))
 	}()
 	go func() {
 		defer d.wg.Done()
@@ -153,7 +154,7 @@ const (
 // letter whose message is still not done settleWatch after its retry is
 // no longer asked about and stays retried. Each round reads the letters
 // from the DLQ topic for their dedup keys.
-func (d *DLQ) settleLoop(ctx context.Context, s dlqStore) {
+func (d *DLQ) settleLoop(ctx context.Context, x *dlq.Index, s sources.DLQStore) {
 	t := time.NewTicker(settleEvery)
 	defer t.Stop()
 	for {
@@ -161,7 +162,7 @@ func (d *DLQ) settleLoop(ctx context.Context, s dlqStore) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if n, err := settle(ctx, s, now); err != nil && ctx.Err() == nil {
+			if n, err := settle(ctx, x, s, now); err != nil && ctx.Err() == nil {
 				d.log.Warn("settling retried dead letters", zap.Error(err))
 			} else if n > 0 {
 				d.log.Debug("retried dead letters done", zap.Int("count", n))
@@ -170,21 +171,21 @@ func (d *DLQ) settleLoop(ctx context.Context, s dlqStore) {
 	}
 }
 
-// settle is one round of settleLoop; it returns how many letters it
-// marked done.
-func settle(ctx context.Context, s dlqStore, now time.Time) (int, error) {
-	es, err := s.x.Unsettled(ctx, now.Add(-settleAfter), settleBatch)
+// settle is one round of settleLoop on the index x; it returns how many
+// letters it marked done.
+func settle(ctx context.Context, x *dlq.Index, s sources.DLQStore, now time.Time) (int, error) {
+	es, err := x.Unsettled(ctx, now.Add(-settleAfter), settleBatch)
 	if err != nil || len(es) == 0 {
 		return 0, err
 	}
-	if err := s.x.Whole(ctx, es); err != nil {
+	if err := x.Whole(ctx, es); err != nil {
 		return 0, fmt.Errorf("reading letters for their dedup keys: %w", err)
 	}
 	qs := make([]state.Item, len(es))
 	for i, e := range es {
-		qs[i] = userDone(e.DeadLetter)
+		qs[i] = sources.UserDone(e.DeadLetter)
 	}
-	done, err := s.doneKeys(ctx, qs)
+	done, err := s.DoneKeys(ctx, qs)
 	if err != nil {
 		return 0, err
 	}
@@ -198,10 +199,10 @@ func settle(ctx context.Context, s dlqStore, now time.Time) (int, error) {
 			stale = append(stale, e.ID)
 		}
 	}
-	if err := s.x.Unwatch(ctx, stale); err != nil {
+	if err := x.Unwatch(ctx, stale); err != nil {
 		return 0, err
 	}
-	return s.x.MarkDone(ctx, marked)
+	return x.MarkDone(ctx, marked)
 }
 
 // purgeLoop removes expired entries from every index once a minute.
@@ -232,7 +233,8 @@ func (d *DLQ) startAdmin(cfg *config.DLQConsumer, base *daemon.Base) error {
 		_ = lag.Close()
 		return fmt.Errorf("admin: dlq consumer-group reader: %w", err)
 	}
-	h, err := adminHandler(cfg, base, d, lag, dlqLag)
+	h, err := sources.New(cfg, sources.Deps{Index: d.Index, Limits: d.Admin, Archive: d.archive, Redis: base.Redis,
+		Kafka: base.Admin, Coord: base.Coord, Log: base.Log, Registry: base.Registry, Lag: lag, DLQLag: dlqLag})
 	if err != nil {
 		_ = lag.Close()
 		_ = dlqLag.Close()

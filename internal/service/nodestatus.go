@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/console"
-	"github.com/kfpipe/kfpipe/internal/fleet"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 )
 
 // A schedule-consumer's actors and breakers live in its memory; the
@@ -26,12 +26,10 @@ const (
 	nodeStatusKeep     = time.Hour
 )
 
-func nodeStatusKey(prefix string) string { return prefix + "consumer:status" }
-
 // publishNodeStatus writes this process's status every interval until ctx
 // ends, then removes it (a clean stop is not a stale status).
 func publishNodeStatus(ctx context.Context, rdb redis.UniversalClient, prefix string, g prometheus.Gatherer, log *zap.Logger) {
-	node, key := nodeName(), nodeStatusKey(prefix)
+	node, key := nodeName(), sources.NodeStatusKey(prefix)
 	write := func() {
 		sums := gaugeSums(g)
 		st := console.ConsumerStatus{Node: node, Reported: time.Now().UTC(),
@@ -81,37 +79,4 @@ func gaugeSums(g prometheus.Gatherer) map[string]float64 {
 		}
 	}
 	return out
-}
-
-// consumerStatuses reads the status hash as fleet.Judge shows it at now:
-// stale fields flagged, gone ones left out (and deleted, best effort, so
-// the hash does not keep every killed process while others refresh it).
-// The overview flags the same fields stale (its own 30 s, fleet.StaleAfter)
-// and leaves them out of its totals.
-func consumerStatuses(ctx context.Context, rdb redis.UniversalClient, prefix string, now time.Time) ([]console.ConsumerStatus, error) {
-	key := nodeStatusKey(prefix)
-	h, err := rdb.HGetAll(ctx, key).Result()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]console.ConsumerStatus, 0, len(h))
-	var gone []string
-	for field, v := range h {
-		var st console.ConsumerStatus
-		if json.Unmarshal([]byte(v), &st) != nil {
-			continue
-		}
-		switch fleet.Judge(st.Reported, now) {
-		case fleet.Gone:
-			gone = append(gone, field)
-			continue
-		case fleet.Stale:
-			st.Stale = true
-		}
-		out = append(out, st)
-	}
-	if len(gone) > 0 {
-		_ = rdb.HDel(ctx, key, gone...).Err()
-	}
-	return out, nil
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -23,6 +25,9 @@ func TestConsumerStatusPublished(t *testing.T) {
 		g.Set(v)
 		reg.MustRegister(g)
 	}
+	cfg := &config.DLQConsumer{}
+	cfg.Redis.KeyPrefix = prefix
+	view := sources.NewPipeline(cfg, sources.Deps{Redis: rdb})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -30,13 +35,13 @@ func TestConsumerStatusPublished(t *testing.T) {
 		publishNodeStatus(ctx, rdb, prefix, reg, zaptest.NewLogger(t))
 	}()
 	testenv.Eventually(t, 5*time.Second, func() error {
-		st, err := consumerStatuses(context.Background(), rdb, prefix, time.Now())
+		st, err := view.Consumers(context.Background())
 		return testenv.Check(err == nil && len(st) == 1 && st[0].Actors == 17 && st[0].OpenBreakers == 2 && st[0].Partitions == 6 &&
 			st[0].OutageGateOpen && st[0].Node == nodeName() && time.Since(st[0].Reported) < 5*time.Second, "the status published")
 	})
 	cancel()
 	<-done
-	if st, err := consumerStatuses(context.Background(), rdb, prefix, time.Now()); err != nil || len(st) != 0 {
+	if st, err := view.Consumers(context.Background()); err != nil || len(st) != 0 {
 		t.Fatalf("after the stop: %+v %v, want none", st, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/console"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/history"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
@@ -102,13 +103,16 @@ func checkArchivedOutcomes(t *testing.T, ctx context.Context, dsn, wk, answered,
 		string(turns[1].Content) != `{"msgtype":"text","text":{"content":"thanks"}}` {
 		t.Errorf("History of tl-answered from the archive: %+v, want the customer's message then the bot's reply", turns)
 	}
-	// The timeline's effects, the marks knowing nothing: the archive's.
+	// The timeline's effects, the marks knowing nothing (a key prefix of
+	// their own): the archive's.
 	msgs := []console.MessageRef{{OpenKfID: wk, UpstreamMsgID: answered}, {OpenKfID: wk, UpstreamMsgID: flaky}, {OpenKfID: wk, UpstreamMsgID: "never-sent"}}
-	fx := make([]console.MessageEffects, len(msgs))
-	for i := range fx {
-		fx[i] = console.MessageEffects{Done: console.DoneUnknown, Replies: []console.ReplyMark{}, RepliesUnknown: true}
+	rdb, prefix := testenv.Redis(t)
+	cfg := &config.DLQConsumer{}
+	cfg.Redis.KeyPrefix = prefix
+	fx, err := sources.NewPipeline(cfg, sources.Deps{Redis: rdb, Archive: st}).Effects(ctx, "", msgs)
+	if err != nil {
+		t.Fatal(err)
 	}
-	pipelineView{archive: st}.archivedEffects(ctx, msgs, fx)
 	for i, want := range []bool{true, true, false} {
 		if got := fx[i].Done == console.DoneYes && len(fx[i].Replies) == 1 && !fx[i].RepliesUnknown; got != want {
 			t.Errorf("effects of %s from the archive: %+v, want known %v", msgs[i].UpstreamMsgID, fx[i], want)

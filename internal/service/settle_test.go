@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/state"
 	"github.com/kfpipe/kfpipe/internal/testenv"
@@ -60,9 +61,9 @@ func TestSettleMarksRetriedLettersDone(t *testing.T) {
 		}
 	}
 	markDone(t, rdb, prefix, chatmsg.ChatMessage{OpenKfID: "wk-s", UpstreamMsgID: "up-settle-0", SendTime: sendTime})
-	s := dlqStore{x: d.Index, rdb: rdb, prefix: prefix}
+	s := sources.NewDLQStore(d.Index, rdb, prefix)
 	later := time.Now().Add(time.Minute)
-	if n, err := settle(ctx, s, later); err != nil || n != 1 {
+	if n, err := settle(ctx, d.Index, s, later); err != nil || n != 1 {
 		t.Fatalf("settle marked %d (%v), want 1", n, err)
 	}
 	for i, want := range []string{dlq.StateDone, dlq.StateRetried} {
@@ -70,7 +71,7 @@ func TestSettleMarksRetriedLettersDone(t *testing.T) {
 			t.Fatalf("letter %d: %+v %v, want %s", i, e, err, want)
 		}
 	}
-	if n, err := settle(ctx, s, later.Add(time.Minute)); err != nil || n != 0 {
+	if n, err := settle(ctx, d.Index, s, later.Add(time.Minute)); err != nil || n != 0 {
 		t.Fatalf("second round marked %d (%v), want 0", n, err)
 	}
 	if st, err := d.Index.Stats(ctx); err != nil || st.Done != 1 || st.Retried != 1 {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/console"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/daemon"
 	"github.com/kfpipe/kfpipe/internal/wecom"
 	"github.com/kfpipe/kfpipe/kf"
@@ -36,10 +37,6 @@ const (
 	// figures then disappear instead of ageing silently.
 	statsTTL = 48 * time.Hour
 )
-
-// statsKey is the hash of every account's days (one key: one slot in
-// Redis Cluster).
-func statsKey(prefix string) string { return prefix + "{kfstats}:corp" }
 
 // chinaTime is WeChat's day: statistics start at midnight UTC+8.
 var chinaTime = time.FixedZone("UTC+8", 8*3600)
@@ -79,30 +76,13 @@ func collectStats(ctx context.Context, kc *kf.Client, rdb redis.UniversalClient,
 	}
 	if len(vals) > 0 {
 		pipe := rdb.TxPipeline()
-		pipe.HSet(ctx, statsKey(prefix), vals)
-		pipe.Expire(ctx, statsKey(prefix), statsTTL)
+		pipe.HSet(ctx, sources.StatsKey(prefix), vals)
+		pipe.Expire(ctx, sources.StatsKey(prefix), statsTTL)
 		if _, err := pipe.Exec(ctx); err != nil {
 			return fmt.Errorf("write statistics: %w", err)
 		}
 	}
 	return firstErr
-}
-
-// readStats returns the days kf-producer wrote, per open_kfid.
-func readStats(ctx context.Context, rdb redis.UniversalClient, prefix string) (map[string][]console.AccountDay, error) {
-	all, err := rdb.HGetAll(ctx, statsKey(prefix)).Result()
-	if err != nil {
-		return nil, fmt.Errorf("read statistics: %w", err)
-	}
-	out := make(map[string][]console.AccountDay, len(all))
-	for id, v := range all {
-		var days []console.AccountDay
-		if err := json.Unmarshal([]byte(v), &days); err != nil {
-			return nil, fmt.Errorf("statistics of %s: %w", id, err)
-		}
-		out[id] = days
-	}
-	return out, nil
 }
 
 // startStats runs kf-producer's statistics collector (no WeChat

@@ -8,6 +8,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/wecom/wecomtest"
 	"github.com/kfpipe/kfpipe/kf"
@@ -15,7 +17,7 @@ import (
 
 // TestAccountStatsInOverview: kf-producer's collector reads 7 days of
 // get_corp_statistic per account from WeChat into Redis, and the admin
-// overview's accounts (pipelineView) carry them, the customers' messages
+// overview's accounts (sources.Pipeline) carry them, the customers' messages
 // of today on the last day.
 func TestAccountStatsInOverview(t *testing.T) {
 	mini := miniredis.RunT(t)
@@ -41,7 +43,9 @@ func TestAccountStatsInOverview(t *testing.T) {
 		{OpenKfID: "wk2", Reported: now}}); err != nil {
 		t.Fatal(err)
 	}
-	accts, err := pipelineView{state: state, rdb: rdb, prefix: prefix}.Accounts(ctx)
+	cfg := &config.DLQConsumer{}
+	cfg.Redis.KeyPrefix = prefix
+	accts, err := sources.NewPipeline(cfg, sources.Deps{Redis: rdb}).Accounts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +71,7 @@ func TestAccountStatsInOverview(t *testing.T) {
 	if today := accts[1].Days[StatsDays-1]; today.CustomerMessages != 0 {
 		t.Fatalf("wk2 today: %+v, want no messages", today)
 	}
-	if ttl := mini.TTL(statsKey(prefix)); ttl <= 0 || ttl > statsTTL {
+	if ttl := mini.TTL(sources.StatsKey(prefix)); ttl <= 0 || ttl > statsTTL {
 		t.Fatalf("statistics key TTL %s, want up to %s", ttl, statsTTL)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/console/sources"
 	"github.com/kfpipe/kfpipe/internal/testenv"
 )
 
@@ -39,7 +40,7 @@ func TestSwitchOverFromOldStores(t *testing.T) {
 				OpenKfID: "wk-switch", ExternalUserID: user, MsgType: "text", SendTime: sent + int64(i), ProducedAt: time.Now().UnixMilli()})
 		}
 	}
-	old := dedupPrefix(prefix)
+	old := sources.DedupPrefix(prefix)
 	doneBefore := map[string]bool{}
 	// User 0: messages 0-1 done under claims; user 1: messages 0-2 done
 	// under leases (FNV-1a 64 digests in the user's day set); user 2:

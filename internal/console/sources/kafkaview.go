@@ -1,4 +1,4 @@
-package service
+package sources
 
 import (
 	"context"
@@ -27,7 +27,7 @@ const browseScan = 5000
 
 // KafkaContext reads the brokers, each topic's partitions with their
 // replicas and in-sync replicas, and the reading group's lag.
-func (p pipelineView) KafkaContext(ctx context.Context) (console.KafkaContext, error) {
+func (p Pipeline) KafkaContext(ctx context.Context) (console.KafkaContext, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var kc console.KafkaContext
@@ -97,7 +97,7 @@ func orEmpty(v []int32) []int32 {
 // TopicRecords reads one page of the main topic: the user's partition (or
 // every partition for a msgid alone) between q.Since and q.Before, at most
 // browseScan records a partition, keeping the records of q.User and q.MsgID.
-func (p pipelineView) TopicRecords(ctx context.Context, q console.RecordQuery) (console.RecordPage, error) {
+func (p Pipeline) TopicRecords(ctx context.Context, q console.RecordQuery) (console.RecordPage, error) {
 	ctx, cancel := context.WithTimeout(ctx, timelineReadTimeout)
 	defer cancel()
 	topic := p.topic

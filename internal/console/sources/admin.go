@@ -1,4 +1,8 @@
-package service
+// Package sources holds the operator console's data sources: the types
+// that implement internal/console's interfaces by reading the DLQ index,
+// the rate limiter's admin, Kafka, Redis and the conversation archive.
+// The dlq-consumer's wiring (internal/service) builds the console with New.
+package sources
 
 import (
 	"context"
@@ -9,25 +13,38 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/config"
 	"github.com/kfpipe/kfpipe/internal/console"
-	"github.com/kfpipe/kfpipe/internal/daemon"
+	"github.com/kfpipe/kfpipe/internal/coord"
 	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/fleet"
-	"github.com/kfpipe/kfpipe/internal/kafkaclient"
-	"github.com/kfpipe/kfpipe/internal/producer"
 	"github.com/kfpipe/kfpipe/internal/ratelimit"
 	"github.com/kfpipe/kfpipe/internal/state"
 )
 
-// adminHandler builds the admin server; lag reads the schedule-consumers'
-// group, dlqLag the dlq-consumers' own (nil: the DLQ topic's lag is not
-// shown).
-func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLag *kafka.Consumer) (*console.Server, error) {
+// Deps are the dlq-consumer's parts and clients the console reads.
+type Deps struct {
+	Index    *dlq.Index
+	Limits   *ratelimit.Admin
+	Archive  *archive.Store // nil: the timeline scans the main topic
+	Redis    redis.UniversalClient
+	Kafka    *kafka.AdminClient
+	Coord    *coord.Provider // nil: no fleet view
+	Log      *zap.Logger
+	Registry *prometheus.Registry
+	// Lag reads the schedule-consumers' group, DLQLag the dlq-consumers'
+	// own (nil: the DLQ topic's lag is not shown).
+	Lag, DLQLag *kafka.Consumer
+}
+
+// New builds the admin server on d.
+func New(cfg *config.DLQConsumer, d Deps) (*console.Server, error) {
 	ac := console.FromConfig(cfg.Admin, cfg.Redis.KeyPrefix)
 	for g := range cfg.RateLimit.Groups {
 		ac.Groups = append(ac.Groups, g)
@@ -35,13 +52,10 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLa
 	for _, r := range dlq.Reasons {
 		ac.Reasons = append(ac.Reasons, string(r))
 	}
-	ac.Pipeline = pipelineView{state: producer.NewRedisState(base.Redis, cfg.Redis.KeyPrefix), kafka: base.Admin,
-		group: lag, topic: cfg.Kafka.Topics.Main.Name, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix,
-		kcfg: cfg.Kafka, groupName: cfg.Admin.ConsumerGroup, dlqTopic: cfg.Kafka.Topics.DLQ.Name,
-		dlqGroup: dlqLag, dlqGroupName: cfg.Kafka.Consumer.GroupID, archive: d.archive}
-	if base.Coord != nil {
+	ac.Pipeline = NewPipeline(cfg, d)
+	if d.Coord != nil {
 		// Provider.Close (at the daemon's end) ends the watch.
-		view, err := fleet.Watch(context.Background(), base.Coord, cfg.Coord.KeepAlive)
+		view, err := fleet.Watch(context.Background(), d.Coord, cfg.Coord.KeepAlive)
 		if err != nil {
 			return nil, err
 		}
@@ -49,20 +63,30 @@ func adminHandler(cfg *config.DLQConsumer, base *daemon.Base, d *DLQ, lag, dlqLa
 	}
 	rl := cfg.RateLimit
 	ac.RetryPace = func() (int, time.Duration, bool) { return dlq.RetryPace(rl, rl.DefaultGroup) }
-	srv, err := console.New(ac, dlqStore{x: d.Index, rdb: base.Redis, prefix: cfg.Redis.KeyPrefix}, rateLimitAdmin{a: d.Admin, x: d.Index}, base.Redis, base.Log, base.Registry)
+	srv, err := console.New(ac, NewDLQStore(d.Index, d.Redis, cfg.Redis.KeyPrefix), rateLimitAdmin{a: d.Limits, x: d.Index}, d.Redis, d.Log, d.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
 	return srv, nil
 }
 
-// dlqStore adapts the DLQ index to the admin API; rdb and prefix reach
+// DLQStore adapts the DLQ index to the admin API; rdb and prefix reach
 // the schedule-consumers' dedup store (batch retries skip what is done).
-type dlqStore struct {
+type DLQStore struct {
 	x      *dlq.Index
 	rdb    redis.UniversalClient
 	prefix string
 }
+
+// NewDLQStore is the store on the index x, the schedule-consumers' dedup
+// store in rdb under prefix.
+func NewDLQStore(x *dlq.Index, rdb redis.UniversalClient, prefix string) DLQStore {
+	return DLQStore{x: x, rdb: rdb, prefix: prefix}
+}
+
+// DedupPrefix is where, under the deployment's Redis key prefix, the
+// schedule-consumers keep their dedup marks (the dlq-consumer reads them).
+func DedupPrefix(prefix string) string { return prefix + "dedup:" }
 
 func toAdminMessage(e *dlq.Entry) console.DLQMessage {
 	m := console.DLQMessage{ID: e.ID, User: e.UserID, OpenKfID: e.OpenKfID, Reason: string(e.Reason), Details: e.Details,
@@ -86,13 +110,13 @@ func toFilter(f console.DLQFilter) dlq.Filter {
 	return dlq.Filter{User: f.User, Reason: f.Reason, Review: f.Review, Cursor: f.Cursor, Limit: f.Limit}
 }
 
-func (s dlqStore) Stats(ctx context.Context) (console.DLQStats, error) {
+func (s DLQStore) Stats(ctx context.Context) (console.DLQStats, error) {
 	st, err := s.x.Stats(ctx)
 	return console.DLQStats{Total: st.Total, ByReason: st.ByReason, Due: st.Due, DueNow: st.DueNow, Review: st.Review, Retried: st.Retried,
 		Done: st.Done}, err
 }
 
-func (s dlqStore) List(ctx context.Context, f console.DLQFilter) ([]console.DLQMessage, string, error) {
+func (s DLQStore) List(ctx context.Context, f console.DLQFilter) ([]console.DLQMessage, string, error) {
 	entries, next, err := s.x.List(ctx, toFilter(f))
 	if errors.Is(err, dlq.ErrBadCursor) {
 		return nil, "", fmt.Errorf("%w: %w", console.ErrBadCursor, err)
@@ -107,7 +131,7 @@ func (s dlqStore) List(ctx context.Context, f console.DLQFilter) ([]console.DLQM
 	return out, next, nil
 }
 
-func (s dlqStore) Get(ctx context.Context, id string) (console.DLQMessage, error) {
+func (s DLQStore) Get(ctx context.Context, id string) (console.DLQMessage, error) {
 	e, err := s.x.Get(ctx, id)
 	if errors.Is(err, dlq.ErrNotFound) {
 		return console.DLQMessage{}, console.ErrNotFound
@@ -118,7 +142,7 @@ func (s dlqStore) Get(ctx context.Context, id string) (console.DLQMessage, error
 	return toAdminMessage(e), nil
 }
 
-func (s dlqStore) Retry(ctx context.Context, id string, o console.RetryOptions) error {
+func (s DLQStore) Retry(ctx context.Context, id string, o console.RetryOptions) error {
 	e, err := s.x.Get(ctx, id)
 	if errors.Is(err, dlq.ErrNotFound) {
 		return console.ErrNotFound
@@ -126,7 +150,7 @@ func (s dlqStore) Retry(ctx context.Context, id string, o console.RetryOptions) 
 	if err != nil {
 		return err
 	}
-	q := userDone(e.DeadLetter)
+	q := UserDone(e.DeadLetter)
 	l := console.Letter{ID: e.ID, User: e.UserID, Reason: string(e.Reason), Key: q.Key, SendTime: q.SendTime}
 	o.Batch = ""
 	skips, err := s.decide(ctx, []console.Letter{l}, time.Now(), o)
@@ -164,13 +188,13 @@ func explainSkip(skip string) string {
 // dedup store is skipped (and, unless o.DryRun, a retried one is marked
 // done in the index); the rest are decided, and unless o.DryRun requeued
 // due from `from` on, by the index's RetrySelected in one script.
-func (s dlqStore) decide(ctx context.Context, ls []console.Letter, from time.Time, o console.RetryOptions) ([]string, error) {
+func (s DLQStore) decide(ctx context.Context, ls []console.Letter, from time.Time, o console.RetryOptions) ([]string, error) {
 	out := make([]string, len(ls))
 	qs := make([]state.Item, len(ls))
 	for i, l := range ls {
 		qs[i] = state.Item{Key: l.Key, SendTime: l.SendTime, User: l.User}
 	}
-	done, err := s.doneKeys(ctx, qs)
+	done, err := s.DoneKeys(ctx, qs)
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +244,7 @@ func (s dlqStore) decide(ctx context.Context, ls []console.Letter, from time.Tim
 // reads the whole letters back from the DLQ topic (a thousand at a time)
 // for their messages' dedup keys, and decides each as the retry would
 // (decide, dry run).
-func (s dlqStore) Select(ctx context.Context, f console.DLQFilter, retry *console.RetryOptions) ([]console.Letter, error) {
+func (s DLQStore) Select(ctx context.Context, f console.DLQFilter, retry *console.RetryOptions) ([]console.Letter, error) {
 	var es []*dlq.Entry
 	df := toFilter(f)
 	df.Limit, df.Cursor = 500, ""
@@ -259,7 +283,7 @@ func (s dlqStore) Select(ctx context.Context, f console.DLQFilter, retry *consol
 			return nil, fmt.Errorf("reading letters for their dedup keys: %w", err)
 		}
 		for i, e := range part {
-			q := userDone(e.DeadLetter)
+			q := UserDone(e.DeadLetter)
 			ls[lo+i].Key, ls[lo+i].SendTime = q.Key, q.SendTime
 			part[i] = nil // the whole letter is not kept
 		}
@@ -295,10 +319,10 @@ func dedupKey(dl *chatmsg.DeadLetter) string {
 	return m.DedupKey()
 }
 
-// userDone is the dedup question for a letter: its message's key ("" when
+// UserDone is the dedup question for a letter: its message's key ("" when
 // the letter does not say), its routing user and its send time, which a
 // per-user store (dedup.store leases) needs as well.
-func userDone(dl *chatmsg.DeadLetter) state.Item {
+func UserDone(dl *chatmsg.DeadLetter) state.Item {
 	q := state.Item{Key: dedupKey(dl), User: dl.UserID}
 	if dl.Original != nil {
 		q.SendTime = dl.Original.SendTime
@@ -306,19 +330,19 @@ func userDone(dl *chatmsg.DeadLetter) state.Item {
 	return q
 }
 
-// doneKeys asks the state store which letters' messages are done (a
+// DoneKeys asks the state store which letters' messages are done (a
 // letter without a key never is), and the old dedup stores' keys, which
 // hold marks for one dedup.ttl after the switch.
-func (s dlqStore) doneKeys(ctx context.Context, qs []state.Item) ([]bool, error) {
+func (s DLQStore) DoneKeys(ctx context.Context, qs []state.Item) ([]bool, error) {
 	keys := make([]string, len(qs))
 	for i, q := range qs {
 		keys[i] = q.Key
 	}
-	done, err := state.LegacyDone(ctx, s.rdb, dedupPrefix(s.prefix), keys)
+	done, err := state.LegacyDone(ctx, s.rdb, DedupPrefix(s.prefix), keys)
 	if err != nil {
 		return nil, err
 	}
-	byUser, err := state.LegacyDoneUsers(ctx, s.rdb, dedupPrefix(s.prefix), qs)
+	byUser, err := state.LegacyDoneUsers(ctx, s.rdb, DedupPrefix(s.prefix), qs)
 	if err != nil {
 		return nil, err
 	}
@@ -336,7 +360,7 @@ func (s dlqStore) doneKeys(ctx context.Context, qs []state.Item) ([]bool, error)
 // as its dry run did (decide): a letter this batch requeued already (a
 // resumed batch) counts as acted, one whose message is done is skipped,
 // one no longer retryable (gone, retried or due meanwhile) is gone.
-func (s dlqStore) RetryLetters(ctx context.Context, ls []console.Letter, from time.Time, o console.RetryOptions) ([]console.Outcome, error) {
+func (s DLQStore) RetryLetters(ctx context.Context, ls []console.Letter, from time.Time, o console.RetryOptions) ([]console.Outcome, error) {
 	o.DryRun = false
 	skips, err := s.decide(ctx, ls, from, o)
 	if err != nil {
@@ -361,7 +385,7 @@ func (s dlqStore) RetryLetters(ctx context.Context, ls []console.Letter, from ti
 // one still due, the batch's or released by the scheduler while its user
 // is blocked, waits; one no longer in the index, or requeued by another
 // batch, is gone.
-func (s dlqStore) Delivery(ctx context.Context, ids []string, batch string, since time.Time) ([]console.Delivery, error) {
+func (s DLQStore) Delivery(ctx context.Context, ids []string, batch string, since time.Time) ([]console.Delivery, error) {
 	es, err := s.x.Summaries(ctx, ids)
 	if err != nil {
 		return nil, err
@@ -387,7 +411,7 @@ func (s dlqStore) Delivery(ctx context.Context, ids []string, batch string, sinc
 }
 
 // PurgeLetters deletes ls, recording each purge in the DLQ topic.
-func (s dlqStore) PurgeLetters(ctx context.Context, ls []console.Letter) ([]console.Outcome, error) {
+func (s DLQStore) PurgeLetters(ctx context.Context, ls []console.Letter) ([]console.Outcome, error) {
 	ids := make([]string, len(ls))
 	for i, l := range ls {
 		ids[i] = l.ID
@@ -409,7 +433,7 @@ func (s dlqStore) PurgeLetters(ctx context.Context, ls []console.Letter) ([]cons
 	return outs, nil
 }
 
-func (s dlqStore) Export(ctx context.Context, f console.DLQFilter, fn func(console.DLQMessage) error) error {
+func (s DLQStore) Export(ctx context.Context, f console.DLQFilter, fn func(console.DLQMessage) error) error {
 	return s.x.Export(ctx, toFilter(f), func(e *dlq.Entry) error { return fn(toAdminMessage(e)) })
 }
 
@@ -530,65 +554,6 @@ func (r rateLimitAdmin) ListBlocked(ctx context.Context, cursor, limit int) ([]c
 	return out, next, mapRLErr(err)
 }
 
-func (s dlqStore) Inflow(ctx context.Context, to time.Time, step time.Duration, n int) (map[string][]int64, error) {
+func (s DLQStore) Inflow(ctx context.Context, to time.Time, step time.Duration, n int) (map[string][]int64, error) {
 	return s.x.Inflow(ctx, to, step, n)
-}
-
-// pipelineView gives the admin API's overview what kf-producer published
-// (the accounts' sync horizon, in Redis) and the schedule-consumers' lag
-// (the group's offsets, from Kafka).
-type pipelineView struct {
-	state  *producer.RedisState
-	kafka  *kafka.AdminClient
-	group  *kafka.Consumer // a reader of the schedule-consumers' group (kafkaclient.GroupReader)
-	topic  string
-	rdb    redis.UniversalClient
-	prefix string
-	kcfg   config.Kafka // the customer timeline reads the main topic
-	// The Kafka card: the groups' names, the DLQ topic and a reader of
-	// the dlq-consumers' group.
-	groupName, dlqTopic, dlqGroupName string
-	dlqGroup                          *kafka.Consumer
-	archive                           *archive.Store // nil: the timeline scans the main topic
-}
-
-func (p pipelineView) Consumers(ctx context.Context) ([]console.ConsumerStatus, error) {
-	return consumerStatuses(ctx, p.rdb, p.prefix, time.Now())
-}
-
-func (p pipelineView) Accounts(ctx context.Context) ([]console.AccountSync, error) {
-	st, err := p.state.SyncStatuses(ctx)
-	if err != nil {
-		return nil, err
-	}
-	days, err := readStats(ctx, p.rdb, p.prefix)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]console.AccountSync, len(st))
-	for i, s := range st {
-		a := console.AccountSync{OpenKfID: s.OpenKfID, Reported: s.Reported, Days: days[s.OpenKfID]}
-		if !s.LastSuccess.IsZero() {
-			a.LastSuccess = &s.LastSuccess
-		}
-		if !s.OldestWaiting.IsZero() {
-			a.OldestWaiting = &s.OldestWaiting
-		}
-		out[i] = a
-	}
-	return out, nil
-}
-
-func (p pipelineView) Lag(ctx context.Context) ([]console.PartitionLag, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	lag, err := kafkaclient.GroupLag(ctx, p.kafka, p.group, p.topic)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]console.PartitionLag, len(lag))
-	for i, l := range lag {
-		out[i] = console.PartitionLag{Partition: l.Partition, End: l.End, Committed: l.Committed, Lag: l.Lag}
-	}
-	return out, nil
 }

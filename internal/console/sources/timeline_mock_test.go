@@ -1,4 +1,4 @@
-package service
+package sources
 
 import (
 	"context"
@@ -57,7 +57,7 @@ func TestUserRecordsOnMockCluster(t *testing.T) {
 	k.Consumer.SessionTimeout = 10 * time.Second
 	k.Consumer.MaxPollInterval = time.Minute
 	k.Consumer.FetchMaxBytes = 1 << 20
-	view := pipelineView{kafka: ac, topic: topic, kcfg: k}
+	view := Pipeline{kafka: ac, topic: topic, kcfg: k}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	scan, err := view.UserRecords(ctx, "mock-user-0", time.Now().Add(-72*time.Hour), 1000)

@@ -1,16 +1,19 @@
-package service
+package sources
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"github.com/kfpipe/kfpipe/internal/archive"
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
 	"github.com/kfpipe/kfpipe/internal/console"
+	"github.com/kfpipe/kfpipe/internal/dlq"
 	"github.com/kfpipe/kfpipe/internal/kafkaclient"
 	"github.com/kfpipe/kfpipe/internal/reply"
 	"github.com/kfpipe/kfpipe/internal/state"
@@ -39,7 +42,7 @@ const timelineReplies = 4
 // UserRecords reads the user's partition of the main topic from since on
 // (the newest max records at most) with a consumer that joins no group
 // and commits nothing, and keeps the records keyed by user.
-func (p pipelineView) UserRecords(ctx context.Context, user string, since time.Time, max int) (console.TopicScan, error) {
+func (p Pipeline) UserRecords(ctx context.Context, user string, since time.Time, max int) (console.TopicScan, error) {
 	ctx, cancel := context.WithTimeout(ctx, timelineReadTimeout)
 	defer cancel()
 	scan := console.TopicScan{Topic: p.topic}
@@ -174,7 +177,7 @@ func timelineRecord(m *kafka.Message) console.TopicRecord {
 
 // Effects reads, for each message, its done mark and its replies (in the
 // state store, and the old stores' keys while they live): nothing claimed.
-func (p pipelineView) Effects(ctx context.Context, user string, msgs []console.MessageRef) ([]console.MessageEffects, error) {
+func (p Pipeline) Effects(ctx context.Context, user string, msgs []console.MessageRef) ([]console.MessageEffects, error) {
 	keys := make([]string, len(msgs))
 	qs := make([]state.Item, len(msgs))
 	var replyKeys []string
@@ -190,7 +193,7 @@ func (p pipelineView) Effects(ctx context.Context, user string, msgs []console.M
 			replyItems = append(replyItems, state.Item{Key: k, SendTime: m.SendTime})
 		}
 	}
-	done, err := dlqStore{rdb: p.rdb, prefix: p.prefix}.doneKeys(ctx, qs)
+	done, err := DLQStore{rdb: p.rdb, prefix: p.prefix}.DoneKeys(ctx, qs)
 	if err != nil {
 		return nil, err
 	}
@@ -240,4 +243,127 @@ func (p pipelineView) Effects(ctx context.Context, user string, msgs []console.M
 	// What the marks no longer know (or never knew), the archive may.
 	p.archivedEffects(ctx, msgs, out)
 	return out, nil
+}
+
+// The timeline's reads of the conversation archive (console.ArchiveSource);
+// the dlq-consumer archives beside its DLQ consumer (internal/service).
+
+// ArchiveRetention is how far back the archive answers (0: no archive).
+func (p Pipeline) ArchiveRetention() time.Duration {
+	if p.archive == nil {
+		return 0
+	}
+	return p.archive.Retention()
+}
+
+// ArchivedRecords reads the user's messages sent in [since, until) from
+// the archive, and how far the archiver has come on the user's partition
+// of the main topic.
+func (p Pipeline) ArchivedRecords(ctx context.Context, user string, since, until time.Time, limit int) (console.ArchiveRead, error) {
+	read := console.ArchiveRead{Retention: p.archive.Retention(), From: since, To: until}
+	rows, more, err := p.archive.Conversation(ctx, user, since, until, limit)
+	if err != nil {
+		return read, err
+	}
+	read.Truncated = more
+	for _, r := range rows {
+		if r.Kind != archive.KindMessage {
+			continue // the DLQ index has the letters, with their state
+		}
+		read.Records = append(read.Records, archiveRecord(r))
+	}
+	if more && len(rows) > 0 {
+		// The newest max were read: the range read starts at the oldest.
+		read.From = rows[0].At
+	}
+	// The lag on the user's partition: its high watermark against the
+	// archiver's progress.
+	topic := p.topic
+	md, err := p.kafka.GetMetadata(&topic, false, 5000)
+	if err != nil {
+		return read, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	tm, ok := md.Topics[topic]
+	if !ok || len(tm.Partitions) == 0 {
+		return read, fmt.Errorf("metadata of %s: no partitions", topic)
+	}
+	read.Partition = kafkaclient.KeyPartition(user, len(tm.Partitions))
+	progress, err := p.archive.Progress(ctx, topic)
+	if err != nil {
+		return read, err
+	}
+	for _, pr := range progress {
+		if pr.Partition == read.Partition {
+			read.ArchivedOffset, read.ArchivedUpTo = pr.NextOffset, pr.RecordTime.UTC()
+		}
+	}
+	if p.group != nil {
+		if _, high, err := p.group.QueryWatermarkOffsets(topic, read.Partition, 5000); err == nil {
+			read.BehindBy = max(0, high-read.ArchivedOffset)
+		}
+	}
+	return read, nil
+}
+
+// archiveRecord is an archived message as the timeline's record of it.
+func archiveRecord(r archive.Row) console.TopicRecord {
+	rec := console.TopicRecord{MainRecord: console.MainRecord{Partition: r.Partition, Offset: r.Offset, Time: r.Recorded,
+		UpstreamMsgID: r.MsgID, OpenKfID: r.OpenKfID, MsgType: r.MsgType, SendTime: r.At.Unix()}, Archived: true}
+	rec.Preview = dlq.Preview(&chatmsg.DeadLetter{Original: &chatmsg.ChatMessage{MsgType: r.MsgType, Content: r.Content}})
+	return rec
+}
+
+// archivedEffects completes fx, each message's effects as the marks hold
+// them, with what the archive recorded: a message handled or recovered
+// is done, a reply the customer got is a reply, and one skipped because a
+// human servicer held the session says so. The marks last dedup.ttl and
+// the reply log reply.TTL; the archive keeps them archive.retention. A
+// failed read leaves fx as the marks say.
+func (p Pipeline) archivedEffects(ctx context.Context, msgs []console.MessageRef, fx []console.MessageEffects) {
+	if p.archive == nil || len(msgs) == 0 {
+		return
+	}
+	ids := make([]string, 0, len(msgs))
+	at := map[string][]int{}
+	for i, m := range msgs {
+		if m.UpstreamMsgID == "" {
+			continue
+		}
+		if at[m.UpstreamMsgID] == nil {
+			ids = append(ids, m.UpstreamMsgID)
+		}
+		at[m.UpstreamMsgID] = append(at[m.UpstreamMsgID], i)
+	}
+	rows, err := p.archive.Outcomes(ctx, ids)
+	if err != nil {
+		// The archive's own read (ArchivedRecords) fails and is reported
+		// the same way; the marks' answer stands.
+		return
+	}
+	for _, r := range rows {
+		for _, i := range at[r.MsgID] {
+			m, e := msgs[i], &fx[i]
+			if m.OpenKfID != "" && r.OpenKfID != m.OpenKfID {
+				continue
+			}
+			switch r.Kind {
+			case archive.KindHandled, archive.KindRecovered:
+				e.Done = console.DoneYes
+			case archive.KindReply:
+				switch r.Reason {
+				case archive.ReplySent:
+					key := m.OpenKfID + ":" + m.UpstreamMsgID + ":" + strconv.Itoa(r.Seq)
+					if !slices.ContainsFunc(e.Replies, func(x console.ReplyMark) bool { return x.Key == key }) {
+						e.Replies = append(e.Replies, console.ReplyMark{Key: key, MsgID: kf.MsgID(m.OpenKfID, m.UpstreamMsgID, r.Seq)})
+					}
+					e.RepliesUnknown = false
+				case archive.ReplyServicerSession:
+					if e.ReplySkipped == "" {
+						e.ReplySkipped = archive.ReplyServicerSession
+					}
+					e.RepliesUnknown = false
+				}
+			}
+		}
+	}
 }

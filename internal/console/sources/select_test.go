@@ -1,4 +1,4 @@
-package service
+package sources
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func TestSelectWithLimitTakesTheOldest(t *testing.T) {
 		}
 		ids = append(ids, dl.ID)
 	}
-	ls, err := dlqStore{x: idx, rdb: rdb, prefix: prefix}.Select(ctx, console.DLQFilter{User: "sel-user", Limit: 3}, nil)
+	ls, err := DLQStore{x: idx, rdb: rdb, prefix: prefix}.Select(ctx, console.DLQFilter{User: "sel-user", Limit: 3}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
