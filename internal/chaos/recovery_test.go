@@ -59,7 +59,7 @@ func TestChaosRecoveryAfterFix(t *testing.T) {
 	// (overload.retry_budget): each letter takes processor.retry_attempts-1
 	// retries, and a retry beyond the budget (half a retry a first call,
 	// and at least budgetFloor a second a consumer) waits in its user's
-	// order. 4,000 letters took ~8 minutes (5–8 a second) against the 3
+	// order (overload.retry_floor). 4,000 letters took ~8 minutes (5–8 a second) against the 3
 	// minutes the phase allows; 1,000 take about two.
 	const perUser = 20
 	const phase2PerUser = 5
@@ -323,7 +323,7 @@ func judgeBot(rep *Report, bot string, after int, blockedAtEnd []string) {
 }
 
 // budgetFloor is the retries a second the retry budget lets go with no
-// first calls (consumer's minRetriesPerSecond), per consumer.
+// first calls, per consumer (overload.retry_floor's default).
 const budgetFloor = 5
 
 // letterWait is how long a phase waits for letters letters of failing

@@ -143,9 +143,15 @@ type Overload struct {
 	// it by one call a round trip.
 	Tolerance float64 `mapstructure:"tolerance" default:"1.3" range:"(1, 10]"`
 	// RetryBudget bounds retries to this share of first calls (each first
-	// call earns this much of a retry, a few a second always go); a retry
-	// beyond it waits. 0 turns the budget off.
+	// call earns this much of a retry, retry_floor a second always go); a
+	// retry beyond it waits. 0 turns the budget off.
 	RetryBudget float64 `mapstructure:"retry_budget" default:"0.5" range:"[0, 100]" zero:"retries not bounded"`
+	// RetryFloor is the retries a second the budget lets go on one
+	// consumer even with no first calls. When most traffic fails (many
+	// users' downstream broken), it paces their messages to the DLQ: each
+	// takes processor.retry_attempts - 1 retries (docs/operations.md, "A
+	// slow downstream").
+	RetryFloor float64 `mapstructure:"retry_floor" default:"5" range:"[0.1, 10_000]"`
 }
 
 // Dedup configures the idempotency keys (I3): the consumer-state store's

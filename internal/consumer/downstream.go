@@ -103,10 +103,6 @@ func (d *downstream) stopRemembering() {
 	}
 }
 
-// minRetriesPerSecond is the retry budget's floor: with no first calls
-// (a backlog of retries only) this many retries a second still go.
-const minRetriesPerSecond = 5
-
 // retryBurst is how many retries the budget saves up.
 const retryBurst = 20
 
@@ -118,7 +114,7 @@ func newDownstream(cfg config.Consumer, now func() time.Time, reg prometheus.Reg
 		// wait for one inside its timeout.
 		ceiling = min(ceiling, cfg.Handler.HTTP.MaxConns)
 	}
-	d := &downstream{budget: overload.NewBudget(o.RetryBudget, minRetriesPerSecond, retryBurst, now)}
+	d := &downstream{budget: overload.NewBudget(o.RetryBudget, o.RetryFloor, retryBurst, now)}
 	if o.MaxInFlight > 0 { // 0: no limit (a nil Limiter admits every call)
 		lc := overload.Config{Initial: min(o.InitialLimit, ceiling), Min: 1, Max: ceiling, Tolerance: o.Tolerance, Backoff: 0.75}
 		d.limit = overload.New(lc, now)

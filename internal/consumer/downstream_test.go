@@ -179,3 +179,27 @@ func TestNoLimitWhenMaxInFlightIsZero(t *testing.T) {
 		t.Fatal("a second call passed a limit of 1")
 	}
 }
+
+// TestRetryFloorFromConfig: with no first calls, the retry budget lets
+// overload.retry_floor retries a second go once its saved-up burst is
+// spent — the pace at which a backlog of failing messages reaches the
+// DLQ when most traffic fails (chaos recovery-after-fix).
+func TestRetryFloorFromConfig(t *testing.T) {
+	for _, floor := range []float64{5, 50} {
+		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		cfg := config.Consumer{Overload: config.Overload{RetryBudget: 0.5, RetryFloor: floor}}
+		d := newDownstream(cfg, func() time.Time { return now }, nil)
+		for d.retry() { // the burst
+		}
+		got := 0
+		for range 100 { // ten seconds in steps of 100 ms
+			now = now.Add(100 * time.Millisecond)
+			for d.retry() {
+				got++
+			}
+		}
+		if want := int(10 * floor); got < want-1 || got > want+1 {
+			t.Errorf("retry_floor %v: %d retries in 10 s with no first calls, want %d", floor, got, want)
+		}
+	}
+}
