@@ -237,11 +237,13 @@ func pipelineEndToEnd(t *testing.T, cluster bool) {
 	if err := RunDLQ(ctx, []string{"rebuild", "--config", "../../config/test.yaml"}); err != nil {
 		t.Fatalf("rebuild: %v", err)
 	}
-	// Retried may grow meanwhile (the scheduler keeps retrying due letters);
-	// the letters themselves must be the same.
+	// Retried moves meanwhile both ways: the scheduler keeps retrying due
+	// letters, and the settle loop takes a retried letter whose message
+	// is done out of it (a CI run read 1 before and 0 after). The letters
+	// themselves must be the same.
 	code, b = adminGet(t, d.AdminURL+"/admin/dlq/stats", viewer)
 	if code != 200 || json.Unmarshal(b, &stats) != nil || stats.Total != before.Total || stats.Review != before.Review ||
-		fmt.Sprint(stats.ByReason) != fmt.Sprint(before.ByReason) || stats.Retried < before.Retried || before.Review != 1 {
+		fmt.Sprint(stats.ByReason) != fmt.Sprint(before.ByReason) || before.Review != 1 {
 		t.Fatalf("after rebuild %d %+v, before %+v", code, stats, before)
 	}
 
