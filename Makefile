@@ -58,7 +58,7 @@ image-check:
 ## config-docs: regenerate docs/config.md from internal/config's schema
 ## (a test fails when it is out of date).
 config-docs:
-	$(GO) run ./internal/config/gen
+	$(GO) test ./internal/config -run '^TestReferenceUpToDate$$' -count=1 -update
 
 vet:
 	$(GO) vet ./...

@@ -21,6 +21,10 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
+// ReferencePath is where the generated reference of every key lives, from
+// the module root.
+const ReferencePath = "docs/config.md"
+
 // EnvPrefix prefixes every environment override: kafka.brokers is
 // KFPIPE_KAFKA_BROKERS.
 const EnvPrefix = "KFPIPE"

@@ -2,12 +2,17 @@ package config
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 )
+
+// update makes TestReferenceUpToDate write docs/config.md (make
+// config-docs) instead of comparing it.
+var update = flag.Bool("update", false, "rewrite docs/config.md from the schema")
 
 // TestReferenceUpToDate: docs/config.md is what the generator makes of the
 // schema now, so a key added, renamed, re-defaulted or re-bounded without
@@ -18,6 +23,12 @@ func TestReferenceUpToDate(t *testing.T) {
 	want, err := Reference(root)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if *update {
+		if err := os.WriteFile(filepath.Join(root, ReferencePath), want, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
 	}
 	got, err := os.ReadFile(filepath.Join(root, ReferencePath))
 	if err != nil {
@@ -34,7 +45,7 @@ func TestReferenceUpToDate(t *testing.T) {
 				w = wl[i]
 			}
 			if g != w {
-				t.Fatalf("%s is not what the schema generates (first difference at line %d); run make config-docs (go run ./internal/config/gen)\n have: %s\n want: %s",
+				t.Fatalf("%s is not what the schema generates (first difference at line %d); run make config-docs\n have: %s\n want: %s",
 					ReferencePath, i+1, g, w)
 			}
 		}

@@ -1,5 +1,9 @@
 package config
 
+// The generator of docs/config.md: a test helper, not a part of the
+// daemons (it parses the package sources for the fields' doc comments).
+// `make config-docs` runs TestReferenceUpToDate with -update.
+
 import (
 	"bytes"
 	"fmt"
@@ -15,10 +19,6 @@ import (
 
 	"github.com/kfpipe/kfpipe/internal/config/schema"
 )
-
-// ReferencePath is where the generated reference lives, from the module
-// root.
-const ReferencePath = "docs/config.md"
 
 // module is this module's path: a type's package path below it is its
 // directory.
@@ -444,7 +444,7 @@ func render(rows []refRow, sections []string, sectionDoc map[string]string) []by
 	var b bytes.Buffer
 	b.WriteString(`# Configuration reference
 
-<!-- Generated from internal/config's schema by ` + "`make config-docs`" + ` (go run ./internal/config/gen).
+<!-- Generated from internal/config's schema by ` + "`make config-docs`" + `.
      Do not edit: change the field's doc comment or tags and regenerate. -->
 
 Every key each daemon reads, generated from the configuration's types: the meaning is the
