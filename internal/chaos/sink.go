@@ -78,7 +78,27 @@ type slowBot struct {
 	firstFail float64
 	attempts  map[string]int // msgid → requests
 	abandoned int            // requests whose caller hung up before the answer
+	calls     []BotCall
 }
+
+// BotCall is one request a SlowBot saw: when it arrived and ended, and how.
+type BotCall struct {
+	MsgID, User    string
+	Arrived, Ended time.Time
+	Outcome        BotOutcome
+}
+
+// BotOutcome is how a SlowBot request ended.
+type BotOutcome int
+
+const (
+	// Answered: the bot made its effect (a Delivery).
+	Answered BotOutcome = iota
+	// FailedFast: the bot failed the first attempt at once (500).
+	FailedFast
+	// Abandoned: the caller hung up first (a cancelled attempt).
+	Abandoned
+)
 
 // NewSink starts a Sink on a loopback port; Close stops it.
 func NewSink(sleepMax time.Duration) *Sink {
@@ -135,6 +155,10 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		// A broken downstream for this user: the consumer retries and then
 		// dead-letters it as downstream_error. Not an effect.
 		s.failures[m.ExternalUserID]++
+		if firstFail {
+			s.slow.calls = append(s.slow.calls, BotCall{MsgID: m.UpstreamMsgID, User: m.ExternalUserID,
+				Arrived: arrived, Ended: time.Now(), Outcome: FailedFast})
+		}
 		s.mu.Unlock()
 		http.Error(w, "sink: downstream failure for this user", http.StatusInternalServerError)
 		return
@@ -163,6 +187,8 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			s.mu.Lock()
 			s.slow.abandoned++
+			s.slow.calls = append(s.slow.calls, BotCall{MsgID: m.UpstreamMsgID, User: m.ExternalUserID,
+				Arrived: arrived, Ended: time.Now(), Outcome: Abandoned})
 			s.mu.Unlock()
 			return
 		}
@@ -186,6 +212,10 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	s.deliveries = append(s.deliveries, Delivery{Seq: len(s.deliveries), MsgID: m.UpstreamMsgID, OpenKfID: m.OpenKfID,
 		User: m.ExternalUserID, Tag: tag, At: now, Late: r.Context().Err() != nil, Arrived: arrived})
+	if slow.hi > 0 {
+		s.slow.calls = append(s.slow.calls, BotCall{MsgID: m.UpstreamMsgID, User: m.ExternalUserID,
+			Arrived: arrived, Ended: now, Outcome: Answered})
+	}
 	s.seen[m.UpstreamMsgID]++
 	s.changed = now
 	s.mu.Unlock()
@@ -229,6 +259,13 @@ func (s *Sink) Abandoned() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.slow.abandoned
+}
+
+// BotCalls returns every request a SlowBot saw, in the order they ended.
+func (s *Sink) BotCalls() []BotCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]BotCall(nil), s.slow.calls...)
 }
 
 // ReplyText is the reply the Sink asks for to the message msgid.

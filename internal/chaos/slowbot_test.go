@@ -110,6 +110,11 @@ func TestChaosSlowBot(t *testing.T) {
 		t.Logf("slow-bot: longest wait %s, user %s; %d waits over %s", wait.Round(100*time.Millisecond), who, over, waitBound)
 		t.Logf("slow-bot: %s's timeline (freeze at %s):\n%s", who, freezeAt.Format("15:04:05.000"), userTimeline(ev, who))
 		rep.Extra("max_user_wait_bound", waitBound)
+		parts := waitParts(ev, p.Sink.BotCalls(), freezeAt, waitBound)
+		rep.Extra("over_bound_with_cancelled_call", parts.withCancel)
+		rep.Extra("over_bound_cancel_plus_answer", parts.cancelPlusAnswer)
+		rep.Extra("over_bound_queued_over_10s", parts.queuedLong)
+		t.Logf("slow-bot: the %d waits over %s: %s", over, waitBound, parts)
 		if wait > waitBound {
 			rep.Problem("user %s waited %s for its next answer before the freeze, want at most the bot's slowest answer + one session timeout (%s)", who, wait.Round(100*time.Millisecond), waitBound)
 		}
@@ -209,6 +214,111 @@ func maxUserWait(ev *Evidence, until time.Time, bound time.Duration) (longest ti
 		}
 	}
 	return longest, who, over
+}
+
+// waitSplit is where the time of the waits over a bound went, from the
+// bot's own record of each call (BotCalls): queued, from the wait's start
+// to the message's first call (a slot, a lease, a rebalance); cancelled,
+// the calls the consumer hung up on (a hand-over's drain limit or a stop);
+// gaps, between one call's end and the next call (a retry's backoff, a
+// hand-over); answer, the call that made the effect.
+type waitSplit struct {
+	n                               int
+	queued, cancelled, gaps, answer time.Duration
+	withCancel, cancelPlusAnswer    int // waits with a cancelled call; those the cancelled part and the answer alone put over the bound
+	queuedLong                      int // waits queued more than 10 s before their first call
+	worst                           []string
+}
+
+func (w waitSplit) String() string {
+	if w.n == 0 {
+		return "none"
+	}
+	avg := func(d time.Duration) time.Duration { return (d / time.Duration(w.n)).Round(100 * time.Millisecond) }
+	return fmt.Sprintf("on average queued %s, cancelled calls %s, gaps %s, answer %s; %d with a cancelled call (%d over by the cancelled part and the answer alone), %d queued over 10 s; longest: %s",
+		avg(w.queued), avg(w.cancelled), avg(w.gaps), avg(w.answer), w.withCancel, w.cancelPlusAnswer, w.queuedLong,
+		strings.Join(w.worst, "; "))
+}
+
+// waitParts splits the waits maxUserWait finds over bound (before until)
+// by the bot's record of their messages' calls.
+func waitParts(ev *Evidence, calls []BotCall, until time.Time, bound time.Duration) waitSplit {
+	byMsg := map[string][]BotCall{}
+	for _, c := range calls {
+		byMsg[c.MsgID] = append(byMsg[c.MsgID], c)
+	}
+	first := map[string]time.Time{}
+	for _, d := range ev.Deliveries {
+		if t, ok := first[d.MsgID]; !ok || d.At.Before(t) {
+			first[d.MsgID] = d.At
+		}
+	}
+	byUser := map[string][]Sent{}
+	for _, s := range ev.Sent {
+		byUser[s.User] = append(byUser[s.User], s)
+	}
+	type over struct {
+		wait time.Duration
+		line string
+	}
+	var w waitSplit
+	var overs []over
+	for _, ss := range byUser {
+		sort.Slice(ss, func(i, j int) bool { return ss[i].Index < ss[j].Index })
+		var prev time.Time
+		for _, s := range ss {
+			at, ok := first[s.MsgID]
+			if !ok || (!until.IsZero() && at.After(until)) {
+				break
+			}
+			from := s.At
+			if prev.After(from) {
+				from = prev
+			}
+			prev = at
+			if at.Sub(from) <= bound {
+				continue
+			}
+			cs := byMsg[s.MsgID]
+			sort.Slice(cs, func(i, j int) bool { return cs[i].Arrived.Before(cs[j].Arrived) })
+			var queued, cancelled, gaps, answer time.Duration
+			for i, c := range cs {
+				if c.Arrived.After(at) {
+					break
+				}
+				if i == 0 {
+					queued = max(c.Arrived.Sub(from), 0)
+				} else {
+					gaps += max(c.Arrived.Sub(cs[i-1].Ended), 0)
+				}
+				switch c.Outcome {
+				case Abandoned:
+					cancelled += c.Ended.Sub(c.Arrived)
+				case Answered:
+					answer = c.Ended.Sub(c.Arrived)
+				}
+			}
+			w.n++
+			w.queued, w.cancelled, w.gaps, w.answer = w.queued+queued, w.cancelled+cancelled, w.gaps+gaps, w.answer+answer
+			if cancelled > 0 {
+				w.withCancel++
+				if cancelled+answer > bound {
+					w.cancelPlusAnswer++
+				}
+			}
+			if queued > 10*time.Second {
+				w.queuedLong++
+			}
+			r := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+			overs = append(overs, over{at.Sub(from), fmt.Sprintf("%s waited %s = queued %s + cancelled %s + gaps %s + answer %s over %d calls",
+				s.MsgID, r(at.Sub(from)), r(queued), r(cancelled), r(gaps), r(answer), len(cs))})
+		}
+	}
+	sort.Slice(overs, func(i, j int) bool { return overs[i].wait > overs[j].wait })
+	for _, o := range overs[:min(len(overs), 5)] {
+		w.worst = append(w.worst, o.line)
+	}
+	return w
 }
 
 // userTimeline lists a user's messages: when each was sent and each
@@ -320,4 +430,34 @@ func TestChaosFieldRun(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestWaitParts: a wait over the bound is split by the bot's record of its
+// message's calls; a wait within it is not counted.
+func TestWaitParts(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	ev := &Evidence{
+		Sent: []Sent{{MsgID: "a", User: "u", Index: 0, At: at(0)}, {MsgID: "b", User: "u", Index: 1, At: at(1)},
+			{MsgID: "c", User: "v", Index: 0, At: at(0)}},
+		Deliveries: []Delivery{{MsgID: "a", User: "u", At: at(20)}, {MsgID: "b", User: "u", At: at(80)},
+			{MsgID: "c", User: "v", At: at(30)}},
+	}
+	calls := []BotCall{
+		{MsgID: "a", User: "u", Arrived: at(2), Ended: at(20), Outcome: Answered},
+		// b: queued 12 s after a's answer, failed fast, cancelled after
+		// 15 s, then answered in 30 s.
+		{MsgID: "b", User: "u", Arrived: at(32), Ended: at(32), Outcome: FailedFast},
+		{MsgID: "b", User: "u", Arrived: at(33), Ended: at(48), Outcome: Abandoned},
+		{MsgID: "b", User: "u", Arrived: at(50), Ended: at(80), Outcome: Answered},
+		{MsgID: "c", User: "v", Arrived: at(1), Ended: at(30), Outcome: Answered},
+	}
+	w := waitParts(ev, calls, time.Time{}, 40*time.Second)
+	if w.n != 1 || w.queued != 12*time.Second || w.cancelled != 15*time.Second || w.gaps != 3*time.Second ||
+		w.answer != 30*time.Second || w.withCancel != 1 || w.cancelPlusAnswer != 1 || w.queuedLong != 1 {
+		t.Fatalf("split %+v, want one wait of 60 s = queued 12 s + cancelled 15 s + gaps 3 s + answer 30 s", w)
+	}
+	if _, _, over := maxUserWait(ev, time.Time{}, 40*time.Second); over != w.n {
+		t.Errorf("maxUserWait counts %d waits over the bound, waitParts %d", over, w.n)
+	}
 }
