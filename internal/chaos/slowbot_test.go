@@ -102,7 +102,7 @@ func TestChaosSlowBot(t *testing.T) {
 			leftFleet++
 		}
 	}
-	var freezeAt time.Time
+	var restartAt, freezeAt time.Time
 	p.Opts.Judge = func(ev *Evidence, rep *Report) {
 		wait, who, over := maxUserWait(ev, freezeAt, waitBound)
 		rep.Extra("max_user_wait", wait.Round(100*time.Millisecond))
@@ -110,6 +110,12 @@ func TestChaosSlowBot(t *testing.T) {
 		t.Logf("slow-bot: longest wait %s, user %s; %d waits over %s", wait.Round(100*time.Millisecond), who, over, waitBound)
 		t.Logf("slow-bot: %s's timeline (freeze at %s):\n%s", who, freezeAt.Format("15:04:05.000"), userTimeline(ev, who))
 		rep.Extra("max_user_wait_bound", waitBound)
+		// The same from the rolling restart's first SIGTERM on: the waits
+		// of a warm fleet (the first start's climb from
+		// overload.initial_limit left out), for the record.
+		warm, _, warmOver := maxUserWaitSince(ev, restartAt, freezeAt, waitBound)
+		rep.Extra("max_user_wait_from_restart", warm.Round(100*time.Millisecond))
+		rep.Extra("users_over_wait_bound_from_restart", warmOver)
 		parts := waitParts(ev, p.Sink.BotCalls(), freezeAt, waitBound)
 		rep.Extra("over_bound_with_cancelled_call", parts.withCancel)
 		rep.Extra("over_bound_cancel_plus_answer", parts.cancelPlusAnswer)
@@ -138,6 +144,7 @@ func TestChaosSlowBot(t *testing.T) {
 			return ctx.Err()
 		}
 		// Rolling restart: one consumer at a time, SIGTERM then start.
+		restartAt = time.Now()
 		for _, d := range p.Consumers[:consumers] {
 			stop(d, rec)
 			if err := d.Restart(time.Minute); err != nil {
@@ -181,6 +188,12 @@ func TestChaosSlowBot(t *testing.T) {
 // at least one answer's time for each message. over counts the waits
 // longer than bound.
 func maxUserWait(ev *Evidence, until time.Time, bound time.Duration) (longest time.Duration, who string, over int) {
+	return maxUserWaitSince(ev, time.Time{}, until, bound)
+}
+
+// maxUserWaitSince is maxUserWait over the waits that began at or after
+// since.
+func maxUserWaitSince(ev *Evidence, since, until time.Time, bound time.Duration) (longest time.Duration, who string, over int) {
 	first := map[string]time.Time{}
 	for _, d := range ev.Deliveries {
 		if t, ok := first[d.MsgID]; !ok || d.At.Before(t) {
@@ -204,13 +217,16 @@ func maxUserWait(ev *Evidence, until time.Time, bound time.Duration) (longest ti
 				from = prev
 			}
 			w := at.Sub(from)
+			prev = at
+			if from.Before(since) {
+				continue
+			}
 			if w > bound {
 				over++
 			}
 			if w > longest {
 				longest, who = w, u
 			}
-			prev = at
 		}
 	}
 	return longest, who, over
@@ -459,5 +475,9 @@ func TestWaitParts(t *testing.T) {
 	}
 	if _, _, over := maxUserWait(ev, time.Time{}, 40*time.Second); over != w.n {
 		t.Errorf("maxUserWait counts %d waits over the bound, waitParts %d", over, w.n)
+	}
+	// From 20 s on: only b's wait (from a's answer at 20 s) counts.
+	if longest, _, over := maxUserWaitSince(ev, at(20), time.Time{}, 40*time.Second); over != 1 || longest != time.Minute {
+		t.Errorf("waits from 20 s: longest %s, %d over; want b's 1m0s alone", longest, over)
 	}
 }
