@@ -32,6 +32,7 @@ const (
 	ProcessTimeout  Reason = "process_timeout"
 	KafkaFailure    Reason = "kafka_failure"
 	InvalidMessage  Reason = "invalid_message"
+	HandlerRejected Reason = "handler_rejected"
 	DownstreamError Reason = "downstream_error"
 	SystemOverload  Reason = "system_overload"
 )
@@ -116,7 +117,8 @@ var table = []Row{
 	{QueueFull, true, 0, ActionDelayedRetry, StrategyBackoff, 5, true, "the user's mailbox is full"},
 	{ProcessTimeout, true, 0, ActionAutoRetry, StrategyBackoff, 5, true, "the handler did not finish within processor.attempt_timeout"},
 	{KafkaFailure, true, 0, ActionAutoRetry, StrategyBackoff, 3, false, "a Kafka write failed (not emitted today; accepted on the wire)"},
-	{InvalidMessage, false, 0, ActionManualReview, StrategyNever, 0, false, "the payload is malformed or too large, or the handler rejected it as invalid"},
+	{InvalidMessage, false, 0, ActionManualReview, StrategyNever, 0, false, "the payload is malformed or too large"},
+	{HandlerRejected, false, 0, ActionManualReview, StrategyNever, 0, true, "the handler refused the message for good (Permanent): no retry can fix it"},
 	{DownstreamError, true, 0, ActionAutoRetry, StrategyBackoff, 5, true, "the handler failed"},
 	{SystemOverload, true, 0, ActionDelayedRetry, StrategyBackoff, 3, false, "the node is overloaded (not emitted today; accepted on the wire)"},
 }
