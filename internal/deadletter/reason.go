@@ -12,6 +12,10 @@
 // To add a reason: add a constant and a row to table below, then the row to
 // the reasons table in docs/operations.md; the tests of this package fail
 // until both agree and until no package emits a reason the table lacks.
+// Regenerate docs/config.md (recovery.max_retries lists every reason). A
+// reason that takes a case from another (handler_rejected from
+// invalid_message) also changes whatever names the old one for that case:
+// docs/architecture.md, "Where things go", has the list.
 package deadletter
 
 import (
