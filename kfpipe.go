@@ -242,7 +242,8 @@ type HandlerFunc func(ctx context.Context, m *Message) error
 func (f HandlerFunc) Handle(ctx context.Context, m *Message) error { return f(ctx, m) }
 
 // Permanent marks err as a failure that retrying cannot fix: the message
-// is dead-lettered at once (reason invalid_message) instead of retried.
+// is dead-lettered at once (reason handler_rejected: the handler refused it
+// for good) instead of retried.
 func Permanent(err error) error { return handler.Permanent(err) }
 
 // IsPermanent reports whether err was marked with Permanent.

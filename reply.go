@@ -23,7 +23,7 @@ var ErrNoReplier = reply.ErrNoReplier
 // does) finishes the message: the refusal is counted in
 // kfpipe_reply_refusals_total{reason} and logged, not dead-lettered.
 // Other refusals (an unknown user, a bad media_id…) are Permanent errors
-// that dead-letter the message as invalid_message.
+// that dead-letter the message as handler_rejected.
 var (
 	ErrReplyWindow        = reply.ErrReplyWindow
 	ErrSessionEnded       = reply.ErrSessionEnded

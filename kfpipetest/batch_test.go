@@ -47,7 +47,7 @@ func TestRunBatchFailure(t *testing.T) {
 	hs := kfpipetest.NewBatch(t, kfpipe.BatchHandlerFunc(func(context.Context, []*kfpipe.Message) error {
 		return kfpipe.Permanent(errors.New("no"))
 	}))
-	hs.RunBatch(kfpipetest.Text("u1", "a"), kfpipetest.Text("u1", "b")).ExpectPermanent().ExpectDeadLettered(kfpipetest.ReasonInvalidMessage)
+	hs.RunBatch(kfpipetest.Text("u1", "a"), kfpipetest.Text("u1", "b")).ExpectPermanent().ExpectDeadLettered(kfpipetest.ReasonHandlerRejected)
 }
 
 // ExampleHarness_RunBatch unit-tests a batch handler (a consumer made by

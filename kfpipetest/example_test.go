@@ -107,7 +107,7 @@ func ExampleResult_ExpectRetried() {
 	fmt.Println(r.Attempts)
 	// Output:
 	// 2 [one moment done]
-	// invalid_message
+	// handler_rejected
 	// 3
 }
 

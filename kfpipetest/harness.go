@@ -147,9 +147,14 @@ const (
 
 // Dead-letter reasons (Result.Reason), as the consumer records them.
 const (
-	ReasonInvalidMessage  = string(deadletter.InvalidMessage)  // the handler returned Permanent
+	ReasonHandlerRejected = string(deadletter.HandlerRejected) // the handler returned Permanent (or a WeChat refusal retrying cannot fix)
 	ReasonDownstreamError = string(deadletter.DownstreamError) // every attempt failed
 	ReasonProcessTimeout  = string(deadletter.ProcessTimeout)  // the last attempt timed out
+	// ReasonInvalidMessage is the consumer's reason for a record that
+	// cannot be decoded or is too large, before any handler sees it; the
+	// harness hands the handler built messages, so it never gives it. A
+	// Permanent error is ReasonHandlerRejected.
+	ReasonInvalidMessage = string(deadletter.InvalidMessage)
 )
 
 // Result is what one Run did with a message.
@@ -177,7 +182,8 @@ type Result struct {
 func (r *Result) Retried() bool { return r.Attempts > 1 }
 
 // Permanent reports whether the handler's error was marked
-// kfpipe.Permanent (the message is dead-lettered at once).
+// kfpipe.Permanent, or is a WeChat refusal retrying cannot fix (the
+// message is dead-lettered at once as handler_rejected).
 func (r *Result) Permanent() bool { return kfpipe.IsPermanent(r.Err) }
 
 // LastCall returns the replies of the last attempt: what a handler call
@@ -216,11 +222,12 @@ func (r *Result) ExpectDone() *Result {
 }
 
 // ExpectPermanent fails the test unless the handler returned a
-// kfpipe.Permanent error, so the message was dead-lettered at once as
-// invalid_message.
+// kfpipe.Permanent error (or a WeChat refusal retrying cannot fix), so the
+// message was dead-lettered at once as handler_rejected
+// (ReasonHandlerRejected).
 func (r *Result) ExpectPermanent() *Result {
 	r.t.Helper()
-	if !r.Permanent() || r.Outcome != DeadLettered || r.Attempts != 1 {
+	if !r.Permanent() || r.Outcome != DeadLettered || r.Reason != ReasonHandlerRejected || r.Attempts != 1 {
 		r.t.Fatalf("kfpipetest: message %s: %s after %d attempt(s) with error %v, want dead-lettered at once by a Permanent error",
 			r.Message.UpstreamMsgID, r.Outcome, r.Attempts, r.Err)
 	}
@@ -396,7 +403,7 @@ func (hs *Harness) SetSessionState(user string, state kf.State, servicer string)
 
 // Run handles m as the consumer does: the handler is called, an error is
 // retried in place up to Attempts times, a Permanent error dead-letters
-// the message at once. Each call gets a reply context of its own, as after
+// the message at once (handler_rejected). Each call gets a reply context of its own, as after
 // a crash or a redelivery: replies an earlier call or Run already sent for
 // m are skipped, not sent again. The first Run of a message shows it to
 // the fake WeChat (a customer's message opens their reply window, an
@@ -508,7 +515,7 @@ func (hs *Harness) handle(msgs []*kfpipe.Message) *Result {
 		case err == nil:
 			res.Outcome = Done
 		case kfpipe.IsPermanent(err):
-			res.Outcome, res.Reason = DeadLettered, ReasonInvalidMessage
+			res.Outcome, res.Reason = DeadLettered, ReasonHandlerRejected
 		case res.Attempts == hs.attempts:
 			res.Outcome, res.Reason = DeadLettered, ReasonDownstreamError
 			if timedOut {

@@ -209,7 +209,8 @@ command follows it to its end (--wait=false: print its ID and return; then
 kfpipectl dlq batch ID, kfpipectl dlq cancel ID).
 A message has one letter. A retry skips letters retried already (until their
 message fails again), letters due now (they go anyway) and, unless
---include-invalid, letters whose reason is never retried (invalid_message);
+--include-invalid, letters whose reason is never retried (invalid_message:
+the record was malformed; handler_rejected: the bot refused it for good);
 one letter and a batch decide alike.
 --unblock (with --user) unblocks the user in the rate limiter, then retries
 the user's letters: one audited action.
@@ -255,7 +256,7 @@ Exit 5 when nothing selected is retried (a dry run too).`,
 	writeFlags(cmd, &reason, &dry)
 	cmd.Flags().BoolVar(&wait, "wait", true, "follow a batch until it ends")
 	cmd.Flags().BoolVar(&includeInvalid, "include-invalid", false,
-		"retry letters whose reason is never retried (invalid_message) too, e.g. after fixing the handler that rejected them (audited)")
+		"retry letters whose reason is never retried (invalid_message, handler_rejected) too, e.g. after fixing the bot that refused them (audited)")
 	cmd.Flags().BoolVar(&unblock, "unblock", false, "with --user: unblock the user in the rate limiter, then retry the user's letters (one audited action)")
 	return cmd
 }
@@ -338,7 +339,7 @@ func skipped(p console.BatchPlan) string {
 		}
 	}
 	add(p.AlreadyDone, "done already")
-	add(p.NotRetryable, "never retried (invalid_message: add --include-invalid to retry them)")
+	add(p.NotRetryable, "never retried (invalid_message or handler_rejected: add --include-invalid to retry them)")
 	add(p.Settled, "retried already")
 	add(p.Busy, "due now or being re-injected")
 	return strings.Join(parts, ", ")

@@ -267,7 +267,7 @@ func TestCommandsAgainstDLQConsumer(t *testing.T) {
 	op.must(4, "dlq", "retry", c, "--why", "invalid cannot be retried")
 	op.must(4, "dlq", "retry", c, "--why", "would it?", "--dry-run")
 	contains(t, op.must(5, "dlq", "retry", "--user", "u2", "--why", "how many", "--dry-run"),
-		"would retry 0 dead letter(s)", "1 never retried (invalid_message: add --include-invalid")
+		"would retry 0 dead letter(s)", "1 never retried (invalid_message or handler_rejected: add --include-invalid")
 	if r := op.must(5, "dlq", "retry", "--user", "u2", "--why", "how many"); !strings.Contains(r.errOut, "nothing to retry") {
 		t.Errorf("batch of nothing: %q", r.errOut)
 	}
@@ -443,10 +443,11 @@ func TestServerDown(t *testing.T) {
 }
 
 // TestRetryInvalidMessageLetters is the field run's invalid_message case
-// against a real dlq-consumer: a user's 15 invalid_message letters (the
-// field run's 20 less what the DLQ's per-user pacing holds for a minute:
-// the batch ends when its last letter is back in the main topic), listed
-// by dlq ls. Without --include-invalid the batch's dry run and the real
+// against a real dlq-consumer: a user's 15 letters whose reason is never
+// retried, invalid_message and handler_rejected (the bot refused the
+// message for good) in turn (the field run's 20 less what the DLQ's
+// per-user pacing holds for a minute: the batch ends when its last letter
+// is back in the main topic), listed by dlq ls. Without --include-invalid the batch's dry run and the real
 // run both find nothing to retry (exit 5, saying why) and one letter's dry
 // run and real call both answer 409 (exit 4); with it, the dry run counts
 // 15 messages of 1 user and the batch retries exactly those 15, audited
@@ -456,7 +457,11 @@ func TestRetryInvalidMessageLetters(t *testing.T) {
 	op := ctl{t: t, env: map[string]string{"KFPIPE_ADMIN_URL": d.AdminURL, "KFPIPE_TOKEN": cfg.Admin.Tokens[0].Token}}
 	var ids []string
 	for i := range 15 {
-		ids = append(ids, sendLetter(t, p, cfg.Kafka.Topics.Main.Name, "U", dlq.ReasonInvalidMessage, int64(i)))
+		r := dlq.ReasonInvalidMessage
+		if i%2 == 1 {
+			r = dlq.ReasonHandlerRejected
+		}
+		ids = append(ids, sendLetter(t, p, cfg.Kafka.Topics.Main.Name, "U", r, int64(i)))
 	}
 	var page struct {
 		Messages []console.DLQMessage `json:"messages"`
@@ -479,9 +484,11 @@ func TestRetryInvalidMessageLetters(t *testing.T) {
 		!strings.Contains(r.errOut, "--include-invalid") {
 		t.Errorf("batch without --include-invalid: %q", r.errOut)
 	}
-	for _, dry := range []string{"--dry-run=true", "--dry-run=false"} {
-		if r := op.must(4, "dlq", "retry", ids[0], "--why", "one", dry); !strings.Contains(r.errOut, "include_invalid") {
-			t.Errorf("one letter %s: %q", dry, r.errOut)
+	for _, id := range ids[:2] { // invalid_message, handler_rejected
+		for _, dry := range []string{"--dry-run=true", "--dry-run=false"} {
+			if r := op.must(4, "dlq", "retry", id, "--why", "one", dry); !strings.Contains(r.errOut, "include_invalid") {
+				t.Errorf("one letter %s %s: %q", id, dry, r.errOut)
+			}
 		}
 	}
 	jsonOf(t, op.must(0, "dlq", "ls", "--user", "U", "-o", "json"), &page)

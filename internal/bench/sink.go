@@ -419,7 +419,7 @@ func (s *Sink) sinkHandler() http.Handler {
 		}
 		m, err := chatmsg.Decode(body)
 		if err != nil {
-			// 400: the consumer dead-letters it as invalid_message.
+			// 400: the consumer dead-letters it as handler_rejected.
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}

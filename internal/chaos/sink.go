@@ -134,8 +134,8 @@ func (s *Sink) serve(w http.ResponseWriter, r *http.Request) {
 		err = json.Unmarshal(body, &m)
 	}
 	if err != nil || m.UpstreamMsgID == "" {
-		// 400 makes the consumer dead-letter it as invalid_message: such a
-		// message is visible in the DLQ, not silently accepted.
+		// 400 makes the consumer dead-letter it as handler_rejected: such
+		// a message is visible in the DLQ, not silently accepted.
 		http.Error(w, "sink: undecodable message", http.StatusBadRequest)
 		return
 	}

@@ -86,7 +86,7 @@ type Batch struct {
 	// by the scheduler or another batch, or due now).
 	Gone int `json:"gone"`
 	// IncludeInvalid: the batch retries letters whose reason is never
-	// retried (invalid_message) too.
+	// retried (invalid_message, handler_rejected) too.
 	IncludeInvalid bool   `json:"include_invalid,omitempty"`
 	State          string `json:"state"`
 	// Error is the last store failure while running (it retries).

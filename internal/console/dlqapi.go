@@ -85,7 +85,7 @@ func pathAndReason(r *http.Request, name string, maxLen int) (value, reason stri
 // retryBody is the body of POST /admin/dlq/retry/{id}: the operator's
 // reason, dry_run (decide only: the answer, 200 or 409, is the one the
 // real call would give) and include_invalid (retry a letter whose reason
-// is never retried, e.g. invalid_message; audited).
+// is never retried, invalid_message or handler_rejected; audited).
 type retryBody struct {
 	Reason         string `json:"reason"`
 	DryRun         bool   `json:"dry_run"`
@@ -129,7 +129,7 @@ type batchBody struct {
 	Reason string       `json:"reason"`
 	DryRun bool         `json:"dry_run"`
 	// IncludeInvalid (retry only) retries letters whose reason is never
-	// retried (invalid_message) as well.
+	// retried (invalid_message, handler_rejected) as well.
 	IncludeInvalid bool `json:"include_invalid"`
 	// Unblock (retry only, with filter.user) unblocks the user in the
 	// rate limiter, then retries the user's letters: one audited action.
@@ -166,7 +166,7 @@ type BatchPlan struct {
 	// skips them.
 	AlreadyDone int `json:"already_done"`
 	// NotRetryable letters have a reason that is never retried
-	// (invalid_message): skipped unless include_invalid.
+	// (invalid_message, handler_rejected): skipped unless include_invalid.
 	NotRetryable int `json:"not_retryable"`
 	// Settled letters were retried already (or are done): never again
 	// until their message fails again.

@@ -9,10 +9,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/deadletter"
 )
 
 // memDLQ is an in-memory DLQStore for handler tests. Its Retry rules are
-// the ones the interface documents: unknown ⇒ ErrNotFound, invalid_message
+// the ones the interface documents: unknown ⇒ ErrNotFound, a reason no
+// retry can fix (invalid_message, handler_rejected) without IncludeInvalid
 // or already due now ⇒ ErrConflict.
 type memDLQ struct {
 	mu      sync.Mutex
@@ -122,7 +125,7 @@ func (d *memDLQ) skip(m *DLQMessage, key string, o RetryOptions) string {
 		return ""
 	case m.State == "retried" || m.State == "done":
 		return SkipSettled
-	case m.Reason == "invalid_message" && !o.IncludeInvalid:
+	case !deadletter.IsRecoverable(deadletter.Reason(m.Reason)) && !o.IncludeInvalid:
 		return SkipNotRetryable
 	case m.State == "due" && m.NextRetryTime != nil && !m.NextRetryTime.After(d.now):
 		return SkipBusy

@@ -14,8 +14,9 @@ import (
 // DLQStore is the DLQ Redis index as the admin API uses it.
 //
 // Errors: ErrNotFound for an unknown ID, ErrConflict when the message
-// cannot be retried in its state (already due now, or a reason that can
-// never succeed again such as invalid_message), ErrBadCursor for a cursor
+// cannot be retried in its state (already due now, or a reason no retry
+// can fix, invalid_message or handler_rejected, without IncludeInvalid),
+// ErrBadCursor for a cursor
 // the store did not issue. Any other error is a store failure (503).
 type DLQStore interface {
 	Stats(ctx context.Context) (DLQStats, error)
@@ -79,8 +80,9 @@ type Letter struct {
 const (
 	// SkipDone: its message is done in the dedup store.
 	SkipDone = "done"
-	// SkipNotRetryable: its reason is never retried (invalid_message)
-	// and the retry did not include those (include_invalid).
+	// SkipNotRetryable: its reason is never retried (invalid_message,
+	// handler_rejected) and the retry did not include those
+	// (include_invalid).
 	SkipNotRetryable = "not_retryable"
 	// SkipSettled: retried already, or done: never selected again until
 	// its message fails again.
@@ -95,8 +97,9 @@ const (
 // letter and a batch.
 type RetryOptions struct {
 	DryRun bool
-	// IncludeInvalid retries letters whose reason no retry can fix
-	// (the reason table's non-recoverable rows: invalid_message).
+	// IncludeInvalid retries letters whose reason no retry can fix (the
+	// reason table's non-recoverable rows: invalid_message,
+	// handler_rejected), e.g. once the bot that refused them is fixed.
 	IncludeInvalid bool
 	// Batch is the batch acting ("" for one letter).
 	Batch string

@@ -496,6 +496,9 @@ func tell(m *TimelineMessage) {
 			refused = true
 		case string(deadletter.InvalidMessage):
 			// Refused before the limiter looked at it.
+		case string(deadletter.HandlerRejected):
+			// The bot refused it, after the limiter admitted it.
+			past = true
 		default:
 			past = true
 		}
@@ -553,7 +556,11 @@ func tell(m *TimelineMessage) {
 		b.WriteString("; admitted by the rate limiter")
 	}
 	for _, l := range m.Letters {
-		fmt.Fprintf(&b, "; dead letter %s (%s) %s after %d retr(ies)", l.ID, l.Reason, letterFate(l), l.RetryCount)
+		fmt.Fprintf(&b, "; dead letter %s (%s", l.ID, l.Reason)
+		if l.Reason == string(deadletter.HandlerRejected) {
+			b.WriteString(": the bot refused it for good")
+		}
+		fmt.Fprintf(&b, ") %s after %d retr(ies)", letterFate(l), l.RetryCount)
 	}
 	switch m.Outcome {
 	case OutcomeAnswered:

@@ -57,7 +57,8 @@ func rec(off int64, at time.Time, upstream string, retry bool) TopicRecord {
 }
 
 // timelineFixture: an answered customer, one dead-lettered then recovered,
-// one blocked whose message the limiter refused.
+// one blocked whose message the limiter refused, one whose message the bot
+// refused for good.
 func timelineFixture(t *testing.T) *fixture {
 	t.Helper()
 	src := &memCustomers{
@@ -66,6 +67,7 @@ func timelineFixture(t *testing.T) *fixture {
 			"cust-rec": {rec(30, t0.Add(-3*time.Hour), "rec-1", false), rec(40, t0.Add(-2*time.Hour), "rec-1", true)},
 			"cust-blk": {rec(50, t0.Add(-30*time.Minute), "blk-1", false)},
 			"cust-hum": {rec(60, t0.Add(-20*time.Minute), "hum-1", false)},
+			"cust-rej": {rec(70, t0.Add(-10*time.Minute), "rej-1", false)},
 		},
 		effects: map[string]MessageEffects{
 			"ok-old": {Done: DoneYes, Replies: []ReplyMark{{Key: "wk1:ok-old:0"}}},
@@ -80,6 +82,8 @@ func timelineFixture(t *testing.T) *fixture {
 			FailureTime: t0.Add(-3 * time.Hour), SourcePartition: 2, SourceOffset: 30},
 		DLQMessage{ID: "L-blk", User: "cust-blk", Reason: "rate_limited", State: "due", NextRetryTime: &retryAt,
 			FailureTime: t0.Add(-29 * time.Minute), SourcePartition: 2, SourceOffset: 50},
+		DLQMessage{ID: "L-rej", User: "cust-rej", Reason: "handler_rejected", State: "review",
+			FailureTime: t0.Add(-9 * time.Minute), SourcePartition: 2, SourceOffset: 70},
 	), rl: newMemRL(t0)}
 	f.rdb, f.prefix = testenv.Redis(t)
 	f.rl.block["cust-blk"] = 2 * time.Hour
@@ -183,6 +187,24 @@ func TestTimelineBlocked(t *testing.T) {
 	}
 	if len(tl.Events) == 0 || tl.Events[0].Kind != "block" {
 		t.Fatalf("events: %+v", tl.Events)
+	}
+}
+
+// TestTimelineHandlerRejected: a message the bot refused for good
+// (handler_rejected) was admitted by the limiter, waits in review, and the
+// story says the bot refused it (not that the record is broken).
+func TestTimelineHandlerRejected(t *testing.T) {
+	f := timelineFixture(t)
+	tl := f.timeline(t, "/admin/customers/cust-rej/timeline")
+	if len(tl.Messages) != 1 {
+		t.Fatalf("messages: %+v", tl.Messages)
+	}
+	m := tl.Messages[0]
+	if m.Limiter != "admitted" || m.Outcome != OutcomeInDLQ || m.Processed != DoneNo {
+		t.Fatalf("message: %+v", m)
+	}
+	if !strings.Contains(m.Story, "dead letter L-rej (handler_rejected: the bot refused it for good) waiting for manual review") {
+		t.Fatalf("story: %s", m.Story)
 	}
 }
 

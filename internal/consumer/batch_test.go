@@ -193,7 +193,7 @@ func TestProcessBatchFailureDeadLettersEachMessage(t *testing.T) {
 		wantAttempts int
 	}{
 		{"retried", errors.New("boom"), ReasonDownstreamError, true, 3},
-		{"permanent", handler.Permanent(errors.New("bad")), ReasonInvalidMessage, false, 1},
+		{"permanent", handler.Permanent(errors.New("bad")), ReasonHandlerRejected, false, 1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			st := newMemState()

@@ -15,6 +15,7 @@ import (
 // Reason is the deadletter.Reason of the same name).
 const (
 	ReasonInvalidMessage  = string(deadletter.InvalidMessage)
+	ReasonHandlerRejected = string(deadletter.HandlerRejected)
 	ReasonCircuitOpen     = string(deadletter.CircuitOpen)
 	ReasonRateLimited     = string(deadletter.RateLimited)
 	ReasonUserBlocked     = string(deadletter.UserBlocked)

@@ -33,8 +33,8 @@ import (
 // outage.failure_ratio and come from at least outage.min_users users
 // not judged (see judged: users failing while others are served):
 // a count of calls, not of seconds, so it sees an outage after a few
-// dozen calls at any traffic. Permanent failures (the message is
-// bad) do not count. The decision is per node: each consumer sees its own
+// dozen calls at any traffic. Permanent failures (the handler
+// refused the message) do not count. The decision is per node: each consumer sees its own
 // partitions' users (docs/operations.md, "Downstream outages").
 type gate struct {
 	cfg   config.Outage

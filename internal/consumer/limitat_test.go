@@ -40,6 +40,7 @@ func TestLimitAt(t *testing.T) {
 		{"downstream_error", retry(ReasonDownstreamError), false, time.Time{}},
 		{"process_timeout", retry(ReasonProcessTimeout), false, time.Time{}},
 		{"queue_full", retry(ReasonQueueFull), false, time.Time{}},
+		{"handler_rejected", retry(ReasonHandlerRejected), false, time.Time{}},
 		{"rate_limited", retry(ReasonRateLimited), true, produced},
 		{"user_blocked", retry(ReasonUserBlocked), true, produced},
 		{"circuit_open", retry(ReasonCircuitOpen), true, produced},

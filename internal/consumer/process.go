@@ -142,7 +142,8 @@ func (pr *processor) processBatch(envs []*envelope) {
 			reason := ReasonDownstreamError
 			switch {
 			case handler.IsPermanent(hf.err):
-				reason = ReasonInvalidMessage
+				// The record was fine: the handler refused it for good.
+				reason = ReasonHandlerRejected
 			case hf.timedOut:
 				reason = ReasonProcessTimeout
 			}

@@ -165,7 +165,7 @@ func TestProcessOutcomes(t *testing.T) {
 		}, ReasonDownstreamError, true, 3},
 		{"permanent is not retried", func(*atomic.Int64) HandlerFunc {
 			return func(context.Context, *chatmsg.ChatMessage) error { return handler.Permanent(errors.New("bad")) }
-		}, ReasonInvalidMessage, false, 1},
+		}, ReasonHandlerRejected, false, 1},
 		{"timeout", func(*atomic.Int64) HandlerFunc {
 			return func(ctx context.Context, _ *chatmsg.ChatMessage) error { <-ctx.Done(); return ctx.Err() }
 		}, ReasonProcessTimeout, true, 3},

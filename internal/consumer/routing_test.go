@@ -131,8 +131,14 @@ func TestRoutingByKey(t *testing.T) {
 	byOffset := map[int64]*chatmsg.DeadLetter{}
 	for _, l := range letters {
 		byOffset[l.SourceOffset] = l
-		if string(l.Reason) != ReasonInvalidMessage {
-			t.Fatalf("dead letter %+v, want unrecoverable invalid_message", l)
+		// The undecodable records are invalid_message; the handler's
+		// permanent error (offset 7) is handler_rejected.
+		want := ReasonInvalidMessage
+		if l.SourceOffset == 7 {
+			want = ReasonHandlerRejected
+		}
+		if string(l.Reason) != want {
+			t.Fatalf("dead letter %+v, want unrecoverable %s", l, want)
 		}
 	}
 	if l := byOffset[4]; l == nil || l.UserID != "" || l.Original != nil {

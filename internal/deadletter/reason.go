@@ -12,6 +12,10 @@
 // To add a reason: add a constant and a row to table below, then the row to
 // the reasons table in docs/operations.md; the tests of this package fail
 // until both agree and until no package emits a reason the table lacks.
+// Regenerate docs/config.md (recovery.max_retries lists every reason). A
+// reason that takes a case from another (handler_rejected from
+// invalid_message) also changes whatever names the old one for that case:
+// docs/architecture.md, "Where things go", has the list.
 package deadletter
 
 import (
@@ -32,6 +36,7 @@ const (
 	ProcessTimeout  Reason = "process_timeout"
 	KafkaFailure    Reason = "kafka_failure"
 	InvalidMessage  Reason = "invalid_message"
+	HandlerRejected Reason = "handler_rejected"
 	DownstreamError Reason = "downstream_error"
 	SystemOverload  Reason = "system_overload"
 )
@@ -116,7 +121,8 @@ var table = []Row{
 	{QueueFull, true, 0, ActionDelayedRetry, StrategyBackoff, 5, true, "the user's mailbox is full"},
 	{ProcessTimeout, true, 0, ActionAutoRetry, StrategyBackoff, 5, true, "the handler did not finish within processor.attempt_timeout"},
 	{KafkaFailure, true, 0, ActionAutoRetry, StrategyBackoff, 3, false, "a Kafka write failed (not emitted today; accepted on the wire)"},
-	{InvalidMessage, false, 0, ActionManualReview, StrategyNever, 0, false, "the payload is malformed or too large, or the handler rejected it as invalid"},
+	{InvalidMessage, false, 0, ActionManualReview, StrategyNever, 0, false, "the payload is malformed or too large"},
+	{HandlerRejected, false, 0, ActionManualReview, StrategyNever, 0, true, "the handler refused the message for good (Permanent): no retry can fix it"},
 	{DownstreamError, true, 0, ActionAutoRetry, StrategyBackoff, 5, true, "the handler failed"},
 	{SystemOverload, true, 0, ActionDelayedRetry, StrategyBackoff, 3, false, "the node is overloaded (not emitted today; accepted on the wire)"},
 }

@@ -266,6 +266,7 @@ func TestPlacement(t *testing.T) {
 		{"capped at max", ReasonDownstreamError, 4, false, 16 * time.Minute},
 		{"exhausted goes to review", ReasonRateLimited, 5, true, 0},
 		{"invalid goes to review", ReasonInvalidMessage, 0, true, 0},
+		{"handler rejected goes to review", ReasonHandlerRejected, 0, true, 0},
 		{"blocked waits for the block", ReasonUserBlocked, 0, false, 3*time.Hour + time.Second},
 		{"rate limited, now blocked, waits for the block", ReasonRateLimited, 0, false, 3*time.Hour + time.Second},
 		{"unknown reason default retries", Reason("weird"), 2, false, 4 * time.Minute},

@@ -34,6 +34,7 @@ const (
 	ReasonProcessTimeout  = deadletter.ProcessTimeout
 	ReasonKafkaFailure    = deadletter.KafkaFailure
 	ReasonInvalidMessage  = deadletter.InvalidMessage
+	ReasonHandlerRejected = deadletter.HandlerRejected
 	ReasonDownstreamError = deadletter.DownstreamError
 	ReasonSystemOverload  = deadletter.SystemOverload
 )

@@ -136,7 +136,8 @@ func (b *blocked) CalculateRetryDelay(ctx context.Context, dl *chatmsg.DeadLette
 	return d
 }
 
-// never is for reasons that no retry can fix (invalid_message).
+// never is for reasons that no retry can fix (invalid_message,
+// handler_rejected).
 type never struct{ backoff }
 
 func (never) CanRecover(context.Context, *chatmsg.DeadLetter) bool { return false }

@@ -30,7 +30,8 @@ const (
 	// VerdictGone: the index does not hold the letter (purged, expired).
 	VerdictGone
 	// VerdictNotRetryable: its reason's row says no retry can fix it
-	// (invalid_message) and the retry did not include those.
+	// (invalid_message, handler_rejected) and the retry did not include
+	// those.
 	VerdictNotRetryable
 	// VerdictSettled: retried already (the retry is on the main topic) or
 	// done: a letter is never selected again once re-injected, until its
@@ -83,7 +84,8 @@ type RetryRequest struct {
 	// DryRun decides and changes nothing.
 	DryRun bool
 	// IncludeNotRetryable retries letters whose reason no retry can fix
-	// (the reason table's non-recoverable rows, e.g. invalid_message);
+	// (the reason table's non-recoverable rows: invalid_message,
+	// handler_rejected);
 	// without it they are VerdictNotRetryable.
 	IncludeNotRetryable bool
 	// Batch names the operator batch acting (kept on each letter it

@@ -52,7 +52,7 @@ func eachRetrySelectionDryRunEqualsAction(t *testing.T, rdb redis.UniversalClien
 	}
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d (replay: go test -run TestRetrySelectionDryRunEqualsAction -args -dlq.select-seed %d)", seed, seed)
-	reasons := []Reason{ReasonDownstreamError, ReasonRateLimited, ReasonUserBlocked, ReasonInvalidMessage, ReasonProcessTimeout}
+	reasons := []Reason{ReasonDownstreamError, ReasonRateLimited, ReasonUserBlocked, ReasonInvalidMessage, ReasonHandlerRejected, ReasonProcessTimeout}
 	const rounds = 60
 	for round := range rounds {
 		clk := newClock()
@@ -203,6 +203,47 @@ func expectedVerdict(st letterState, r Reason, incl bool) Verdict {
 		return VerdictBusy
 	}
 	return VerdictRetry
+}
+
+// TestRefusedLettersRetriedOnlyWhenIncluded: a letter the handler refused
+// for good (handler_rejected) is, like an undecodable one
+// (invalid_message), in review and not retried by an operator's retry
+// unless it includes non-retryable reasons; with it, both are requeued (a
+// refusal may be accepted once the bot is fixed).
+func TestRefusedLettersRetriedOnlyWhenIncluded(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	clk := newClock()
+	idx := NewIndex(rdb, prefix, WithClock(clk), WithLetters(mem))
+	pol := NewPolicy(testRecovery())
+	var ids []string
+	for i, r := range []Reason{ReasonHandlerRejected, ReasonInvalidMessage} {
+		dl := deadLetter("u", r, int64(i), clk.Now())
+		pol.Place(ctx, dl)
+		if !dl.ManualReview {
+			t.Fatalf("%s letter not in review", r)
+		}
+		if _, err := indexDL(t, ctx, idx, dl); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, dl.ID)
+	}
+	for _, dry := range []bool{true, false} {
+		vs, err := idx.RetrySelected(ctx, ids, RetryRequest{DryRun: dry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(vs, []Verdict{VerdictNotRetryable, VerdictNotRetryable}) {
+			t.Fatalf("retry without including non-retryable reasons (dry run %v): %v, want not_retryable for both", dry, vs)
+		}
+	}
+	vs, err := idx.RetrySelected(ctx, ids, RetryRequest{IncludeNotRetryable: true, At: clk.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(vs, []Verdict{VerdictRetry, VerdictRetry}) {
+		t.Fatalf("retry including non-retryable reasons: %v, want both retried", vs)
+	}
 }
 
 // TestRetrySelectionConcurrentBatches: two batches (and a dry run) over the

@@ -33,7 +33,8 @@ type HandlerFunc func(ctx context.Context, m *chatmsg.ChatMessage) error
 func (f HandlerFunc) Handle(ctx context.Context, m *chatmsg.ChatMessage) error { return f(ctx, m) }
 
 // Permanent marks err as not retryable: the message goes straight to the
-// DLQ as invalid_message, not recoverable. Permanent(nil) is nil. It is
+// DLQ as handler_rejected (the handler refused it for good; an operator may
+// retry it once the handler is fixed), not recoverable. Permanent(nil) is nil. It is
 // permanent.Mark; a WeChat errcode that retrying cannot fix (kf.Error,
 // wecom.APIError) is permanent without it.
 func Permanent(err error) error { return permanent.Mark(err) }

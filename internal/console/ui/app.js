@@ -445,7 +445,7 @@ async function batch(kind) {
   const dry = await api("POST", path, { filter: f, reason: "console: dry run before " + kind, dry_run: true });
   const skipped = [
     dry.already_done ? `${dry.already_done} already done` : "",
-    dry.not_retryable ? `${dry.not_retryable} never retried (invalid_message)` : "",
+    dry.not_retryable ? `${dry.not_retryable} never retried (invalid_message, handler_rejected)` : "",
     dry.settled ? `${dry.settled} retried already` : "",
     dry.busy ? `${dry.busy} due now` : "",
   ].filter(Boolean).join(", ");
