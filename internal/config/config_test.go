@@ -222,7 +222,13 @@ func TestProducerValidation(t *testing.T) {
 func TestDLQConsumerValidation(t *testing.T) {
 	cases := []struct{ yaml, want string }{
 		{"admin:\n  tokens:\n    - {name: a, token: short, role: operator}\n", "admin.tokens[0].token must be at least 16 characters"},
+		{"admin:\n  tokens:\n    - {name: a, token: 0123456789abcdef, role: operator}\n    - {name: a, token: 0123456789abcdeg, role: viewer}\n", "admin.tokens[1].name \"a\" is used twice"},
+		{"admin:\n  tokens:\n    - {name: a, token: 0123456789abcdef, role: operator}\n    - {name: b, token: 0123456789abcdef, role: viewer}\n", "admin.tokens[1].token is used twice"},
+		{"admin:\n  tokens:\n    - {name: a, token: 0123456789abcdef, role: admin}\n", "admin.tokens[0].role must be one of viewer|operator"},
+		{"admin:\n  batch_rate: 0\n", "admin.batch_rate must be"},
+		{"admin:\n  max_body_bytes: 10\n", "admin.max_body_bytes must be"},
 		{"recovery:\n  max_delay: 1s\n", "recovery.max_delay must be >= recovery.base_delay (1m0s), got 1s"},
+		{"recovery:\n  scan_interval: 30s\n  lock_ttl: 10s\n", "recovery.lock_ttl must be >= recovery.scan_interval (30s), got 10s"},
 		// The index reads letters back from the topic: it may not keep
 		// them longer than the topic does.
 		{"recovery:\n  ttl:\n    queue_full: 192h\n", "recovery.ttl.queue_full 192h0m0s is longer than kafka.topics.dlq.retention_ms (168h0m0s)"},
