@@ -2,7 +2,6 @@ package config
 
 import (
 	"math"
-	"net/url"
 	"strings"
 	"time"
 
@@ -388,7 +387,7 @@ func (c *Consumer) Validate() error {
 		v.nonEmpty("handler.http.url", c.Handler.HTTP.URL)
 	}
 	if c.Handler.Type == "http" && c.Handler.HTTP.URL != "" {
-		if u, err := url.Parse(c.Handler.HTTP.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		if !IsHTTPURL(c.Handler.HTTP.URL) {
 			v.addf("handler.http.url", "must be an http(s) URL, got %q", c.Handler.HTTP.URL)
 		}
 	}

@@ -181,24 +181,17 @@ func (c *Producer) Validate() error {
 // validateClient checks the keys of the WeChat API client the tags
 // cannot.
 func (w WeCom) validateClient(v *validator) {
-	if u, err := url.Parse(w.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if !IsHTTPURL(w.BaseURL) {
 		v.addf("wecom.base_url", "must be an http(s) URL, got %q", w.BaseURL)
 	}
 }
 
-// ValidateTimings reports every sync duration out of its range, by its
-// key; the syncer (package producer) checks the timings it is given with
-// it, so kf-producer's configuration and the syncer share one bound each.
-func (s Sync) ValidateTimings() error {
-	v := &validator{}
-	// The syncer is given the timings only: the other keys are
-	// kf-producer's configuration's to check.
-	var d Sync
-	names.SetDefaults(&d)
-	s.Lock, s.Workers = d.Lock, d.Workers
-	v.boundsAt("sync", s)
-	s.validate(v)
-	return v.err()
+// IsHTTPURL reports whether s is an absolute http or https URL with a
+// host: the rule of wecom.base_url and handler.http.url, which the WeChat
+// client applies to a base URL given in code too.
+func IsHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // validate checks the rule between the sync keys.
