@@ -203,6 +203,10 @@ func TestProducerValidation(t *testing.T) {
 		{"sync:\n  lock:\n    backend: etcd\n", "sync.lock.backend is etcd, which needs coord.enabled: true"},
 		{"idgen:\n  epoch: yesterday\n", "idgen.epoch must be an RFC 3339 time"},
 		{"idgen:\n  sequencer:\n    step: 10\n    max_value: 5\n", "idgen.sequencer.max_value must be 0 (no wrap) or >= idgen.sequencer.step (10), got 5"},
+		// The sequencer counts in Redis Lua, exact up to 2^53 only.
+		{"idgen:\n  sequencer:\n    max_value: 9007199254740993\n", "idgen.sequencer.max_value must be in [0, 9007199254740992], got 9007199254740993"},
+		{"idgen:\n  sequencer:\n    step: 9007199254740993\n", "idgen.sequencer.step must be in [1, 9007199254740992], got 9007199254740993"},
+		{"idgen:\n  sequencer:\n    driver: etcd\n", "idgen.sequencer.driver must be one of redis"},
 		{"sync:\n  retry_base: 1m\n  retry_max: 30s\n", "sync.retry_max must be >= sync.retry_base (1m0s), got 30s"},
 	}
 	base := "callback:\n  token: t\n  encoding_aes_key: " + strings.Repeat("k", 43) + "\nwecom:\n  corp_id: c\n  secret: s\n"

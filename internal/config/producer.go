@@ -129,13 +129,18 @@ type Sequencer struct {
 	// Driver is where sequences live: redis.
 	Driver string `mapstructure:"driver" default:"redis" enum:"redis"`
 	// Step is added per value.
-	Step int64 `mapstructure:"step" default:"1" range:"[1,]"`
+	Step int64 `mapstructure:"step" default:"1" range:"[1, MaxSequenceValue]"`
 	// MaxValue makes a sequence wrap back to step once it would pass it
 	// (values then no longer increase), so at least step; 0 never wraps.
-	MaxValue int64 `mapstructure:"max_value" range:"[0,]"`
+	MaxValue int64 `mapstructure:"max_value" range:"[0, MaxSequenceValue]"`
 	// TTL expires a sequence idle this long; 0 keeps sequences forever.
 	TTL time.Duration `mapstructure:"ttl" default:"24h" range:"[1s,]" zero:"kept forever"`
 }
+
+// MaxSequenceValue bounds idgen.sequencer.step and max_value: the
+// sequencer's arithmetic runs in Redis Lua, whose numbers are doubles,
+// exact only up to 2^53.
+const MaxSequenceValue = 1 << 53
 
 func defaultProducer(env string) Producer {
 	var c Producer
