@@ -203,6 +203,10 @@ func TestProducerValidation(t *testing.T) {
 		{"sync:\n  lock:\n    backend: etcd\n", "sync.lock.backend is etcd, which needs coord.enabled: true"},
 		{"idgen:\n  epoch: yesterday\n", "idgen.epoch must be an RFC 3339 time"},
 		{"idgen:\n  sequencer:\n    step: 10\n    max_value: 5\n", "idgen.sequencer.max_value must be 0 (no wrap) or >= idgen.sequencer.step (10), got 5"},
+		// The sequencer counts in Redis Lua, exact up to 2^53 only.
+		{"idgen:\n  sequencer:\n    max_value: 9007199254740993\n", "idgen.sequencer.max_value must be in [0, 9007199254740992], got 9007199254740993"},
+		{"idgen:\n  sequencer:\n    step: 9007199254740993\n", "idgen.sequencer.step must be in [1, 9007199254740992], got 9007199254740993"},
+		{"idgen:\n  sequencer:\n    driver: etcd\n", "idgen.sequencer.driver must be one of redis"},
 		{"sync:\n  retry_base: 1m\n  retry_max: 30s\n", "sync.retry_max must be >= sync.retry_base (1m0s), got 30s"},
 	}
 	base := "callback:\n  token: t\n  encoding_aes_key: " + strings.Repeat("k", 43) + "\nwecom:\n  corp_id: c\n  secret: s\n"
@@ -222,7 +226,13 @@ func TestProducerValidation(t *testing.T) {
 func TestDLQConsumerValidation(t *testing.T) {
 	cases := []struct{ yaml, want string }{
 		{"admin:\n  tokens:\n    - {name: a, token: short, role: operator}\n", "admin.tokens[0].token must be at least 16 characters"},
+		{"admin:\n  tokens:\n    - {name: a, token: 0123456789abcdef, role: operator}\n    - {name: a, token: 0123456789abcdeg, role: viewer}\n", "admin.tokens[1].name \"a\" is used twice"},
+		{"admin:\n  tokens:\n    - {name: a, token: 0123456789abcdef, role: operator}\n    - {name: b, token: 0123456789abcdef, role: viewer}\n", "admin.tokens[1].token is used twice"},
+		{"admin:\n  tokens:\n    - {name: a, token: 0123456789abcdef, role: admin}\n", "admin.tokens[0].role must be one of viewer|operator"},
+		{"admin:\n  batch_rate: 0\n", "admin.batch_rate must be"},
+		{"admin:\n  max_body_bytes: 10\n", "admin.max_body_bytes must be"},
 		{"recovery:\n  max_delay: 1s\n", "recovery.max_delay must be >= recovery.base_delay (1m0s), got 1s"},
+		{"recovery:\n  scan_interval: 30s\n  lock_ttl: 10s\n", "recovery.lock_ttl must be >= recovery.scan_interval (30s), got 10s"},
 		// The index reads letters back from the topic: it may not keep
 		// them longer than the topic does.
 		{"recovery:\n  ttl:\n    queue_full: 192h\n", "recovery.ttl.queue_full 192h0m0s is longer than kafka.topics.dlq.retention_ms (168h0m0s)"},

@@ -2,7 +2,6 @@ package config
 
 import (
 	"math"
-	"net/url"
 	"strings"
 	"time"
 
@@ -155,8 +154,7 @@ type Overload struct {
 }
 
 // Dedup configures the idempotency keys (I3): the consumer-state store's
-// section, owned by package state (its keys, defaults, bounds and
-// Validate).
+// section, owned by package state (its keys, defaults and bounds).
 type Dedup = state.Settings
 
 // RateLimit configures the per-user sliding-window limiter (package
@@ -381,14 +379,18 @@ func (c *Consumer) Validate() error {
 		v.addf("ops.shutdown_timeout", "is %s, shorter than kafka.consumer.revoke_drain_limit (%s) plus the %s the rest of a stop needs (the cancelled handlers' wait, the group's leave, the fleet's leave): a SIGTERM under load would cancel its handlers before the drain limit or be cut off before it left the fleet; raise ops.shutdown_timeout to at least %s or lower kafka.consumer.revoke_drain_limit",
 			c.Ops.ShutdownTimeout, c.Kafka.Consumer.RevokeDrainLimit, StopReserve, need)
 	}
-	// The dedup section checks itself (package state owns it).
-	v.addErr(c.Dedup.Validate())
+	// The tags (package state's) bound the dedup keys; store is read
+	// only to refuse it.
+	if c.Dedup.Store != "" {
+		v.addf("dedup.store", "is set (%q), but there is one consumer-state store now (per partition) and no choice: delete the key; "+
+			"a deployment of the claims or leases store switches as docs/operations.md says (\"Switching to the per-partition store\")", c.Dedup.Store)
+	}
 	c.RateLimit.validate(v, c.Coord.Enabled)
 	if c.Handler.Type == "http" {
 		v.nonEmpty("handler.http.url", c.Handler.HTTP.URL)
 	}
 	if c.Handler.Type == "http" && c.Handler.HTTP.URL != "" {
-		if u, err := url.Parse(c.Handler.HTTP.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		if !IsHTTPURL(c.Handler.HTTP.URL) {
 			v.addf("handler.http.url", "must be an http(s) URL, got %q", c.Handler.HTTP.URL)
 		}
 	}

@@ -106,6 +106,11 @@ func (c *DLQConsumer) Validate() error {
 	if r.MaxDelay < r.BaseDelay {
 		v.addf("recovery.max_delay", "must be >= recovery.base_delay (%s), got %s", r.BaseDelay, r.MaxDelay)
 	}
+	// The scheduler renews its lock at each scan: a lease shorter than the
+	// scan interval would lapse between two scans.
+	if r.LockTTL < r.ScanInterval {
+		v.addf("recovery.lock_ttl", "must be >= recovery.scan_interval (%s), got %s", r.ScanInterval, r.LockTTL)
+	}
 	for _, k := range sortedKeys(r.MaxRetries) {
 		// A mistyped reason would otherwise be ignored and its reason
 		// keep the default.
@@ -129,12 +134,20 @@ func (c *DLQConsumer) Validate() error {
 	}
 	v.nonEmpty("admin.addr", c.Admin.Addr)
 	v.nonEmpty("admin.consumer_group", c.Admin.ConsumerGroup)
+	names, tokens := map[string]bool{}, map[string]bool{}
 	for i, t := range c.Admin.Tokens {
 		key := "admin.tokens[" + itoa(i) + "]"
 		v.nonEmpty(key+".name", t.Name)
+		if t.Name != "" && names[t.Name] {
+			v.addf(key+".name", "%q is used twice: audit entries would not say who", t.Name)
+		}
+		names[t.Name] = true
 		if len(t.Token) < 16 {
 			v.addf(key+".token", "must be at least 16 characters, got %d", len(t.Token))
+		} else if tokens[t.Token] {
+			v.addf(key+".token", "is used twice")
 		}
+		tokens[t.Token] = true
 	}
 	c.RateLimit.validate(v, c.Coord.Enabled)
 	return v.err()

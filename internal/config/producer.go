@@ -129,13 +129,18 @@ type Sequencer struct {
 	// Driver is where sequences live: redis.
 	Driver string `mapstructure:"driver" default:"redis" enum:"redis"`
 	// Step is added per value.
-	Step int64 `mapstructure:"step" default:"1" range:"[1,]"`
+	Step int64 `mapstructure:"step" default:"1" range:"[1, MaxSequenceValue]"`
 	// MaxValue makes a sequence wrap back to step once it would pass it
 	// (values then no longer increase), so at least step; 0 never wraps.
-	MaxValue int64 `mapstructure:"max_value" range:"[0,]"`
+	MaxValue int64 `mapstructure:"max_value" range:"[0, MaxSequenceValue]"`
 	// TTL expires a sequence idle this long; 0 keeps sequences forever.
 	TTL time.Duration `mapstructure:"ttl" default:"24h" range:"[1s,]" zero:"kept forever"`
 }
+
+// MaxSequenceValue bounds idgen.sequencer.step and max_value: the
+// sequencer's arithmetic runs in Redis Lua, whose numbers are doubles,
+// exact only up to 2^53.
+const MaxSequenceValue = 1 << 53
 
 func defaultProducer(env string) Producer {
 	var c Producer
@@ -181,24 +186,17 @@ func (c *Producer) Validate() error {
 // validateClient checks the keys of the WeChat API client the tags
 // cannot.
 func (w WeCom) validateClient(v *validator) {
-	if u, err := url.Parse(w.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if !IsHTTPURL(w.BaseURL) {
 		v.addf("wecom.base_url", "must be an http(s) URL, got %q", w.BaseURL)
 	}
 }
 
-// ValidateTimings reports every sync duration out of its range, by its
-// key; the syncer (package producer) checks the timings it is given with
-// it, so kf-producer's configuration and the syncer share one bound each.
-func (s Sync) ValidateTimings() error {
-	v := &validator{}
-	// The syncer is given the timings only: the other keys are
-	// kf-producer's configuration's to check.
-	var d Sync
-	names.SetDefaults(&d)
-	s.Lock, s.Workers = d.Lock, d.Workers
-	v.boundsAt("sync", s)
-	s.validate(v)
-	return v.err()
+// IsHTTPURL reports whether s is an absolute http or https URL with a
+// host: the rule of wecom.base_url and handler.http.url, which the WeChat
+// client applies to a base URL given in code too.
+func IsHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // validate checks the rule between the sync keys.

@@ -19,6 +19,7 @@ var names = schema.Names{
 	"MaxWindowSeconds":             MaxWindowSeconds,
 	"MaxBlockHours":                MaxBlockHours,
 	"maxRateCount":                 maxRateCount,
+	"MaxSequenceValue":             MaxSequenceValue,
 }.With(state.Names)
 
 // validator collects every rule violation so that one start attempt reports

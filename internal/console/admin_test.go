@@ -516,36 +516,6 @@ func TestAuthenticatorPicksTheMatchingToken(t *testing.T) {
 	}
 }
 
-func TestConfigValidate(t *testing.T) {
-	good := Config{Tokens: testTokens(), MaxBodyBytes: 4096}
-	if err := good.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	cases := []struct {
-		name string
-		mod  func(c *Config)
-		want string
-	}{
-		{"body too small", func(c *Config) { c.MaxBodyBytes = 10 }, "admin.max_body_bytes"},
-		{"short token", func(c *Config) { c.Tokens[0].Token = "short" }, "admin.tokens[0].token"},
-		{"bad role", func(c *Config) { c.Tokens[1].Role = "admin" }, "admin.tokens[1].role"},
-		{"no name", func(c *Config) { c.Tokens[1].Name = "" }, "admin.tokens[1].name"},
-		{"duplicate name", func(c *Config) { c.Tokens[1].Name = "alice" }, "admin.tokens[1].name"},
-		{"duplicate token", func(c *Config) { c.Tokens[1].Token = operatorToken }, "admin.tokens[1].token"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := good
-			c.Tokens = testTokens()
-			tc.mod(&c)
-			err := c.Validate()
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("err = %v, want it to name %s", err, tc.want)
-			}
-		})
-	}
-}
-
 func TestConsoleIsServedWithoutToken(t *testing.T) {
 	f := newFixture(t)
 	for path, want := range map[string]string{

@@ -2,7 +2,6 @@ package dlq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -21,19 +20,6 @@ type ConsumerConfig struct {
 	// CommitEvery commits after this many indexed records (default 100);
 	// an idle poll, a revoke and shutdown commit too.
 	CommitEvery int
-}
-
-// Validate names the first invalid key.
-func (c ConsumerConfig) Validate() error {
-	switch {
-	case c.Kafka.Brokers == "":
-		return errors.New("kafka.brokers must not be empty")
-	case c.Kafka.Topics.DLQ.Name == "":
-		return errors.New("kafka.topics.dlq.name must not be empty")
-	case c.Kafka.Consumer.GroupID == "":
-		return errors.New("kafka.consumer.group_id must not be empty")
-	}
-	return nil
 }
 
 // Consumer reads the DLQ topic into the Index. Records
@@ -62,9 +48,6 @@ type consumerMetrics struct {
 // NewConsumer builds a DLQ consumer; Run runs it. Options: WithLogger,
 // WithRegisterer, WithClock.
 func NewConsumer(cfg ConsumerConfig, idx *Index, policy *Policy, opts ...Option) (*Consumer, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	if cfg.CommitEvery <= 0 {
 		cfg.CommitEvery = 100
 	}

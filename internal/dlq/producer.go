@@ -35,27 +35,6 @@ type ProducerConfig struct {
 	DLQ   config.DLQ
 }
 
-// Validate names the first invalid key.
-func (c ProducerConfig) Validate() error {
-	switch {
-	case c.Kafka.Brokers == "":
-		return errors.New("kafka.brokers must not be empty")
-	case c.Kafka.Topics.DLQ.Name == "":
-		return errors.New("kafka.topics.dlq.name must not be empty")
-	case c.DLQ.EmergencyFile == "":
-		return errors.New("dlq.emergency_file must not be empty")
-	case c.DLQ.ProduceTimeout <= 0:
-		return fmt.Errorf("dlq.produce_timeout must be > 0, got %s", c.DLQ.ProduceTimeout)
-	case c.DLQ.BreakerFailures < 1:
-		return fmt.Errorf("dlq.breaker_failures must be >= 1, got %d", c.DLQ.BreakerFailures)
-	case c.DLQ.BreakerOpen <= 0:
-		return fmt.Errorf("dlq.breaker_open must be > 0, got %s", c.DLQ.BreakerOpen)
-	case c.DLQ.ReplayInterval < 0:
-		return fmt.Errorf("dlq.replay_interval must be >= 0, got %s", c.DLQ.ReplayInterval)
-	}
-	return nil
-}
-
 // Producer sends dead letters to the DLQ topic (I6). A dead letter is
 // durable when Kafka acknowledged it (acks=all, idempotent) or, when Kafka
 // fails, times out or the producer's own breaker is open, when it was
@@ -125,9 +104,6 @@ func newProducerMetrics(reg prometheus.Registerer) producerMetrics {
 // NewProducer connects the DLQ producer and starts its delivery loop,
 // emergency writer and (when dlq.replay_interval > 0) replayer.
 func NewProducer(cfg ProducerConfig, opts ...Option) (*Producer, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	o := buildOptions(opts)
 	em, err := openEmergencyFile(cfg.DLQ.EmergencyFile)
 	if err != nil {

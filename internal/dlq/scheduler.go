@@ -37,28 +37,6 @@ type SchedulerConfig struct {
 	Batch int
 }
 
-// Validate names the first invalid key.
-func (c SchedulerConfig) Validate() error {
-	switch {
-	case c.Kafka.Brokers == "":
-		return errors.New("kafka.brokers must not be empty")
-	case c.Kafka.Topics.Main.Name == "":
-		return errors.New("kafka.topics.main.name must not be empty")
-	case c.Recovery.ScanInterval <= 0:
-		return fmt.Errorf("recovery.scan_interval must be > 0, got %s", c.Recovery.ScanInterval)
-	case c.Recovery.LockTTL < c.Recovery.ScanInterval:
-		return fmt.Errorf("recovery.lock_ttl %s must be >= recovery.scan_interval %s", c.Recovery.LockTTL, c.Recovery.ScanInterval)
-	case c.Recovery.BaseDelay <= 0:
-		return fmt.Errorf("recovery.base_delay must be > 0, got %s", c.Recovery.BaseDelay)
-	}
-	if c.RateLimit.Enabled {
-		if _, ok := c.RateLimit.Groups[c.RateLimit.DefaultGroup]; !ok {
-			return fmt.Errorf("rate_limit.default_group must name a group in rate_limit.groups, got %q", c.RateLimit.DefaultGroup)
-		}
-	}
-	return nil
-}
-
 // Scheduler sends due retries back to the main topic. Only
 // the replica holding the Redis lock scans; each due entry is also claimed
 // with a lease in Redis, so even two scanners never send it twice, and an
@@ -123,9 +101,6 @@ func newReviewGauge(reg prometheus.Registerer) prometheus.Gauge {
 // NewScheduler builds a scheduler; Start runs it. Options: WithLogger,
 // WithRegisterer, WithClock, WithEventSink.
 func NewScheduler(cfg SchedulerConfig, rdb redis.UniversalClient, idx *Index, policy *Policy, opts ...Option) (*Scheduler, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	if cfg.Batch <= 0 {
 		cfg.Batch = 500
 	}

@@ -25,7 +25,8 @@ type Allocator interface {
 	Stop(ctx context.Context) error
 }
 
-// AllocatorConfig configures both allocator backends.
+// AllocatorConfig configures both allocator backends: idgen.allocator
+// (AllocatorFromConfig), which internal/config checked when it loaded.
 type AllocatorConfig struct {
 	// Prefix starts every key: Redis keys are Prefix+"idgen:worker:{id}",
 	// etcd keys Prefix+"idgen/worker/{id}".
@@ -46,21 +47,6 @@ func (c *AllocatorConfig) setDefaults() {
 	if c.Owner == "" {
 		c.Owner = defaultOwner()
 	}
-}
-
-// Validate reports the first invalid field, naming its config key. The etcd
-// backend also needs TTL >= 1s (leases count whole seconds).
-func (c AllocatorConfig) Validate() error { return c.validate(time.Millisecond) }
-
-// validate is Validate with the backend's smallest usable TTL.
-func (c AllocatorConfig) validate(minTTL time.Duration) error {
-	if c.MaxID <= 0 || c.MaxID > maxWorker10+1 {
-		return fmt.Errorf("idgen.allocator.max_id must be in [1, %d], got %d", maxWorker10+1, c.MaxID)
-	}
-	if c.TTL < minTTL {
-		return fmt.Errorf("idgen.allocator.ttl must be >= %s, got %s", minTTL, c.TTL)
-	}
-	return nil
 }
 
 func defaultOwner() string {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -43,12 +42,6 @@ var _ Allocator = (*EtcdAllocator)(nil)
 // not apply (p's namespace, keep-alive and owner do). Options: WithLogger,
 // WithRegisterer.
 func NewEtcdAllocator(p *coord.Provider, cfg AllocatorConfig, opts ...Option) (*EtcdAllocator, error) {
-	if cfg.TTL == 0 {
-		cfg.TTL = time.Second // not used: the lease is the provider's
-	}
-	if err := cfg.validate(time.Millisecond); err != nil {
-		return nil, err
-	}
 	if p == nil {
 		return nil, errors.New("idgen: etcd allocator needs a coord provider")
 	}

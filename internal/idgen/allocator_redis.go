@@ -71,9 +71,6 @@ func NewRedisAllocator(client redis.UniversalClient, cfg AllocatorConfig, opts .
 		return nil, errors.New("idgen: redis allocator needs a client")
 	}
 	cfg.setDefaults()
-	if err := cfg.validate(time.Millisecond); err != nil {
-		return nil, err
-	}
 	o := buildOptions(opts)
 	m, err := newMetrics(o.reg)
 	if err != nil {

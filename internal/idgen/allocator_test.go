@@ -327,45 +327,6 @@ func idOf(a Allocator) (int, bool) {
 	return a.(interface{ ID() (int, bool) }).ID()
 }
 
-func TestAllocatorConfigValidation(t *testing.T) {
-	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
-	defer rc.Close()
-	tests := []struct {
-		name    string
-		cfg     AllocatorConfig
-		wantErr string // "" = valid
-		etcd    bool   // the etcd backend refuses it too (its TTL is coord's)
-	}{
-		{"ok", AllocatorConfig{MaxID: 1024, TTL: time.Second}, "", false},
-		{"max_id 0", AllocatorConfig{MaxID: 0, TTL: time.Second}, "idgen.allocator.max_id must be in [1, 1024], got 0", true},
-		{"max_id 1025", AllocatorConfig{MaxID: 1025, TTL: time.Second}, "idgen.allocator.max_id must be in [1, 1024], got 1025", true},
-		{"ttl 0", AllocatorConfig{MaxID: 1, TTL: 0}, "idgen.allocator.ttl must be >=", false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, rerr := NewRedisAllocator(rc, tt.cfg)
-			if tt.wantErr == "" && rerr != nil {
-				t.Errorf("redis: unexpected error %v", rerr)
-			}
-			if tt.wantErr != "" && (rerr == nil || !strings.Contains(rerr.Error(), tt.wantErr)) {
-				t.Errorf("redis: error %v, want it to contain %q", rerr, tt.wantErr)
-			}
-			// The etcd backend checks the config before it needs its
-			// provider: a nil one is the error of a valid config.
-			_, eerr := NewEtcdAllocator(nil, tt.cfg)
-			want := "needs a coord provider"
-			if tt.etcd {
-				want = tt.wantErr
-			}
-			if eerr == nil || !strings.Contains(eerr.Error(), want) {
-				t.Errorf("etcd: error %v, want it to contain %q", eerr, want)
-			}
-		})
-	}
-}
-
-// crashedHolderFreed: a holder that stops renewing without Stop loses its
-// id after the TTL, and the id is reused.
 func crashedHolderFreed(t *testing.T, b allocBackend) {
 	ctx := context.Background()
 	a := b.newAlloc(t, 1, b.ttl)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kfpipe/kfpipe/internal/config"
 )
 
 // incrScript adds ARGV[1] to KEYS[1]; past a max ARGV[2] > 0 the sequence
@@ -40,15 +42,15 @@ return 1`)
 
 // maxExactValue bounds MaxValue and Set: Redis Lua numbers are doubles,
 // exact only up to 2^53.
-const maxExactValue = 1 << 53
+const maxExactValue = config.MaxSequenceValue
 
 // MaxBatch bounds NextBatch's n, and so the slice it allocates.
 const MaxBatch = 1 << 20
 
-// SequencerConfig configures a Sequencer.
+// SequencerConfig configures a Sequencer: idgen.sequencer
+// (SequencerFromConfig), which internal/config checked when it loaded.
 type SequencerConfig struct {
-	// Driver must be "redis" (empty means redis); it exists so that
-	// configuration naming another backend fails loudly.
+	// Driver is "redis" (empty means redis), the one backend.
 	Driver string
 	// Prefix starts every key: Prefix+"seq:"+key.
 	Prefix string
@@ -70,23 +72,6 @@ func (c *SequencerConfig) setDefaults() {
 	}
 }
 
-// Validate reports the first invalid field, naming its config key.
-func (c SequencerConfig) Validate() error {
-	switch {
-	case c.Driver != "redis":
-		return fmt.Errorf("idgen.sequencer.driver must be redis, got %q", c.Driver)
-	case c.Step < 1 || c.Step > maxExactValue:
-		return fmt.Errorf("idgen.sequencer.step must be in [1, %d], got %d", int64(maxExactValue), c.Step)
-	case c.MaxValue < 0 || c.MaxValue > maxExactValue:
-		return fmt.Errorf("idgen.sequencer.max_value must be in [0, %d] (0 = no wrap), got %d", int64(maxExactValue), c.MaxValue)
-	case c.MaxValue > 0 && c.MaxValue < c.Step:
-		return fmt.Errorf("idgen.sequencer.max_value must be >= idgen.sequencer.step (%d), got %d", c.Step, c.MaxValue)
-	case c.TTL < 0 || (c.TTL > 0 && c.TTL < time.Millisecond):
-		return fmt.Errorf("idgen.sequencer.ttl must be 0 or >= 1ms, got %s", c.TTL)
-	}
-	return nil
-}
-
 // Sequencer hands out increasing values per key from Redis; different keys
 // are independent. Safe for concurrent use by any number of processes.
 type Sequencer struct {
@@ -98,9 +83,6 @@ type Sequencer struct {
 // NewSequencer returns a Sequencer. Options: WithRegisterer.
 func NewSequencer(client redis.UniversalClient, cfg SequencerConfig, opts ...Option) (*Sequencer, error) {
 	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	if client == nil {
 		return nil, errors.New("idgen: sequencer needs a redis client")
 	}

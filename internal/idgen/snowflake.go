@@ -49,25 +49,6 @@ type SnowflakeConfig struct {
 	WorkerID int
 }
 
-// Validate reports the first invalid field, naming its config key.
-func (c SnowflakeConfig) Validate() error {
-	if c.Epoch.IsZero() {
-		return fmt.Errorf("idgen.epoch must be set")
-	}
-	if c.DatacenterID < 0 || c.DatacenterID > maxHalfNode {
-		return fmt.Errorf("idgen.datacenter_id must be in [0, %d], got %d", maxHalfNode, c.DatacenterID)
-	}
-	maxWorker := maxWorker10
-	if c.DatacenterID > 0 {
-		maxWorker = maxHalfNode
-	}
-	if c.WorkerID < 0 || c.WorkerID > maxWorker {
-		return fmt.Errorf("idgen.worker_id must be in [0, %d] when idgen.datacenter_id is %d, got %d",
-			maxWorker, c.DatacenterID, c.WorkerID)
-	}
-	return nil
-}
-
 // Generator issues Snowflake IDs. It is safe for concurrent use and takes no
 // lock: the last timestamp and sequence live in one atomic word updated by
 // compare-and-swap.
@@ -85,9 +66,6 @@ type Generator struct {
 
 // New returns a Generator for cfg. Options: WithClock, WithRegisterer.
 func New(cfg SnowflakeConfig, opts ...Option) (*Generator, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	o := buildOptions(opts)
 	m, err := newMetrics(o.reg)
 	if err != nil {

@@ -42,7 +42,10 @@ func mustNext(t *testing.T, g *Generator) Parts {
 	return p
 }
 
-func TestSnowflakeConfigValidate(t *testing.T) {
+// TestNewChecksTheLayout: the generator refuses an epoch out of its 41
+// bits and a node its layout has no bits for (the idgen section's keys are
+// internal/config's to check; the worker ID is the allocator's).
+func TestNewChecksTheLayout(t *testing.T) {
 	tests := []struct {
 		name    string
 		cfg     SnowflakeConfig
@@ -51,11 +54,11 @@ func TestSnowflakeConfigValidate(t *testing.T) {
 		{"10-bit worker max", SnowflakeConfig{Epoch: testEpoch, WorkerID: 1023}, ""},
 		{"5+5 max", SnowflakeConfig{Epoch: testEpoch, DatacenterID: 31, WorkerID: 31}, ""},
 		{"no epoch", SnowflakeConfig{WorkerID: 1}, "idgen.epoch"},
-		{"10-bit worker too big", SnowflakeConfig{Epoch: testEpoch, WorkerID: 1024}, "idgen.worker_id must be in [0, 1023]"},
-		{"5+5 worker too big", SnowflakeConfig{Epoch: testEpoch, DatacenterID: 1, WorkerID: 32}, "idgen.worker_id must be in [0, 31]"},
-		{"datacenter too big", SnowflakeConfig{Epoch: testEpoch, DatacenterID: 32}, "idgen.datacenter_id must be in [0, 31]"},
-		{"negative worker", SnowflakeConfig{Epoch: testEpoch, WorkerID: -1}, "idgen.worker_id"},
-		{"negative datacenter", SnowflakeConfig{Epoch: testEpoch, DatacenterID: -1}, "idgen.datacenter_id"},
+		{"10-bit worker too big", SnowflakeConfig{Epoch: testEpoch, WorkerID: 1024}, "worker in [0, 1023], got 0/1024"},
+		{"5+5 worker too big", SnowflakeConfig{Epoch: testEpoch, DatacenterID: 1, WorkerID: 32}, "datacenter and worker in [0, 31], got 1/32"},
+		{"datacenter too big", SnowflakeConfig{Epoch: testEpoch, DatacenterID: 32}, "datacenter and worker in [0, 31], got 32/0"},
+		{"negative worker", SnowflakeConfig{Epoch: testEpoch, WorkerID: -1}, "worker in [0, 1023], got 0/-1"},
+		{"negative datacenter", SnowflakeConfig{Epoch: testEpoch, DatacenterID: -1}, "worker in [0, 1023], got -1/0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

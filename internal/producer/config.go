@@ -1,15 +1,14 @@
 package producer
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config"
 )
 
 // SyncerConfig configures a Syncer. Most fields come from config.Producer
-// (see SyncerConfigFrom); MaxPending and TokenTTL are this package's own.
+// (see SyncerConfigFrom), which checked them when it loaded; MaxPending and
+// TokenTTL are this package's own.
 type SyncerConfig struct {
 	Topic          string        // kafka.topics.main.name
 	KeyPrefix      string        // redis.key_prefix
@@ -54,38 +53,4 @@ func (c *SyncerConfig) setDefaults() {
 	if c.TokenTTL == 0 {
 		c.TokenTTL = 9 * time.Minute
 	}
-}
-
-// Validate reports every invalid field by its config key.
-func (c SyncerConfig) Validate() error {
-	var errs []error
-	add := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s %s", key, fmt.Sprintf(format, args...)))
-	}
-	if c.Topic == "" {
-		add("kafka.topics.main.name", "must not be empty")
-	}
-	for i, kf := range c.OpenKfIDs {
-		if kf == "" {
-			add(fmt.Sprintf("wecom.open_kfids[%d]", i), "must not be empty")
-		}
-	}
-	if c.PageLimit < 1 || c.PageLimit > 1000 {
-		add("wecom.page_limit", "must be in [1, 1000], got %d", c.PageLimit)
-	}
-	// The sync timings have one bound each, kf-producer's configuration's.
-	if err := (config.Sync{LockTTL: c.LockTTL, SafetyInterval: c.SafetyInterval, RetryBase: c.RetryBase,
-		RetryMax: c.RetryMax, DeliveryWait: c.DeliveryWait}).ValidateTimings(); err != nil {
-		errs = append(errs, err)
-	}
-	if c.TokenTTL < 0 || c.TokenTTL > 10*time.Minute {
-		add("sync.token_ttl", "must be in [0s, 10m0s], got %s", c.TokenTTL)
-	}
-	if c.Workers < 1 || c.Workers > 1024 {
-		add("sync.workers", "must be in [1, 1024], got %d", c.Workers)
-	}
-	if c.MaxPending < 1 {
-		add("sync.max_pending", "must be >= 1, got %d", c.MaxPending)
-	}
-	return errors.Join(errs...)
 }

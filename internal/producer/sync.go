@@ -240,12 +240,9 @@ func newSyncMetrics(reg prometheus.Registerer) syncMetrics {
 	return m
 }
 
-// NewSyncer checks cfg and deps; Start begins syncing.
+// NewSyncer checks deps; Start begins syncing.
 func NewSyncer(cfg SyncerConfig, d SyncerDeps, opts ...Option) (*Syncer, error) {
 	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("syncer config: %w", err)
-	}
 	if d.Source == nil || d.Locker == nil || d.State == nil || d.Publisher == nil || d.IDs == nil {
 		return nil, errors.New("syncer: Source, Locker, State, Publisher and IDs are required")
 	}

@@ -528,30 +528,6 @@ func TestBackoff(t *testing.T) {
 	}
 }
 
-func TestSyncerConfigValidate(t *testing.T) {
-	for _, tt := range []struct {
-		key    string
-		mutate func(*SyncerConfig)
-	}{
-		{"kafka.topics.main.name", func(c *SyncerConfig) { c.Topic = "" }},
-		{"wecom.page_limit", func(c *SyncerConfig) { c.PageLimit = 1001 }},
-		{"wecom.open_kfids[1]", func(c *SyncerConfig) { c.OpenKfIDs = []string{"a", ""} }},
-		{"sync.retry_max", func(c *SyncerConfig) { c.RetryMax = c.RetryBase / 2 }},
-		{"sync.workers", func(c *SyncerConfig) { c.Workers = 0 }},
-		{"sync.lock_ttl", func(c *SyncerConfig) { c.LockTTL = 0 }},
-	} {
-		c := unitCfg()
-		c.setDefaults()
-		if err := c.Validate(); err != nil {
-			t.Fatalf("base config invalid: %v", err)
-		}
-		tt.mutate(&c)
-		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tt.key) {
-			t.Errorf("Validate() = %v, want an error naming %s", err, tt.key)
-		}
-	}
-}
-
 // TestPermanentErrorNotRetriedInALoop: sync_msg answers 95000 (the account
 // is not this corp's). The sync stops at once instead of retrying every
 // few seconds while holding the lock, triggers are suppressed during the

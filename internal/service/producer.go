@@ -203,9 +203,6 @@ func (p *Producer) startCallback(cfg *config.Producer, base *daemon.Base, opts .
 	}
 	hcfg := wecom.CallbackConfig{MaxBodyBytes: int64(cfg.Callback.MaxBodyBytes), TimestampWindow: cfg.Callback.TimestampWindow,
 		ReplayWindow: cfg.Callback.ReplayWindow}
-	if err := hcfg.Validate(); err != nil {
-		return fmt.Errorf("callback: %w", err)
-	}
 	if base.Ops != nil {
 		base.Ops.AddDetail("sync", p.Syncer.Failing)
 	}

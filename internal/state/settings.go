@@ -1,8 +1,6 @@
 package state
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/kfpipe/kfpipe/internal/config/schema"
@@ -39,8 +37,8 @@ var Names = schema.Names{
 // It is the schedule-consumer's dedup section, owned here with its
 // defaults and bounds (the tags; docs/config.md is generated from them);
 // internal/config composes it into the daemon's configuration
-// (config.Dedup), and Config takes its values with what the program
-// supplies (the client, the owner).
+// (config.Dedup) and checks it there, and Config takes its values with
+// what the program supplies (the client, the owner).
 type Settings struct {
 	// TTL is how long a message's done mark is kept after it was written:
 	// at least WeChat's re-pull window (3 days) plus the DLQ's longest
@@ -77,18 +75,4 @@ type Settings struct {
 	// only saves the first slots of a busy new partition from oversized
 	// sets, and a changed value changes no existing partition.
 	Buckets int `mapstructure:"buckets" default:"state.DefaultBuckets" range:"[1, state.MaxBuckets]"`
-}
-
-// Validate reports every setting out of its bounds, each by its dedup.*
-// key, and a store that is still set.
-func (s Settings) Validate() error {
-	var errs []error
-	if err := Names.Check("dedup", s); err != nil {
-		errs = append(errs, err)
-	}
-	if s.Store != "" {
-		errs = append(errs, fmt.Errorf("dedup.store is set (%q), but there is one consumer-state store now (per partition) and no choice: delete the key; "+
-			"a deployment of the claims or leases store switches as docs/operations.md says (\"Switching to the per-partition store\")", s.Store))
-	}
-	return errors.Join(errs...)
 }

@@ -113,23 +113,6 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate reports a configuration error naming the field.
-func (c Config) Validate() error {
-	switch {
-	case c.Client == nil:
-		return errors.New("state: Client is required")
-	case c.Lease < 100*time.Millisecond:
-		return fmt.Errorf("state: Lease must be at least 100ms, got %s", c.Lease)
-	case c.TTL < time.Minute:
-		return fmt.Errorf("state: TTL must be at least 1m, got %s", c.TTL)
-	case c.Slot < time.Second || c.Slot%time.Second != 0:
-		return fmt.Errorf("state: Slot must be a whole number of seconds, at least 1s, got %s", c.Slot)
-	case c.Buckets < 1 || c.Buckets > MaxBuckets:
-		return fmt.Errorf("state: Buckets must be in [1, %d], got %d", MaxBuckets, c.Buckets)
-	}
-	return nil
-}
-
 // SuggestBuckets returns the buckets per partition and slot that keep a
 // bucket under ~400 members (room below MaxIntset for bursts) at rate
 // messages per second over partitions partitions.
@@ -158,8 +141,13 @@ type Store struct {
 // unreachable within ctx.
 func New(ctx context.Context, cfg Config) (*Store, error) {
 	cfg.setDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	// Lease, TTL and Buckets are dedup.*, which internal/config checked
+	// when the configuration loaded; these two are the program's.
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("state: Client is required")
+	case cfg.Slot < time.Second || cfg.Slot%time.Second != 0:
+		return nil, fmt.Errorf("state: Slot must be a whole number of seconds, at least 1s, got %s", cfg.Slot)
 	}
 	for _, s := range []*redis.Script{acquireScript, renewScript, releaseScript, markScript, relayoutScript, claimScript} {
 		if err := s.Load(ctx, cfg.Client).Err(); err != nil {

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
+	"github.com/kfpipe/kfpipe/internal/config"
 )
 
 // MaxSyncLimit is the largest page sync_msg returns.
@@ -51,7 +52,10 @@ type ClientConfig struct {
 	Timeout time.Duration
 }
 
-// Validate reports the first invalid field, named by its config key.
+// Validate reports the first invalid field, named by its config key. The
+// daemons' client settings were checked when the configuration loaded;
+// this checks a ClientConfig built in code (package kf's New), with
+// internal/config's rule for the base URL.
 func (c ClientConfig) Validate() error {
 	switch {
 	case strings.TrimSpace(c.BaseURL) == "":
@@ -63,8 +67,7 @@ func (c ClientConfig) Validate() error {
 	case c.Timeout < 0:
 		return fmt.Errorf("wecom.request_timeout must be >= 0, got %s", c.Timeout)
 	}
-	u, err := url.Parse(c.BaseURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if !config.IsHTTPURL(c.BaseURL) {
 		return fmt.Errorf("wecom.base_url must be an http(s) URL, got %q", c.BaseURL)
 	}
 	return nil

@@ -32,19 +32,6 @@ type CallbackConfig struct {
 	Clock func() time.Time
 }
 
-// Validate reports the first invalid field, named by its config key.
-func (c CallbackConfig) Validate() error {
-	switch {
-	case c.MaxBodyBytes < 0:
-		return fmt.Errorf("callback.max_body_bytes must be >= 0, got %d", c.MaxBodyBytes)
-	case c.TimestampWindow < 0:
-		return fmt.Errorf("callback.timestamp_window must be >= 0, got %s", c.TimestampWindow)
-	case c.ReplayWindow < 0:
-		return fmt.Errorf("callback.replay_window must be >= 0, got %s", c.ReplayWindow)
-	}
-	return nil
-}
-
 // ReplayCache remembers callback identities. FirstSeen records key for ttl
 // and reports whether it was not already recorded; an error means the
 // answer is unknown.
@@ -138,14 +125,11 @@ const defaultMaxBodyBytes = 1 << 20
 // NewCallbackHandler returns the callback handler. GET answers WeChat's URL
 // verification; POST verifies, decrypts and parses an event, calls trigger
 // for kf_msg_or_event and answers "success". replay may be nil (no replay
-// detection). It panics when crypto or trigger is nil or cfg is invalid:
-// those are wiring mistakes, and callers validate configuration first.
+// detection). It panics when crypto or trigger is nil: a wiring mistake.
+// cfg comes from the callback section, which internal/config checked.
 func NewCallbackHandler(cfg CallbackConfig, crypto *Crypto, replay ReplayCache, trigger TriggerFunc, opts ...HandlerOption) *CallbackHandler {
 	if crypto == nil || trigger == nil {
 		panic("wecom: NewCallbackHandler needs a Crypto and a trigger")
-	}
-	if err := cfg.Validate(); err != nil {
-		panic("wecom: " + err.Error())
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = defaultMaxBodyBytes

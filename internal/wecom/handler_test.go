@@ -403,24 +403,6 @@ func TestCallbackSenderVerifyURL(t *testing.T) {
 	}
 }
 
-func TestCallbackConfigValidate(t *testing.T) {
-	tests := []struct {
-		cfg  wecom.CallbackConfig
-		want string
-	}{
-		{wecom.CallbackConfig{MaxBodyBytes: -1}, "callback.max_body_bytes"},
-		{wecom.CallbackConfig{TimestampWindow: -time.Second}, "callback.timestamp_window"},
-		{wecom.CallbackConfig{ReplayWindow: -time.Second}, "callback.replay_window"},
-		{wecom.CallbackConfig{}, ""},
-	}
-	for _, tt := range tests {
-		err := tt.cfg.Validate()
-		if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
-			t.Errorf("Validate(%+v) = %v, want %q", tt.cfg, err, tt.want)
-		}
-	}
-}
-
 func BenchmarkCallbackHandler(b *testing.B) {
 	c, _ := wecom.NewCrypto(vecToken, vecAESKey, vecReceiveID)
 	h := wecom.NewCallbackHandler(wecom.CallbackConfig{TimestampWindow: time.Minute}, c, nil, func(context.Context, string, string) {})
