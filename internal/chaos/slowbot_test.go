@@ -194,6 +194,26 @@ func maxUserWait(ev *Evidence, until time.Time, bound time.Duration) (longest ti
 // maxUserWaitSince is maxUserWait over the waits that began at or after
 // since.
 func maxUserWaitSince(ev *Evidence, since, until time.Time, bound time.Duration) (longest time.Duration, who string, over int) {
+	eachWait(ev, until, func(s Sent, from, at time.Time) {
+		if from.Before(since) {
+			return
+		}
+		w := at.Sub(from)
+		if w > bound {
+			over++
+		}
+		if w > longest {
+			longest, who = w, s.User
+		}
+	})
+	return longest, who, over
+}
+
+// eachWait calls f for each user's wait for its next answer, in each
+// user's WeChat order, among the answers made before until (zero: all):
+// from the user's previous answer, or from its message's send when it had
+// none pending, to the first effect of the message s (at).
+func eachWait(ev *Evidence, until time.Time, f func(s Sent, from, at time.Time)) {
 	first := map[string]time.Time{}
 	for _, d := range ev.Deliveries {
 		if t, ok := first[d.MsgID]; !ok || d.At.Before(t) {
@@ -204,7 +224,7 @@ func maxUserWaitSince(ev *Evidence, since, until time.Time, bound time.Duration)
 	for _, s := range ev.Sent {
 		byUser[s.User] = append(byUser[s.User], s)
 	}
-	for u, ss := range byUser {
+	for _, ss := range byUser {
 		sort.Slice(ss, func(i, j int) bool { return ss[i].Index < ss[j].Index })
 		var prev time.Time
 		for _, s := range ss {
@@ -216,20 +236,10 @@ func maxUserWaitSince(ev *Evidence, since, until time.Time, bound time.Duration)
 			if prev.After(from) {
 				from = prev
 			}
-			w := at.Sub(from)
 			prev = at
-			if from.Before(since) {
-				continue
-			}
-			if w > bound {
-				over++
-			}
-			if w > longest {
-				longest, who = w, u
-			}
+			f(s, from, at)
 		}
 	}
-	return longest, who, over
 }
 
 // waitSplit is where the time of the waits over a bound went, from the
@@ -263,73 +273,50 @@ func waitParts(ev *Evidence, calls []BotCall, until time.Time, bound time.Durati
 	for _, c := range calls {
 		byMsg[c.MsgID] = append(byMsg[c.MsgID], c)
 	}
-	first := map[string]time.Time{}
-	for _, d := range ev.Deliveries {
-		if t, ok := first[d.MsgID]; !ok || d.At.Before(t) {
-			first[d.MsgID] = d.At
-		}
-	}
-	byUser := map[string][]Sent{}
-	for _, s := range ev.Sent {
-		byUser[s.User] = append(byUser[s.User], s)
-	}
 	type over struct {
 		wait time.Duration
 		line string
 	}
 	var w waitSplit
 	var overs []over
-	for _, ss := range byUser {
-		sort.Slice(ss, func(i, j int) bool { return ss[i].Index < ss[j].Index })
-		var prev time.Time
-		for _, s := range ss {
-			at, ok := first[s.MsgID]
-			if !ok || (!until.IsZero() && at.After(until)) {
+	eachWait(ev, until, func(s Sent, from, at time.Time) {
+		if at.Sub(from) <= bound {
+			return
+		}
+		cs := byMsg[s.MsgID]
+		sort.Slice(cs, func(i, j int) bool { return cs[i].Arrived.Before(cs[j].Arrived) })
+		var queued, cancelled, gaps, answer time.Duration
+		for i, c := range cs {
+			if c.Arrived.After(at) {
 				break
 			}
-			from := s.At
-			if prev.After(from) {
-				from = prev
+			if i == 0 {
+				queued = max(c.Arrived.Sub(from), 0)
+			} else {
+				gaps += max(c.Arrived.Sub(cs[i-1].Ended), 0)
 			}
-			prev = at
-			if at.Sub(from) <= bound {
-				continue
+			switch c.Outcome {
+			case Abandoned:
+				cancelled += c.Ended.Sub(c.Arrived)
+			case Answered:
+				answer = c.Ended.Sub(c.Arrived)
 			}
-			cs := byMsg[s.MsgID]
-			sort.Slice(cs, func(i, j int) bool { return cs[i].Arrived.Before(cs[j].Arrived) })
-			var queued, cancelled, gaps, answer time.Duration
-			for i, c := range cs {
-				if c.Arrived.After(at) {
-					break
-				}
-				if i == 0 {
-					queued = max(c.Arrived.Sub(from), 0)
-				} else {
-					gaps += max(c.Arrived.Sub(cs[i-1].Ended), 0)
-				}
-				switch c.Outcome {
-				case Abandoned:
-					cancelled += c.Ended.Sub(c.Arrived)
-				case Answered:
-					answer = c.Ended.Sub(c.Arrived)
-				}
-			}
-			w.n++
-			w.queued, w.cancelled, w.gaps, w.answer = w.queued+queued, w.cancelled+cancelled, w.gaps+gaps, w.answer+answer
-			if cancelled > 0 {
-				w.withCancel++
-				if cancelled+answer > bound {
-					w.cancelPlusAnswer++
-				}
-			}
-			if queued > 10*time.Second {
-				w.queuedLong++
-			}
-			r := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
-			overs = append(overs, over{at.Sub(from), fmt.Sprintf("%s waited %s = queued %s + cancelled %s + gaps %s + answer %s over %d calls",
-				s.MsgID, r(at.Sub(from)), r(queued), r(cancelled), r(gaps), r(answer), len(cs))})
 		}
-	}
+		w.n++
+		w.queued, w.cancelled, w.gaps, w.answer = w.queued+queued, w.cancelled+cancelled, w.gaps+gaps, w.answer+answer
+		if cancelled > 0 {
+			w.withCancel++
+			if cancelled+answer > bound {
+				w.cancelPlusAnswer++
+			}
+		}
+		if queued > 10*time.Second {
+			w.queuedLong++
+		}
+		r := func(d time.Duration) time.Duration { return d.Round(100 * time.Millisecond) }
+		overs = append(overs, over{at.Sub(from), fmt.Sprintf("%s waited %s = queued %s + cancelled %s + gaps %s + answer %s over %d calls",
+			s.MsgID, r(at.Sub(from)), r(queued), r(cancelled), r(gaps), r(answer), len(cs))})
+	})
 	sort.Slice(overs, func(i, j int) bool { return overs[i].wait > overs[j].wait })
 	for _, o := range overs[:min(len(overs), 5)] {
 		w.worst = append(w.worst, o.line)
