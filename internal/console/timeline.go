@@ -491,15 +491,14 @@ func tell(m *TimelineMessage) {
 	m.ReplySkipped = fx.ReplySkipped
 	refused, past := false, false
 	for _, l := range m.Letters {
-		switch l.Reason {
-		case string(deadletter.RateLimited), string(deadletter.UserBlocked):
+		switch r := deadletter.Reason(l.Reason); {
+		case r == deadletter.RateLimited, r == deadletter.UserBlocked:
 			refused = true
-		case string(deadletter.InvalidMessage):
-			// Refused before the limiter looked at it.
-		case string(deadletter.HandlerRejected):
-			// The bot refused it, after the limiter admitted it.
-			past = true
-		default:
+		case deadletter.PastLimiter(r):
+			// Given only after the limiter admitted it (the table's
+			// PastLimiter: a handler's failure, timeout or refusal, a
+			// full mailbox). The breaker's circuit_open and an invalid
+			// record come before the limiter looks.
 			past = true
 		}
 	}

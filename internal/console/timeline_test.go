@@ -58,7 +58,7 @@ func rec(off int64, at time.Time, upstream string, retry bool) TopicRecord {
 
 // timelineFixture: an answered customer, one dead-lettered then recovered,
 // one blocked whose message the limiter refused, one whose message the bot
-// refused for good.
+// refused for good, one whose message its open breaker refused.
 func timelineFixture(t *testing.T) *fixture {
 	t.Helper()
 	src := &memCustomers{
@@ -68,6 +68,7 @@ func timelineFixture(t *testing.T) *fixture {
 			"cust-blk": {rec(50, t0.Add(-30*time.Minute), "blk-1", false)},
 			"cust-hum": {rec(60, t0.Add(-20*time.Minute), "hum-1", false)},
 			"cust-rej": {rec(70, t0.Add(-10*time.Minute), "rej-1", false)},
+			"cust-brk": {rec(80, t0.Add(-5*time.Minute), "brk-1", false)},
 		},
 		effects: map[string]MessageEffects{
 			"ok-old": {Done: DoneYes, Replies: []ReplyMark{{Key: "wk1:ok-old:0"}}},
@@ -84,6 +85,8 @@ func timelineFixture(t *testing.T) *fixture {
 			FailureTime: t0.Add(-29 * time.Minute), SourcePartition: 2, SourceOffset: 50},
 		DLQMessage{ID: "L-rej", User: "cust-rej", Reason: "handler_rejected", State: "review",
 			FailureTime: t0.Add(-9 * time.Minute), SourcePartition: 2, SourceOffset: 70},
+		DLQMessage{ID: "L-brk", User: "cust-brk", Reason: "circuit_open", State: "due", NextRetryTime: &retryAt,
+			FailureTime: t0.Add(-4 * time.Minute), SourcePartition: 2, SourceOffset: 80},
 	), rl: newMemRL(t0)}
 	f.rdb, f.prefix = testenv.Redis(t)
 	f.rl.block["cust-blk"] = 2 * time.Hour
@@ -205,6 +208,22 @@ func TestTimelineHandlerRejected(t *testing.T) {
 	}
 	if !strings.Contains(m.Story, "dead letter L-rej (handler_rejected: the bot refused it for good) waiting for manual review") {
 		t.Fatalf("story: %s", m.Story)
+	}
+}
+
+// TestTimelineBreakerBeforeLimiter: a message refused by the user's open
+// circuit breaker (circuit_open) never reached the rate limiter, which
+// the breaker stands before: the timeline does not say the limiter
+// admitted it.
+func TestTimelineBreakerBeforeLimiter(t *testing.T) {
+	f := timelineFixture(t)
+	tl := f.timeline(t, "/admin/customers/cust-brk/timeline")
+	if len(tl.Messages) != 1 {
+		t.Fatalf("messages: %+v", tl.Messages)
+	}
+	m := tl.Messages[0]
+	if m.Limiter != "unknown" || m.Outcome != OutcomeInDLQ || strings.Contains(m.Story, "admitted by the rate limiter") {
+		t.Fatalf("limiter %s outcome %s story %q: a circuit_open letter was not admitted by the limiter", m.Limiter, m.Outcome, m.Story)
 	}
 }
 
