@@ -241,10 +241,14 @@ func (g *gate) judgeFailing(until, now time.Time) int {
 	from, n := now.Add(-g.cfg.Window), 0
 	for _, c := range g.calls {
 		if !c.at.IsZero() && !c.ok && !c.at.Before(from) && !c.at.After(until) {
-			if _, ok := g.judged[c.user]; !ok {
+			// Judged as of its newest failure (or a later verdict,
+			// heldInVain's): an older one would end the verdict early.
+			if last, ok := g.judged[c.user]; !ok {
 				n++
+				g.judged[c.user] = c.at
+			} else if c.at.After(last) {
+				g.judged[c.user] = c.at
 			}
-			g.judged[c.user] = c.at
 		}
 	}
 	return n

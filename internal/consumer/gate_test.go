@@ -354,3 +354,35 @@ func TestGateJudgesUsersFailingBeforeAServedCall(t *testing.T) {
 		t.Fatal("five users failing with nothing served did not open the gate")
 	}
 }
+
+// TestGateJudgementKeepsItsNewestTime: users judged as of now (their
+// messages held a window in vain) are not judged as of their older
+// failures again when a served call judges the failing users: their
+// verdict would end a window after those failures, and their next
+// failures, moments later, found them fresh and the gate suspect again.
+func TestGateJudgementKeepsItsNewestTime(t *testing.T) {
+	clock := stepClock{testenv.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
+	cfg := testOutage()
+	cfg.MinUsers = 5
+	g := newGate(cfg, clock, zap.NewNop(), nil)
+	fail := func(users ...string) {
+		for _, u := range users {
+			for range 3 { // a message's attempts
+				g.result(u, false, false, clock.Now())
+			}
+		}
+	}
+	fail("u1", "u2")
+	clock.Advance(cfg.Window - 100*time.Millisecond)
+	g.heldInVain("u1")
+	g.heldInVain("u2")
+	started := clock.Now()
+	clock.Advance(10 * time.Millisecond)
+	g.result("served", true, false, started)
+	// Past a window after the first failures, within one of the verdict.
+	clock.Advance(200 * time.Millisecond)
+	fail("u1", "u2")
+	if g.suspect() {
+		t.Fatal("users held in vain and then judged again by a served call were fresh a moment later: their verdict went back to their older failures")
+	}
+}
