@@ -246,7 +246,9 @@ func (f HandlerFunc) Handle(ctx context.Context, m *Message) error { return f(ct
 // for good) instead of retried.
 func Permanent(err error) error { return handler.Permanent(err) }
 
-// IsPermanent reports whether err was marked with Permanent.
+// IsPermanent reports whether err (or an error it wraps) is permanent:
+// marked with Permanent, or a WeChat refusal from the kf client that
+// retrying cannot fix (kf.IsPermanent).
 func IsPermanent(err error) bool { return handler.IsPermanent(err) }
 
 // Middleware wraps a Handler with behaviour of its own (logging, timeouts,
