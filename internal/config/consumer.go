@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kfpipe/kfpipe/internal/config/schema"
 	"github.com/kfpipe/kfpipe/internal/state"
 )
 
@@ -390,7 +391,7 @@ func (c *Consumer) Validate() error {
 		v.nonEmpty("handler.http.url", c.Handler.HTTP.URL)
 	}
 	if c.Handler.Type == "http" && c.Handler.HTTP.URL != "" {
-		if !IsHTTPURL(c.Handler.HTTP.URL) {
+		if !schema.IsHTTPURL(c.Handler.HTTP.URL) {
 			v.addf("handler.http.url", "must be an http(s) URL, got %q", c.Handler.HTTP.URL)
 		}
 	}

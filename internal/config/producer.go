@@ -2,8 +2,9 @@ package config
 
 import (
 	"fmt"
-	"net/url"
 	"time"
+
+	"github.com/kfpipe/kfpipe/internal/config/schema"
 )
 
 // Producer is the kf-producer daemon's configuration.
@@ -186,17 +187,9 @@ func (c *Producer) Validate() error {
 // validateClient checks the keys of the WeChat API client the tags
 // cannot.
 func (w WeCom) validateClient(v *validator) {
-	if !IsHTTPURL(w.BaseURL) {
+	if !schema.IsHTTPURL(w.BaseURL) {
 		v.addf("wecom.base_url", "must be an http(s) URL, got %q", w.BaseURL)
 	}
-}
-
-// IsHTTPURL reports whether s is an absolute http or https URL with a
-// host: the rule of wecom.base_url and handler.http.url, which the WeChat
-// client applies to a base URL given in code too.
-func IsHTTPURL(s string) bool {
-	u, err := url.Parse(s)
-	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // validate checks the rule between the sync keys.

@@ -167,3 +167,34 @@ func TestContractNotEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestClientWithoutConfiguration: the public WeChat client (package kf) is
+// imported by bots that have no daemon configuration; it must not pull in
+// internal/config (and with it the configuration loader) through any of
+// its imports. A rule both need lives in a leaf (config/schema).
+func TestClientWithoutConfiguration(t *testing.T) {
+	pkgs := modulePackages(t)
+	seen := map[string]bool{}
+	var walk func(p, via string)
+	walk = func(p, via string) {
+		if seen[p] {
+			return
+		}
+		seen[p] = true
+		path := name(p)
+		if via != "" {
+			path = via + " → " + path
+		}
+		for _, imp := range pkgs[p] {
+			if !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			if r := rel(imp); r == "internal/config" {
+				t.Errorf("kf reaches internal/config through %s", path)
+			} else {
+				walk(r, path)
+			}
+		}
+	}
+	walk("kf", "")
+}

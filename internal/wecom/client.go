@@ -21,7 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kfpipe/kfpipe/internal/chatmsg"
-	"github.com/kfpipe/kfpipe/internal/config"
+	"github.com/kfpipe/kfpipe/internal/config/schema"
 )
 
 // MaxSyncLimit is the largest page sync_msg returns.
@@ -55,7 +55,7 @@ type ClientConfig struct {
 // Validate reports the first invalid field, named by its config key. The
 // daemons' client settings were checked when the configuration loaded;
 // this checks a ClientConfig built in code (package kf's New), with
-// internal/config's rule for the base URL.
+// the settings' rule for a base URL (schema.IsHTTPURL).
 func (c ClientConfig) Validate() error {
 	switch {
 	case strings.TrimSpace(c.BaseURL) == "":
@@ -67,7 +67,7 @@ func (c ClientConfig) Validate() error {
 	case c.Timeout < 0:
 		return fmt.Errorf("wecom.request_timeout must be >= 0, got %s", c.Timeout)
 	}
-	if !config.IsHTTPURL(c.BaseURL) {
+	if !schema.IsHTTPURL(c.BaseURL) {
 		return fmt.Errorf("wecom.base_url must be an http(s) URL, got %q", c.BaseURL)
 	}
 	return nil

@@ -29,6 +29,7 @@ package schema
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
@@ -374,4 +375,13 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// IsHTTPURL reports whether s is an absolute http or https URL with a
+// host: the rule of wecom.base_url and handler.http.url, which the WeChat
+// client applies to a base URL given in code too (package kf). It lives
+// in this leaf so that the client need not import the configuration.
+func IsHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
